@@ -1,0 +1,161 @@
+"""The job row, the deferral signal, and the checks every value passes before it is
+written (payloads, times, names)."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from .errors import InvalidInput, NaiveDatetimeError, PayloadError
+
+JobStatus = Literal["pending", "running", "done", "failed"]
+FailOutcome = Literal["retry", "failed", "lost"]
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Job:
+    """One row of ``jobs`` as it was when read (claim, enqueue, sweep).
+
+    Times are timezone-aware UTC instants on the queue's clock (database ``now()`` plus
+    the queue's ``clock_offset``). ``claim_token`` identifies the claim that handed the
+    job out; complete/fail/defer are fenced by it, so a run that lost the job (its lock
+    went stale and another run reclaimed it) cannot change it.
+    """
+
+    id: int
+    type: str
+    group_id: str | None
+    payload: Any
+    dedupe_key: str | None
+    status: JobStatus
+    attempts: int
+    max_attempts: int
+    deferrals: int
+    run_after: datetime
+    locked_at: datetime | None
+    claim_token: uuid.UUID | None
+    last_error: str | None
+    run_id: uuid.UUID | None
+    created_at: datetime
+    finished_at: datetime | None
+    give_up_pending: bool
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Job:
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+
+class DeferJob(Exception):  # noqa: N818 - the design's name for the signal
+    """Raised by a handler when its work cannot happen *now* (DESIGN: deferral).
+
+    The job goes back to pending with ``run_after = until`` (``None``: due at once) and
+    the claim's attempt is handed back, so a deferral never counts as a failure.
+
+    Args:
+        until: timezone-aware instant when the job is due again, or ``None``.
+
+    Raises:
+        NaiveDatetimeError: ``until`` has no time zone.
+    """
+
+    def __init__(self, until: datetime | None = None, reason: str = "deferred") -> None:
+        super().__init__(reason)
+        self.until = require_aware(until, "until") if until is not None else None
+        self.reason = reason
+
+
+def require_aware(value: datetime, name: str) -> datetime:
+    """Return ``value`` if it is a timezone-aware datetime.
+
+    Raises:
+        NaiveDatetimeError: naive datetime (rota never guesses a time zone).
+        InvalidInput: not a datetime at all.
+    """
+    if not isinstance(value, datetime):
+        raise InvalidInput(f"{name} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+        raise NaiveDatetimeError(
+            f"{name}={value.isoformat()} has no time zone; pass an aware datetime "
+            f"(for example datetime.now(timezone.utc))"
+        )
+    return value
+
+
+def require_duration(value: timedelta, name: str, *, positive: bool = True) -> timedelta:
+    """Return ``value`` if it is a ``timedelta`` (strictly positive when ``positive``)."""
+    if not isinstance(value, timedelta):
+        raise InvalidInput(f"{name} must be a datetime.timedelta, got {type(value).__name__}")
+    if positive and value <= timedelta(0):
+        raise InvalidInput(f"{name} must be positive, got {value}")
+    return value
+
+
+def require_text(value: object, name: str, *, allow_none: bool = False) -> str | None:
+    """Validate a short text value (job type, dedupe key, group id): non-empty, no NUL."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
+    if "\x00" in value:
+        raise InvalidInput(f"{name} {value!r} contains a NUL character")
+    return value
+
+
+def _check_strings(value: Any, path: str) -> None:
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise PayloadError(f"payload{path} contains a NUL character (\\u0000), "
+                               f"which PostgreSQL jsonb cannot store")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise PayloadError(f"payload{path} contains a lone surrogate") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_strings(k, f"{path} key")
+            _check_strings(v, f"{path}[{k!r}]")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_strings(v, f"{path}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise PayloadError(f"payload{path} is {value}, which JSON cannot represent")
+
+
+def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
+    """Serialize a payload to JSON text for the ``jsonb`` column.
+
+    Payloads are plain JSON: dicts with string keys, lists, strings, finite numbers,
+    booleans and None. Decimal, datetime, sets and other objects are refused rather than
+    silently converted; encode them yourself (for example ``str(decimal)``,
+    ``dt.isoformat()``).
+
+    Returns:
+        The JSON text.
+
+    Raises:
+        PayloadError: not JSON-serializable, NaN/Infinity, NUL or lone surrogate, or
+            larger than ``max_bytes`` UTF-8 bytes.
+    """
+    _check_strings(payload, "")
+    try:
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"payload is not JSON-serializable: {exc}") from None
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise PayloadError(f"payload is {size} bytes, larger than the maximum {max_bytes}")
+    return text
+
+
+def storable_text(text: str) -> str:
+    """Make error text storable in a ``text`` column: NUL characters become ``\\0`` and
+    lone surrogates are replaced."""
+    return text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")

@@ -1,0 +1,125 @@
+"""Plans: ordered tiers whose priority ranks the claim and whose labels render the
+pricing table's "search queue" row, from one object (DESIGN: plan)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from .errors import InvalidInput, UnknownPlan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One plan.
+
+    Args:
+        id: stable identifier stored in the groups relation (``"free"``, ``"pro"``).
+        name: display name (``"Free"``).
+        priority: claim priority; higher is claimed first when there is a backlog.
+        queue_label: the customer-facing "search queue" label (``"First"``).
+        limits: free-form limits (``{"searches_per_day": 20, "draft_credits": 50}``).
+    """
+
+    id: str
+    name: str
+    priority: int
+    queue_label: str
+    limits: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id.strip():
+            raise InvalidInput(f"plan id must be a non-empty string, got {self.id!r}")
+        if "\x00" in self.id:
+            raise InvalidInput(f"plan id {self.id!r} contains a NUL character")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise InvalidInput(f"plan {self.id!r}: priority must be an int")
+        object.__setattr__(self, "limits", MappingProxyType(dict(self.limits or {})))
+
+
+class Plans:
+    """An ordered collection of plans, lowest to highest.
+
+    The middle plan (index ``(n - 1) // 2``) ranks jobs that have no group and groups
+    that have no owner, so housekeeping neither always wins nor always loses. A plan id
+    stored in the groups relation that is not here ranks as the lowest plan.
+
+    Raises:
+        InvalidInput: no plans, duplicate ids, or priorities not strictly increasing.
+    """
+
+    def __init__(self, plans: Iterable[Plan]) -> None:
+        self._plans = tuple(plans)
+        if not self._plans:
+            raise InvalidInput("Plans needs at least one plan")
+        ids = [p.id for p in self._plans]
+        if len(set(ids)) != len(ids):
+            raise InvalidInput(f"duplicate plan ids in {ids}")
+        prios = [p.priority for p in self._plans]
+        if any(b <= a for a, b in zip(prios, prios[1:], strict=False)):
+            raise InvalidInput(
+                f"plans must be ordered lowest to highest with strictly increasing "
+                f"priorities, got {prios}"
+            )
+        self._by_id = {p.id: p for p in self._plans}
+
+    def __iter__(self) -> Iterator[Plan]:
+        return iter(self._plans)
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def __getitem__(self, plan_id: str) -> Plan:
+        try:
+            return self._by_id[plan_id]
+        except KeyError:
+            raise UnknownPlan(
+                f"unknown plan {plan_id!r}; known plans: {', '.join(self._by_id)}"
+            ) from None
+
+    def __contains__(self, plan_id: object) -> bool:
+        return plan_id in self._by_id
+
+    @property
+    def lowest(self) -> Plan:
+        return self._plans[0]
+
+    @property
+    def middle(self) -> Plan:
+        return self._plans[(len(self._plans) - 1) // 2]
+
+    @property
+    def highest(self) -> Plan:
+        return self._plans[-1]
+
+    def claim_params(self) -> dict[str, Any]:
+        """The bound parameters the claim ranks by: plan ids and priorities as arrays,
+        and the middle and lowest priorities."""
+        return {
+            "plan_ids": [p.id for p in self._plans],
+            "plan_priorities": [p.priority for p in self._plans],
+            "middle_priority": self.middle.priority,
+            "lowest_priority": self.lowest.priority,
+        }
+
+    def pricing_rows(self) -> list[tuple[str, list[str]]]:
+        """Rows of the pricing table: ("Search queue", labels per plan), and one row per
+        limit key. The search-queue row is read from the same objects that rank the claim."""
+        rows: list[tuple[str, list[str]]] = [("Search queue", [p.queue_label for p in self])]
+        keys: list[str] = []
+        for p in self:
+            keys.extend(k for k in p.limits if k not in keys)
+        for k in keys:
+            rows.append((k.replace("_", " ").capitalize(), [str(p.limits.get(k, "—")) for p in self]))
+        return rows
+
+
+DEFAULT_PLANS = Plans(
+    [
+        Plan("free", "Free", 0, "Standard"),
+        Plan("standard", "Standard", 1, "Ahead of Free"),
+        Plan("pro", "Pro", 2, "First"),
+    ]
+)

@@ -1,0 +1,31 @@
+-- Defer jobs under their claims (DESIGN rule 8): back to pending at `until`, lock
+-- cleared, and the claim's attempt handed back (greatest(attempts - 1, 0)), so days of
+-- quota pressure never retire a job that was never tried. last_error is untouched.
+-- Each deferral is counted; past max_deferrals (when set) the job gives up instead.
+-- Rows are locked in id order so batch deferrals cannot deadlock with sweepers.
+WITH target AS (
+    SELECT j.id
+    FROM {schema}.jobs j
+    JOIN unnest(%(ids)s::bigint[], %(claim_tokens)s::uuid[]) AS t(id, claim_token)
+      ON t.id = j.id AND t.claim_token = j.claim_token
+    WHERE j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE {schema}.jobs AS u
+SET status = CASE WHEN u.deferrals + 1 > %(max_deferrals)s::int THEN 'failed'
+                  ELSE 'pending' END,
+    finished_at = CASE WHEN u.deferrals + 1 > %(max_deferrals)s::int
+                       THEN now() + %(offset)s::interval END,
+    give_up_pending = coalesce(u.deferrals + 1 > %(max_deferrals)s::int, false),
+    last_error = CASE WHEN u.deferrals + 1 > %(max_deferrals)s::int
+                      THEN 'deferred more than ' || %(max_deferrals)s::int || ' times'
+                      ELSE u.last_error END,
+    run_after = coalesce(%(until)s::timestamptz, now() + %(offset)s::interval),
+    attempts = greatest(u.attempts - 1, 0),
+    deferrals = u.deferrals + 1,
+    locked_at = NULL,
+    claim_token = NULL
+FROM target
+WHERE u.id = target.id
+RETURNING u.id, u.status

@@ -1,0 +1,23 @@
+-- Stuck jobs (DESIGN rule 9): running, lock stale, attempts used up. Nobody will ever
+-- reclaim them, so they are failed here and their give-up hooks become owed.
+-- SKIP LOCKED: a row a live transaction holds is not stale for this sweep; id order
+-- keeps concurrent sweepers from deadlocking.
+WITH stuck AS (
+    SELECT id
+    FROM {schema}.jobs
+    WHERE status = 'running'
+      AND locked_at < now() + %(offset)s::interval - %(stale_after)s::interval
+      AND attempts >= max_attempts
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs AS u
+SET status = 'failed',
+    finished_at = now() + %(offset)s::interval,
+    last_error = 'stuck: lock went stale on the last attempt (the process running it died)',
+    give_up_pending = true,
+    locked_at = NULL,
+    claim_token = NULL
+FROM stuck
+WHERE u.id = stuck.id
+RETURNING u.*

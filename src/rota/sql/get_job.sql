@@ -1,0 +1,1 @@
+SELECT * FROM {schema}.jobs WHERE id = %(id)s

@@ -1,0 +1,68 @@
+"""Enqueueing from synchronous code (a Django or Flask view, a script) on a psycopg
+sync connection. Runs the same statements and checks as :class:`rota.Queue`."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from .errors import UnknownGroup
+from .job import Job
+from .queue import QueueSettings
+
+
+class SyncQueue(QueueSettings):
+    """Synchronous enqueue on a caller's ``psycopg.Connection``.
+
+    Takes the same settings as :class:`rota.Queue` (``schema``, ``types``,
+    ``max_attempts``…); build it once and pass your connection to each call, so the job
+    is created if and only if your transaction commits. The queue's claim and runner
+    side stays async.
+    """
+
+    def enqueue(
+        self,
+        conn: psycopg.Connection[Any],
+        type: str,  # noqa: A002
+        payload: Any,
+        *,
+        group_id: str | uuid.UUID | None = None,
+        dedupe_key: str | None = None,
+        run_after: datetime | None = None,
+        max_attempts: int | None = None,
+    ) -> Job | None:
+        """As :meth:`rota.Queue.enqueue`, on ``conn``. Returns the job, or ``None`` for a
+        duplicate of an open job. Raises the same errors."""
+        params = self.enqueue_params(type, payload, group_id=group_id, dedupe_key=dedupe_key,
+                                     run_after=run_after, max_attempts=max_attempts)
+        cur = conn.cursor(row_factory=dict_row)
+        cur.execute(self.sql("enqueue"), params)
+        row = cur.fetchone()
+        if row is not None:
+            return Job.from_row(row)
+        if params["group_id"] is not None:
+            self._check_groups(conn, [params["group_id"]])
+        return None
+
+    def enqueue_many(self, conn: psycopg.Connection[Any],
+                     items: Iterable[Mapping[str, Any]]) -> int:
+        """As :meth:`rota.Queue.enqueue_many`, on ``conn``. Returns how many were created."""
+        params = self.enqueue_many_params(items)
+        if not params["types"]:
+            return 0
+        with conn.transaction():
+            groups = sorted({g for g in params["group_ids"] if g is not None})
+            if groups:
+                self._check_groups(conn, groups)
+            return conn.execute(self.sql("enqueue_many"), params).rowcount
+
+    def _check_groups(self, conn: psycopg.Connection[Any], group_ids: list[str]) -> None:
+        rows = conn.execute(self.sql("missing_groups"), {"group_ids": group_ids}).fetchall()
+        if rows:
+            raise UnknownGroup(f"unknown group {rows[0][0]!r}: create it first "
+                               f"(queue.upsert_group) or enqueue without a group")
