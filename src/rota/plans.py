@@ -3,6 +3,7 @@ pricing table's "search queue" row, from one object (DESIGN: plan)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -58,7 +59,7 @@ class Plans:
         if len(set(ids)) != len(ids):
             raise InvalidInput(f"duplicate plan ids in {ids}")
         prios = [p.priority for p in self._plans]
-        if any(b <= a for a, b in zip(prios, prios[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(prios)):
             raise InvalidInput(
                 f"plans must be ordered lowest to highest with strictly increasing "
                 f"priorities, got {prios}"
@@ -112,7 +113,8 @@ class Plans:
         for p in self:
             keys.extend(k for k in p.limits if k not in keys)
         for k in keys:
-            rows.append((k.replace("_", " ").capitalize(), [str(p.limits.get(k, "—")) for p in self]))
+            label = k.replace("_", " ").capitalize()
+            rows.append((label, [str(p.limits.get(k, "—")) for p in self]))
         return rows
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, cast
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg.sql import Composed, Identifier
 from psycopg_pool import AsyncConnectionPool
 
 from . import db
@@ -78,7 +78,7 @@ class QueueSettings:
         self._groups_ident = (
             db.identifier(groups, "groups relation")
             if groups is not None
-            else sql.Identifier(schema, "groups")
+            else Identifier(schema, "groups")
         )
         self.external_groups = groups is not None
         if not isinstance(plans, Plans):
@@ -110,11 +110,13 @@ class QueueSettings:
     def clock_offset(self, value: timedelta) -> None:
         self._clock_offset = require_duration(value, "clock_offset", positive=False)
 
-    def sql(self, name: str) -> sql.Composed:
+    def sql(self, name: str) -> Composed:
+        """The named statement from ``rota/sql/`` for this queue's schema and groups."""
         return db.statement(name, self._schema_ident, self._groups_ident)
 
-    def table(self, name: str) -> sql.Identifier:
-        return sql.Identifier(self.schema, name)
+    def table(self, name: str) -> Identifier:
+        """A table of this queue's schema, quoted."""
+        return Identifier(self.schema, name)
 
     def check_type(self, job_type: object) -> str:
         t = require_text(job_type, "job type")
@@ -246,7 +248,7 @@ class Queue(QueueSettings):
         await self.close()
 
     @asynccontextmanager
-    async def connection(self, conn: AnyConn | None = None) -> Any:
+    async def connection(self, conn: AnyConn | None = None) -> AsyncIterator[AnyConn]:
         """Yield ``conn`` if given, else a pooled connection (committed on exit)."""
         if conn is not None:
             yield conn
@@ -267,6 +269,7 @@ class Queue(QueueSettings):
     async def now(self) -> datetime:
         """The queue's clock: database ``now()`` plus ``clock_offset`` (aware, UTC)."""
         row = await self._fetchone("db_now", {})
+        assert row is not None
         return cast(datetime, row["now"])
 
     # -- groups ------------------------------------------------------------------------
@@ -303,7 +306,7 @@ class Queue(QueueSettings):
         gid = require_text(group_id, "group_id")
         owner = require_text(owner_id, "owner_id", allow_none=True)
         if plan is not None:
-            self.plans[plan]  # noqa: B018 - raises UnknownPlan
+            self.plans[plan]
         if not isinstance(active, bool):
             raise InvalidInput("active must be a bool")
         async with self.connection(conn) as c:
@@ -314,7 +317,7 @@ class Queue(QueueSettings):
 
     async def enqueue(
         self,
-        type: str,  # noqa: A002 - the design's name
+        type: str,
         payload: Any,
         *,
         group_id: str | uuid.UUID | None = None,
@@ -382,7 +385,7 @@ class Queue(QueueSettings):
                 if groups:
                     await self._check_groups(c, groups)
                 cur = await c.execute(self.sql("enqueue_many"), params)
-                return cur.rowcount
+                return int(cur.rowcount)
 
     async def _check_groups(self, conn: AnyConn, group_ids: Sequence[str]) -> None:
         cur = await conn.execute(self.sql("missing_groups"), {"group_ids": list(group_ids)})
@@ -398,7 +401,7 @@ class Queue(QueueSettings):
 
     async def claim(
         self,
-        type: str,  # noqa: A002
+        type: str,
         limit: int,
         *,
         run_id: uuid.UUID | None = None,
@@ -593,7 +596,7 @@ class Queue(QueueSettings):
             job = Job.from_row(row)
             await self._give_up_hooks[job.type](job, c)
             await c.execute(self.sql("give_up_done"), {"id": job_id})
-            return True
+        return True
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -607,7 +610,8 @@ class Queue(QueueSettings):
         async with self.connection(conn) as c:
             cur = c.cursor(row_factory=dict_row)
             await cur.execute(self.sql(name), {"offset": self.clock_offset, **params})
-            return await cur.fetchone()
+            row: dict[str, Any] | None = await cur.fetchone()
+            return row
 
 
 def _positive_int(value: object, name: str, minimum: int = 1) -> int:

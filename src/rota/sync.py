@@ -28,7 +28,7 @@ class SyncQueue(QueueSettings):
     def enqueue(
         self,
         conn: psycopg.Connection[Any],
-        type: str,  # noqa: A002
+        type: str,
         payload: Any,
         *,
         group_id: str | uuid.UUID | None = None,

@@ -1,0 +1,146 @@
+"""Bad input: a clear error naming what was wrong, and nothing written."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from rota import (
+    InvalidInput,
+    NaiveDatetimeError,
+    PayloadError,
+    Plan,
+    Plans,
+    Queue,
+    UnknownGroup,
+    UnknownJobType,
+    UnknownPlan,
+)
+from rota.job import DeferJob
+
+
+async def count(aconn: Any, queue: Queue) -> int:
+    return (await (await aconn.execute(
+        f'SELECT count(*) FROM "{queue.schema}".jobs')).fetchone())[0]
+
+
+@pytest.mark.parametrize(("payload", "message"), [
+    ({"when": datetime(2026, 1, 1)}, "not JSON-serializable"),
+    ({"amount": Decimal("1.5")}, "not JSON-serializable"),
+    ({"tags": {"a", "b"}}, "not JSON-serializable"),
+    ({"x": math.nan}, "nan"),
+    ({"x": [math.inf]}, "inf"),
+    ({"text": "a\x00b"}, "NUL"),
+    ({"bad\x00key": 1}, "NUL"),
+    ({"s": "\ud800"}, "lone surrogate"),
+    ({"blob": "x" * (1024 * 1024)}, "larger than the maximum 1048576"),
+])
+async def test_bad_payloads_are_refused_and_nothing_written(
+    queue: Queue, aconn: Any, payload: Any, message: str
+) -> None:
+    with pytest.raises(PayloadError, match=message):
+        await queue.enqueue("t", payload)
+    with pytest.raises(PayloadError, match=f"item 1: .*{message}"):
+        await queue.enqueue_many([{"type": "t", "payload": {}}, {"type": "t", "payload": payload}])
+    assert await count(aconn, queue) == 0
+
+
+async def test_payload_limit_is_configurable(make_queue: Any) -> None:
+    queue = await make_queue(max_payload_bytes=100)
+    assert await queue.enqueue("t", {"s": "x" * 80})
+    with pytest.raises(PayloadError, match="larger than the maximum 100"):
+        await queue.enqueue("t", {"s": "x" * 100})
+
+
+async def test_naive_datetimes_are_refused(queue: Queue, aconn: Any) -> None:
+    naive = datetime(2030, 1, 1, 12, 0)
+    with pytest.raises(NaiveDatetimeError, match="run_after=2030-01-01T12:00:00 has no time zone"):
+        await queue.enqueue("t", {}, run_after=naive)
+    with pytest.raises(NaiveDatetimeError):
+        await queue.enqueue_many([{"type": "t", "payload": {}, "run_after": naive}])
+    with pytest.raises(NaiveDatetimeError):
+        DeferJob(naive)
+    job = await queue.enqueue("t", {})
+    assert job
+    [c] = await queue.claim("t", 1)
+    with pytest.raises(NaiveDatetimeError):
+        await queue.defer(c, naive)
+    assert (await queue.get_job(c.id)).status == "running"  # type: ignore[union-attr]
+    assert await count(aconn, queue) == 1
+
+
+async def test_job_types_empty_or_undeclared(make_queue: Any, aconn: Any) -> None:
+    queue = await make_queue(types=["search", "draft"])
+    for bad in ("", None, 5):
+        with pytest.raises(InvalidInput, match="job type must be a non-empty string"):
+            await queue.enqueue(bad, {})  # type: ignore[arg-type]
+    with pytest.raises(UnknownJobType, match="unknown job type 'serach'; declared types: draft"):
+        await queue.enqueue("serach", {})
+    with pytest.raises(UnknownJobType):
+        await queue.claim("serach", 1)
+    with pytest.raises(UnknownJobType):
+        queue.on_give_up("serach", lambda j, c: None)  # type: ignore[arg-type, return-value]
+    assert await count(aconn, queue) == 0
+
+
+async def test_unknown_plan_is_refused(queue: Queue, aconn: Any) -> None:
+    with pytest.raises(UnknownPlan, match="unknown plan 'platinum'; known plans: free"):
+        await queue.upsert_group("g", plan="platinum")
+    cur = await aconn.execute(f'SELECT count(*) FROM "{queue.schema}".groups')
+    assert (await cur.fetchone())[0] == 0
+
+
+async def test_limit_must_be_positive(queue: Queue) -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(InvalidInput, match="limit must be a positive int"):
+            await queue.claim("t", bad)  # type: ignore[arg-type]
+
+
+async def test_unknown_group_is_refused(queue: Queue, aconn: Any) -> None:
+    await queue.upsert_group("known", plan="free")
+    with pytest.raises(UnknownGroup, match="unknown group 'typo'"):
+        await queue.enqueue("t", {}, group_id="typo")
+    with pytest.raises(UnknownGroup, match="unknown group 'typo'"):
+        await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "known"},
+                                  {"type": "t", "payload": {}, "group_id": "typo"}])
+    assert await count(aconn, queue) == 0
+
+
+async def test_bad_settings_and_batch_items(database_url: str, queue: Queue) -> None:
+    with pytest.raises(InvalidInput, match="schema 'x; drop table jobs' is not a valid"):
+        Queue(database_url, schema="x; drop table jobs")
+    with pytest.raises(InvalidInput, match="stale_after must be a datetime.timedelta"):
+        Queue(database_url, stale_after=900)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="max_attempts must be an int >= 1"):
+        Queue(database_url, max_attempts=0)
+    with pytest.raises(InvalidInput, match="item 0: needs 'type' and 'payload'"):
+        await queue.enqueue_many([{"payload": {}}])
+    with pytest.raises(InvalidInput, match="unexpected \\['priority'\\]"):
+        await queue.enqueue_many([{"type": "t", "payload": {}, "priority": 9}])
+    with pytest.raises(InvalidInput, match="clock_offset must be a datetime.timedelta"):
+        queue.clock_offset = 5  # type: ignore[assignment]
+    assert queue.clock_offset == timedelta(0)
+
+
+def test_plans_are_validated() -> None:
+    with pytest.raises(InvalidInput, match="strictly increasing"):
+        Plans([Plan("a", "A", 1, "x"), Plan("b", "B", 1, "y")])
+    with pytest.raises(InvalidInput, match="duplicate plan ids"):
+        Plans([Plan("a", "A", 1, "x"), Plan("a", "B", 2, "y")])
+    with pytest.raises(InvalidInput, match="plan id must be a non-empty string"):
+        Plan("", "A", 1, "x")
+
+
+async def test_plan_id_never_becomes_sql(make_queue: Any) -> None:
+    evil = "x' then 99 end; drop table jobs; --"
+    queue = await make_queue(plans=Plans([Plan("free", "Free", 0, "Std"),
+                                          Plan(evil, "Evil", 1, "Ahead"),
+                                          Plan("pro", "Pro", 2, "First")]))
+    await queue.upsert_group("g", plan=evil)
+    job = await queue.enqueue("t", {}, group_id="g")
+    assert job
+    assert [j.id for j in await queue.claim("t", 1)] == [job.id]

@@ -1,0 +1,91 @@
+"""Property test: rota's claim hands out exactly the jobs, in exactly the order, of the
+post's literal query with DESIGN.md's interleave term (tests/oracle.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from rota import Queue
+from rota.db import migrate
+
+from .oracle import oracle_ids
+
+PLAN_CHOICES = [None, "free", "standard", "pro", "no-such-plan"]
+
+group_st = st.tuples(st.sampled_from(PLAN_CHOICES), st.booleans())
+job_st = st.fixed_dictionaries({
+    "group": st.one_of(st.none(), st.integers(0, 5)),  # 5 = a group the table lacks
+    "type": st.sampled_from(["a", "b"]),
+    "status": st.sampled_from(["pending", "pending", "pending", "running", "done", "failed"]),
+    "created": st.integers(-40, 0),                     # few values: created_at ties happen
+    "run_after": st.integers(-120, 60),
+    "locked": st.sampled_from([-5000, -1000, -901, -899, -10]),
+    "attempts": st.integers(0, 3),
+    "finished": st.sampled_from([-200_000, -86_401, -86_399, -5_000, -1]),
+})
+
+
+async def _check(url: str, schema: str, groups: list[tuple[Any, bool]],
+                 jobs: list[dict[str, Any]], limit: int, offset_s: int) -> None:
+    queue = Queue(url, schema=schema)  # its pool is never opened: every call passes conn
+    queue.clock_offset = timedelta(seconds=offset_s)
+    s = sql.Identifier(schema)
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        now = sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset))
+        for i, (plan, active) in enumerate(groups):
+            await conn.execute(
+                sql.SQL("INSERT INTO {}.groups (group_id, plan, active) VALUES (%s, %s, %s)")
+                .format(s), [f"g{i}", plan, active])
+        for j in jobs:
+            running, done = j["status"] == "running", j["status"] in ("done", "failed")
+            await conn.execute(sql.SQL(
+                "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts, max_attempts,"
+                " run_after, locked_at, created_at, finished_at, claim_token) VALUES"
+                " (%(type)s, %(group)s, '{{}}', %(status)s, %(attempts)s, 3,"
+                " {now} + make_interval(secs => %(run_after)s),"
+                " CASE WHEN %(running)s THEN {now} + make_interval(secs => %(locked)s) END,"
+                " {now} + make_interval(secs => %(created)s),"
+                " CASE WHEN %(done)s THEN {now} + make_interval(secs => %(finished)s) END,"
+                " CASE WHEN %(running)s THEN gen_random_uuid() END)"
+            ).format(s=s, now=now), {
+                **j, "running": running, "done": done,
+                "group": None if j["group"] is None else f"g{j['group']}",
+                "attempts": j["attempts"] if j["status"] != "pending" else min(j["attempts"], 2),
+            })
+        for type_ in ("a", "b"):
+            expected = await oracle_ids(queue, conn, type_, limit)
+            claimed = await queue.claim(type_, limit, conn=conn)
+            assert [c.id for c in claimed] == expected
+            assert all(c.status == "running" for c in claimed)
+        await conn.rollback()
+
+
+@pytest.fixture
+def migrated(database_url: str, schema: str) -> str:
+    async def go() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+            await migrate(c, schema)
+
+    asyncio.run(go())
+    return schema
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(groups=st.lists(group_st, min_size=5, max_size=5),
+       jobs=st.lists(job_st, max_size=30),
+       limit=st.integers(1, 12),
+       offset_s=st.sampled_from([0, 3600, 90_000]))
+def test_claim_matches_the_posts_query_with_interleave(
+    database_url: str, migrated: str, groups: list[tuple[Any, bool]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int,
+) -> None:
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s))
