@@ -1,0 +1,11 @@
+-- Runs silent (no progress save or heartbeat) for longer than the platform timeout
+-- cannot still be alive: mark them ended by error "killed". Four stop reasons are
+-- healthy; a killed run is an incident and must say so.
+UPDATE {schema}.runs
+SET stop_reason = 'error',
+    error = 'killed',
+    finished_at = now() + %(offset)s::interval
+WHERE finished_at IS NULL
+  AND coalesce(heartbeat_at, started_at)
+      < now() + %(offset)s::interval - %(platform_timeout)s::interval
+RETURNING id
