@@ -205,19 +205,28 @@ class Demo:
                       f"into its run (pid {victim.pid})")
 
     async def counts(self, queue: Queue) -> dict[str, int]:
+        """Jobs by state. ``running`` counts live locks only; a stale lock with attempts
+        left is ``due`` (claimable again); one with attempts used up is ``stuck`` (for
+        maintenance)."""
         async with queue.connection() as conn:
-            cur = await conn.execute(sql.SQL(
-                "SELECT count(*) FILTER (WHERE status = 'done'),"
-                " count(*) FILTER (WHERE status = 'failed'),"
-                " count(*) FILTER (WHERE status = 'running'),"
-                " count(*) FILTER (WHERE status = 'pending'"
-                "                   AND run_after <= now() + interval '30 s'),"
-                " count(*) FILTER (WHERE status = 'pending'"
-                "                   AND run_after > now() + interval '30 s'),"
-                " count(*) FROM {}.jobs").format(sql.Identifier(self.schema)))
+            cur = await conn.execute(sql.SQL("""
+                SELECT count(*) FILTER (WHERE status = 'done'),
+                       count(*) FILTER (WHERE status = 'failed'),
+                       count(*) FILTER (WHERE status = 'running' AND NOT stale),
+                       count(*) FILTER (WHERE (status = 'pending'
+                                               AND run_after <= now() + interval '30 s')
+                                           OR (status = 'running' AND stale
+                                               AND attempts < max_attempts)),
+                       count(*) FILTER (WHERE status = 'running' AND stale
+                                          AND attempts >= max_attempts),
+                       count(*) FILTER (WHERE status = 'pending'
+                                          AND run_after > now() + interval '30 s'),
+                       count(*)
+                FROM (SELECT *, locked_at < now() - %s AS stale FROM {}.jobs) j
+                """).format(sql.Identifier(self.schema)), [queue.stale_after])
             row = await cur.fetchone()
         assert row is not None
-        return dict(zip(("done", "failed", "running", "due", "later", "total"), row,
+        return dict(zip(("done", "failed", "running", "due", "stuck", "later", "total"), row,
                         strict=True))
 
     async def drive(self, queue: Queue) -> None:
@@ -244,6 +253,7 @@ class Demo:
                     progress.update(bar, total=c["total"], completed=c["done"] + c["failed"],
                                     detail=f"{c['done']} done, {c['failed']} failed, "
                                            f"{c['running']} running, {c['due']} due, "
+                                           f"{c['stuck']} stuck, "
                                            f"{c['later']} waiting for a reset")
                     if c["due"] == 0 and c["running"] == 0 and n > 3:
                         break
@@ -300,11 +310,26 @@ class Demo:
         for col in ("trigger", "stop reason", "done", "failed", "deferred", "units",
                     "seconds", "error"):
             t.add_column(col)
-        for r in runs:
+        idle = 0  # consecutive runs that found nothing to do, shown as one row
+        for i, r in enumerate(runs):
+            if r["jobs_done"] == r["jobs_failed"] == r["jobs_deferred"] == 0 and not r["error"]:
+                idle += 1
+                nxt = runs[i + 1] if i + 1 < len(runs) else None
+                if nxt is not None and nxt["stop_reason"] == r["stop_reason"] and \
+                        nxt["jobs_done"] == nxt["jobs_failed"] == nxt["jobs_deferred"] == 0:
+                    continue
+                if idle > 1:
+                    t.add_row(f"{r['trigger']} ×{idle}", str(r["stop_reason"]), "0", "0", "0",
+                              "0", "", "(runs with nothing to do)")
+                    idle = 0
+                    continue
+            idle = 0
             t.add_row(r["trigger"], str(r["stop_reason"] or "(unfinished)"), str(r["jobs_done"]),
                       str(r["jobs_failed"]), str(r["jobs_deferred"]), str(r["quota_units"]),
                       str(r["seconds"] or ""), (r["error"] or "")[:40])
         console.print(t)
+        overlapping = sum(1 for r in self.runs if r.label.startswith("overlap"))
+        console.print(f"{len(runs)} runs, {overlapping} of them overlapping, 1 SIGKILLed")
 
         t = Table(title="wait from enqueue to done, per plan (seconds)")
         for col in ("plan", "jobs done", "median", "max"):
