@@ -124,8 +124,7 @@ class _Daily:
         Raises:
             NaiveDatetimeError: ``now`` has no time zone.
         """
-        local = require_aware(now, "now").astimezone(self.zone)
-        return _local_midnight(local.date() + timedelta(days=1), self.zone)
+        return next_local_midnight(now, self.zone)
 
     async def _used(self, queue: Queue, scope_key: str, period_start: datetime,
                     conn: AnyConn | None = None) -> int:
@@ -343,6 +342,18 @@ class Allowance(_Daily):
         if owner is None or limit is None:
             return None
         return await self._exhaust(queue, owner, limit)
+
+
+def next_local_midnight(now: datetime, zone: ZoneInfo) -> datetime:
+    """The first local midnight in ``zone`` strictly after the instant ``now``, as an aware
+    UTC datetime: the reset rule of every daily quota (DST-correct: the day before a
+    change is 23 or 25 hours long).
+
+    Raises:
+        NaiveDatetimeError: ``now`` has no time zone.
+    """
+    local = require_aware(now, "now").astimezone(zone)
+    return _local_midnight(local.date() + timedelta(days=1), zone)
 
 
 def _local_midnight(day: Any, zone: ZoneInfo) -> datetime:

@@ -61,6 +61,10 @@ PLANS = Plans([
 STAGE_TYPES = ("enrich", "contacts", "draft", "rationale", "comments", "score", "search")
 SCORE_THRESHOLD = 35  # creators scoring below this are not worth a message
 
+# The YouTube Data API's daily quota: 10,000 units, reset at midnight Pacific time; runs
+# keep 1,000 in reserve for interactive use.
+YOUTUBE_QUOTA = Quota("youtube", 10_000, reserve=1_000, reset_tz="America/Los_Angeles")
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -154,8 +158,7 @@ class App:
         self.http = http
         self.schema = schema
         self.t = sql.Identifier(schema)
-        self.youtube_quota = Quota("youtube", 10_000, reserve=1_000,
-                                   reset_tz="America/Los_Angeles")
+        self.youtube_quota = YOUTUBE_QUOTA
         self.searches = Allowance("searches", "searches_per_day",
                                   reset_tz="America/Los_Angeles")
 
@@ -464,5 +467,5 @@ async def seed(conn: AsyncConnection[Any], queue: Queue, pages_base: str, plan: 
     return campaigns
 
 
-__all__: Sequence[str] = ["PLANS", "STAGE_TYPES", "App", "SeedPlan", "build_app",
+__all__: Sequence[str] = ["PLANS", "STAGE_TYPES", "YOUTUBE_QUOTA", "App", "SeedPlan", "build_app",
                           "build_pipeline", "migrate_app", "queue_settings", "seed"]

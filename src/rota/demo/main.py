@@ -44,7 +44,6 @@ from rich.table import Table
 
 from .. import db
 from ..queue import Queue
-from ..quota import Quota
 from . import app as demo_app
 from .brief import pages_app
 from .youtube import serve_in_thread, stand_in_app
@@ -150,9 +149,8 @@ class Demo:
                     conn, queue, pages_url,
                     demo_app.SeedPlan(self.config.per_plan, self.config.big_results,
                                       self.config.queries), rng=self.rng)
-        quota = Quota("youtube", 10_000, reserve=1_000, reset_tz="America/Los_Angeles")
         if self.config.prespent_units:
-            await quota.spend(queue, self.config.prespent_units, use_reserve=True)
+            await demo_app.YOUTUBE_QUOTA.spend(queue, self.config.prespent_units, use_reserve=True)
         console.print(
             f"seeded {len(self.campaigns)} campaigns "
             f"({', '.join(f'{n} {p}' for p, n in self.config.per_plan.items())}); "
@@ -303,8 +301,7 @@ class Demo:
             checks = await self.invariants(cur)
         async with httpx.AsyncClient() as http:
             usage = (await http.get(f"{self.youtube_url}/youtube/v3/_usage", timeout=5)).json()
-        quota = await Quota("youtube", 10_000, reserve=1_000,
-                            reset_tz="America/Los_Angeles").usage(queue)
+        quota = await demo_app.YOUTUBE_QUOTA.usage(queue)
 
         t = Table(title="runs (each cron invocation's row)")
         for col in ("trigger", "stop reason", "done", "failed", "deferred", "units",

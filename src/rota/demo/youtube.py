@@ -33,7 +33,6 @@ import time as _time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from datetime import time as dtime
 from typing import Any, Final, Generic, TypeVar
 from zoneinfo import ZoneInfo
 
@@ -44,7 +43,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from ..errors import RotaError
+from ..errors import NaiveDatetimeError, RotaError
+from ..quota import next_local_midnight
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -106,9 +106,10 @@ def next_reset(now: datetime, tz: ZoneInfo = PACIFIC) -> datetime:
     DST change is 23 or 25 hours long). ``now`` must be aware (``ValueError`` otherwise).
     Returns an aware datetime in UTC, so arithmetic on it is plain elapsed time.
     """
-    local_day = quota_day(now, tz)
-    midnight = datetime.combine(local_day + timedelta(days=1), dtime(0), tzinfo=tz)
-    return midnight.astimezone(UTC)
+    try:
+        return next_local_midnight(now, tz)
+    except NaiveDatetimeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------------------
