@@ -19,8 +19,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 
 clean:

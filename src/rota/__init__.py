@@ -20,6 +20,8 @@ from .queue import Queue, QueueSettings
 from .quota import Allowance, Quota, QuotaExhausted
 from .runner import JobContext, Pipeline, RunResult, Stage
 from .sync import SyncQueue
+from .web import cron_app
+from .worker import Worker
 
 __all__ = [
     "DEFAULT_PLANS",
@@ -52,6 +54,8 @@ __all__ = [
     "UnknownGroup",
     "UnknownJobType",
     "UnknownPlan",
+    "Worker",
+    "cron_app",
     "maintain",
     "schema_sql",
 ]
