@@ -349,15 +349,19 @@ class App:
         return row[0], int(plan.limits["draft_credits_per_month"])
 
     async def spend_credit(self, ctx: JobContext, user_id: str, limit: int) -> bool:
-        """One ledger row per job: a retried draft does not pay twice."""
+        """Pay one credit for this job unless it holds an unrefunded spend already (a
+        draft retried after a failed attempt does not pay twice; one retried by an
+        operator after a refund pays again). Returns ``False`` when none are left."""
         async with ctx.connection() as c, c.transaction():
             # Serialize one user's spenders so two drafts cannot both take the last credit.
             await c.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"credits:{user_id}"])
             cur = await c.execute(self.q(
-                "SELECT count(*) FILTER (WHERE job_id = %s AND kind = 'spend'),"
-                " coalesce(sum(CASE kind WHEN 'spend' THEN amount ELSE -amount END), 0)"
-                " FROM {t}.credit_ledger WHERE user_id = %s"
-                " AND created_at >= date_trunc('month', now() + %s)"),
+                "SELECT count(*) FILTER (WHERE s.job_id = %s AND NOT EXISTS ("
+                "   SELECT 1 FROM {t}.credit_ledger r WHERE r.refund_of = s.id)),"
+                " coalesce(sum(s.amount) FILTER (WHERE NOT EXISTS ("
+                "   SELECT 1 FROM {t}.credit_ledger r WHERE r.refund_of = s.id)), 0)"
+                " FROM {t}.credit_ledger s WHERE s.user_id = %s AND s.kind = 'spend'"
+                " AND s.created_at >= date_trunc('month', now() + %s)"),
                 [ctx.job.id, user_id, self.queue.clock_offset])
             row = await cur.fetchone()
             assert row is not None
@@ -382,13 +386,14 @@ class App:
         return value
 
     async def refund_draft(self, job: Job, conn: AsyncConnection[Any]) -> None:
-        """Give-up hook of ``draft``: refund the credit the job spent, exactly once
-        (inside the give-up transaction; the ledger's unique key backs it up)."""
+        """Give-up hook of ``draft``: refund the credit the job spent, exactly once per
+        give-up (inside the give-up transaction; ``refund_of`` is unique, so a spend is
+        never refunded twice)."""
         await conn.execute(self.q(
-            "INSERT INTO {t}.credit_ledger (user_id, job_id, kind, amount)"
-            " SELECT user_id, job_id, 'refund', amount FROM {t}.credit_ledger"
-            " WHERE job_id = %s AND kind = 'spend'"
-            " ON CONFLICT (job_id, kind) DO NOTHING"), [job.id])
+            "INSERT INTO {t}.credit_ledger (user_id, job_id, kind, amount, refund_of)"
+            " SELECT s.user_id, s.job_id, 'refund', s.amount, s.id FROM {t}.credit_ledger s"
+            " WHERE s.job_id = %s AND s.kind = 'spend'"
+            " ON CONFLICT (refund_of) DO NOTHING"), [job.id])
 
 
 def build_app(queue: Queue) -> App:

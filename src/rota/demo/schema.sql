@@ -48,14 +48,17 @@ CREATE TABLE IF NOT EXISTS {app}.creators (
     PRIMARY KEY (campaign_id, channel_id)
 );
 
--- Plan credits: a draft spends one, a draft that gives up refunds it. The unique key per
--- (job, kind) makes a second spend or a second refund for one job impossible.
+-- Plan credits: a draft spends one, a draft that gives up refunds it. A job spends at most
+-- once per give-up cycle: it pays again only after its spend was refunded (a retried
+-- draft pays again), and each spend is refunded at most once (refund_of is unique).
 CREATE TABLE IF NOT EXISTS {app}.credit_ledger (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     user_id    text NOT NULL,
     job_id     bigint NOT NULL,
     kind       text NOT NULL CHECK (kind IN ('spend', 'refund')),
     amount     integer NOT NULL,
+    refund_of  bigint UNIQUE REFERENCES {app}.credit_ledger (id),
     created_at timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (job_id, kind)
+    CHECK ((kind = 'refund') = (refund_of IS NOT NULL))
 );
+CREATE INDEX IF NOT EXISTS credit_ledger_job_idx ON {app}.credit_ledger (job_id);
