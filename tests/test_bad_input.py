@@ -144,3 +144,18 @@ async def test_plan_id_never_becomes_sql(make_queue: Any) -> None:
     job = await queue.enqueue("t", {}, group_id="g")
     assert job
     assert [j.id for j in await queue.claim("t", 1)] == [job.id]
+
+
+async def test_overlong_keys_and_deep_payloads_are_refused(queue: Queue, aconn: Any) -> None:
+    with pytest.raises(InvalidInput, match="dedupe_key is 20000 characters long; at most 512"):
+        await queue.enqueue("t", {}, dedupe_key="k" * 20_000)
+    deep: Any = []
+    for _ in range(5_000):
+        deep = [deep]
+    with pytest.raises(PayloadError, match="nested too deeply"):
+        await queue.enqueue("t", deep)
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    with pytest.raises(PayloadError, match="nested too deeply \\(or contains itself\\)"):
+        await queue.enqueue("t", loop)
+    assert await count(aconn, queue) == 0

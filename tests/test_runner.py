@@ -517,3 +517,24 @@ async def test_a_run_cut_off_by_dropped_connections_records_its_error(
         assert (j.status, j.attempts) == ("done", 2)
     finally:
         await pool.close()
+
+
+async def test_a_stage_without_a_hook_owes_no_give_up(queue: Queue, aconn: AConn) -> None:
+    ran: list[int] = []
+
+    async def refund(j: Job, conn: Any) -> None:
+        ran.append(j.id)
+
+    async def boom(ctx: JobContext) -> None:
+        raise RuntimeError("no luck")
+
+    pipeline = Pipeline(queue, [Stage("plain", 5, 1, boom, max_attempts=1),
+                                Stage("paid", 5, 1, boom, max_attempts=1, on_give_up=refund)])
+    [plain] = await enqueue(queue, "plain", 1)
+    [paid] = await enqueue(queue, "paid", 1)
+    result = await pipeline.run(trigger="manual", time_budget=timedelta(seconds=30))
+    assert (result.stop_reason, result.jobs_failed) == ("no_work", 2)
+    assert ran == [paid]
+    cur = await aconn.execute(sql.SQL("SELECT id, status, give_up_pending FROM {} ORDER BY id")
+                              .format(queue.table("jobs")))
+    assert await cur.fetchall() == [(plain, "failed", False), (paid, "failed", False)]

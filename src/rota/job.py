@@ -120,8 +120,16 @@ def require_duration(value: timedelta, name: str, *, positive: bool = True) -> t
     return value
 
 
+MAX_NAME_LENGTH = 512  # characters; keeps every key well inside a btree index row
+
+
 def require_text(value: object, name: str, *, allow_none: bool = False) -> str | None:
-    """Validate a short text value (job type, dedupe key, group id): non-empty, no NUL."""
+    """Validate a short text value (job type, dedupe key, group id): non-empty, at most
+    ``MAX_NAME_LENGTH`` characters, no NUL.
+
+    Raises:
+        InvalidInput: what was wrong with it.
+    """
     if value is None and allow_none:
         return None
     if isinstance(value, uuid.UUID):
@@ -130,6 +138,9 @@ def require_text(value: object, name: str, *, allow_none: bool = False) -> str |
         raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
     if "\x00" in value:
         raise InvalidInput(f"{name} {value!r} contains a NUL character")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidInput(f"{name} is {len(value)} characters long; at most "
+                           f"{MAX_NAME_LENGTH} are allowed")
     return value
 
 
@@ -184,9 +195,11 @@ def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> 
         PayloadError: not JSON-serializable, NaN/Infinity, NUL or lone surrogate, or
             larger than ``max_bytes`` UTF-8 bytes.
     """
-    _check_strings(payload, "")
     try:
+        _check_strings(payload, "")
         text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        raise PayloadError("payload is nested too deeply (or contains itself)") from None
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not JSON-serializable: {exc}") from None
     size = len(text.encode("utf-8"))

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any, cast
 
 import psycopg
@@ -558,6 +559,11 @@ class Queue(QueueSettings):
         return None if row is None else Job.from_row(row)
 
     # -- give-up hooks -----------------------------------------------------------------
+
+    @property
+    def give_up_hooks(self) -> Mapping[str, GiveUpHook]:
+        """The give-up hooks registered on this queue, by job type (read-only view)."""
+        return MappingProxyType(self._give_up_hooks)
 
     def on_give_up(self, job_type: str, hook: GiveUpHook) -> None:
         """Register ``async def hook(job, conn)`` for jobs of ``job_type`` that end failed

@@ -84,6 +84,8 @@ class Stage:
         quota_cost: units one job (one batch call, for a ``batch_handler``) typically
             spends of ``quota``, > 0. Handlers spend actual units with ``ctx.spend``.
         on_give_up: a give-up hook for this type (see :meth:`rota.Queue.on_give_up`).
+            Without one (and none registered on the queue), the pipeline registers a
+            no-op, so this type's give-ups are recorded as handled, not owed forever.
 
     Raises:
         InvalidInput: bad sizes, not exactly one of ``handler`` and ``batch_handler``.
@@ -429,6 +431,10 @@ class Pipeline:
                 queue.max_attempts_by_type[s.type] = s.max_attempts
             if s.on_give_up is not None:
                 queue.on_give_up(s.type, s.on_give_up)
+            elif s.type not in queue.give_up_hooks:
+                # The pipeline defines its types: no hook means none is owed, so the
+                # give-up is recorded as handled instead of staying owed forever.
+                queue.on_give_up(s.type, _no_give_up_hook)
 
     def quota(self, name: str) -> Quota | Allowance:
         """The quota or allowance called ``name``.
@@ -714,6 +720,10 @@ class Pipeline:
             await self._save(run, final=True, stop_reason=stop, error=error)
         except Exception:
             log.exception("run %s: could not record its end", run.id)
+
+
+async def _no_give_up_hook(job: Job, conn: AnyConn) -> None:
+    """The give-up hook of a stage that declares none."""
 
 
 async def _settle_all(ctxs: list[JobContext],

@@ -406,8 +406,7 @@ class Demo:
             " ON s.job_id = j.id AND s.kind = 'spend'"
             " WHERE j.type = 'draft' AND j.status = 'failed' AND NOT EXISTS ("
             " SELECT 1 FROM {a}.credit_ledger r WHERE r.refund_of = s.id))")
-        hooks_owed = await one("SELECT count(*) FROM {s}.jobs WHERE give_up_pending"
-                               " AND type = 'draft'")
+        hooks_owed = await one("SELECT count(*) FROM {s}.jobs WHERE give_up_pending")
         unfinished = await one("SELECT count(*) FROM {s}.runs WHERE finished_at IS NULL")
         killed = await one("SELECT count(*) FROM {s}.runs WHERE error = 'killed'")
         return [
