@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import types
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,8 @@ def test_bad_flag_values_exit_2(rota: Rota, args: list[str], message: str) -> No
     (["run", "--app", "tests.nope:build"], "error: cannot import app module 'tests.nope'"),
     (["run", "--app", "tests.cli_app:nope"], "error: app module 'tests.cli_app' has no"),
     (["run", "--app", "tests.cli_app:TEST_PLANS"], "error: app 'tests.cli_app:TEST_PLANS' is"),
+    (["run", "--app", "tests.cli_app:not_callable_app"],
+     "error: app 'tests.cli_app:not_callable_app' must take one argument, the Queue"),
 ])
 def test_bad_input_is_one_line_and_exit_2(rota: Rota, args: list[str], starts: str) -> None:
     one_line_error(rota(*args, ok=False), starts)
@@ -160,14 +163,13 @@ def test_jobs_failed_shows_last_errors_and_retry_puts_them_back(rota: Rota) -> N
     rota("enqueue", "echo", "{}", "--app", APP)
     assert rota.json("run", "--app", APP, "--budget", "10")["jobsFailed"] == 1
     failed = rota.json("jobs", "failed")
-    # boom has no give-up hook, so its give-up stays owed.
+    # boom's stage has no give-up hook, so it owes none.
     assert [(j["id"], j["status"], j["attempts"], j["last_error"], j["give_up_pending"])
-            for j in failed] == [(1, "failed", 1, "RuntimeError: boom: no disk", True)]
+            for j in failed] == [(1, "failed", 1, "RuntimeError: boom: no disk", False)]
     assert "RuntimeError: boom: no disk" in rota("jobs", "failed").stdout
     assert rota.json("jobs", "failed", "--type", "echo") == []
 
-    assert rota("jobs", "retry", "1").stdout == (
-        "job 1 (boom) is pending again, due now; its owed give-up hook is cancelled\n")
+    assert rota("jobs", "retry", "1").stdout == "job 1 (boom) is pending again, due now\n"
     assert rota.sql("SELECT status, attempts, deferrals, finished_at, last_error, "
                     "give_up_pending FROM {s}.jobs WHERE id = 1") == [
         ("pending", 0, 0, None, "RuntimeError: boom: no disk", False)]
@@ -179,7 +181,11 @@ def test_jobs_failed_shows_last_errors_and_retry_puts_them_back(rota: Rota) -> N
     # Failed again, retried again: the job is run again from a clean slate.
     assert rota.json("run", "--app", APP, "--budget", "10")["jobsFailed"] == 1
     assert rota.json("jobs", "retry", "1") == {
-        "id": 1, "status": "pending", "giveUpHookCancelled": True}
+        "id": 1, "status": "pending", "giveUpHookCancelled": False}
+    # A job whose give-up hook is still owed has it cancelled by the retry.
+    rota.sql("UPDATE {s}.jobs SET status = 'failed', give_up_pending = true WHERE id = 1")
+    assert rota("jobs", "retry", "1").stdout == (
+        "job 1 (boom) is pending again, due now; its owed give-up hook is cancelled\n")
 
 
 def test_retry_refuses_while_a_duplicate_is_open(rota: Rota) -> None:
@@ -237,13 +243,6 @@ def test_run_once_then_runs_lists_it(rota: Rota) -> None:
     assert len(rota.json("runs", "-n", "1")) == 1
     out = rota("runs").stdout
     assert "runs (2 shown)" in out and "echoed=3" in out and result["runId"][:8] in out
-
-
-def test_run_that_ends_in_error_exits_1(rota: Rota) -> None:
-    # A platform timeout shorter than the budget is refused at run start.
-    result = rota("run", "--app", APP, "--budget", "400", ok=False)
-    assert result.exit_code == 1
-    assert result.stderr.startswith("error: time_budget (0:06:40) must be shorter")
 
 
 def test_maintain_prints_counters(rota: Rota) -> None:
@@ -460,3 +459,333 @@ def test_jobs_subcommands_take_the_groups_options_too(rota: Rota) -> None:
                DATABASE_URL=None).stdout
     assert json.loads(out) == {"id": 1, "status": "failed", "giveUpHookRan": False}
     assert [j["id"] for j in json.loads(rota("jobs", "--json", "failed").stdout)] == [1]
+
+
+# -- fresh-eyes findings: literal text, stopping, configuration, limits -----------------------
+
+HOSTILE = "[/tmp/x] [bold]b[/bold] :smile: \x1b]0;pwned\x07 \x9b31m \u202egnp.exe"
+
+
+def _has_no_terminal_control(text: str) -> bool:
+    return not any(ch in text for ch in "\x1b\x07\x9b\u202e")
+
+
+def test_text_from_the_database_is_shown_literally_and_cannot_drive_the_terminal(
+    rota: Rota,
+) -> None:
+    rota.sql("INSERT INTO {s}.jobs (type, payload, status, attempts, max_attempts, "
+             "run_after, created_at, finished_at, last_error) VALUES "
+             "(%s, '{{}}', 'failed', 1, 1, now(), now(), now(), %s), "
+             "(%s, '{{}}', 'pending', 0, 3, now(), now(), NULL, NULL)",
+             ["[bold]t[/bold]", HOSTILE, "[/tmp/x]\x1b[2J"])
+    rota.sql("INSERT INTO {s}.runs (id, trigger, stop_reason, error, summary, started_at, "
+             "finished_at) VALUES (gen_random_uuid(), 'cli', 'error', %s, "
+             "jsonb_build_object(%s::text, 1), now(), now())", [HOSTILE, "[red]k\x1b"])
+    for args in (["jobs"], ["jobs", "failed"], ["jobs", "--status", "failed"], ["depth"],
+                 ["runs"]):
+        out = rota(*args).stdout
+        assert _has_no_terminal_control(out), (args, out)
+        assert "\\x1b" in out, (args, out)
+    failed = rota("jobs", "failed").stdout
+    assert "[/tmp/x] [bold]b[/bold] :smile: \\x1b]0;pwned\\x07 \\x9b31m \\u202egnp.exe" in failed
+    assert "[bold]t[/bold]" in failed
+    assert "[/tmp/x]\\x1b[2J" in rota("depth").stdout
+    assert "[red]k\\x1b=1" in rota("runs").stdout
+    # JSON keeps the exact text (escaped where a terminal would act on it).
+    raw = rota("jobs", "failed", "--json").stdout
+    assert _has_no_terminal_control(raw)
+    assert json.loads(raw)[0]["last_error"] == HOSTILE
+    # Echoed values too.
+    out = rota("enqueue", "[b]x\x1b[2J", "{}").stdout
+    assert _has_no_terminal_control(out) and "([b]x\\x1b[2J)" in out
+    out = rota("jobs", "cancel", "3").stdout
+    assert out.startswith("job 3 ([b]x\\x1b[2J) cancelled")
+    result = rota("enqueue", "echo", "{}", "--group", "\x1b]0;pwned\x07", ok=False)
+    assert _has_no_terminal_control(result.stderr)
+
+
+@pytest.fixture
+def write_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Write an app module (a unique name per call) and return its directory and name."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made: list[str] = []
+
+    def write(source: str) -> str:
+        name = f"app_{uuid.uuid4().hex[:10]}"
+        (tmp_path / f"{name}.py").write_text(source)
+        made.append(name)
+        return name
+
+    yield write
+    for name in made:
+        sys.modules.pop(name, None)
+
+
+GOOD_APP = """
+import asyncio
+from datetime import timedelta
+from rota import Pipeline, Stage
+
+async def slow(ctx):
+    await asyncio.sleep({seconds})
+
+def build(queue):
+    return Pipeline(queue, [Stage("slow", 1, 1, slow)], platform_timeout=timedelta(seconds=60))
+
+build.queue_settings = {{"types": ["slow"], "stale_after": timedelta(seconds=120)}}
+"""
+
+
+def test_worker_stops_after_the_current_run_on_sigterm(
+    rota: Rota, spawn: Any, write_app: Any, tmp_path: Path,
+) -> None:
+    """SIGTERM during the worker's first run (the maintenance run): the run finishes
+    (its 1 s budget ends during a 1.5 s job), and no other run starts."""
+    name = write_app(GOOD_APP.format(seconds=1.5))
+    for _ in range(3):
+        rota("enqueue", "slow", "{}")
+    env = {**os.environ, "DATABASE_URL": rota.url, "ROTA_SCHEMA": rota.schema,
+           "ROTA_APP": f"{name}:build", "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "rota.cli", "worker", "--budget", "1"],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        def one_running() -> bool:
+            assert p.poll() is None, p.communicate()
+            return bool(rota.sql("SELECT count(*) FROM {s}.jobs "
+                                 "WHERE status = 'running'")[0][0] == 1)
+
+        wait_for(one_running)
+        [(signalled_at,)] = rota.sql("SELECT clock_timestamp()")
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=15)
+        elapsed = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    # The job in flight had at most 1.5 s left; the rest is process teardown.
+    assert elapsed < 1.5 + 2.0, (elapsed, err)
+    assert "stopping after the current run" in err and "worker stopped" in err
+    runs = rota.sql("SELECT started_at, stop_reason FROM {s}.runs")
+    assert len(runs) == 1 and runs[0][0] < signalled_at and runs[0][1] == "time_budget"
+    assert rota.sql("SELECT status, count(*) FROM {s}.jobs GROUP BY 1 ORDER BY 1") == [
+        ("done", 1), ("pending", 2)]
+    assert len(out.splitlines()) == 1
+
+
+def test_worker_help_says_what_a_second_signal_does() -> None:
+    text = " ".join(CliRunner().invoke(cli, ["worker", "--help"]).stdout.split())
+    assert "stale-lock" not in text
+    assert "jobs in flight are failed (the claim already counted the attempt)" in text
+    assert "retried after their backoff" in text
+
+
+@pytest.mark.parametrize("args, starts", [
+    (["worker", "--budget", "300"], "error: --budget 300s must be shorter than the app's "
+                                    "platform timeout (300s)"),
+    (["serve", "--budget", "300", "--host", "192.0.2.1"], "error: --budget 300s must be shorter"),
+    (["run", "--budget", "400"], "error: --budget 400s must be shorter"),
+], ids=["worker", "serve", "run"])
+def test_a_budget_not_below_the_platform_timeout_stops_at_start_with_exit_2(
+    rota: Rota, process_env: dict[str, str], args: list[str], starts: str,
+) -> None:
+    # A real process with a timeout: a worker that loops instead fails, not hangs.
+    out = subprocess.run([sys.executable, "-m", "rota.cli", *args], capture_output=True,
+                         text=True, timeout=30, cwd=ROOT, env=process_env)
+    assert (out.returncode, out.stdout) == (2, ""), out.stderr
+    [line] = out.stderr.splitlines()
+    assert line.startswith(starts), line
+    assert rota.sql("SELECT count(*) FROM {s}.runs") == [(0,)]
+
+
+@pytest.mark.parametrize("command", ["worker", "serve"])
+def test_long_running_modes_refuse_an_unmigrated_schema(
+    database_url: str, schema: str, command: str,
+) -> None:
+    def start() -> subprocess.CompletedProcess[str]:
+        # A real process with a timeout: a worker that loops instead fails, not hangs.
+        return subprocess.run(
+            [sys.executable, "-m", "rota.cli", command, "--app", APP,
+             *(["--host", "192.0.2.1"] if command == "serve" else [])],
+            capture_output=True, text=True, timeout=30, cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": schema})
+
+    out = start()
+    assert (out.returncode, out.stdout) == (2, ""), out.stderr
+    [line] = out.stderr.splitlines()
+    assert line.startswith("error: rota's tables are missing") and line.endswith(
+        "run `rota migrate`"), line
+    r = Rota(database_url, schema)
+    r("migrate")
+    r.sql("DELETE FROM {s}.rota_migrations WHERE version = 3")
+    out = start()
+    assert (out.returncode, out.stderr) == (
+        2, f"error: schema '{schema}' lacks migrations [3]: run `rota migrate`\n")
+
+
+def test_run_that_ends_in_error_exits_1(rota: Rota, write_app: Any) -> None:
+    name = write_app("""
+import uuid
+from types import SimpleNamespace
+
+class Broken:
+    async def run(self, *, trigger, time_budget):
+        return SimpleNamespace(run_id=uuid.uuid4(), stop_reason="error", jobs_done=0,
+                               jobs_failed=0, jobs_deferred=0, quota_units=0, summary={},
+                               error="RuntimeError: [bold]disk[/bold] full")
+
+def build(queue):
+    return Broken()
+""")
+    result = rota("run", "--app", f"{name}:build", ok=False)
+    assert result.exit_code == 1
+    assert "[bold]disk[/bold] full" in result.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "--budget", "nan"], ["run", "--budget", "inf"], ["run", "--budget", "1e308"],
+    ["run", "--budget", "-inf"], ["run", "--budget", "86401"], ["serve", "--budget", "nan"],
+    ["worker", "--budget", "inf"], ["worker", "--idle-poll", "nan"],
+    ["worker", "--idle-poll", "inf"], ["worker", "--idle-poll", "1e308"],
+], ids=lambda a: " ".join(a))
+def test_non_finite_or_huge_seconds_are_refused_as_flag_values(
+    rota: Rota, args: list[str],
+) -> None:
+    result = rota(*args, "--app", APP, ok=False)
+    assert result.exit_code == 2, result.stderr
+    assert f"Invalid value for '{args[1]}'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+BAD_APPS = {
+    "raises": ("def build(queue):\n    raise RuntimeError('no config file')\n",
+               "failed: RuntimeError: no config file"),
+    "no-argument": ("def build():\n    pass\n", "must take one argument, the Queue"),
+    "two-arguments": ("def build(queue, other):\n    pass\n",
+                      "must take one argument, the Queue"),
+    "class": ("class build:\n    def __init__(self, queue):\n        pass\n", "is a class"),
+    "factory-raises": ("def build(queue):\n    def make():\n        raise KeyError('x')\n"
+                       "    return make\n", "failed: KeyError"),
+    "stale-window": ("from datetime import timedelta\nfrom rota import Pipeline, Stage\n"
+                     "async def h(ctx):\n    pass\n"
+                     "def build(queue):\n    return Pipeline(queue, [Stage('echo', 1, 1, h)])\n"
+                     "build.queue_settings = {'stale_after': timedelta(seconds=60)}\n",
+                     "failed: ConfigError: the queue's stale window (0:01:00) must be longer"),
+    "misspelled-setting": ("def build(queue):\n    pass\n"
+                           "build.queue_settings = {'stale_afer': 1}\n",
+                           "queue_settings has unknown key 'stale_afer' "
+                           "(did you mean 'stale_after'?)"),
+    "settings-raise": ("def build(queue):\n    pass\n"
+                       "def settings():\n    raise OSError('gone')\n"
+                       "build.queue_settings = settings\n",
+                       "queue_settings() failed: OSError: gone"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_APPS))
+@pytest.mark.parametrize("command", [["run"], ["worker"], ["serve"], ["maintain"]],
+                         ids=lambda a: a[0])
+def test_a_broken_app_is_one_line_naming_it_and_exit_2(
+    rota: Rota, write_app: Any, kind: str, command: list[str],
+) -> None:
+    source, message = BAD_APPS[kind]
+    spec = f"{write_app(source)}:build"
+    if command == ["serve"]:  # were the app accepted, uvicorn could not bind: no hang
+        command = ["serve", "--host", "192.0.2.1"]
+    result = rota(*command, "--app", spec, ok=False)
+    one_line_error(result, "error: ")
+    assert spec in result.stderr and message in result.stderr, result.stderr
+
+
+def test_an_app_module_with_a_syntax_error_is_one_line(rota: Rota, write_app: Any) -> None:
+    name = write_app("def build(queue)\n    pass\n")
+    one_line_error(rota("run", "--app", f"{name}:build", ok=False),
+                   f"error: cannot import app module '{name}': SyntaxError: ")
+
+
+def test_a_deeply_nested_payload_is_refused_in_one_line(rota: Rota) -> None:
+    deep = "[" * 5000 + "]" * 5000
+    result = rota("enqueue", "echo", deep, ok=False)
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert "JSON nested too deeply" in result.stderr
+    assert rota.sql("SELECT count(*) FROM {s}.jobs") == [(0,)]
+
+
+def test_a_database_error_is_not_called_unreachable(rota: Rota) -> None:
+    read_only = f"{rota.url}{'&' if '?' in rota.url else '?'}" \
+        "options=-c%20default_transaction_read_only%3Don"
+    result = rota("enqueue", "echo", "{}", ok=False, DATABASE_URL=read_only)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == ("error: database error (SQLSTATE 25006): cannot execute INSERT "
+                             "in a read-only transaction\n")
+
+
+def test_database_errors_are_told_apart_from_connection_failures() -> None:
+    from rota.cli import CliConfigError, _as_cli_error
+
+    def translate(exc: Exception) -> tuple[int, str]:
+        err = _as_cli_error(exc)
+        assert err is not None
+        return err.exit_code, err.message
+
+    assert translate(psycopg.OperationalError("connection failed: refused")) == (
+        2, "database unreachable: connection failed: refused")
+    assert translate(psycopg.errors.AdminShutdown("terminating connection")) == (
+        2, "database unreachable: terminating connection")
+    assert translate(psycopg.errors.ProgramLimitExceeded("index row too big")) == (
+        2, "database error (SQLSTATE 54000): index row too big")
+    assert translate(psycopg.errors.SerializationFailure("could not serialize")) == (
+        1, "database error (SQLSTATE 40001): could not serialize")
+    assert translate(psycopg.errors.InsufficientPrivilege("permission denied")) == (
+        1, "database error (SQLSTATE 42501): permission denied")
+    assert isinstance(_as_cli_error(psycopg.errors.DataException("bad")), CliConfigError)
+
+
+def test_tables_are_not_cut_at_80_columns_when_stdout_is_not_a_terminal(
+    rota: Rota,
+) -> None:
+    rota.sql("INSERT INTO {s}.runs (id, trigger, stop_reason, error, summary, started_at, "
+             "finished_at) VALUES (gen_random_uuid(), 'worker', 'time_budget', NULL, "
+             "'{{\"maintenance.stuck_jobs.failed\": 0, \"echoed\": 12}}', now(), now())")
+    out = rota("runs", COLUMNS=None).stdout
+    assert "time_budget" in out and "maintenance.stuck_jobs.failed=0" in out
+    assert 80 < max(len(line) for line in out.splitlines()) <= 160
+
+
+def test_depth_age_counts_from_when_the_job_could_first_be_due(rota: Rota) -> None:
+    rota("enqueue", "echo", "{}", "--run-after", "2000-01-01T00:00:00Z")
+    [row] = rota.json("depth")
+    assert 0 <= row["oldest_due_seconds"] < 60
+    rota.sql("UPDATE {s}.jobs SET created_at = now() - interval '3 days', "
+             "run_after = now() - interval '50 hours'")
+    [row] = rota.json("depth")
+    assert abs(row["oldest_due_seconds"] - 50 * 3600) < 60
+    assert " 2d │" in rota("depth").stdout
+
+
+def test_schema_help_names_the_environment_variable() -> None:
+    text = " ".join(CliRunner().invoke(cli, ["schema", "--help"]).stdout.split())
+    assert "[default: rota]" not in text
+    assert "[env ROTA_SCHEMA; when neither is given: rota]" in text
+    out = CliRunner().invoke(cli, ["schema"], env={"ROTA_SCHEMA": "from_env"}).stdout
+    assert out.startswith('CREATE SCHEMA IF NOT EXISTS "from_env";')
+
+
+def test_enqueue_reads_the_payload_from_stdin_or_a_file(rota: Rota, tmp_path: Path) -> None:
+    big = {"text": "x" * 600_000}  # longer than one command-line argument may be
+    path = tmp_path / "payload.json"
+    path.write_text(json.dumps(big))
+    assert rota.json("enqueue", "echo", f"@{path}")["id"] == 1
+    result = CliRunner().invoke(cli, ["enqueue", "echo", "-", "--json"],
+                                input=json.dumps({"n": 2}), env=rota.env,
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    assert rota.sql("SELECT id, length(payload::text) > 600000, payload->'n' "
+                    "FROM {s}.jobs ORDER BY id") == [(1, True, None), (2, False, 2)]
+    result = rota("enqueue", "echo", f"@{tmp_path / 'missing.json'}", ok=False)
+    assert result.exit_code == 2
+    assert "cannot read the payload from file" in result.stderr
+    assert "No such file or directory" in result.stderr

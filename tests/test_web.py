@@ -189,3 +189,15 @@ def test_bearer_matches_only_the_exact_secret() -> None:
     assert bearer_matches("Bearer ", None) is False
     assert bearer_matches(None, SECRET) is False
     assert bearer_matches(f"Bearer {SECRET} extra", SECRET) is False
+
+
+def test_a_budget_not_below_the_platform_timeout_is_refused_when_the_app_is_built(
+    queue: Queue,
+) -> None:
+    from rota import ConfigError
+
+    with pytest.raises(ConfigError, match=r"time_budget \(0:05:00\) must be shorter"):
+        cron_app(build_pipeline(queue), secret=SECRET, time_budget=timedelta(seconds=300))
+    # A factory is only called per request, so it cannot be checked here.
+    cron_app(lambda: build_pipeline(queue), secret=SECRET, time_budget=timedelta(seconds=300))
+    cron_app(build_pipeline(queue), secret=SECRET, time_budget=timedelta(seconds=299))

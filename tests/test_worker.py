@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import types
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -15,7 +16,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from rota import Queue
+from rota import ConfigError, Queue
 from rota.worker import Worker
 from tests.cli_app import build_pipeline
 
@@ -215,3 +216,47 @@ async def test_a_retried_job_wakes_the_worker_too(
     _, _, finished_at = await wait_done(aconn, schema, job_id)
     assert finished_at - retried_at < timedelta(seconds=1)
     await stop_worker(stop, task)
+
+
+async def test_a_stop_requested_during_the_maintenance_run_starts_no_other_run(
+    tagged: tuple[Queue, str], aconn: psycopg.AsyncConnection[Any], schema: str,
+) -> None:
+    queue, _ = tagged
+    await enqueue_elsewhere(aconn, schema)  # due work: the loop would start a run for it
+    stop = asyncio.Event()
+    calls: list[bool] = []
+
+    class StoppedMidRun:
+        stages = build_pipeline(queue).stages
+
+        async def run(self, *, trigger: Any, time_budget: timedelta,
+                      maintenance: Any = None) -> Any:
+            calls.append(maintenance is not None)
+            stop.set()  # SIGTERM arrives while this run is in progress
+            return types.SimpleNamespace(
+                run_id=uuid.uuid4(), stop_reason="time_budget", jobs_done=1, jobs_failed=0,
+                jobs_deferred=0, quota_units=0, summary={}, error=None)
+
+    worker = Worker(StoppedMidRun(), queue=queue, idle_poll=timedelta(seconds=60))
+    await asyncio.wait_for(worker.run_forever(stop), 5)
+    assert calls == [True]  # the maintenance run only
+
+
+async def test_a_budget_not_below_the_platform_timeout_is_refused_at_start(
+    tagged: tuple[Queue, str],
+) -> None:
+    queue, _ = tagged
+    worker = Worker(build_pipeline(queue), time_budget=timedelta(seconds=300))
+    with pytest.raises(ConfigError, match=r"time_budget \(0:05:00\) must be shorter"):
+        await asyncio.wait_for(worker.run_forever(asyncio.Event()), 5)
+    assert worker.runs == 0
+
+
+async def test_an_unmigrated_schema_ends_the_loop_instead_of_retrying_forever(
+    database_url: str, schema: str,
+) -> None:
+    async with Queue(database_url, schema=schema, **SETTINGS) as queue:
+        worker = Worker(build_pipeline(queue), maintain_every=None,
+                        reconnect_delay=timedelta(seconds=0.05))
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            await asyncio.wait_for(worker.run_forever(asyncio.Event()), 5)

@@ -16,21 +16,34 @@ an optional ``queue_settings`` attribute on the callable: a mapping of
     build_pipeline.queue_settings = {"plans": MY_PLANS, "types": ["send"]}
 
 Exit codes: 0 success; 1 the command ran but reports a problem (a run that stopped with
-``error``, a job that cannot be retried or cancelled); 2 bad usage or flag values, a
-malformed database URL, or an unreachable database, each as one line on stderr.
+``error``, a job that cannot be retried or cancelled, a database error other than the
+ones below); 2 bad usage or flag values, a broken app or configuration (including a
+``--budget`` not below the app's platform timeout), a malformed database URL, an
+unreachable database, rota's tables missing, or a value the database cannot store
+(SQLSTATE classes 22 "data exception" and 54 "program limit exceeded", for example a
+dedupe key too long for its index). Each is one line on stderr: ``error: database
+unreachable: …`` when no connection could be made or it was lost, ``error: database
+error: …`` for any other error the database reported.
+
+Text that comes from the database or the app (job types, errors, plan names…) is shown
+literally: never read as rich markup, and control characters are printed escaped
+(``\x1b``), so a job cannot drive the operator's terminal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import importlib
 import inspect
 import json
 import logging
+import math
 import os
 import signal
 import sys
 import time
+import unicodedata
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -41,6 +54,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import PoolTimeout
 from rich.console import Console
@@ -53,9 +67,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from . import db
-from .errors import DatabaseUnavailable, InvalidInput, RotaError
+from .errors import ConfigError, DatabaseUnavailable, InvalidInput, RotaError
 from .plans import DEFAULT_PLANS, Plans
 from .queue import Queue, QueueSettings
 from .web import HEALTHY_STOP_REASONS, resolve_pipeline
@@ -65,6 +80,47 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Seconds the CLI waits for a database connection before calling it unreachable.
 CONNECT_TIMEOUT = 10
+
+#: The largest --budget and --idle-poll accepted: one day.
+MAX_SECONDS = 86_400.0
+
+
+# -- text from the database: literal, no terminal control -------------------------------
+
+
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def safe_text(value: object) -> str:
+    """``value`` as text a terminal shows literally: whitespace runs (newlines, tabs)
+    become one space, and every other non-printable character (C0/C1 controls such as
+    ESC, bidirectional overrides, other format characters) is written as its Python
+    escape (``\\x1b``, ``\\u202e``). Rich markup is not involved: pass the result in
+    a :class:`rich.text.Text`, as :func:`cell` does."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():
+        return text
+    text = " ".join(text.split())
+    if text.isprintable():
+        return text
+    return "".join(
+        ch if ch.isprintable() else " " if unicodedata.category(ch) == "Zs"
+        else _escape_char(ch)
+        for ch in text)
+
+
+def cell(value: object, style: str = "") -> Text:
+    """A table cell showing ``value`` literally (see :func:`safe_text`)."""
+    return Text(safe_text(value), style=style)
+
+
+def add_row(table: Table, *values: object, style: str | None = None) -> None:
+    """Add a row whose cells are shown literally: never parsed as markup or emoji."""
+    table.add_row(*(v if isinstance(v, Text) else cell(v) for v in values), style=style)
 
 
 # -- errors: one line on stderr, a meaningful exit code ---------------------------------
@@ -77,7 +133,7 @@ class CliError(click.ClickException):
     exit_code = 1
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
+        super().__init__(safe_text(message))
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.message}", err=True)
@@ -94,19 +150,44 @@ def _first_line(exc: BaseException) -> str:
     return lines[0].strip() if lines else type(exc).__name__
 
 
+#: SQLSTATEs (besides class 08, "connection exception") that mean the server went away
+#: or would not take the connection: shutdown, crash, starting up, too many connections.
+_CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+#: SQLSTATE classes of values the database cannot store: a bad flag value (exit 2).
+_INPUT_SQLSTATE_CLASSES = ("22", "54")
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """Whether a database error means no connection could be made or it was lost (as
+    opposed to the database refusing a statement, for example a value too large for an
+    index, which is an ``OperationalError`` in psycopg too)."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in _CONNECTION_SQLSTATES
+
+
 def _as_cli_error(exc: Exception) -> CliError | None:
     """Translate the exceptions a command can meet into one-line CLI errors."""
-    if isinstance(exc, DatabaseUnavailable):
+    if isinstance(exc, DatabaseUnavailable | ConfigError | InvalidInput):
         return CliConfigError(_first_line(exc))
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
         return CliConfigError(
             f"rota's tables are missing ({_first_line(exc)}): run `rota migrate`")
-    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+    if is_connection_failure(exc):
         return CliConfigError(f"database unreachable: {_first_line(exc)}")
-    if isinstance(exc, InvalidInput):
-        return CliConfigError(_first_line(exc))
+    if isinstance(exc, psycopg.Error):
+        state = exc.sqlstate or ""
+        cls = CliConfigError if state.startswith(_INPUT_SQLSTATE_CLASSES) else CliError
+        code = f" (SQLSTATE {state})" if state else ""
+        return cls(f"database error{code}: {_first_line(exc)}")
     if isinstance(exc, RotaError):
         return CliError(_first_line(exc))
+    if isinstance(exc, RecursionError):
+        return CliConfigError("input nested too deeply to handle")
     return None
 
 
@@ -150,15 +231,47 @@ def load_app(spec: str) -> Callable[..., Any]:
     except ImportError as exc:
         raise CliConfigError(
             f"cannot import app module {module_name!r}: {_first_line(exc)}") from None
+    except Exception as exc:  # a SyntaxError, or the module raised while importing
+        raise CliConfigError(f"cannot import app module {module_name!r}: "
+                             f"{type(exc).__name__}: {_first_line(exc)}") from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise CliConfigError(f"app module {module_name!r} has no attribute {attr!r}") from None
+        except Exception as exc:  # a module-level __getattr__ that raised
+            raise CliConfigError(f"app {spec!r}: {type(exc).__name__}: "
+                                 f"{_first_line(exc)}") from None
+    if inspect.isclass(obj):
+        raise CliConfigError(f"app {spec!r} is a class: it must be a function that takes a "
+                             "Queue and returns the pipeline")
     if not callable(obj):
         raise CliConfigError(f"app {spec!r} is not callable: it must take a Queue and return "
-                       "the pipeline")
+                             "the pipeline")
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):  # no signature to check (some builtins)
+        return obj  # type: ignore[no-any-return]
+    try:
+        signature.bind(object())
+    except TypeError:
+        raise CliConfigError(f"app {spec!r} must take one argument, the Queue; its "
+                             f"signature is {signature}") from None
     return obj  # type: ignore[no-any-return]
+
+
+def _app_error(spec: str | None, exc: Exception) -> CliConfigError:
+    return CliConfigError(f"app {spec!r} failed: {type(exc).__name__}: {_first_line(exc)}")
+
+
+def _is_database_error(exc: Exception) -> bool:
+    return isinstance(exc, psycopg.Error | PoolTimeout)
+
+
+#: The keyword arguments rota.Queue takes besides the connection (its QueueSettings).
+QUEUE_SETTING_NAMES = frozenset(
+    name for name, p in inspect.signature(QueueSettings.__init__).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 @dataclass
@@ -188,13 +301,30 @@ class Target:
         return db.check_conninfo(self.database_url)
 
     def queue_settings(self) -> dict[str, Any]:
-        """The app's ``queue_settings`` with the schema from the flags applied."""
+        """The app's ``queue_settings`` with the schema from the flags applied.
+
+        Raises:
+            CliConfigError: ``queue_settings`` raised, is not a mapping, or has a key that
+                is not a :class:`rota.Queue` setting.
+        """
         raw: Any = getattr(self.app, "queue_settings", None) if self.app else None
         if callable(raw):
-            raw = raw()
+            try:
+                raw = raw()
+            except Exception as exc:
+                raise CliConfigError(
+                    f"app {self.app_spec!r}: queue_settings() failed: "
+                    f"{type(exc).__name__}: {_first_line(exc)}") from None
         if raw is not None and not isinstance(raw, Mapping):
             raise CliConfigError("the app's queue_settings must be a mapping of Queue settings")
         settings = dict(raw or {})
+        for key in settings:
+            if key not in QUEUE_SETTING_NAMES:
+                close = difflib.get_close_matches(str(key), QUEUE_SETTING_NAMES, n=1)
+                hint = (f"did you mean {close[0]!r}?" if close else
+                        f"the settings are {', '.join(sorted(QUEUE_SETTING_NAMES))}")
+                raise CliConfigError(f"app {self.app_spec!r}: queue_settings has unknown key "
+                                     f"{key!r} ({hint})")
         settings["schema"] = self.schema or settings.get("schema") or "rota"
         return settings
 
@@ -233,11 +363,68 @@ async def open_queue(target: Target) -> AsyncIterator[Queue]:
 
 
 async def build_pipeline(target: Target, queue: Queue) -> Any:
-    """Call the app with the queue; returns what it returns (a pipeline or a factory)."""
-    made = target.require_app()(queue)
-    if inspect.isawaitable(made):
-        made = await made
+    """Call the app with the queue; returns what it returns (a pipeline or a factory).
+
+    Raises:
+        CliConfigError: the app raised (database errors pass through as they are).
+    """
+    app = target.require_app()
+    try:
+        made = app(queue)
+        if inspect.isawaitable(made):
+            made = await made
+    except Exception as exc:
+        if _is_database_error(exc):
+            raise
+        raise _app_error(target.app_spec, exc) from None
     return made
+
+
+async def load_pipeline(target: Target, queue: Queue) -> tuple[Any, Any]:
+    """The app's result (a pipeline or a factory) and a pipeline resolved from it.
+
+    Raises:
+        CliConfigError: the app or its factory raised or returned no pipeline.
+    """
+    made = await build_pipeline(target, queue)
+    try:
+        return made, await resolve_pipeline(made)
+    except Exception as exc:
+        if _is_database_error(exc):
+            raise
+        raise _app_error(target.app_spec, exc) from None
+
+
+def check_budget(pipeline: Any, budget: float) -> None:
+    """Refuse a budget that is not below the pipeline's platform timeout, before any
+    run: the runner would refuse every run (and a worker would retry forever).
+
+    Raises:
+        CliConfigError: ``budget`` is not shorter than ``pipeline.platform_timeout``.
+    """
+    timeout = getattr(pipeline, "platform_timeout", None)
+    if isinstance(timeout, timedelta) and _seconds(budget) >= timeout:
+        raise CliConfigError(
+            f"--budget {budget:g}s must be shorter than the app's platform timeout "
+            f"({timeout.total_seconds():g}s): the time between them is for finishing "
+            "the jobs in flight")
+
+
+async def require_migrated(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    """Refuse to start a long-running mode on a schema that ``rota migrate`` has not
+    brought up to date (it would otherwise retry its failing queries forever).
+
+    Raises:
+        CliConfigError: migrations are missing (the missing-tables error, translated by
+            the CLI, when there are none at all).
+    """
+    cur = await conn.execute(sql.SQL("SELECT version FROM {}.rota_migrations").format(
+        db.identifier(schema)))
+    applied = {row[0] for row in await cur.fetchall()}
+    missing = sorted({v for v, _, _ in db.migrations()} - applied)
+    if missing:
+        raise CliConfigError(f"schema {schema!r} lacks migrations {missing}: "
+                             "run `rota migrate`")
 
 
 def target_options(f: F) -> F:
@@ -289,12 +476,38 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
+def _json_escape(ch: str) -> str:
+    code = ord(ch)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, default=_json_default, indent=2, ensure_ascii=False))
+    """Print ``data`` as JSON. Non-ASCII text stays readable, but non-printable
+    characters (which JSON may carry raw inside strings: C1 controls, bidirectional
+    overrides) are written as ``\\uXXXX`` escapes, so the output cannot drive a
+    terminal either."""
+    text = json.dumps(data, default=_json_default, indent=2, ensure_ascii=False)
+    if not text.replace("\n", "").isprintable():
+        text = "".join(ch if ch == "\n" or ch.isprintable() else _json_escape(ch)
+                       for ch in text)
+    click.echo(text)
+
+
+#: Width of tables written to something that is not a terminal (a file, a pipe, a log
+#: collector), where rich would otherwise assume 80 columns and cut values.
+PIPE_WIDTH = 160
 
 
 def console() -> Console:
-    return Console(highlight=False)
+    """The console tables go to: the terminal's width on a terminal; otherwise
+    ``COLUMNS`` when set, else :data:`PIPE_WIDTH` columns."""
+    out = Console(highlight=False, emoji=False, markup=False)
+    if not out.is_terminal and not os.environ.get("COLUMNS"):
+        out = Console(highlight=False, emoji=False, markup=False, width=PIPE_WIDTH)
+    return out
 
 
 def _time(value: datetime | None) -> str:
@@ -306,8 +519,19 @@ def _time(value: datetime | None) -> str:
 def _short(text: str | None, width: int = 60) -> str:
     if not text:
         return ""
-    line = " ".join(text.split())
+    line = safe_text(text)
     return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _age(seconds: float | None) -> str:
+    """A duration for a table: ``42s``, ``17m``, ``5h``, ``3d``."""
+    if seconds is None:
+        return "—"
+    seconds = max(seconds, 0.0)
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{seconds:.0f}s"
 
 
 async def with_progress(work: Awaitable[T], label: str, total: float | None = None) -> T:
@@ -352,7 +576,30 @@ def _seconds(value: float) -> timedelta:
     return timedelta(seconds=value)
 
 
-POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
+class Seconds(click.ParamType):  # type: ignore[type-arg]
+    """A positive, finite number of seconds, at most ``maximum`` (``nan``, ``inf`` and
+    ``1e308`` are refused as flag values, not met later as tracebacks)."""
+
+    name = "seconds"
+
+    def __init__(self, maximum: float = MAX_SECONDS) -> None:
+        self.maximum = maximum
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{value!r} is not a positive, finite number of seconds", param, ctx)
+        if seconds > self.maximum:
+            self.fail(f"{value!r} is more than {self.maximum:g} seconds (one day)",
+                      param, ctx)
+        return seconds
+
+
+POSITIVE_SECONDS = Seconds()
 
 
 # -- commands -----------------------------------------------------------------------------
@@ -387,7 +634,8 @@ def migrate(database_url: str | None, schema: str | None, app_spec: str | None,
 
 
 @cli.command()
-@click.option("--schema", envvar="ROTA_SCHEMA", default="rota", show_default=True)
+@click.option("--schema", envvar="ROTA_SCHEMA", default="rota",
+              help="Schema of rota's tables [env ROTA_SCHEMA; when neither is given: rota].")
 def schema(schema: str) -> None:
     """Print the schema SQL for your own migration tool."""
     click.echo(db.schema_sql(schema), nl=False)
@@ -396,19 +644,23 @@ def schema(schema: str) -> None:
 @cli.command()
 @target_options
 @click.option("--budget", type=POSITIVE_SECONDS, default=220.0, show_default=True,
-              metavar="SECONDS", help="Time budget: no new batch is claimed after it.")
+              metavar="SECONDS",
+              help="Time budget: no new batch is claimed after it. Must be shorter than "
+                   "the app's platform timeout (300 s unless the app says otherwise).")
 @json_option
 def run(database_url: str | None, schema: str | None, app_spec: str | None,
         budget: float, as_json: bool) -> None:
     """Run the pipeline once within the budget (for a CronJob or a systemd timer).
 
-    Exits 1 when the run stopped with `error`."""
+    Exits 1 when the run stopped with `error`; 2 when it could not start (bad app or
+    budget, database unreachable)."""
     target = _target(database_url, schema, app_spec)
     target.require_app()
 
     async def go() -> Any:
         async with open_queue(target) as queue:
-            pipeline = await resolve_pipeline(await build_pipeline(target, queue))
+            _, pipeline = await load_pipeline(target, queue)
+            check_budget(pipeline, budget)
             return await with_progress(
                 pipeline.run(trigger="cli", time_budget=_seconds(budget)),
                 "running the pipeline", budget)
@@ -420,10 +672,10 @@ def run(database_url: str | None, schema: str | None, app_spec: str | None,
     else:
         table = Table(title="run", show_header=False)
         for key in ("runId", "stopReason", "jobsDone", "jobsFailed", "jobsDeferred", "units"):
-            table.add_row(key, str(row[key]))
-        table.add_row("summary", _summary_text(row["summary"]))
+            add_row(table, key, row[key])
+        add_row(table, "summary", _summary_text(row["summary"]))
         if row["error"]:
-            table.add_row("error", row["error"])
+            add_row(table, "error", row["error"])
         console().print(table)
     if result.stop_reason not in HEALTHY_STOP_REASONS:
         sys.exit(1)
@@ -432,7 +684,8 @@ def run(database_url: str | None, schema: str | None, app_spec: str | None,
 @cli.command()
 @target_options
 @click.option("--budget", type=POSITIVE_SECONDS, default=220.0, show_default=True,
-              metavar="SECONDS", help="Each run's time budget.")
+              metavar="SECONDS", help="Each run's time budget (shorter than the app's "
+                                      "platform timeout).")
 @click.option("--idle-poll", type=POSITIVE_SECONDS, default=5.0, show_default=True,
               metavar="SECONDS", help="Longest sleep without asking the database.")
 @click.option("--no-maintenance", is_flag=True, help="Do not run daily maintenance.")
@@ -440,8 +693,15 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
            budget: float, idle_poll: float, no_maintenance: bool) -> None:
     """Run the pipeline back to back; sleep until the next job is due, wake on enqueue.
 
-    Stops after the current run on SIGINT or SIGTERM; a second signal stops at once
-    (jobs in flight are then recovered by the stale-lock rule)."""
+    On SIGINT or SIGTERM it lets the current run finish (at most its budget, plus the
+    jobs in flight) and then exits 0, starting no new run or maintenance. A second
+    signal stops at once (exit 130): the current run's unstarted jobs are deferred
+    back, and its jobs in flight are failed (the claim already counted the attempt),
+    so they are retried after their backoff, or give up if it was their last attempt.
+
+    Exits 2 at start, before looping, when the app or its settings are wrong, the
+    budget is not below the app's platform timeout, the database is unreachable or its
+    schema is not migrated."""
     from .worker import Worker
 
     target = _target(database_url, schema, app_spec)
@@ -449,31 +709,38 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
     _log_to_stderr()
 
     def report(result: Any) -> None:
-        click.echo(f"run {result.run_id} stopped {result.stop_reason}: "
-                   f"done={result.jobs_done} failed={result.jobs_failed} "
-                   f"deferred={result.jobs_deferred} units={result.quota_units}")
+        click.echo(safe_text(
+            f"run {result.run_id} stopped {result.stop_reason}: "
+            f"done={result.jobs_done} failed={result.jobs_failed} "
+            f"deferred={result.jobs_deferred} units={result.quota_units}"))
 
     async def go() -> None:
+        stop = asyncio.Event()
+        main_task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if stop.is_set() and main_task is not None:
+                main_task.cancel()
+            else:
+                click.echo("stopping after the current run (signal again to stop now)",
+                           err=True)
+                stop.set()
+
+        # Installed first, so a signal during start-up is a stop request too.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
         async with open_queue(target) as queue:
-            made = await build_pipeline(target, queue)
-            w = Worker(made, queue=queue, idle_poll=_seconds(idle_poll),
+            async with queue.connection() as conn:
+                await require_migrated(conn, queue.schema)
+            _, pipeline = await load_pipeline(target, queue)
+            check_budget(pipeline, budget)
+            w = Worker(pipeline, queue=queue, idle_poll=_seconds(idle_poll),
                        time_budget=_seconds(budget),
                        maintain_every=None if no_maintenance else timedelta(days=1),
                        on_run=report)
-            stop = asyncio.Event()
-            main_task = asyncio.current_task()
-            loop = asyncio.get_running_loop()
-
-            def on_signal() -> None:
-                if stop.is_set() and main_task is not None:
-                    main_task.cancel()
-                else:
-                    click.echo("stopping after the current run (signal again to stop now)",
-                               err=True)
-                    stop.set()
-
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, on_signal)
+            if stop.is_set():
+                return
             click.echo(f"worker listening on schema {queue.schema!r}", err=True)
             await w.run_forever(stop)
 
@@ -489,10 +756,15 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--budget", type=POSITIVE_SECONDS, default=220.0, show_default=True,
-              metavar="SECONDS", help="Each cron run's time budget.")
+              metavar="SECONDS", help="Each cron run's time budget (shorter than the "
+                                      "app's platform timeout).")
 def serve(database_url: str | None, schema: str | None, app_spec: str | None,
           host: str, port: int, budget: float) -> None:
-    """Serve GET /api/cron under uvicorn (the secret comes from CRON_SECRET)."""
+    """Serve GET /api/cron under uvicorn (the secret comes from CRON_SECRET).
+
+    Exits 2 at start when the app or its settings are wrong, the budget is not below
+    the app's platform timeout, the database is unreachable or its schema is not
+    migrated."""
     import uvicorn
 
     from .web import cron_app, usable_secret
@@ -500,13 +772,23 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
     target = _target(database_url, schema, app_spec)
     target.require_app()
     url = target.url()
-    asyncio.run(preflight(url))
+    queue = Queue(url, **target.queue_settings())
+
+    async def check() -> Any:
+        async with await psycopg.AsyncConnection.connect(
+                url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
+            await require_migrated(conn, queue.schema)
+        # A factory is called once here, so a broken one is refused now rather than
+        # on every cron request.
+        made, pipeline = await load_pipeline(target, queue)
+        check_budget(pipeline, budget)
+        return made
+
+    made = asyncio.run(check())
     secret = os.environ.get("CRON_SECRET")
     if usable_secret(secret) is None:
         click.echo("warning: CRON_SECRET is not set: /api/cron will refuse every request",
                    err=True)
-    queue = Queue(url, **target.queue_settings())
-    made = asyncio.run(build_pipeline(target, queue))
     app = cron_app(made, secret=secret, time_budget=_seconds(budget), queue=queue)
     uvicorn.run(app, host=host, port=port, log_level="info")
 
@@ -525,11 +807,43 @@ def _parse_run_after(ctx: click.Context, param: click.Parameter,
     return when
 
 
-def _parse_payload(ctx: click.Context, param: click.Parameter, value: str) -> Any:
+#: The most a payload file or stdin is read (the queue refuses payloads over its
+#: ``max_payload_bytes``, 1 MiB by default, anyway; this bounds the memory first).
+MAX_PAYLOAD_INPUT = 64 * 1024 * 1024
+
+
+def _read_payload_text(value: str) -> str:
+    """PAYLOAD_JSON itself, or the text of ``-`` (stdin) or ``@PATH`` (a file)."""
+    if value != "-" and not value.startswith("@"):
+        return value
+    where = "stdin" if value == "-" else f"file {value[1:]!r}"
+    data: bytes
     try:
-        return json.loads(value)
+        if value == "-":
+            data = sys.stdin.buffer.read(MAX_PAYLOAD_INPUT + 1)
+        else:
+            with open(value[1:], "rb") as f:
+                data = f.read(MAX_PAYLOAD_INPUT + 1)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot read the payload from {where}: {exc.strerror or exc}") from None
+    if len(data) > MAX_PAYLOAD_INPUT:
+        raise click.BadParameter(f"the payload from {where} is larger than "
+                                 f"{MAX_PAYLOAD_INPUT // (1024 * 1024)} MiB")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"the payload from {where} is not UTF-8: {exc}") from None
+
+
+def _parse_payload(ctx: click.Context, param: click.Parameter, value: str) -> Any:
+    text = _read_payload_text(value)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise click.BadParameter("JSON nested too deeply") from None
 
 
 @cli.command()
@@ -545,7 +859,10 @@ def _parse_payload(ctx: click.Context, param: click.Parameter, value: str) -> An
 def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
             job_type: str, payload: Any, group_id: str | None, dedupe_key: str | None,
             run_after: datetime | None, max_attempts: int | None, as_json: bool) -> None:
-    """Enqueue one job of TYPE with PAYLOAD_JSON."""
+    """Enqueue one job of TYPE with PAYLOAD_JSON.
+
+    PAYLOAD_JSON is the JSON text itself, `-` to read it from stdin, or `@PATH` to read
+    it from a file (for payloads longer than a command line allows)."""
     target = _target(database_url, schema, app_spec)
 
     async def go() -> Any:
@@ -553,17 +870,22 @@ def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
             if target.app is not None:
                 # The stages' settings (max_attempts) apply to what is enqueued.
                 await build_pipeline(target, queue)
-            return await queue.enqueue(job_type, payload, group_id=group_id,
-                                       dedupe_key=dedupe_key, run_after=run_after,
-                                       max_attempts=max_attempts)
+            try:
+                return await queue.enqueue(job_type, payload, group_id=group_id,
+                                           dedupe_key=dedupe_key, run_after=run_after,
+                                           max_attempts=max_attempts)
+            except RecursionError:
+                raise CliConfigError("payload nested too deeply to store") from None
 
     job = asyncio.run(go())
     if as_json:
         emit_json({"id": job.id if job else None, "duplicate": job is None})
     elif job is None:
-        click.echo(f"not enqueued: an open job already has dedupe key {dedupe_key!r}")
+        click.echo(safe_text(
+            f"not enqueued: an open job already has dedupe key {dedupe_key!r}"))
     else:
-        click.echo(f"enqueued job {job.id} ({job.type}), due {_time(job.run_after)} UTC")
+        click.echo(safe_text(
+            f"enqueued job {job.id} ({job.type}), due {_time(job.run_after)} UTC"))
 
 
 # -- jobs ---------------------------------------------------------------------------------
@@ -610,10 +932,10 @@ def jobs(ctx: click.Context, database_url: str | None, schema: str | None,
                 "run after (UTC)", "last error"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(str(r["id"]), r["type"], r["group_id"] or "—",
-                      _plan_name(plans, r["plan"], r["group_id"]), r["status"],
-                      f"{r['attempts']}/{r['max_attempts']}", str(r["deferrals"]),
-                      _time(r["run_after"]), _short(r["last_error"]))
+        add_row(table, r["id"], r["type"], r["group_id"] or "—",
+                _plan_name(plans, r["plan"], r["group_id"]), r["status"],
+                f"{r['attempts']}/{r['max_attempts']}", r["deferrals"],
+                _time(r["run_after"]), _short(r["last_error"]))
     console().print(table)
 
 
@@ -636,10 +958,9 @@ def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | No
                 "last error"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(str(r["id"]), r["type"], r["group_id"] or "—",
-                      f"{r['attempts']}/{r['max_attempts']}", _time(r["finished_at"]),
-                      "owed" if r["give_up_pending"] else "ran",
-                      " ".join((r["last_error"] or "").split()))
+        add_row(table, r["id"], r["type"], r["group_id"] or "—",
+                f"{r['attempts']}/{r['max_attempts']}", _time(r["finished_at"]),
+                "owed" if r["give_up_pending"] else "ran", r["last_error"] or "")
     console().print(table)
 
 
@@ -684,7 +1005,7 @@ def jobs_retry(database_url: str | None, schema: str | None, app_spec: str | Non
                    "giveUpHookCancelled": row["hook_cancelled"]})
     else:
         note = "; its owed give-up hook is cancelled" if row["hook_cancelled"] else ""
-        click.echo(f"job {job_id} ({row['type']}) is pending again, due now{note}")
+        click.echo(safe_text(f"job {job_id} ({row['type']}) is pending again, due now{note}"))
 
 
 @jobs.command("cancel")
@@ -720,7 +1041,7 @@ def jobs_cancel(database_url: str | None, schema: str | None, app_spec: str | No
         emit_json({"id": job_id, "status": "failed", "giveUpHookRan": bool(ran)})
     else:
         hook = "its give-up hook ran" if ran else "its give-up hook is owed"
-        click.echo(f"job {job_id} ({row['type']}) cancelled; {hook}")
+        click.echo(safe_text(f"job {job_id} ({row['type']}) cancelled; {hook}"))
 
 
 # -- runs, maintenance, depth, pricing --------------------------------------------------------
@@ -761,10 +1082,9 @@ def runs(database_url: str | None, schema: str | None, app_spec: str | None,
             error = f"error: {_short(r['error'])}"
             note = f"{note}; {error}" if note else error
         secs = "—" if r["duration_seconds"] is None else f"{r['duration_seconds']:.1f}"
-        table.add_row(str(r["id"])[:8], r["trigger"], _time(r["started_at"]), secs,
-                      f"[{style}]{reason}[/]" if style else reason, str(r["jobs_done"]),
-                      str(r["jobs_failed"]), str(r["jobs_deferred"]), str(r["quota_units"]),
-                      note)
+        add_row(table, str(r["id"])[:8], r["trigger"], _time(r["started_at"]), secs,
+                cell(reason, style), r["jobs_done"], r["jobs_failed"], r["jobs_deferred"],
+                r["quota_units"], note)
     console().print(table)
 
 
@@ -785,7 +1105,7 @@ def maintain(database_url: str | None, schema: str | None, app_spec: str | None,
             platform_timeout = DEFAULT_PLATFORM_TIMEOUT
             if target.app is not None:
                 # Building the pipeline registers the app's give-up hooks.
-                pipeline = await resolve_pipeline(await build_pipeline(target, queue))
+                _, pipeline = await load_pipeline(target, queue)
                 platform_timeout = getattr(pipeline, "platform_timeout", platform_timeout)
             return await with_progress(
                 run_maintenance(queue, platform_timeout=platform_timeout), "maintenance")
@@ -798,7 +1118,7 @@ def maintain(database_url: str | None, schema: str | None, app_spec: str | None,
     table.add_column("task")
     table.add_column("count", justify="right")
     for key, value in counters.items():
-        table.add_row(key, str(value))
+        add_row(table, key, value)
     console().print(table)
 
 
@@ -828,7 +1148,7 @@ def depth(database_url: str | None, schema: str | None, app_spec: str | None,
         async with open_queue(target) as queue:
             order: list[str] = []
             if target.app is not None:
-                pipeline = await resolve_pipeline(await build_pipeline(target, queue))
+                _, pipeline = await load_pipeline(target, queue)
                 order = [s.type for s in getattr(pipeline, "stages", ())]
             async with queue.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
@@ -853,13 +1173,11 @@ def depth(database_url: str | None, schema: str | None, app_spec: str | None,
         table.add_column(col, justify="left" if col in ("stage", "plan") else "right")
     totals = [0, 0, 0, 0]
     for r in rows:
-        oldest = r["oldest_due_seconds"]
-        table.add_row(r["type"], r["plan_name"] or "(none)", str(r["priority"]), str(r["due"]),
-                      str(r["scheduled"]), str(r["paused"]), str(r["running"]),
-                      "—" if oldest is None else f"{oldest:.0f}s")
+        add_row(table, r["type"], r["plan_name"] or "(none)", r["priority"], r["due"],
+                r["scheduled"], r["paused"], r["running"], _age(r["oldest_due_seconds"]))
         for i, key in enumerate(("due", "scheduled", "paused", "running")):
             totals[i] += r[key]
-    table.add_row("total", "", "", *(str(t) for t in totals), "", style="bold")
+    add_row(table, "total", "", "", *totals, "", style="bold")
     console().print(table)
 
 
@@ -880,9 +1198,9 @@ def pricing(app_spec: str | None, as_json: bool) -> None:
     table = Table(title="plans")
     table.add_column("")
     for p in plans:
-        table.add_column(p.name, justify="center")
+        table.add_column(cell(p.name), justify="center")
     for label, values in rows:
-        table.add_row(label, *values)
+        add_row(table, label, *values)
     console().print(table)
 
 
@@ -906,9 +1224,19 @@ def demo(args: Sequence[str]) -> None:
         sys.exit(code)
 
 
+class SafeFormatter(logging.Formatter):
+    """A log formatter whose lines cannot drive a terminal: each line of a record
+    (a traceback keeps its lines) has its control characters escaped, as
+    :func:`safe_text` does for tables (errors carry text from jobs)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(safe_text(line) for line in super().format(record).split("\n"))
+
+
 def _log_to_stderr() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
 def main() -> None:

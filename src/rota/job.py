@@ -197,6 +197,9 @@ def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> 
     """
     try:
         _check_strings(payload, "")
+    except RecursionError:
+        raise PayloadError("payload is nested too deeply (or contains itself)") from None
+    try:
         text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except RecursionError:
         raise PayloadError("payload is nested too deeply (or contains itself)") from None

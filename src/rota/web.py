@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .errors import InvalidInput
+from .errors import ConfigError, InvalidInput
 from .job import require_duration
 
 log = logging.getLogger("rota.web")
@@ -101,6 +101,20 @@ async def resolve_pipeline(source: Any) -> Any:
     return made
 
 
+def check_time_budget(pipeline: Any, time_budget: timedelta) -> None:
+    """Refuse a budget the pipeline's runs would refuse: one not shorter than its
+    ``platform_timeout`` (pipelines without one are not checked), so a long-running
+    process fails at start instead of at every run.
+
+    Raises:
+        ConfigError: ``time_budget >= pipeline.platform_timeout``.
+    """
+    timeout = getattr(pipeline, "platform_timeout", None)
+    if isinstance(timeout, timedelta) and time_budget >= timeout:
+        raise ConfigError(f"time_budget ({time_budget}) must be shorter than the "
+                          f"platform timeout ({timeout})")
+
+
 def usable_secret(secret: str | None) -> str | None:
     """The configured secret with surrounding whitespace removed, or ``None`` when it is
     unset, blank or a placeholder (``undefined``, ``null``, ``none``), which would let a
@@ -174,8 +188,12 @@ def cron_app(
 
     Raises:
         InvalidInput: ``time_budget`` is not a positive ``timedelta``.
+        ConfigError: ``pipeline`` is a pipeline (not a factory) whose
+            ``platform_timeout`` is not longer than ``time_budget``.
     """
     budget = require_duration(time_budget, "time_budget")
+    if callable(getattr(pipeline, "run", None)):
+        check_time_budget(pipeline, budget)
     configured = usable_secret(secret)
     if configured is None:
         log.warning("no usable cron secret is configured: /api/cron refuses every request")
@@ -233,6 +251,7 @@ __all__ = [
     "RunnablePipeline",
     "Trigger",
     "bearer_matches",
+    "check_time_budget",
     "cron_app",
     "resolve_pipeline",
     "result_json",

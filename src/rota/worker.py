@@ -32,10 +32,12 @@ from psycopg import sql
 from .errors import InvalidInput
 from .job import require_duration
 from .queue import Queue
-from .web import PipelineSource, resolve_pipeline
+from .web import PipelineSource, check_time_budget, resolve_pipeline
 
 log = logging.getLogger("rota.worker")
 
+#: Errors that no retry fixes: rota's tables or schema are missing (``rota migrate``).
+_FATAL_DB_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
 
 
 class Maintainer(Protocol):
@@ -117,17 +119,23 @@ class Worker:
         """Run until ``stop_event`` is set, then return.
 
         A run in progress when the event is set finishes first (within its time budget:
-        no new batch after it, unstarted jobs deferred back); an idle worker returns at
-        once. Database errors are logged and retried with a backoff (from
-        ``reconnect_delay``, doubling up to ``idle_poll``); they never end the loop.
+        no new batch after it, unstarted jobs deferred back); after it no new run or
+        maintenance starts. An idle worker returns at once. Database errors are logged
+        and retried with a backoff (from ``reconnect_delay``, doubling up to
+        ``idle_poll``), except rota's tables or schema missing, which no retry fixes.
 
         Raises:
             InvalidInput: the pipeline has no queue and none was given.
+            ConfigError: ``time_budget`` is not shorter than the pipeline's
+                ``platform_timeout`` (every run would refuse it).
+            psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName: the schema
+                is not migrated.
         """
         pipeline = await resolve_pipeline(self._source)
         queue = self._queue if self._queue is not None else getattr(pipeline, "queue", None)
         if not isinstance(queue, Queue):
             raise InvalidInput("Worker needs a rota.Queue: pass queue= or give the pipeline one")
+        check_time_budget(pipeline, self.time_budget)
         types = _stage_types(pipeline)
         listener = asyncio.create_task(self._listen(queue, stop_event), name="rota-listen")
         next_maintenance = time.monotonic()
@@ -139,11 +147,15 @@ class Worker:
                 if maintainer is not None and time.monotonic() >= next_maintenance:
                     next_maintenance = time.monotonic() + await self._maintain(
                         pipeline, maintainer)
+                    if stop_event.is_set():  # asked to stop during the maintenance run
+                        break
                 # Cleared before asking, so an enqueue committed after the question was
                 # asked still wakes the wait below.
                 self._wake.clear()
                 try:
                     due_in = await self._next_due(queue, types)
+                except _FATAL_DB_ERRORS:
+                    raise
                 except (psycopg.Error, OSError, TimeoutError) as exc:
                     log.warning("cannot reach the database (%s); retrying in %.1fs",
                                 first_line(exc), backoff)
@@ -151,6 +163,8 @@ class Worker:
                 else:
                     outcome = "idle"
                     if due_in is not None and due_in <= 0:
+                        if stop_event.is_set():  # asked to stop while asking
+                            break
                         outcome = await self._run_once(pipeline)
                         if outcome == "progress":
                             backoff = self.reconnect_delay.total_seconds()
