@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -30,6 +31,10 @@ from .job import (
 from .plans import DEFAULT_PLANS, Plans
 
 log = logging.getLogger("rota.queue")
+
+# How often a queue moves a type's served-window edge (fair_advance): the claim's exact
+# edge correction then reads about this many seconds of completions.
+ADVANCE_EVERY_S = 1.0
 
 GiveUpHook = Callable[[Job, psycopg.AsyncConnection[Any]], Awaitable[None]]
 AnyConn = psycopg.AsyncConnection[Any]
@@ -212,6 +217,8 @@ class Queue(QueueSettings):
     def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], **settings: Any):
         super().__init__(**settings)
         self._give_up_hooks: dict[str, GiveUpHook] = {}
+        self._probe: dict[str, tuple[int, int]] = {}  # claim probe sizes per type
+        self._advanced: dict[str, float] = {}  # monotonic time of the last edge move
         if isinstance(conninfo_or_pool, str):
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 db.check_conninfo(conninfo_or_pool),
@@ -430,24 +437,63 @@ class Queue(QueueSettings):
         t = self.check_type(type)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
             raise InvalidInput(f"limit must be a positive int, got {limit!r}")
+        candidates = limit * 4 + 16
         params = {
             "type": t,
             "limit": limit,
             # Over-fetch fair candidates so a claimer that finds the head locked by a
             # concurrent claimer still fills its batch from the next ones in order.
-            "candidates": limit * 4 + 16,
+            "candidates": candidates,
             "run_id": run_id,
             "offset": self.clock_offset,
             "stale_after": self.stale_after,
             "served_window": self.served_window,
             **self.plans.claim_params(),
         }
+        groups, per = self._probe.get(t, (candidates + 8, 2))
         async with self.connection(conn) as c:
             cur = c.cursor(row_factory=dict_row)
-            await cur.execute(self.sql("claim"), params)
-            rows = await cur.fetchall()
+            while True:
+                await cur.execute(self.sql("claim"),
+                                  {**params, "probe_groups": groups, "probe_per": per})
+                rows = await cur.fetchall()
+                retry = rows[0]["retry"] if len(rows) == 1 else None
+                if retry is None:
+                    break
+                # The bound did not prove the probed jobs hold the best candidates: read
+                # more groups, or more jobs per group, and ask again (nothing claimed).
+                if "groups" in retry:
+                    groups *= 2
+                if "per" in retry:
+                    per *= 2
+        self._remember_probe(t, candidates, groups, per)
+        if conn is None:
+            await self._claim_upkeep(t, rows)
         rows.sort(key=lambda r: r["claim_order"])
-        return [Job.from_row(r) for r in rows]
+        return [Job.from_row({k: v for k, v in r.items() if k != "retry"}) for r in rows]
+
+    def _remember_probe(self, job_type: str, candidates: int, groups: int, per: int) -> None:
+        """Start the next claim of this type from the probe sizes that sufficed, drifting
+        back toward the smallest useful ones so one unusual claim does not stick."""
+        base_groups = candidates + 8
+        self._probe[job_type] = (max(base_groups, groups - max(1, groups // 8)),
+                                 max(2, per - max(1, per // 8)))
+
+    async def _claim_upkeep(self, job_type: str, rows: list[dict[str, Any]]) -> None:
+        """Tighten the claimed groups' bounds and, at most once a second per type, move
+        the served window's edge (claim_upkeep.sql). Best effort: it never waits."""
+        now = time.monotonic()
+        advance = now - self._advanced.get(job_type, -1e9) >= ADVANCE_EVERY_S
+        group_ids = sorted({r["group_id"] for r in rows if r["group_id"] is not None})
+        if not group_ids and not advance:
+            return
+        if advance:
+            self._advanced[job_type] = now
+        async with self.connection() as c:
+            await c.execute(self.sql("claim_upkeep"), {
+                "type": job_type, "group_ids": group_ids, "advance": advance,
+                "offset": self.clock_offset, "served_window": self.served_window,
+            })
 
     async def complete(self, job: Job, *, conn: AnyConn | None = None) -> bool:
         """Mark a claimed job done, under its claim.

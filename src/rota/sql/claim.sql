@@ -1,4 +1,5 @@
--- Claim a batch of one type (DESIGN rules 3-6 and "Fair inside a batch").
+-- Claim a batch of one type (DESIGN rules 3-6, "Fair inside a batch" and "Claim cost
+-- does not grow with the backlog").
 -- Order: plan priority desc, then served + position asc, then created_at, id.
 --   served:   the group's jobs of this type done or running within the served window
 --             (running counts as served, so a group being worked on does not look idle);
@@ -10,76 +11,204 @@
 -- a plan id the plans object does not know ranks as the lowest plan. A group missing
 -- from the groups relation is treated as an active group with no owner, so its jobs are
 -- never stranded. Only job rows are locked (FOR UPDATE OF j), never the group rows.
+--
+-- How it avoids reading the backlog (docs/fast-claim.md has the proof):
+--   1. Every group that may have a ready job (fair_groups, one row per group) gets its
+--      exact priority and served count, and a lower bound of its first job's key:
+--      (priority, served, head_lb). Served = fair_done (done jobs since the edge) + the
+--      exact edge correction + running jobs in the window (the running set is small).
+--   2. Only the first %(probe_groups)s groups in that order are probed, each for its
+--      first %(probe_per)s claimable jobs through jobs_pending_idx.
+--   3. The result is exact when the first group not probed, and the next job of every
+--      probed group that was cut short, have lower bounds strictly after the last
+--      candidate: no job left unread can rank among the candidates. Otherwise the
+--      statement claims nothing and returns one row with `retry` set, and the caller
+--      asks again with more groups or more jobs per group.
 -- Locks are taken with SKIP LOCKED, which never waits, so the claim cannot deadlock
 -- with sweepers or batch deferrals even though it locks in fair order, not id order.
-WITH served AS (
-    SELECT s.group_id, count(*)::int AS n
-    FROM {schema}.jobs s
-    WHERE s.type = %(type)s
-      AND s.group_id IS NOT NULL
-      AND ((s.status = 'done'
-            AND s.finished_at >= now() + %(offset)s::interval - %(served_window)s::interval)
-        OR (s.status = 'running'
-            AND s.locked_at >= now() + %(offset)s::interval - %(served_window)s::interval))
-    GROUP BY s.group_id
+WITH clock AS (
+    SELECT now() + %(offset)s::interval AS now,
+           now() + %(offset)s::interval - %(served_window)s::interval AS ws,
+           now() + %(offset)s::interval - %(stale_after)s::interval AS stale_before,
+           coalesce((SELECT e.edge FROM {schema}.fair_edge e WHERE e.type = %(type)s),
+                    '-infinity') AS edge
 ),
 plan_priority AS (
     SELECT p.plan, p.priority
     FROM unnest(%(plan_ids)s::text[], %(plan_priorities)s::int[]) AS p(plan, priority)
 ),
-eligible AS (
-    SELECT j.id, j.group_id, j.created_at,
-           CASE WHEN g.plan IS NULL THEN %(middle_priority)s::int
-                ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority
-    FROM {schema}.jobs j
-    LEFT JOIN {groups} g ON g.group_id = j.group_id
+-- Running jobs locked within the window are served (jobs_running_idx: in-flight only).
+running AS (
+    SELECT r.group_id, count(*)::int AS n
+    FROM {schema}.jobs r, clock c
+    WHERE r.type = %(type)s AND r.status = 'running' AND r.locked_at >= c.ws
+      AND r.group_id IS NOT NULL
+    GROUP BY r.group_id
+),
+-- fair_done counts done jobs finished at or after the edge; between the edge and the
+-- window start they are counted here exactly (jobs_done_idx range; fair_advance keeps
+-- it about a second wide).
+edge_fix AS (
+    SELECT d.group_id,
+           sum(CASE WHEN d.finished_at >= c.edge THEN -1 ELSE 1 END)::int AS n
+    FROM {schema}.jobs d, clock c
+    WHERE d.type = %(type)s AND d.status = 'done' AND d.group_id IS NOT NULL
+      AND d.finished_at >= least(c.ws, c.edge) AND d.finished_at < greatest(c.ws, c.edge)
+    GROUP BY d.group_id
+),
+done AS (
+    SELECT f.group_id, sum(f.n)::int AS n
+    FROM {schema}.fair_done f
+    WHERE f.type = %(type)s
+    GROUP BY f.group_id
+),
+-- Stale running jobs with attempts left are claimable (jobs_reclaimable_idx).
+stale AS (
+    SELECT r.id, r.group_id, r.created_at
+    FROM {schema}.jobs r, clock c
+    WHERE r.type = %(type)s AND r.status = 'running' AND r.attempts < r.max_attempts
+      AND r.locked_at < c.stale_before AND r.run_after <= c.now
+),
+stale_head AS (
+    SELECT s.group_id, min(s.created_at) AS head
+    FROM stale s WHERE s.group_id IS NOT NULL GROUP BY s.group_id
+),
+-- Every group that may have a claimable job, with its head's lower bound.
+pool AS (
+    SELECT fg.group_id, least(fg.head_lb, sh.head) AS head_lb
+    FROM {schema}.fair_groups fg
+    CROSS JOIN clock c
+    LEFT JOIN stale_head sh ON sh.group_id = fg.group_id
+    WHERE fg.type = %(type)s AND fg.ready_lb <= c.now
+    UNION ALL
+    SELECT sh.group_id, sh.head
+    FROM stale_head sh
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.fair_groups fg, clock c
+        WHERE fg.type = %(type)s AND fg.group_id = sh.group_id AND fg.ready_lb <= c.now)
+    UNION ALL
+    -- The group-less jobs, one group of their own.
+    SELECT NULL, h.head
+    FROM (SELECT least(
+              (SELECT min(p.created_at) FROM {schema}.jobs p
+               WHERE p.type = %(type)s AND p.group_id IS NULL AND p.status = 'pending'),
+              (SELECT min(s.created_at) FROM stale s WHERE s.group_id IS NULL)) AS head) h
+    WHERE h.head IS NOT NULL
+),
+keyed AS (
+    SELECT pl.group_id, pl.head_lb,
+           CASE WHEN pl.group_id IS NULL OR g.plan IS NULL THEN %(middle_priority)s::int
+                ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority,
+           coalesce(dn.n, 0) + coalesce(ef.n, 0) + coalesce(rn.n, 0) AS served
+    FROM pool pl
+    LEFT JOIN {groups} g ON g.group_id = pl.group_id
     LEFT JOIN plan_priority pp ON pp.plan = g.plan
-    WHERE j.type = %(type)s
-      AND j.run_after <= now() + %(offset)s::interval
-      AND (j.status = 'pending'
-           OR (j.status = 'running'
-               AND j.locked_at < now() + %(offset)s::interval - %(stale_after)s::interval
-               AND j.attempts < j.max_attempts))
-      AND coalesce(g.active, true)
+    LEFT JOIN done dn ON dn.group_id = pl.group_id
+    LEFT JOIN edge_fix ef ON ef.group_id = pl.group_id
+    LEFT JOIN running rn ON rn.group_id = pl.group_id
+    WHERE pl.group_id IS NULL OR coalesce(g.active, true)
+),
+walk AS (
+    SELECT k.*, row_number() OVER (ORDER BY k.priority DESC, k.served, k.head_lb,
+                                            k.group_id NULLS FIRST) AS rank
+    FROM (SELECT * FROM keyed k
+          ORDER BY k.priority DESC, k.served, k.head_lb, k.group_id NULLS FIRST
+          LIMIT %(probe_groups)s + 1) k
+),
+probe AS (
+    SELECT w.group_id, w.priority, w.served, j.id, j.created_at
+    FROM walk w
+    CROSS JOIN LATERAL (
+        (SELECT p.id, p.created_at
+         FROM {schema}.jobs p, clock c
+         WHERE p.type = %(type)s AND p.group_id = w.group_id AND p.status = 'pending'
+           AND p.run_after <= c.now
+         ORDER BY p.created_at, p.id
+         LIMIT %(probe_per)s + 1)
+        UNION ALL
+        (SELECT p.id, p.created_at
+         FROM {schema}.jobs p, clock c
+         WHERE w.group_id IS NULL
+           AND p.type = %(type)s AND p.group_id IS NULL AND p.status = 'pending'
+           AND p.run_after <= c.now
+         ORDER BY p.created_at, p.id
+         LIMIT %(probe_per)s + 1)
+        UNION ALL
+        SELECT s.id, s.created_at FROM stale s
+        WHERE s.group_id = w.group_id OR (w.group_id IS NULL AND s.group_id IS NULL)
+    ) j
+    WHERE w.rank <= %(probe_groups)s
 ),
 ranked AS (
-    SELECT e.id,
-           e.priority,
-           coalesce(sv.n, 0)
-             + row_number() OVER (PARTITION BY e.group_id ORDER BY e.created_at, e.id) - 1
-             AS fair,
-           e.created_at
-    FROM eligible e
-    LEFT JOIN served sv ON sv.group_id = e.group_id
+    SELECT pr.*,
+           row_number() OVER (PARTITION BY pr.group_id ORDER BY pr.created_at, pr.id) AS pos
+    FROM probe pr
 ),
-picked AS (
-    SELECT r.id, r.priority, r.fair,
-           row_number() OVER (ORDER BY r.priority DESC, r.fair, r.created_at, r.id) AS ord
+cand AS (
+    SELECT r.id, r.group_id, r.priority, r.served + r.pos - 1 AS fair, r.created_at,
+           row_number() OVER (ORDER BY r.priority DESC, r.served + r.pos - 1,
+                                       r.created_at, r.id) AS ord
     FROM ranked r
+    WHERE r.pos <= %(probe_per)s
+),
+-- The last candidate's key, or none when there are fewer candidates than wanted.
+kth AS (
+    SELECT c.priority, c.fair, c.created_at, c.id FROM cand c WHERE c.ord = %(candidates)s
+),
+-- Lower bounds of every job not read: the first group not probed (its head's bound),
+-- and, for each group with more than probe_per claimable jobs, its next job (read, so
+-- its key is exact; the group's later jobs rank after it).
+unread AS (
+    SELECT w.priority, w.served AS fair, w.head_lb AS created_at, NULL::bigint AS id,
+           'groups' AS need
+    FROM walk w WHERE w.rank = %(probe_groups)s + 1
+    UNION ALL
+    SELECT r.priority, r.served + r.pos - 1, r.created_at, r.id, 'per'
+    FROM ranked r WHERE r.pos = %(probe_per)s + 1
+),
+-- Unread jobs that might rank among the candidates: none, or the claim is not exact.
+-- A bound equal to the last candidate's (priority, fair, created_at) blocks unless it
+-- is a read job with a larger id (the id is the last tie-break).
+blocked AS (
+    SELECT u.need FROM unread u
+    WHERE NOT EXISTS (
+        SELECT 1 FROM kth k
+        WHERE (-u.priority, u.fair, u.created_at) > (-k.priority, k.fair, k.created_at)
+           OR ((-u.priority, u.fair, u.created_at) = (-k.priority, k.fair, k.created_at)
+               AND u.id > k.id))
 ),
 locked AS (
     -- Re-check eligibility on the row's latest version: a concurrent claimer may have
     -- committed since this statement's snapshot.
-    SELECT j.id, p.ord, p.priority, p.fair
+    SELECT j.id, p.ord
     FROM {schema}.jobs j
-    JOIN picked p ON p.id = j.id
-    WHERE p.ord <= %(candidates)s
+    JOIN cand p ON p.id = j.id
+    CROSS JOIN clock c
+    WHERE NOT EXISTS (SELECT 1 FROM blocked)
+      AND p.ord <= %(candidates)s
       AND j.type = %(type)s
-      AND j.run_after <= now() + %(offset)s::interval
+      AND j.run_after <= c.now
       AND (j.status = 'pending'
            OR (j.status = 'running'
-               AND j.locked_at < now() + %(offset)s::interval - %(stale_after)s::interval
+               AND j.locked_at < c.stale_before
                AND j.attempts < j.max_attempts))
     ORDER BY p.ord
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
+),
+claimed AS (
+    UPDATE {schema}.jobs AS u
+    SET status = 'running',
+        locked_at = now() + %(offset)s::interval,
+        attempts = u.attempts + 1,          -- attempts count at claim time, so a crash counts
+        run_id = %(run_id)s::uuid,
+        claim_token = gen_random_uuid()     -- fences complete/fail/defer to this very claim
+    FROM locked l
+    WHERE u.id = l.id
+    RETURNING u.*, l.ord AS claim_order
 )
-UPDATE {schema}.jobs AS u
-SET status = 'running',
-    locked_at = now() + %(offset)s::interval,
-    attempts = u.attempts + 1,          -- attempts count at claim time, so a crash counts
-    run_id = %(run_id)s::uuid,
-    claim_token = gen_random_uuid()     -- fences complete/fail/defer to this very claim
-FROM locked l
-WHERE u.id = l.id
-RETURNING u.*, l.ord AS claim_order
+SELECT c.*, NULL::text AS retry FROM claimed c
+UNION ALL
+SELECT (NULL::{schema}.jobs).*, NULL::bigint, string_agg(DISTINCT b.need, ',')
+FROM blocked b
+HAVING count(*) > 0
