@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -115,9 +116,16 @@ class QueueSettings:
     def clock_offset(self, value: timedelta) -> None:
         self._clock_offset = require_duration(value, "clock_offset", positive=False)
 
-    def sql(self, name: str) -> Composed:
-        """The named statement from ``rota/sql/`` for this queue's schema and groups."""
-        return db.statement(name, self._schema_ident, self._groups_ident)
+    def sql(self, name: str, **fragments: str) -> Composed:
+        """The named statement from ``rota/sql/`` for this queue's schema and groups
+        (with named fragments filled in, see :func:`rota.db.statement`)."""
+        return db.statement(name, self._schema_ident, self._groups_ident, **fragments)
+
+    def claim_sql(self) -> Composed:
+        """The claim for this queue: it walks fair_groups' copy of plan and active for
+        rota's own groups table, and reads an application's groups relation live."""
+        pool = "claim_pool_scan" if self.external_groups else "claim_pool_cached"
+        return self.sql("claim", pool=pool)
 
     def table(self, name: str) -> Identifier:
         """A table of this queue's schema, quoted."""
@@ -219,6 +227,8 @@ class Queue(QueueSettings):
         self._give_up_hooks: dict[str, GiveUpHook] = {}
         self._probe: dict[str, tuple[int, int]] = {}  # claim probe sizes per type
         self._advanced: dict[str, float] = {}  # monotonic time of the last edge move
+        self._upkeep_groups: dict[str, set[str]] = {}  # claimed groups awaiting upkeep
+        self._upkeep_tasks: dict[str, asyncio.Task[None]] = {}
         if isinstance(conninfo_or_pool, str):
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 db.check_conninfo(conninfo_or_pool),
@@ -244,6 +254,7 @@ class Queue(QueueSettings):
             await self._pool.open(wait=True, timeout=30)
 
     async def close(self) -> None:
+        await self.settle()
         if self._owns_pool and not self._pool.closed:
             await self._pool.close()
 
@@ -450,50 +461,75 @@ class Queue(QueueSettings):
             "served_window": self.served_window,
             **self.plans.claim_params(),
         }
-        groups, per = self._probe.get(t, (candidates + 8, 2))
+        groups, per = self._probe.get(t, (limit * 2 + 8, 2))
         async with self.connection(conn) as c:
             cur = c.cursor(row_factory=dict_row)
             while True:
-                await cur.execute(self.sql("claim"),
-                                  {**params, "probe_groups": groups, "probe_per": per})
-                rows = await cur.fetchall()
+                # One transaction (a savepoint inside the caller's), pipelined: the
+                # settings and the claim travel in one round trip.
+                async with c.transaction(), c.pipeline():
+                    await c.execute(self.sql("claim_settings"), prepare=True)
+                    await cur.execute(self.claim_sql(),
+                                      {**params, "probe_groups": groups, "probe_per": per},
+                                      prepare=True)
+                    rows = await cur.fetchall()
                 retry = rows[0]["retry"] if len(rows) == 1 else None
                 if retry is None:
                     break
-                # The bound did not prove the probed jobs hold the best candidates: read
-                # more groups, or more jobs per group, and ask again (nothing claimed).
+                # The bound did not prove the probed jobs hold the best batch: read more
+                # groups, or more jobs per group, and ask again (nothing was claimed).
                 if "groups" in retry:
                     groups *= 2
                 if "per" in retry:
                     per *= 2
-        self._remember_probe(t, candidates, groups, per)
+        self._remember_probe(t, limit, groups, per)
         if conn is None:
-            await self._claim_upkeep(t, rows)
+            self._schedule_upkeep(t, rows)
         rows.sort(key=lambda r: r["claim_order"])
         return [Job.from_row({k: v for k, v in r.items() if k != "retry"}) for r in rows]
 
-    def _remember_probe(self, job_type: str, candidates: int, groups: int, per: int) -> None:
+    def _remember_probe(self, job_type: str, limit: int, groups: int, per: int) -> None:
         """Start the next claim of this type from the probe sizes that sufficed, drifting
         back toward the smallest useful ones so one unusual claim does not stick."""
-        base_groups = candidates + 8
+        base_groups = limit * 2 + 8
         self._probe[job_type] = (max(base_groups, groups - max(1, groups // 8)),
                                  max(2, per - max(1, per // 8)))
 
-    async def _claim_upkeep(self, job_type: str, rows: list[dict[str, Any]]) -> None:
-        """Tighten the claimed groups' bounds and, at most once a second per type, move
-        the served window's edge (claim_upkeep.sql). Best effort: it never waits."""
-        now = time.monotonic()
-        advance = now - self._advanced.get(job_type, -1e9) >= ADVANCE_EVERY_S
-        group_ids = sorted({r["group_id"] for r in rows if r["group_id"] is not None})
-        if not group_ids and not advance:
-            return
-        if advance:
-            self._advanced[job_type] = now
-        async with self.connection() as c:
-            await c.execute(self.sql("claim_upkeep"), {
-                "type": job_type, "group_ids": group_ids, "advance": advance,
-                "offset": self.clock_offset, "served_window": self.served_window,
-            })
+    def _schedule_upkeep(self, job_type: str, rows: list[dict[str, Any]]) -> None:
+        """Queue the claim's upkeep (claim_upkeep.sql) for a background task, off the
+        claim's path: it only tightens bounds and folds counts, which later claims use
+        when they are there and do without (with more probing) when not. One task per
+        type at a time; groups claimed meanwhile are merged into its next round."""
+        self._upkeep_groups.setdefault(job_type, set()).update(
+            r["group_id"] for r in rows if r["group_id"] is not None)
+        task = self._upkeep_tasks.get(job_type)
+        if task is None or task.done():
+            self._upkeep_tasks[job_type] = asyncio.get_running_loop().create_task(
+                self._upkeep(job_type))
+
+    async def _upkeep(self, job_type: str) -> None:
+        while True:
+            group_ids = sorted(self._upkeep_groups.pop(job_type, set()))
+            now = time.monotonic()
+            advance = now - self._advanced.get(job_type, -1e9) >= ADVANCE_EVERY_S
+            if advance:
+                self._advanced[job_type] = now
+            try:
+                async with self.connection() as c:
+                    await c.execute(self.sql("claim_upkeep"), {
+                        "type": job_type, "group_ids": group_ids, "advance": advance,
+                        "offset": self.clock_offset, "served_window": self.served_window,
+                    }, prepare=True)
+            except Exception:  # best effort: the claim is exact without it
+                log.exception("claim upkeep for %r failed", job_type)
+                return
+            if not self._upkeep_groups.get(job_type):
+                return
+
+    async def settle(self) -> None:
+        """Wait for background claim upkeep to finish (tests, shutdown)."""
+        while tasks := [t for t in self._upkeep_tasks.values() if not t.done()]:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def complete(self, job: Job, *, conn: AnyConn | None = None) -> bool:
         """Mark a claimed job done, under its claim.

@@ -15,25 +15,69 @@
 -- like a foreign-key check, so concurrent enqueuers of one group never wait for each
 -- other). The claim raises the bounds afterwards (fair_tighten) with FOR UPDATE SKIP
 -- LOCKED, which skips a row while any writer that relied on it is still open.
+-- done_n is the group's folded count of done jobs finished at or after the type's edge
+-- (see fair_done); a group with no pending job keeps its row (bounds 'infinity') while
+-- done_n > 0, so the claim reads one row per group.
+-- plan and active copy rota's own groups table (kept by the trigger on it, in the same
+-- transaction as the change, so a plan change or a pause takes effect at the next claim
+-- without touching a job); they let the claim walk each plan's groups through
+-- fair_groups_walk_idx instead of reading every group. A queue whose groups relation is
+-- an application's view reads plan and active from it at claim time instead.
 CREATE TABLE {schema}.fair_groups (
     type      text NOT NULL,
     group_id  text NOT NULL,
     head_lb   timestamptz NOT NULL,
     ready_lb  timestamptz NOT NULL,
+    done_n    integer NOT NULL DEFAULT 0,
+    plan      text,
+    active    boolean NOT NULL DEFAULT true,
     PRIMARY KEY (type, group_id)
-);
+) WITH (fillfactor = 70,  -- room for HOT updates
+       -- small and rewritten all the time: vacuum it often, not at 20% dead rows
+       autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000);
 
--- Done jobs with a group per type and group, counted only when finished at or after the
--- type's checkpoint (fair_edge.edge). A completion adds 1 to shard id % 8, so eight
--- workers completing jobs of one big group rarely touch the same row; fair_advance
--- folds the shards into shard 0 while it moves the checkpoint.
+-- The claim's walk: per type and plan, active groups with pending jobs by done count and
+-- head (a lower bound of each group's first job's key within its plan).
+CREATE INDEX fair_groups_walk_idx ON {schema}.fair_groups (type, plan, done_n, head_lb)
+    WHERE active AND head_lb < 'infinity';
+
+-- Keep fair_groups' copy of plan and active. A group missing from the table ranks as an
+-- active group with no owner, so a delete resets the copy to that.
+CREATE FUNCTION {schema}.fair_groups_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        UPDATE {schema}.fair_groups SET plan = NULL, active = true
+        WHERE group_id = OLD.group_id AND (plan IS NOT NULL OR NOT active);
+    ELSE
+        IF TG_OP = 'UPDATE' AND OLD.group_id <> NEW.group_id THEN
+            UPDATE {schema}.fair_groups SET plan = NULL, active = true
+            WHERE group_id = OLD.group_id;
+        END IF;
+        UPDATE {schema}.fair_groups SET plan = NEW.plan, active = NEW.active
+        WHERE group_id = NEW.group_id
+          AND (plan IS DISTINCT FROM NEW.plan OR active IS DISTINCT FROM NEW.active);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER groups_fair_changed
+    AFTER INSERT OR UPDATE OR DELETE ON {schema}.groups
+    FOR EACH ROW EXECUTE FUNCTION {schema}.fair_groups_changed();
+
+-- Recent changes to done counts (done jobs with a group, finished at or after the type's
+-- checkpoint fair_edge.edge), per type, group and shard. A completion adds 1 to shard
+-- id % 8, so eight workers completing jobs of one big group rarely touch the same row;
+-- fair_advance folds these rows into fair_groups.done_n about once a second, so the
+-- table stays small and the claim's sum over it is cheap.
 CREATE TABLE {schema}.fair_done (
     type      text NOT NULL,
     group_id  text NOT NULL,
     shard     smallint NOT NULL,
     n         integer NOT NULL,
     PRIMARY KEY (type, group_id, shard)
-);
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000);
 
 -- The checkpoint of fair_done per type (no row: -infinity). The claim counts a group's
 -- served done jobs as fair_done plus an exact correction over [edge, window start)
@@ -64,6 +108,40 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
            | (hashtext(p_type) :: bigint & 4294967295)
 $$;
 
+-- Insert missing fair_groups rows (bounds and done count as given), copying plan and
+-- active from rota's groups table under FOR SHARE of those rows, so a concurrent plan
+-- change either commits first (and is read here) or waits and then updates these rows.
+-- Rows that exist are left alone.
+CREATE FUNCTION {schema}.fair_insert_groups(
+    p_types text[], p_groups text[], p_heads timestamptz[], p_readies timestamptz[],
+    p_done int[]
+) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH want AS (
+        SELECT t.type, t.group_id, min(t.head) AS head, min(t.ready) AS ready,
+               coalesce(sum(t.done), 0)::int AS done
+        FROM unnest(p_types, p_groups, p_heads, p_readies, p_done)
+             AS t(type, group_id, head, ready, done)
+        WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_groups f
+                          WHERE f.type = t.type AND f.group_id = t.group_id)
+        GROUP BY t.type, t.group_id
+    ),
+    g AS (
+        SELECT g.group_id, g.plan, g.active FROM {schema}.groups g
+        WHERE g.group_id IN (SELECT group_id FROM want)
+        ORDER BY g.group_id
+        FOR SHARE
+    )
+    INSERT INTO {schema}.fair_groups AS fg (type, group_id, head_lb, ready_lb, done_n,
+                                            plan, active)
+    SELECT w.type, w.group_id, w.head, w.ready, w.done, g.plan, coalesce(g.active, true)
+    FROM want w LEFT JOIN g ON g.group_id = w.group_id
+    ORDER BY w.type, w.group_id
+    ON CONFLICT (type, group_id) DO NOTHING;
+END
+$$;
+
 -- Record pending jobs (type, group, created_at, run_after) in fair_groups, keeping its
 -- invariant. Lock first, then lower: a tightener cannot raise a bound this transaction
 -- relies on once the row is locked, and the lowering statement sees its latest value.
@@ -76,12 +154,7 @@ DECLARE
     locked int;
 BEGIN
     LOOP
-        INSERT INTO {schema}.fair_groups AS fg (type, group_id, head_lb, ready_lb)
-        SELECT t.type, t.group_id, min(t.head), min(t.ready)
-        FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
-        GROUP BY t.type, t.group_id
-        ORDER BY t.type, t.group_id
-        ON CONFLICT (type, group_id) DO NOTHING;
+        PERFORM {schema}.fair_insert_groups(p_types, p_groups, p_heads, p_readies, NULL);
 
         SELECT count(DISTINCT (t.type, t.group_id)) INTO wanted
         FROM unnest(p_types, p_groups) AS t(type, group_id);
@@ -222,7 +295,8 @@ CREATE TRIGGER jobs_fair_delete
     REFERENCING OLD TABLE AS deleted
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.fair_jobs_delete();
 
--- Move a type's edge to p_target (either direction) and fold fair_done's shards. Takes
+-- Move a type's edge to p_target (either direction), recording the change as deltas
+-- in fair_done (folded later like any other). Takes
 -- the type's advisory lock exclusively, try only: when a counting writer is open, it
 -- does nothing and returns false (the claim stays exact, its correction is just wider).
 -- Each statement of a volatile plpgsql function reads a fresh snapshot, so once the
@@ -251,17 +325,63 @@ BEGIN
         INSERT INTO {schema}.fair_edge (type, edge) VALUES (p_type, p_target)
         ON CONFLICT (type) DO UPDATE SET edge = excluded.edge;
     END IF;
-    -- Fold shards 1-7 into shard 0 and drop empty rows.
-    WITH moved AS (
-        DELETE FROM {schema}.fair_done WHERE type = p_type AND shard <> 0
-        RETURNING group_id, n
-    )
-    INSERT INTO {schema}.fair_done AS fd (type, group_id, shard, n)
-    SELECT p_type, m.group_id, 0::smallint, sum(m.n)::int
-    FROM moved m GROUP BY m.group_id ORDER BY m.group_id
-    ON CONFLICT (type, group_id, shard) DO UPDATE SET n = fd.n + excluded.n;
-    DELETE FROM {schema}.fair_done WHERE type = p_type AND n = 0;
+    -- Fold the deltas into fair_groups.done_n (a row per group, created if missing).
     RETURN true;
+END
+$$;
+
+-- Fold a type's fair_done deltas into fair_groups.done_n (creating missing rows). No
+-- advisory lock is needed: deltas and done_n count against the same edge, and a fold
+-- moves them in one transaction. It never waits: groups whose fair_groups row a writer
+-- holds, and delta rows another fold holds, are left for the next fold.
+CREATE FUNCTION {schema}.fair_fold(p_type text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    gs text[];
+    missing text[];
+    folded integer;
+BEGIN
+    SELECT array_agg(DISTINCT f.group_id) INTO gs
+    FROM {schema}.fair_done f WHERE f.type = p_type;
+    IF gs IS NULL THEN
+        RETURN 0;
+    END IF;
+    SELECT array_agg(x.group_id ORDER BY x.group_id) INTO missing
+    FROM unnest(gs) AS x(group_id)
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_groups g
+                      WHERE g.type = p_type AND g.group_id = x.group_id);
+    IF missing IS NOT NULL THEN
+        PERFORM {schema}.fair_insert_groups(
+            array_fill(p_type, ARRAY[cardinality(missing)]), missing,
+            array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]),
+            array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]), NULL);
+    END IF;
+    WITH g AS (
+        SELECT fg.group_id FROM {schema}.fair_groups fg
+        WHERE fg.type = p_type AND fg.group_id = ANY (gs)
+        ORDER BY fg.group_id
+        FOR NO KEY UPDATE SKIP LOCKED
+    ),
+    moved AS (
+        DELETE FROM {schema}.fair_done d
+        WHERE d.ctid = ANY (ARRAY(
+            SELECT f.ctid FROM {schema}.fair_done f
+            WHERE f.type = p_type AND f.group_id IN (SELECT g.group_id FROM g)
+            FOR UPDATE SKIP LOCKED))
+        RETURNING d.group_id, d.n
+    )
+    UPDATE {schema}.fair_groups fg SET done_n = fg.done_n + m.n
+    FROM (SELECT mv.group_id, sum(mv.n)::int AS n FROM moved mv GROUP BY mv.group_id) m
+    WHERE fg.type = p_type AND fg.group_id = m.group_id AND m.n <> 0;
+    GET DIAGNOSTICS folded = ROW_COUNT;
+    -- Drop rows with nothing left to say; a row a writer holds is skipped.
+    DELETE FROM {schema}.fair_groups fg
+    WHERE (fg.type, fg.group_id) IN (
+        SELECT e.type, e.group_id FROM {schema}.fair_groups e
+        WHERE e.type = p_type AND e.group_id = ANY (gs)
+          AND e.done_n = 0 AND e.head_lb = 'infinity'
+        FOR UPDATE SKIP LOCKED);
+    RETURN folded;
 END
 $$;
 
@@ -296,24 +416,26 @@ BEGIN
     gone AS (
         DELETE FROM {schema}.fair_groups fg USING b
         WHERE fg.type = p_type AND fg.group_id = b.group_id AND b.head IS NULL
+          AND fg.done_n = 0
     )
-    UPDATE {schema}.fair_groups fg SET head_lb = b.head, ready_lb = b.ready
+    UPDATE {schema}.fair_groups fg
+    SET head_lb = coalesce(b.head, 'infinity'), ready_lb = coalesce(b.ready, 'infinity')
     FROM b
-    WHERE fg.type = p_type AND fg.group_id = b.group_id AND b.head IS NOT NULL;
+    WHERE fg.type = p_type AND fg.group_id = b.group_id
+      AND (b.head IS NOT NULL OR fg.done_n <> 0);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
 $$;
 
 -- Build the bookkeeping for jobs that exist already (the triggers keep it from here).
-INSERT INTO {schema}.fair_groups (type, group_id, head_lb, ready_lb)
-SELECT type, group_id, min(created_at), min(run_after)
-FROM {schema}.jobs
-WHERE status = 'pending' AND group_id IS NOT NULL
-GROUP BY type, group_id;
-
-INSERT INTO {schema}.fair_done (type, group_id, shard, n)
-SELECT type, group_id, 0, count(*)
-FROM {schema}.jobs
-WHERE status = 'done' AND group_id IS NOT NULL
-GROUP BY type, group_id;
+INSERT INTO {schema}.fair_groups (type, group_id, head_lb, ready_lb, done_n, plan, active)
+SELECT j.type, j.group_id,
+       coalesce(min(j.created_at) FILTER (WHERE j.status = 'pending'), 'infinity'),
+       coalesce(min(j.run_after) FILTER (WHERE j.status = 'pending'), 'infinity'),
+       count(*) FILTER (WHERE j.status = 'done'),
+       min(g.plan), coalesce(bool_and(g.active), true)
+FROM {schema}.jobs j
+LEFT JOIN {schema}.groups g ON g.group_id = j.group_id
+WHERE j.status IN ('pending', 'done') AND j.group_id IS NOT NULL
+GROUP BY j.type, j.group_id;
