@@ -461,7 +461,7 @@ class Queue(QueueSettings):
             "served_window": self.served_window,
             **self.plans.claim_params(),
         }
-        groups, per = self._probe.get(t, (limit * 2 + 8, 2))
+        groups, per = self._probe.get(t, self._probe_floor(limit))
         async with self.connection(conn) as c:
             cur = c.cursor(row_factory=dict_row)
             while True:
@@ -488,12 +488,19 @@ class Queue(QueueSettings):
         rows.sort(key=lambda r: r["claim_order"])
         return [Job.from_row({k: v for k, v in r.items() if k != "retry"}) for r in rows]
 
+    # The smallest probe a claim starts from: groups and jobs per group (tests set it to
+    # (1, 1) to drive every claim through the retries).
+    probe_floor: tuple[int, int] | None = None
+
+    def _probe_floor(self, limit: int) -> tuple[int, int]:
+        return self.probe_floor or (limit * 2 + 8, 2)
+
     def _remember_probe(self, job_type: str, limit: int, groups: int, per: int) -> None:
         """Start the next claim of this type from the probe sizes that sufficed, drifting
         back toward the smallest useful ones so one unusual claim does not stick."""
-        base_groups = limit * 2 + 8
-        self._probe[job_type] = (max(base_groups, groups - max(1, groups // 8)),
-                                 max(2, per - max(1, per // 8)))
+        floor_groups, floor_per = self._probe_floor(limit)
+        self._probe[job_type] = (max(floor_groups, groups - max(1, groups // 8)),
+                                 max(floor_per, per - max(1, per // 8)))
 
     def _schedule_upkeep(self, job_type: str, rows: list[dict[str, Any]]) -> None:
         """Queue the claim's upkeep (claim_upkeep.sql) for a background task, off the

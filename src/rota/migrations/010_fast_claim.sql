@@ -7,9 +7,12 @@
 -- Groups of a type that may have pending jobs, with lower bounds of their pending jobs'
 -- created_at and run_after. The claim walks these in order of a lower bound of each
 -- group's first job's key and probes only the first few groups (docs/fast-claim.md).
--- Invariant: for every pending job j with a group,
---   a row (j.type, j.group_id) exists with head_lb <= j.created_at and
---   ready_lb <= j.run_after.
+-- Invariant: for every pending job j with a group, a row (j.type, j.group_id) exists
+-- with ready_lb <= j.run_after, and head_lb <= j.created_at or head_until <= j.run_after.
+-- So while the queue's clock is before head_until, head_lb bounds the created_at of
+-- every claimable job of the group; after it, the claim treats the head as unknown (the
+-- group is probed) until fair_tighten renews it. head_until lets jobs deferred far ahead
+-- (older than the group's ready jobs) stay out of the bound instead of loosening it.
 -- Writers that put a job into pending lower the bounds when needed (rare: a new job is
 -- newer than its group's head) and otherwise only take FOR KEY SHARE on the row (shared,
 -- like a foreign-key check, so concurrent enqueuers of one group never wait for each
@@ -17,7 +20,8 @@
 -- LOCKED, which skips a row while any writer that relied on it is still open.
 -- done_n is the group's folded count of done jobs finished at or after the type's edge
 -- (see fair_done); a group with no pending job keeps its row (bounds 'infinity') while
--- done_n > 0, so the claim reads one row per group.
+-- done_n > 0 (ready_lb 'infinity' means no pending job), so the claim reads one row
+-- per group.
 -- plan and active copy rota's own groups table (kept by the trigger on it, in the same
 -- transaction as the change, so a plan change or a pause takes effect at the next claim
 -- without touching a job); they let the claim walk each plan's groups through
@@ -27,6 +31,7 @@ CREATE TABLE {schema}.fair_groups (
     type      text NOT NULL,
     group_id  text NOT NULL,
     head_lb   timestamptz NOT NULL,
+    head_until timestamptz NOT NULL DEFAULT 'infinity',
     ready_lb  timestamptz NOT NULL,
     done_n    integer NOT NULL DEFAULT 0,
     plan      text,
@@ -40,6 +45,9 @@ CREATE TABLE {schema}.fair_groups (
 -- head (a lower bound of each group's first job's key within its plan).
 CREATE INDEX fair_groups_walk_idx ON {schema}.fair_groups (type, plan, done_n, head_lb)
     WHERE active AND head_lb < 'infinity';
+-- Groups whose head bound has run out (or will): the claim probes them explicitly.
+CREATE INDEX fair_groups_expiry_idx ON {schema}.fair_groups (type, head_until)
+    WHERE head_until < 'infinity';
 
 -- Keep fair_groups' copy of plan and active. A group missing from the table ranks as an
 -- active group with no owner, so a delete resets the copy to that.
@@ -118,8 +126,10 @@ CREATE FUNCTION {schema}.fair_insert_groups(
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    WITH want AS (
-        SELECT t.type, t.group_id, min(t.head) AS head, min(t.ready) AS ready,
+    WITH want0 AS (
+        SELECT t.type, t.group_id,
+               coalesce(min(t.head) FILTER (WHERE t.ready <= now()), 'infinity') AS head,
+               min(t.ready) AS ready,
                coalesce(sum(t.done), 0)::int AS done
         FROM unnest(p_types, p_groups, p_heads, p_readies, p_done)
              AS t(type, group_id, head, ready, done)
@@ -127,15 +137,25 @@ BEGIN
                           WHERE f.type = t.type AND f.group_id = t.group_id)
         GROUP BY t.type, t.group_id
     ),
+    -- The head covers the jobs ready now; older jobs due later cut its validity.
+    want AS (
+        SELECT w.*, coalesce((
+            SELECT min(t.ready)
+            FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
+            WHERE t.type = w.type AND t.group_id = w.group_id
+              AND t.ready > now() AND t.head < w.head), 'infinity') AS until
+        FROM want0 w
+    ),
     g AS (
         SELECT g.group_id, g.plan, g.active FROM {schema}.groups g
         WHERE g.group_id IN (SELECT group_id FROM want)
         ORDER BY g.group_id
         FOR SHARE
     )
-    INSERT INTO {schema}.fair_groups AS fg (type, group_id, head_lb, ready_lb, done_n,
-                                            plan, active)
-    SELECT w.type, w.group_id, w.head, w.ready, w.done, g.plan, coalesce(g.active, true)
+    INSERT INTO {schema}.fair_groups AS fg (type, group_id, head_lb, head_until, ready_lb,
+                                            done_n, plan, active)
+    SELECT w.type, w.group_id, w.head, w.until, w.ready, w.done, g.plan,
+           coalesce(g.active, true)
     FROM want w LEFT JOIN g ON g.group_id = w.group_id
     ORDER BY w.type, w.group_id
     ON CONFLICT (type, group_id) DO NOTHING;
@@ -169,24 +189,37 @@ BEGIN
         EXIT WHEN locked = wanted;  -- else a tightener deleted a row in between: again
     END LOOP;
 
-    -- Lower where needed. Rows are locked in key order (FOR NO KEY UPDATE, which does
+    -- Lower where needed: a job ready now lowers head_lb; an older job due later cuts
+    -- head_until instead. Rows are locked in key order (FOR NO KEY UPDATE, which does
     -- not conflict with other writers' FOR KEY SHARE), so two writers lowering the same
     -- groups cannot deadlock. Rare: new jobs are newer than their group's head.
     UPDATE {schema}.fair_groups AS fg
-    SET head_lb = least(fg.head_lb, a.head), ready_lb = least(fg.ready_lb, a.ready)
+    SET head_lb = a.head, head_until = a.until, ready_lb = a.ready
     FROM (
-        SELECT l.type, l.group_id, m.head, m.ready
+        SELECT l.type, l.group_id, n.head, n.ready, least(l.head_until, u.until) AS until
         FROM {schema}.fair_groups l
         JOIN (
-            SELECT t.type, t.group_id, min(t.head) AS head, min(t.ready) AS ready
+            SELECT t.type, t.group_id,
+                   min(t.head) FILTER (WHERE t.ready <= now()) AS ready_head,
+                   min(t.ready) AS min_ready
             FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
             GROUP BY t.type, t.group_id
         ) m ON m.type = l.type AND m.group_id = l.group_id
-        WHERE l.head_lb > m.head OR l.ready_lb > m.ready
+        CROSS JOIN LATERAL (
+            SELECT least(l.head_lb, m.ready_head) AS head,
+                   least(l.ready_lb, m.min_ready) AS ready) n
+        CROSS JOIN LATERAL (
+            SELECT min(t.ready) AS until
+            FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
+            WHERE t.type = l.type AND t.group_id = l.group_id
+              AND t.ready > now() AND t.head < n.head) u
+        -- Only rows that change are locked: enqueuers of one group never queue here.
+        WHERE n.head < l.head_lb OR n.ready < l.ready_lb OR u.until < l.head_until
         ORDER BY l.type, l.group_id
         FOR NO KEY UPDATE OF l
     ) a
-    WHERE fg.type = a.type AND fg.group_id = a.group_id;
+    WHERE fg.type = a.type AND fg.group_id = a.group_id
+      AND (fg.head_lb <> a.head OR fg.head_until <> a.until OR fg.ready_lb <> a.ready);
 END
 $$;
 
@@ -379,18 +412,23 @@ BEGIN
     WHERE (fg.type, fg.group_id) IN (
         SELECT e.type, e.group_id FROM {schema}.fair_groups e
         WHERE e.type = p_type AND e.group_id = ANY (gs)
-          AND e.done_n = 0 AND e.head_lb = 'infinity'
+          AND e.done_n = 0 AND e.ready_lb = 'infinity'
         FOR UPDATE SKIP LOCKED);
     RETURN folded;
 END
 $$;
 
--- Raise the bounds of some groups of a type to their pending jobs' true minima, or
--- drop the row when the group has no pending job. Rows a writer relies on (locked FOR
--- KEY SHARE or being lowered) are skipped; the bounds are read in a later statement,
--- whose fresh snapshot sees every writer that finished before the lock was taken, while
--- writers that come later wait for this transaction and then lower again if needed.
-CREATE FUNCTION {schema}.fair_tighten(p_type text, p_groups text[]) RETURNS integer
+-- Renew the bounds of some groups of a type as of p_now (the queue's clock): head_lb the
+-- oldest job ready at p_now, valid until the first pending job due after p_now; or drop
+-- the row when the group has no pending job and no done count. Rows a writer relies on
+-- (locked FOR KEY SHARE or being lowered) are skipped; the bounds are read in a later
+-- statement, whose fresh snapshot sees every writer that finished before the lock was
+-- taken, while writers that come later wait for this transaction and then lower again.
+-- The ready head is looked for among the group's 200 oldest pending jobs (index order);
+-- when all of those are deferred, the head covers every pending job instead (valid
+-- forever, looser), so a group with many old deferred jobs never costs a long scan.
+CREATE FUNCTION {schema}.fair_tighten(p_type text, p_groups text[], p_now timestamptz)
+RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     got text[];
@@ -405,30 +443,48 @@ BEGIN
     IF got IS NULL THEN
         RETURN 0;
     END IF;
-    WITH b AS (
+    WITH b0 AS (
         SELECT g.group_id,
-               (SELECT min(j.created_at) FROM {schema}.jobs j WHERE j.type = p_type
-                  AND j.group_id = g.group_id AND j.status = 'pending') AS head,
                (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
-                  AND j.group_id = g.group_id AND j.status = 'pending') AS ready
+                  AND j.group_id = g.group_id AND j.status = 'pending') AS ready,
+               (SELECT min(o.created_at) FROM (
+                    SELECT j.created_at, j.run_after FROM {schema}.jobs j
+                    WHERE j.type = p_type AND j.group_id = g.group_id
+                      AND j.status = 'pending'
+                    ORDER BY j.created_at, j.id LIMIT 200) o
+                WHERE o.run_after <= p_now) AS ready_head,
+               (SELECT min(j.created_at) FROM {schema}.jobs j WHERE j.type = p_type
+                  AND j.group_id = g.group_id AND j.status = 'pending') AS any_head,
+               (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
+                  AND j.group_id = g.group_id AND j.status = 'pending'
+                  AND j.run_after > p_now) AS next_due
         FROM unnest(got) AS g(group_id)
+    ),
+    b AS (
+        SELECT b0.group_id, b0.ready,
+               coalesce(b0.ready_head, b0.any_head) AS head,
+               CASE WHEN b0.ready_head IS NULL THEN 'infinity'
+                    ELSE coalesce(b0.next_due, 'infinity') END AS until
+        FROM b0
     ),
     gone AS (
         DELETE FROM {schema}.fair_groups fg USING b
-        WHERE fg.type = p_type AND fg.group_id = b.group_id AND b.head IS NULL
+        WHERE fg.type = p_type AND fg.group_id = b.group_id AND b.ready IS NULL
           AND fg.done_n = 0
     )
     UPDATE {schema}.fair_groups fg
-    SET head_lb = coalesce(b.head, 'infinity'), ready_lb = coalesce(b.ready, 'infinity')
+    SET head_lb = coalesce(b.head, 'infinity'), head_until = b.until,
+        ready_lb = coalesce(b.ready, 'infinity')
     FROM b
     WHERE fg.type = p_type AND fg.group_id = b.group_id
-      AND (b.head IS NOT NULL OR fg.done_n <> 0);
+      AND (b.ready IS NOT NULL OR fg.done_n <> 0);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
 $$;
 
--- Build the bookkeeping for jobs that exist already (the triggers keep it from here).
+-- Build the bookkeeping for jobs that exist already (the triggers keep it from here):
+-- heads over every pending job, valid forever; the first claims renew them.
 INSERT INTO {schema}.fair_groups (type, group_id, head_lb, ready_lb, done_n, plan, active)
 SELECT j.type, j.group_id,
        coalesce(min(j.created_at) FILTER (WHERE j.status = 'pending'), 'infinity'),

@@ -75,8 +75,9 @@ stale_head AS (
     FROM stale s WHERE s.group_id IS NOT NULL GROUP BY s.group_id
 ),
 -- Groups whose served count is not just their folded done count: unfolded completions,
--- the edge correction, running jobs, stale claimable jobs. Few (in-flight work and about
--- a second of completions); their keys are computed exactly and they join the walk
+-- the edge correction, running jobs, stale claimable jobs, an expired head bound. Few
+-- (in-flight work, about a second of completions, heads renewed by the upkeep); their
+-- keys are computed exactly (an expired head counts as -infinity) and they join the walk
 -- explicitly, so for every other group done_n is its exact served count.
 special AS (
     SELECT ef.group_id FROM edge_fix ef
@@ -86,6 +87,10 @@ special AS (
     SELECT rn.group_id FROM running rn
     UNION
     SELECT sh.group_id FROM stale_head sh
+    UNION
+    -- Groups whose head bound has run out (fair_groups_expiry_idx).
+    SELECT fg.group_id FROM {schema}.fair_groups fg, clock c
+    WHERE fg.type = %(type)s AND fg.head_until <= c.now
 ),
 {pool},
 keyed AS (

@@ -29,6 +29,7 @@ pool AS (
         (SELECT f.group_id, f.head_lb, f.done_n FROM {schema}.fair_groups f
          WHERE l.plan IS NOT NULL AND f.type = %(type)s AND f.plan = l.plan
            AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
+           AND f.head_until > c.now
            AND f.group_id NOT IN (SELECT s.group_id FROM special s)
          ORDER BY f.done_n, f.head_lb
          LIMIT %(probe_groups)s + 1)
@@ -36,6 +37,7 @@ pool AS (
         (SELECT f.group_id, f.head_lb, f.done_n FROM {schema}.fair_groups f
          WHERE l.plan IS NULL AND f.type = %(type)s AND f.plan IS NULL
            AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
+           AND f.head_until > c.now
            AND f.group_id NOT IN (SELECT s.group_id FROM special s)
          ORDER BY f.done_n, f.head_lb
          LIMIT %(probe_groups)s + 1)
@@ -44,14 +46,17 @@ pool AS (
     -- The special groups, with exact served counts. Their rows are fetched one by one
     -- (LATERAL … OFFSET 0 keeps each a parameterized index lookup; joined flat, the
     -- generic plan hashed all of fair_groups and groups: 20 ms at 10,000 groups).
-    SELECT s.group_id, least(fg.head_lb, sh.head), coalesce(fg.done_n, 0),
+    SELECT s.group_id,
+           least(CASE WHEN fg.head_until <= c.now THEN '-infinity' ELSE fg.head_lb END,
+                 sh.head),
+           coalesce(fg.done_n, 0),
            coalesce(fg.done_n, 0) + coalesce(dd.n, 0) + coalesce(ef.n, 0)
              + coalesce(rn.n, 0),
            g.plan, coalesce(g.active, true)
     FROM special s
     CROSS JOIN clock c
     LEFT JOIN LATERAL (
-        SELECT f.head_lb, f.ready_lb, f.done_n FROM {schema}.fair_groups f
+        SELECT f.head_lb, f.head_until, f.ready_lb, f.done_n FROM {schema}.fair_groups f
         WHERE f.type = %(type)s AND f.group_id = s.group_id OFFSET 0) fg ON true
     LEFT JOIN LATERAL (
         SELECT x.plan, x.active FROM {groups} x WHERE x.group_id = s.group_id OFFSET 0

@@ -4,7 +4,10 @@
 -- Correct, but its cost grows with the number of groups (about 20 ms at 10,000 groups
 -- on 2 cores); rota's own groups table uses claim_pool_cached.sql instead.
 pool AS (
-    SELECT fg.group_id, least(fg.head_lb, sh.head) AS head_lb, fg.done_n,
+    SELECT fg.group_id,
+           least(CASE WHEN fg.head_until <= c.now THEN '-infinity' ELSE fg.head_lb END,
+                 sh.head) AS head_lb,
+           fg.done_n,
            fg.done_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) + coalesce(rn.n, 0)
              AS served_lb,
            g.plan, coalesce(g.active, true) AS active
