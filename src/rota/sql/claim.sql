@@ -186,7 +186,7 @@ blocked AS (
     WHERE k.id IS NULL
        OR NOT ((-u.priority, u.fair, u.created_at) > (-k.priority, k.fair, k.created_at)
                OR ((-u.priority, u.fair, u.created_at) = (-k.priority, k.fair, k.created_at)
-                   AND u.id > k.id))
+                   AND coalesce(u.id > k.id, false)))  -- a group's bound has no id
 ),
 -- Lock in fair order, one candidate at a time by primary key, re-checking eligibility on
 -- the row's latest version (a concurrent claimer may have committed since this
