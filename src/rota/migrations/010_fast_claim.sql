@@ -139,12 +139,13 @@ BEGIN
     ),
     -- The head covers the jobs ready now; older jobs due later cut its validity.
     want AS (
-        SELECT w.*, coalesce((
-            SELECT min(t.ready)
-            FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
-            WHERE t.type = w.type AND t.group_id = w.group_id
-              AND t.ready > now() AND t.head < w.head), 'infinity') AS until
+        SELECT w.type, w.group_id, w.head, w.ready, w.done,
+               coalesce(min(t.ready) FILTER (WHERE t.ready > now() AND t.head < w.head),
+                        'infinity') AS until
         FROM want0 w
+        JOIN unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
+          ON t.type = w.type AND t.group_id = w.group_id
+        GROUP BY w.type, w.group_id, w.head, w.ready, w.done
     ),
     g AS (
         SELECT g.group_id, g.plan, g.active FROM {schema}.groups g
@@ -196,25 +197,29 @@ BEGIN
     UPDATE {schema}.fair_groups AS fg
     SET head_lb = a.head, head_until = a.until, ready_lb = a.ready
     FROM (
-        SELECT l.type, l.group_id, n.head, n.ready, least(l.head_until, u.until) AS until
+        SELECT l.type, l.group_id, n.head, n.ready, least(l.head_until, m.until) AS until
         FROM {schema}.fair_groups l
         JOIN (
+            -- Per group: the oldest job ready now, the first due time, and the first due
+            -- time of a job older than both bounds (the row's head_lb is read again
+            -- below, after the lock; this one only selects which rows to lock).
             SELECT t.type, t.group_id,
                    min(t.head) FILTER (WHERE t.ready <= now()) AS ready_head,
-                   min(t.ready) AS min_ready
+                   min(t.ready) AS min_ready,
+                   array_agg(t.head) FILTER (WHERE t.ready > now()) AS due_heads,
+                   array_agg(t.ready) FILTER (WHERE t.ready > now()) AS due_readies
             FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
             GROUP BY t.type, t.group_id
-        ) m ON m.type = l.type AND m.group_id = l.group_id
+        ) m0 ON m0.type = l.type AND m0.group_id = l.group_id
         CROSS JOIN LATERAL (
-            SELECT least(l.head_lb, m.ready_head) AS head,
-                   least(l.ready_lb, m.min_ready) AS ready) n
+            SELECT least(l.head_lb, m0.ready_head) AS head,
+                   least(l.ready_lb, m0.min_ready) AS ready) n
         CROSS JOIN LATERAL (
-            SELECT min(t.ready) AS until
-            FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
-            WHERE t.type = l.type AND t.group_id = l.group_id
-              AND t.ready > now() AND t.head < n.head) u
+            SELECT min(d.ready) AS until
+            FROM unnest(m0.due_heads, m0.due_readies) AS d(head, ready)
+            WHERE d.head < n.head) m
         -- Only rows that change are locked: enqueuers of one group never queue here.
-        WHERE n.head < l.head_lb OR n.ready < l.ready_lb OR u.until < l.head_until
+        WHERE n.head < l.head_lb OR n.ready < l.ready_lb OR m.until < l.head_until
         ORDER BY l.type, l.group_id
         FOR NO KEY UPDATE OF l
     ) a
