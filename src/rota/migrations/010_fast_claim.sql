@@ -400,14 +400,16 @@ BEGIN
     END IF;
     SELECT array_agg(l.group_id) INTO gs FROM (
         SELECT fg.group_id FROM {schema}.fair_groups fg
+        JOIN (SELECT x.group_id FROM unnest(gs) AS x(group_id)
+              UNION
+              SELECT e.group_id FROM (
+                  SELECT e.group_id FROM {schema}.fair_groups e
+                  WHERE e.type = p_type AND e.head_until <= p_now
+                    AND e.head_until < 'infinity'
+                  ORDER BY e.head_until LIMIT 100) e) w ON w.group_id = fg.group_id
         WHERE fg.type = p_type
-          AND (fg.group_id = ANY (gs)
-               OR fg.group_id IN (SELECT e.group_id FROM {schema}.fair_groups e
-                                  WHERE e.type = p_type AND e.head_until <= p_now
-                                    AND e.head_until < 'infinity'
-                                  ORDER BY e.head_until LIMIT 100))
         ORDER BY fg.group_id
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF fg SKIP LOCKED
     ) l;
     IF gs IS NULL THEN
         RETURN 0;
@@ -417,14 +419,17 @@ BEGIN
         DELETE FROM {schema}.fair_done d
         WHERE d.ctid = ANY (ARRAY(
             SELECT f.ctid FROM {schema}.fair_done f
-            WHERE f.type = p_type AND f.group_id = ANY (gs)
-            FOR UPDATE SKIP LOCKED))
+            JOIN unnest(gs) AS x(group_id) ON x.group_id = f.group_id
+            WHERE f.type = p_type
+            FOR UPDATE OF f SKIP LOCKED))
         RETURNING d.group_id, d.n
+    ),
+    sums AS (
+        SELECT mv.group_id, sum(mv.n)::int AS n FROM moved mv GROUP BY mv.group_id
     ),
     b0 AS (
         SELECT g.group_id,
-               coalesce((SELECT sum(mv.n) FROM moved mv WHERE mv.group_id = g.group_id),
-                        0)::int AS n,
+               coalesce(sm.n, 0) AS n,
                (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
                   AND j.group_id = g.group_id AND j.status = 'pending') AS ready,
                (SELECT min(o.created_at) FROM (
@@ -439,6 +444,7 @@ BEGIN
                   AND j.group_id = g.group_id AND j.status = 'pending'
                   AND j.run_after > p_now) AS next_due
         FROM unnest(gs) AS g(group_id)
+        LEFT JOIN sums sm ON sm.group_id = g.group_id
     )
     UPDATE {schema}.fair_groups fg
     SET done_n = fg.done_n + b.n,
@@ -451,7 +457,8 @@ BEGIN
     GET DIAGNOSTICS folded = ROW_COUNT;
     -- Drop rows with nothing left to say (no pending job, no done count).
     DELETE FROM {schema}.fair_groups fg
-    WHERE fg.type = p_type AND fg.group_id = ANY (gs)
+    USING unnest(gs) AS x(group_id)
+    WHERE fg.type = p_type AND fg.group_id = x.group_id
       AND fg.done_n = 0 AND fg.ready_lb = 'infinity';
     RETURN folded;
 END
