@@ -81,10 +81,10 @@ async def run_sql(queue: Queue, conn: Any, statement: sql.Composed, params: dict
 
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-async def explain(queue: Queue, conn: Any, out: Path) -> None:
+async def explain(queue: Queue, conn: Any) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of one rota claim as it runs (its generic plan, in its
     transaction's settings), and of the literal query, rolled back."""
     params = {"type": "t", "limit": 25, "candidates": 116, "run_id": None,
@@ -111,10 +111,9 @@ async def explain(queue: Queue, conn: Any, out: Path) -> None:
         cur = await conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + literal_claim(queue),
                                  literal_params(queue, "t", 25))
         literal_plan = "\n".join(r[0] for r in await cur.fetchall())
-    out.write_text(
-        "-- rota's claim of 25 at 1,000,000 pending jobs (generic plan, JIT off, as it "
-        "runs)\n" + rota_plan + "\n\n-- the post's literal query, same data, default "
-        "settings\n" + literal_plan + "\n")
+    return ("-- rota's claim of 25 at 1,000,000 pending jobs (generic plan, JIT off, as it "
+            "runs)\n" + rota_plan + "\n\n-- the post's literal query, same data, default "
+            "settings\n" + literal_plan + "\n")
 
 
 async def measure(url: str, sizes: tuple[int, ...], results: Path) -> dict[int, Any]:
@@ -127,7 +126,8 @@ async def measure(url: str, sizes: tuple[int, ...], results: Path) -> dict[int, 
         queue = Queue(url, schema=SCHEMA)
         async with queue, await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             if pending == max(sizes):
-                await explain(queue, conn, results / "claim_explain_1m.txt")
+                plans = await explain(queue, conn)
+                (results / "claim_explain_1m.txt").write_text(plans)
             rota = await run_rota(queue, REPS, seq)
             literal = await run_sql(queue, conn, literal_claim(queue),
                                     literal_params(queue, "t", 25), literal_reps(pending), seq)

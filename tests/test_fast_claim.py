@@ -63,6 +63,11 @@ SELECT 'plan or active copy differs: ' || k.group_id
 FROM kept k JOIN {s}.groups g ON g.group_id = k.group_id
 WHERE k.plan IS DISTINCT FROM g.plan OR k.active <> g.active
 UNION ALL
+SELECT DISTINCT 'plan missing from fair_plans: ' || k.plan
+FROM kept k
+WHERE k.plan IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM {s}.fair_plans p WHERE p.type = k.type AND p.plan = k.plan)
+UNION ALL
 SELECT 'copy of a missing group is not (no plan, active): ' || k.group_id
 FROM kept k
 WHERE NOT EXISTS (SELECT 1 FROM {s}.groups g WHERE g.group_id = k.group_id)
@@ -262,9 +267,9 @@ async def test_scaled_down_backlog_with_deferred_paused_and_stale_jobs(
         " now() - interval '3 hours', now() - interval '2 hours', gen_random_uuid()"
         " FROM generate_series(1, 300) i;"
     ).format(s=s))
-    await aconn.execute(sql.SQL("SELECT {s}.fair_advance('t', now() - interval '1 day'),"
-                                " {s}.fair_fold('t', now()); ANALYZE {s}.jobs; ANALYZE {s}.fair_groups")
-                        .format(s=s))
+    await aconn.execute(sql.SQL(
+        "SELECT {s}.fair_advance('t', now() - interval '1 day'), {s}.fair_fold('t', now());"
+        " ANALYZE {s}.jobs; ANALYZE {s}.fair_groups").format(s=s))
     assert await recount(aconn, schema) == []
     for _ in range(8):
         await claim_equals_oracle(queue, database_url, "t", 25)

@@ -26,7 +26,7 @@
 --      asks again with more groups or more jobs per group.
 -- Locks are taken with SKIP LOCKED, which never waits, so the claim cannot deadlock
 -- with sweepers or batch deferrals even though it locks in fair order, not id order.
-WITH RECURSIVE clock AS (
+WITH clock AS (
     SELECT now() + %(offset)s::interval AS now,
            now() + %(offset)s::interval - %(served_window)s::interval AS ws,
            now() + %(offset)s::interval - %(stale_after)s::interval AS stale_before,

@@ -2,22 +2,11 @@
 -- plan and active fair_groups copies in the same transaction as every change. Each plan
 -- present is walked through fair_groups_walk_idx by (done_n, head_lb), reading at most
 -- probe_groups + 1 groups per plan: for a group outside `special`, done_n is its exact
--- served count, so the walk's order is the order of (served, head_lb). Cost grows with the number of plans and
--- the probe, not with the number of groups or jobs.
-plans_walked(plan) AS (
-    -- Loose index scan: one descent per distinct plan.
-    (SELECT f.plan FROM {schema}.fair_groups f
-     WHERE f.type = %(type)s AND f.active AND f.head_lb < 'infinity' AND f.plan IS NOT NULL
-     ORDER BY f.plan LIMIT 1)
-    UNION ALL
-    SELECT (SELECT f.plan FROM {schema}.fair_groups f
-            WHERE f.type = %(type)s AND f.active AND f.head_lb < 'infinity'
-              AND f.plan > w.plan
-            ORDER BY f.plan LIMIT 1)
-    FROM plans_walked w WHERE w.plan IS NOT NULL
-),
+-- served count, so the walk's order is the order of (served, head_lb). The plans
+-- present come from fair_plans. Cost grows with the number of plans and the probe,
+-- not with the number of groups or jobs.
 levels AS (
-    SELECT w.plan FROM plans_walked w WHERE w.plan IS NOT NULL
+    SELECT p.plan FROM {schema}.fair_plans p WHERE p.type = %(type)s
     UNION ALL
     SELECT NULL
 ),
