@@ -280,3 +280,16 @@ async def test_scaled_down_backlog_with_deferred_paused_and_stale_jobs(
         await queue.settle()
     assert queue._probe["t"] == queue._probe_floor(25)  # no claim needed a wider probe
     assert await recount(aconn, schema) == []
+
+
+async def test_claim_on_the_callers_connection_commits_only_with_the_caller(
+    queue: Queue, database_url: str
+) -> None:
+    job = await queue.enqueue("t", {})
+    assert job
+    async with await psycopg.AsyncConnection.connect(database_url) as c:  # not autocommit
+        [got] = await queue.claim("t", 1, conn=c)
+        assert got.id == job.id
+        await c.rollback()
+    again = await queue.get_job(job.id)
+    assert again is not None and again.status == "pending" and again.attempts == 0

@@ -8,7 +8,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -465,9 +465,11 @@ class Queue(QueueSettings):
         async with self.connection(conn) as c:
             cur = c.cursor(row_factory=dict_row)
             while True:
-                # One transaction (a savepoint inside the caller's), pipelined: the
-                # settings and the claim travel in one round trip.
-                async with c.transaction(), c.pipeline():
+                # Settings and claim in one transaction, pipelined into one round trip:
+                # our own on an autocommit connection; otherwise the caller's (psycopg
+                # opens it if needed and the caller commits, as for every `conn=` call).
+                tx = c.transaction() if c.autocommit else nullcontext()
+                async with tx, c.pipeline():
                     await c.execute(self.sql("claim_settings"), prepare=True)
                     await cur.execute(self.claim_sql(),
                                       {**params, "probe_groups": groups, "probe_per": per},
