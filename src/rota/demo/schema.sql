@@ -1,0 +1,64 @@
+-- The example application's own tables (the post's product), in the app's own schema.
+-- The campaign_groups view is the one source of truth rota's claim
+-- reads plan and pause state from: no copy of a plan lives in rota's tables.
+
+CREATE SCHEMA IF NOT EXISTS {app};
+
+CREATE TABLE IF NOT EXISTS {app}.users (
+    id         text PRIMARY KEY,
+    email      text NOT NULL UNIQUE,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- A user without a row here is on the lowest plan (Free), as in the post.
+CREATE TABLE IF NOT EXISTS {app}.subscriptions (
+    user_id text PRIMARY KEY REFERENCES {app}.users (id) ON DELETE CASCADE,
+    plan    text NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS {app}.campaigns (
+    id         uuid PRIMARY KEY,
+    user_id    text REFERENCES {app}.users (id) ON DELETE CASCADE,
+    brand_url  text NOT NULL,
+    status     text NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'paused')),
+    brief      jsonb,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE OR REPLACE VIEW {app}.campaign_groups AS
+SELECT c.id::text AS group_id,
+       c.user_id AS owner_id,
+       CASE WHEN c.user_id IS NULL THEN NULL ELSE coalesce(s.plan, 'free') END AS plan,
+       c.status = 'active' AS active
+FROM {app}.campaigns c
+LEFT JOIN {app}.subscriptions s ON s.user_id = c.user_id;
+
+-- One row per creator found for a campaign, filled in stage by stage.
+CREATE TABLE IF NOT EXISTS {app}.creators (
+    campaign_id      uuid NOT NULL REFERENCES {app}.campaigns (id) ON DELETE CASCADE,
+    channel_id       text NOT NULL,
+    title            text,
+    channel          jsonb,        -- enrich: channels.list data
+    score            integer,      -- score: fit 0-100
+    comments_summary text,         -- comments: what the audience says
+    rationale        text,         -- rationale: why this creator fits
+    contact          jsonb,        -- contacts: email / links found
+    draft            text,         -- draft: the first message
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (campaign_id, channel_id)
+);
+
+-- Plan credits: a draft spends one, a draft that gives up refunds it. A job spends at most
+-- once per give-up cycle: it pays again only after its spend was refunded (a retried
+-- draft pays again), and each spend is refunded at most once (refund_of is unique).
+CREATE TABLE IF NOT EXISTS {app}.credit_ledger (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id    text NOT NULL,
+    job_id     bigint NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('spend', 'refund')),
+    amount     integer NOT NULL,
+    refund_of  bigint UNIQUE REFERENCES {app}.credit_ledger (id),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    CHECK ((kind = 'refund') = (refund_of IS NOT NULL))
+);
+CREATE INDEX IF NOT EXISTS credit_ledger_job_idx ON {app}.credit_ledger (job_id);

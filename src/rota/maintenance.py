@@ -1,0 +1,199 @@
+"""Maintenance: the housekeeping a queue needs, every task in one shape.
+
+Each task is an object built with validated settings (bad settings raise at
+construction, not at 3 a.m.) whose ``run_once()`` does one pass and returns counters
+(``{"failed": 2}``). :class:`Maintenance` runs them all and prefixes each counter with
+its task's name; :func:`maintain` is the one-call form the CLI and the worker use, and
+``Pipeline.run(maintenance=...)`` puts the counters in that run's summary.
+
+Tasks:
+- :class:`StuckJobs`: running jobs whose lock is stale on their last attempt are failed,
+  and their give-up hooks (and any still owed) run (DESIGN rules 9 and 10).
+- :class:`KilledRuns`: runs silent for longer than the platform timeout are marked
+  ended with stop reason ``error`` and error ``killed``.
+- :class:`PruneDoneJobs`: done jobs older than the retention period are deleted (never
+  inside the served window, which the fair claim still counts), and quota usage of
+  periods older than it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Protocol
+
+from .errors import ConfigError, InvalidInput
+from .job import require_duration
+from .queue import Queue
+from .runner import DEFAULT_PLATFORM_TIMEOUT
+
+DEFAULT_RETENTION = timedelta(days=7)
+
+
+class Task(Protocol):
+    """The shape every maintenance task has."""
+
+    name: str
+
+    async def run_once(self) -> dict[str, int]:
+        """Do one pass; return counters of what it did."""
+        ...
+
+
+class StuckJobs:
+    """Fail stuck jobs and run owed give-up hooks (DESIGN rules 9 and 10).
+
+    A job ``running`` with a lock older than ``queue.stale_after`` and no attempts left
+    will never be reclaimed: it is failed (error text says so) and its type's give-up
+    hook runs exactly once. Hooks still owed from earlier give-ups (a process died
+    between the give-up and its hook) run too, for the types this process registered.
+
+    Counters: ``failed`` (jobs failed now; their hooks run with them), ``hooks_run``
+    (hooks that were owed from earlier give-ups and ran now).
+    """
+
+    name = "stuck_jobs"
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = _check_queue(queue)
+
+    async def run_once(self) -> dict[str, int]:
+        owed = 0
+        while ran := await self.queue.run_give_up_hooks():  # 1,000 at a time
+            owed += ran
+        stuck = await self.queue.fail_stuck_jobs()
+        return {"failed": len(stuck), "hooks_run": owed}
+
+
+class KilledRuns:
+    """Mark runs that were killed.
+
+    A run saves its progress after every batch and every heartbeat; a run whose row is
+    unfinished and has been silent for longer than ``platform_timeout`` cannot be alive
+    (the platform would have killed it), so it is marked finished with stop reason
+    ``error`` and error ``killed``. Should it turn out alive after all, its own end
+    overwrites the mark.
+
+    Args:
+        queue: the queue.
+        platform_timeout: the pipeline's platform timeout (default 300 s).
+
+    Counters: ``marked``.
+    """
+
+    name = "killed_runs"
+
+    def __init__(self, queue: Queue, *,
+                 platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT) -> None:
+        self.queue = _check_queue(queue)
+        self.platform_timeout = require_duration(platform_timeout, "platform_timeout")
+
+    async def run_once(self) -> dict[str, int]:
+        q = self.queue
+        async with q.connection() as c:
+            cur = await c.execute(q.sql("killed_runs"), {
+                "platform_timeout": self.platform_timeout, "offset": q.clock_offset})
+            return {"marked": len(await cur.fetchall())}
+
+
+class PruneDoneJobs:
+    """Delete done jobs finished longer ago than ``retention`` (DESIGN: bounded table),
+    in batches of ``batch_size`` (each its own short transaction), and quota usage rows
+    of periods that began before it. Pending, running and failed jobs are never pruned.
+
+    Args:
+        queue: the queue.
+        retention: how long done jobs are kept (default 7 days); at least
+            ``queue.served_window``, since the fair claim counts done jobs in it.
+        batch_size: jobs deleted per statement, > 0.
+
+    Raises:
+        ConfigError: ``retention`` shorter than the queue's served window.
+
+    Counters: ``jobs_deleted``, ``quota_rows_deleted``.
+    """
+
+    name = "prune"
+
+    def __init__(self, queue: Queue, *, retention: timedelta = DEFAULT_RETENTION,
+                 batch_size: int = 10_000) -> None:
+        self.queue = _check_queue(queue)
+        self.retention = require_duration(retention, "retention")
+        if self.retention < queue.served_window:
+            raise ConfigError(
+                f"retention ({self.retention}) must not be shorter than the served window "
+                f"({queue.served_window}): the fair claim still counts those done jobs")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise InvalidInput(f"batch_size must be an int >= 1, got {batch_size!r}")
+        self.batch_size = batch_size
+
+    async def run_once(self) -> dict[str, int]:
+        q = self.queue
+        params = {"retention": self.retention, "offset": q.clock_offset}
+        deleted = 0
+        while True:
+            async with q.connection() as c:
+                cur = await c.execute(q.sql("prune_done"),
+                                      {**params, "batch_size": self.batch_size})
+            deleted += cur.rowcount
+            if cur.rowcount < self.batch_size:
+                break
+        async with q.connection() as c:
+            cur = await c.execute(q.sql("prune_quota_usage"), params)
+        return {"jobs_deleted": deleted, "quota_rows_deleted": cur.rowcount}
+
+
+class Maintenance:
+    """All maintenance tasks of a queue, run in order: stuck jobs, killed runs, prune.
+
+    Args:
+        queue: the queue (its registered give-up hooks run for stuck jobs).
+        platform_timeout: see :class:`KilledRuns` (default 300 s).
+        retention: see :class:`PruneDoneJobs` (default 7 days).
+        prune_batch_size: see :class:`PruneDoneJobs`.
+
+    Raises:
+        ConfigError, InvalidInput: a task's settings are invalid.
+    """
+
+    def __init__(self, queue: Queue, *,
+                 platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT,
+                 retention: timedelta = DEFAULT_RETENTION,
+                 prune_batch_size: int = 10_000) -> None:
+        self.tasks: tuple[Task, ...] = (
+            StuckJobs(queue),
+            KilledRuns(queue, platform_timeout=platform_timeout),
+            PruneDoneJobs(queue, retention=retention, batch_size=prune_batch_size),
+        )
+
+    async def run_once(self) -> dict[str, int]:
+        """Run every task once.
+
+        Returns:
+            Counters as ``"TASK.COUNTER"``: ``stuck_jobs.failed``,
+            ``stuck_jobs.hooks_run``, ``killed_runs.marked``, ``prune.jobs_deleted``,
+            ``prune.quota_rows_deleted``.
+        """
+        out: dict[str, int] = {}
+        for task in self.tasks:
+            for key, value in (await task.run_once()).items():
+                out[f"{task.name}.{key}"] = value
+        return out
+
+
+async def maintain(queue: Queue, *,
+                   platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT,
+                   retention: timedelta = DEFAULT_RETENTION) -> dict[str, int]:
+    """Run all maintenance once (``rota maintain``, and daily in the worker); see
+    :class:`Maintenance` for the arguments, errors and counters."""
+    return await Maintenance(queue, platform_timeout=platform_timeout,
+                             retention=retention).run_once()
+
+
+def _check_queue(queue: object) -> Queue:
+    if not isinstance(queue, Queue):
+        raise InvalidInput("maintenance needs a rota.Queue")
+    return queue
+
+
+__all__ = ["DEFAULT_RETENTION", "KilledRuns", "Maintenance", "PruneDoneJobs", "StuckJobs",
+           "Task", "maintain"]

@@ -1,0 +1,12 @@
+-- `rota jobs cancel ID`: a pending job ends failed with last_error 'cancelled'. It has
+-- given up like any failed job, so its give-up hook becomes owed (exactly once, DESIGN
+-- rule 10). Guard: only a pending job; a running one belongs to the run that claimed it.
+UPDATE {schema}.jobs
+SET status = 'failed',
+    finished_at = now() + %(offset)s::interval,
+    last_error = 'cancelled',
+    give_up_pending = true,
+    locked_at = NULL,
+    claim_token = NULL
+WHERE id = %(id)s AND status = 'pending'
+RETURNING *

@@ -1,0 +1,17 @@
+-- A live run refreshes locked_at of the jobs it holds, well inside the stale window, so
+-- only a dead run's jobs ever look stale ("the stale window is safe by construction").
+-- Fenced by the claim: a job this run lost is not touched. Rows locked in id order.
+WITH held AS (
+    SELECT j.id
+    FROM {schema}.jobs j
+    JOIN unnest(%(ids)s::bigint[], %(claim_tokens)s::uuid[]) AS t(id, claim_token)
+      ON t.id = j.id AND t.claim_token = j.claim_token
+    WHERE j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE {schema}.jobs AS u
+SET locked_at = now() + %(offset)s::interval
+FROM held
+WHERE u.id = held.id
+RETURNING u.id

@@ -1,0 +1,15 @@
+-- Bounded table: delete one batch of done jobs finished before the retention cutoff
+-- (never inside the served window, which the fair claim still counts). Batches keep
+-- each transaction short; id order and SKIP LOCKED keep it out of claimers' way.
+WITH old AS (
+    SELECT id
+    FROM {schema}.jobs
+    WHERE status = 'done'
+      AND finished_at < now() + %(offset)s::interval - %(retention)s::interval
+    ORDER BY id
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.jobs AS d
+USING old
+WHERE d.id = old.id

@@ -1,0 +1,240 @@
+"""The cron endpoint (DESIGN "Ways to run it"): ``GET /api/cron`` runs the pipeline once
+within its time budget, for a platform scheduler (Vercel Cron, Cloud Scheduler, a
+Kubernetes CronJob with curl) that calls a URL on a schedule.
+
+Only a request with ``Authorization: Bearer <CRON_SECRET>`` runs anything. The secret is
+compared in constant time; with no secret configured every request is refused, so a
+deployment that forgot to set it is closed, not open. The secret is never logged or
+echoed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any, Literal, Protocol, TypeAlias
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .errors import InvalidInput
+from .job import require_duration
+
+log = logging.getLogger("rota.web")
+
+Trigger: TypeAlias = Literal["cron", "cli", "worker", "manual"]
+
+#: Stop reasons that are not incidents (DESIGN "The runner"); only ``error`` is one.
+HEALTHY_STOP_REASONS = frozenset({"no_work", "time_budget", "quota_reserve", "quota_exhausted"})
+
+# Tokens that a misconfigured client sends when its secret variable is unset
+# (JavaScript's `${undefined}`, a JSON null): they never authenticate, and a configured
+# secret equal to one of them counts as no secret at all.
+_PLACEHOLDER_SECRETS = frozenset({"", "undefined", "null", "none"})
+
+_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+class RunOutcome(Protocol):
+    """What a run reports (``rota.runner.RunResult`` has these fields)."""
+
+    @property
+    def run_id(self) -> Any: ...
+    @property
+    def stop_reason(self) -> str: ...
+    @property
+    def jobs_done(self) -> int: ...
+    @property
+    def jobs_failed(self) -> int: ...
+    @property
+    def jobs_deferred(self) -> int: ...
+    @property
+    def quota_units(self) -> int: ...
+    @property
+    def summary(self) -> Mapping[str, Any]: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+class RunnablePipeline(Protocol):
+    """The part of ``rota.runner.Pipeline`` the endpoint, the worker and the CLI use."""
+
+    async def run(self, *, trigger: Trigger, time_budget: timedelta) -> Any: ...
+
+
+#: A pipeline, or a zero-argument callable that returns one (or an awaitable of one);
+#: a factory is called once per request, so each run gets a fresh pipeline object.
+PipelineSource: TypeAlias = (
+    "RunnablePipeline | Callable[[], RunnablePipeline | Awaitable[RunnablePipeline]]"
+)
+
+
+async def resolve_pipeline(source: Any) -> Any:
+    """Return the pipeline a :data:`PipelineSource` stands for.
+
+    Anything with a ``run`` method is the pipeline itself; any other callable is a factory
+    and is called (and awaited when it returns an awaitable).
+
+    Raises:
+        InvalidInput: ``source`` is neither, or the factory returned no pipeline.
+    """
+    if callable(getattr(source, "run", None)):
+        return source
+    if not callable(source):
+        raise InvalidInput(
+            f"expected a pipeline (an object with a run method) or a factory of one, "
+            f"got {type(source).__name__}"
+        )
+    made = source()
+    if inspect.isawaitable(made):
+        made = await made
+    if not callable(getattr(made, "run", None)):
+        raise InvalidInput(
+            f"the pipeline factory returned {type(made).__name__}, not a pipeline"
+        )
+    return made
+
+
+def usable_secret(secret: str | None) -> str | None:
+    """The configured secret with surrounding whitespace removed, or ``None`` when it is
+    unset, blank or a placeholder (``undefined``, ``null``, ``none``), which would let a
+    misconfigured client in."""
+    if secret is None:
+        return None
+    cleaned = secret.strip()
+    return None if cleaned.lower() in _PLACEHOLDER_SECRETS else cleaned
+
+
+def bearer_matches(authorization: str | None, secret: str | None) -> bool:
+    """Whether an ``Authorization`` header value carries exactly ``Bearer <secret>``.
+
+    The scheme is matched case-insensitively (RFC 7235); the token is compared with
+    :func:`hmac.compare_digest` on UTF-8 bytes, so the time taken does not depend on how
+    much of the token was right. No secret, a blank token and the placeholder tokens
+    ``undefined``/``null``/``none`` never match.
+    """
+    expected = usable_secret(secret)
+    if expected is None or not authorization:
+        return False
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or token.lower() in _PLACEHOLDER_SECRETS:
+        return False
+    return hmac.compare_digest(token.encode("utf-8"), expected.encode("utf-8"))
+
+
+def result_json(result: Any) -> dict[str, Any]:
+    """The endpoint's JSON for a run result: ``runId`` (text), ``stopReason``,
+    ``jobsDone``, ``jobsFailed``, ``units`` (quota units spent)."""
+    return {
+        "runId": str(result.run_id),
+        "stopReason": result.stop_reason,
+        "jobsDone": result.jobs_done,
+        "jobsFailed": result.jobs_failed,
+        "units": result.quota_units,
+    }
+
+
+def cron_app(
+    pipeline: PipelineSource,
+    *,
+    secret: str | None,
+    time_budget: timedelta = timedelta(seconds=220),
+    queue: Any = None,
+) -> Starlette:
+    """Build the cron endpoint's ASGI app.
+
+    Routes:
+        ``GET /api/cron``: with ``Authorization: Bearer <secret>``, runs the pipeline once
+        (trigger ``"cron"``) within ``time_budget`` and answers 200 with
+        ``{"runId", "stopReason", "jobsDone", "jobsFailed", "units"}``; when the run
+        stopped with ``error`` (an incident) the same JSON comes with status 500, so the
+        scheduler's dashboard shows it; when the run could not start (database down)
+        503 ``{"error": ...}`` naming the exception type only. Without the right secret,
+        401 ``{"error": "unauthorized"}``; any other method, 405.
+        ``GET /healthz``: 200 ``{"status": "ok"}`` (the process is up; no database call).
+
+    Args:
+        pipeline: a pipeline (anything with ``async run(*, trigger, time_budget)``
+            returning a ``RunResult``) or a zero-argument factory of one, called per
+            request (see :data:`PipelineSource`).
+        secret: the shared secret (``CRON_SECRET``). ``None``, blank or a placeholder
+            such as ``"undefined"`` refuses every request.
+        time_budget: how long one run may claim new work; keep it below the platform's
+            timeout (default 220 s of 300 s).
+        queue: an object with ``async close()`` (the ``rota.Queue`` the pipeline uses)
+            that the app closes at shutdown, for ``rota serve``; ``None`` when the caller
+            manages it.
+
+    Raises:
+        InvalidInput: ``time_budget`` is not a positive ``timedelta``.
+    """
+    budget = require_duration(time_budget, "time_budget")
+    configured = usable_secret(secret)
+    if configured is None:
+        log.warning("no usable cron secret is configured: /api/cron refuses every request")
+
+    async def cron(request: Request) -> Response:
+        if request.method != "GET":
+            return JSONResponse({"error": "method not allowed"}, status_code=405,
+                                headers={"Allow": "GET"})
+        if not bearer_matches(request.headers.get("authorization"), configured):
+            log.info("cron request refused: missing or wrong bearer token")
+            return JSONResponse({"error": "unauthorized"}, status_code=401,
+                                headers={"WWW-Authenticate": 'Bearer realm="rota"'})
+        try:
+            runner = await resolve_pipeline(pipeline)
+            result = await runner.run(trigger="cron", time_budget=budget)
+        except Exception as exc:
+            log.exception("cron run could not run")
+            return JSONResponse({"error": f"run failed: {type(exc).__name__}"},
+                                status_code=503)
+        body = result_json(result)
+        healthy = result.stop_reason in HEALTHY_STOP_REASONS
+        log.info("cron run %s stopped %s: %s done, %s failed", body["runId"],
+                 body["stopReason"], body["jobsDone"], body["jobsFailed"])
+        return JSONResponse(body, status_code=200 if healthy else 500)
+
+    async def healthz(request: Request) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            return JSONResponse({"error": "method not allowed"}, status_code=405,
+                                headers={"Allow": "GET, HEAD"})
+        return JSONResponse({"status": "ok"})
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if queue is not None:
+                await queue.close()
+
+    return Starlette(
+        routes=[
+            # Every method is routed here so that HEAD (which Starlette would otherwise
+            # serve through GET, running the pipeline) and the rest get a plain 405.
+            Route("/api/cron", cron, methods=_ALL_METHODS),
+            Route("/healthz", healthz, methods=_ALL_METHODS),
+        ],
+        lifespan=lifespan,
+    )
+
+
+__all__ = [
+    "HEALTHY_STOP_REASONS",
+    "PipelineSource",
+    "RunOutcome",
+    "RunnablePipeline",
+    "Trigger",
+    "bearer_matches",
+    "cron_app",
+    "resolve_pipeline",
+    "result_json",
+    "usable_secret",
+]

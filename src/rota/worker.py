@@ -1,0 +1,319 @@
+"""A long-running worker (DESIGN "Ways to run it"): runs the pipeline back to back while
+there is work, sleeps until the next job is due, and wakes within a second when a job is
+enqueued.
+
+Waking has two paths, so neither is a single point of failure:
+
+* LISTEN/NOTIFY: migration 003 makes every INSERT into ``jobs`` notify a channel named
+  exactly like the queue's schema; the worker keeps one connection listening on it and
+  reconnects (with backoff) when it drops, for example across a database restart.
+* Polling: the worker never sleeps longer than ``idle_poll`` without asking the database
+  when the next job is due, which also catches what no INSERT announces (a job retried by
+  UPDATE, a stale lock becoming reclaimable, a group unpaused, a notification missed
+  while the listening connection was down).
+
+Each wake-up asks the database first (``sql/next_due.sql``) and only starts a run when
+something is due, so an idle worker writes no ``runs`` rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import sql
+
+from .errors import InvalidInput
+from .job import require_duration
+from .queue import Queue
+from .web import PipelineSource, resolve_pipeline
+
+log = logging.getLogger("rota.worker")
+
+
+
+class Maintainer(Protocol):
+    """The maintenance shape (``rota.Maintenance``): one pass, counters back."""
+
+    async def run_once(self) -> dict[str, int]: ...
+
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+class Worker:
+    """Run a pipeline until told to stop.
+
+    Args:
+        pipeline: a pipeline (``async run(*, trigger, time_budget)``, and normally a
+            ``queue`` attribute and ``stages`` with a ``type`` each) or a zero-argument
+            factory of one, resolved once when :meth:`run_forever` starts.
+        queue: the queue to listen on and to ask when the next job is due; default the
+            pipeline's ``queue`` attribute.
+        idle_poll: the longest sleep without asking the database (the polling fallback).
+        time_budget: each run's budget; a worker's runs end at it and the next one starts
+            at once, so ``runs`` rows stay bounded in time.
+        maintenance: an object with ``async run_once() -> dict[str, int]``; default
+            ``rota.Maintenance(queue, platform_timeout=pipeline.platform_timeout)`` (stuck
+            jobs, killed runs, pruning). Runs when the worker starts and then every
+            ``maintain_every``, as the start of a run so its counters land in the run's
+            summary; ``maintain_every=None`` turns it off.
+        reconnect_delay: first wait before reconnecting the listening connection; it
+            doubles on each failure up to ``idle_poll``.
+        keepalive: how long the listening connection may stay silent before the worker
+            checks it with ``SELECT 1`` (a dropped network shows up there).
+        on_run: called with each run's result (for the CLI's log line).
+
+    Raises:
+        InvalidInput: a duration is not a positive ``timedelta``.
+    """
+
+    def __init__(
+        self,
+        pipeline: PipelineSource,
+        *,
+        queue: Queue | None = None,
+        idle_poll: timedelta = timedelta(seconds=5),
+        time_budget: timedelta = timedelta(seconds=220),
+        maintenance: Maintainer | None = None,
+        maintain_every: timedelta | None = timedelta(days=1),
+        reconnect_delay: timedelta = timedelta(seconds=0.5),
+        keepalive: timedelta = timedelta(seconds=30),
+        on_run: Callable[[Any], None] | None = None,
+    ) -> None:
+        self._source = pipeline
+        self._queue = queue
+        self.idle_poll = require_duration(idle_poll, "idle_poll")
+        self.time_budget = require_duration(time_budget, "time_budget")
+        self.maintain_every = (
+            None if maintain_every is None else require_duration(maintain_every, "maintain_every")
+        )
+        self.reconnect_delay = require_duration(reconnect_delay, "reconnect_delay")
+        self.keepalive = require_duration(keepalive, "keepalive")
+        self._maintenance = maintenance
+        self._on_run = on_run
+        self._wake = asyncio.Event()
+        #: Set while the listening connection is up and LISTENing (for tests and health).
+        self.listening = asyncio.Event()
+        #: The listening connection's server process id, while it is up.
+        self.listen_pid: int | None = None
+        self.runs = 0
+        self.last_result: Any = None
+        self.last_maintenance: Mapping[str, int] | None = None
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def run_forever(self, stop_event: asyncio.Event) -> None:
+        """Run until ``stop_event`` is set, then return.
+
+        A run in progress when the event is set finishes first (within its time budget:
+        no new batch after it, unstarted jobs deferred back); an idle worker returns at
+        once. Database errors are logged and retried with a backoff (from
+        ``reconnect_delay``, doubling up to ``idle_poll``); they never end the loop.
+
+        Raises:
+            InvalidInput: the pipeline has no queue and none was given.
+        """
+        pipeline = await resolve_pipeline(self._source)
+        queue = self._queue if self._queue is not None else getattr(pipeline, "queue", None)
+        if not isinstance(queue, Queue):
+            raise InvalidInput("Worker needs a rota.Queue: pass queue= or give the pipeline one")
+        types = _stage_types(pipeline)
+        listener = asyncio.create_task(self._listen(queue, stop_event), name="rota-listen")
+        next_maintenance = time.monotonic()
+        maintainer = (None if self.maintain_every is None
+                      else self._maintainer(pipeline, queue))
+        backoff = self.reconnect_delay.total_seconds()
+        try:
+            while not stop_event.is_set():
+                if maintainer is not None and time.monotonic() >= next_maintenance:
+                    next_maintenance = time.monotonic() + await self._maintain(
+                        pipeline, maintainer)
+                # Cleared before asking, so an enqueue committed after the question was
+                # asked still wakes the wait below.
+                self._wake.clear()
+                try:
+                    due_in = await self._next_due(queue, types)
+                except (psycopg.Error, OSError, TimeoutError) as exc:
+                    log.warning("cannot reach the database (%s); retrying in %.1fs",
+                                first_line(exc), backoff)
+                    due_in, outcome = None, "error"
+                else:
+                    outcome = "idle"
+                    if due_in is not None and due_in <= 0:
+                        outcome = await self._run_once(pipeline)
+                        if outcome == "progress":
+                            backoff = self.reconnect_delay.total_seconds()
+                            continue
+                if outcome == "error":
+                    # The database is down or the run broke: back off (doubling up to
+                    # idle_poll); the listener reconnecting (the database is back) or a
+                    # new job wakes us sooner.
+                    await _wait_any(stop_event, self._wake, backoff)
+                    backoff = min(backoff * 2, self.idle_poll.total_seconds())
+                    continue
+                backoff = self.reconnect_delay.total_seconds()
+                # Idle, or due work the run could not touch (its stage is blocked by a
+                # quota reserve, say): sleep until the next job is due, at most idle_poll.
+                timeout = self.idle_poll.total_seconds()
+                if due_in is not None and due_in > 0:
+                    timeout = min(timeout, due_in)
+                await _wait_any(stop_event, self._wake, timeout)
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+
+    async def _run_once(self, pipeline: Any) -> str:
+        """One run. Returns ``"progress"`` when it touched jobs (or ran out of budget:
+        there is more), ``"stalled"`` when it touched none, ``"error"`` when it raised or
+        stopped with ``error``."""
+        try:
+            result = await pipeline.run(trigger="worker", time_budget=self.time_budget)
+        except Exception as exc:
+            log.error("run failed: %s", first_line(exc))
+            return "error"
+        self._record(result)
+        if result.stop_reason == "error":
+            log.error("run %s stopped with error: %s", result.run_id, result.error)
+            return "error"
+        touched = result.jobs_done + result.jobs_failed + result.jobs_deferred
+        return "progress" if touched or result.stop_reason == "time_budget" else "stalled"
+
+    async def _next_due(self, queue: Queue, types: Sequence[str] | None) -> float | None:
+        async with queue.connection() as conn:
+            cur = await conn.execute(queue.sql("next_due"), {
+                "types": list(types) if types is not None else None,
+                "offset": queue.clock_offset,
+                "stale_after": queue.stale_after,
+            })
+            row = await cur.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def _maintainer(self, pipeline: Any, queue: Queue) -> Maintainer:
+        if self._maintenance is not None:
+            return self._maintenance
+        from .maintenance import Maintenance
+        from .runner import DEFAULT_PLATFORM_TIMEOUT
+
+        return Maintenance(queue, platform_timeout=getattr(
+            pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
+
+    async def _maintain(self, pipeline: Any, maintainer: Maintainer) -> float:
+        """Run maintenance; returns seconds until the next time (sooner after a failure).
+
+        When the pipeline's ``run`` takes ``maintenance``, maintenance runs as the start
+        of a run, so its counters land in that run's summary (``maintenance.*``);
+        otherwise it runs on its own and its counters are logged."""
+        assert self.maintain_every is not None
+        every = self.maintain_every.total_seconds()
+        try:
+            if "maintenance" in inspect.signature(pipeline.run).parameters:
+                result = await pipeline.run(trigger="worker", time_budget=self.time_budget,
+                                            maintenance=maintainer)
+                self._record(result)
+                if result.stop_reason == "error":
+                    raise RuntimeError(result.error or "the maintenance run ended in error")
+                summary = result.summary or {}
+                counters = {k.removeprefix("maintenance."): int(v)
+                            for k, v in summary.items() if k.startswith("maintenance.")}
+            else:
+                counters = await maintainer.run_once()
+        except Exception as exc:
+            log.error("maintenance failed: %s; retrying in a minute", first_line(exc))
+            return min(every, 60.0)
+        self.last_maintenance = counters
+        log.info("maintenance: %s", ", ".join(f"{k}={v}" for k, v in counters.items()) or "-")
+        return every
+
+    def _record(self, result: Any) -> None:
+        self.runs += 1
+        self.last_result = result
+        if self._on_run is not None:
+            self._on_run(result)
+
+    # -- waking ------------------------------------------------------------------------
+
+    async def _listen(self, queue: Queue, stop_event: asyncio.Event) -> None:
+        """Keep one connection LISTENing on the schema's channel; set the wake event on
+        each notification and after each (re)connect, since notifications sent while it
+        was down are lost."""
+        delay = self.reconnect_delay.total_seconds()
+        channel = sql.SQL("LISTEN {}").format(sql.Identifier(queue.schema))
+        while not stop_event.is_set():
+            try:
+                conninfo, kwargs = await _connect_args(queue)
+                conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+                async with conn:
+                    await conn.execute(channel)
+                    self.listen_pid = conn.info.backend_pid
+                    self.listening.set()
+                    self._wake.set()
+                    delay = self.reconnect_delay.total_seconds()
+                    while True:
+                        async for _ in conn.notifies(timeout=self.keepalive.total_seconds()):
+                            self._wake.set()
+                        await conn.execute("SELECT 1")
+            except (psycopg.Error, OSError) as exc:
+                log.warning("listening connection lost (%s); reconnecting in %.1fs",
+                            first_line(exc), delay)
+            finally:
+                self.listening.clear()
+                self.listen_pid = None
+            await _wait_any(stop_event, None, delay)
+            delay = min(delay * 2, self.idle_poll.total_seconds())
+
+
+async def _connect_args(queue: Queue) -> tuple[str, dict[str, Any]]:
+    """The queue pool's conninfo and connection arguments (either may be given to the
+    pool as a callable, sync or async), with autocommit on for LISTEN."""
+    pool = queue.pool
+    conninfo: Any = pool.conninfo
+    kwargs: Any = pool.kwargs
+    if callable(conninfo):
+        conninfo = conninfo()
+        if inspect.isawaitable(conninfo):
+            conninfo = await conninfo
+    if callable(kwargs):
+        kwargs = kwargs()
+        if inspect.isawaitable(kwargs):
+            kwargs = await kwargs
+    return str(conninfo), {**(kwargs or {}), "autocommit": True}
+
+
+def _stage_types(pipeline: Any) -> list[str] | None:
+    """The job types the pipeline's stages run, or ``None`` (all types) when it does not
+    say."""
+    stages = getattr(pipeline, "stages", None)
+    if not stages:
+        return None
+    types = [getattr(s, "type", None) for s in stages]
+    return [t for t in types if isinstance(t, str)] or None
+
+
+async def _wait_any(stop: asyncio.Event, wake: asyncio.Event | None, seconds: float) -> None:
+    """Sleep up to ``seconds``, returning early when ``stop`` or ``wake`` is set."""
+    if stop.is_set() or (wake is not None and wake.is_set()):
+        return
+    waiters = [asyncio.ensure_future(stop.wait())]
+    if wake is not None:
+        waiters.append(asyncio.ensure_future(wake.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=max(seconds, 0.0),
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+
+
+__all__ = ["Worker", "first_line"]

@@ -1,0 +1,43 @@
+"""A small app for the CLI, server and worker tests (``--app tests.cli_app:build_pipeline``):
+``echo`` completes and counts, ``boom`` fails at once (one attempt)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rota import JobContext, Pipeline, Plan, Plans, Queue, Stage
+
+TEST_PLANS = Plans([
+    Plan("free", "Free", 0, "Standard", {"searches_per_day": 5}),
+    Plan("team", "Team", 1, "Ahead of Free", {"searches_per_day": 50}),
+    Plan("pro", "Pro", 2, "First", {"searches_per_day": 500, "draft_credits": 100}),
+])
+
+
+async def echo(ctx: JobContext) -> None:
+    ctx.count("echoed")
+
+
+async def boom(ctx: JobContext) -> None:
+    raise RuntimeError(f"boom: {ctx.job.payload.get('why', 'no reason')}")
+
+
+async def echo_gave_up(job: Any, conn: Any) -> None:
+    # Written in the give-up transaction, so tests can see that it ran exactly once.
+    await conn.execute("SELECT 1")
+
+
+def build_pipeline(queue: Queue) -> Pipeline:
+    return Pipeline(queue, [
+        Stage("echo", 10, 2, echo, on_give_up=echo_gave_up),
+        Stage("boom", 5, 1, boom, max_attempts=1),
+    ])
+
+
+build_pipeline.queue_settings = {  # type: ignore[attr-defined]
+    "plans": TEST_PLANS, "types": ["echo", "boom"],
+}
+
+
+def not_callable_app() -> None:
+    """Deliberately not a pipeline builder's shape: tests use it for a bad --app."""

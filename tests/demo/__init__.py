@@ -1,0 +1,1 @@
+"""Tests of the example application's external pieces (no database needed)."""

@@ -1,0 +1,462 @@
+"""The `rota` command against a real database: each command, its --json output, and
+one-line errors with exit code 2 for an unreachable database, a malformed URL and bad
+flag values."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from click.testing import CliRunner, Result
+from psycopg import sql
+
+from rota.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = "tests.cli_app:build_pipeline"
+UNREACHABLE = "postgresql://rota@127.0.0.1:1/rota?connect_timeout=5"
+
+
+class Rota:
+    """Runs `rota …` in process with this test's database and schema in the environment."""
+
+    def __init__(self, database_url: str, schema: str) -> None:
+        self.url = database_url
+        self.schema = schema
+        self.env = {"DATABASE_URL": database_url, "ROTA_SCHEMA": schema, "ROTA_APP": None,
+                    "COLUMNS": "250", "FORCE_COLOR": None}
+
+    def __call__(self, *args: str, ok: bool = True, **env: str | None) -> Result:
+        result = CliRunner().invoke(cli, list(args), env={**self.env, **env},
+                                    catch_exceptions=False)
+        if ok:
+            assert result.exit_code == 0, (result.stdout, result.stderr)
+        return result
+
+    def json(self, *args: str, **env: str | None) -> Any:
+        return json.loads(self(*args, "--json", **env).stdout)
+
+    def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            cur = conn.execute(sql.SQL(query).format(s=sql.Identifier(self.schema)), params)
+            return cur.fetchall() if cur.description else []
+
+
+@pytest.fixture
+def rota(database_url: str, schema: str) -> Rota:
+    r = Rota(database_url, schema)
+    r("migrate")
+    return r
+
+
+def one_line_error(result: Result, starts: str) -> None:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(starts), lines[0]
+    assert result.stdout == ""
+
+
+# -- migrate, schema ------------------------------------------------------------------------
+
+
+def test_migrate_applies_once_then_is_up_to_date(database_url: str, schema: str) -> None:
+    r = Rota(database_url, schema)
+    assert r("migrate").stdout == "applied [1, 2, 3]\n"
+    assert r("migrate").stdout == "up to date\n"
+    assert r.json("migrate") == {"applied": []}
+    assert r.sql("SELECT version FROM {s}.rota_migrations ORDER BY 1") == [(1,), (2,), (3,)]
+
+
+def test_schema_prints_the_sql_with_the_notify_trigger(schema: str) -> None:
+    out = CliRunner().invoke(cli, ["schema", "--schema", schema]).stdout
+    assert out.startswith(f'CREATE SCHEMA IF NOT EXISTS "{schema}";')
+    assert f'AFTER INSERT ON "{schema}".jobs' in out
+    assert "-- 003_notify" in out
+
+
+# -- enqueue, jobs ----------------------------------------------------------------------------
+
+
+def test_enqueue_then_list_and_filter_jobs(rota: Rota) -> None:
+    rota.sql("INSERT INTO {s}.groups (group_id, owner_id, plan) VALUES ('g1', 'o1', 'pro')")
+    out = rota("enqueue", "echo", '{"n": 1}').stdout
+    assert out.startswith("enqueued job 1 (echo), due ")
+    assert rota.json("enqueue", "echo", '{"n": 2}', "--group", "g1",
+                     "--dedupe-key", "k") == {"id": 2, "duplicate": False}
+    assert rota.json("enqueue", "echo", '{"n": 3}', "--dedupe-key", "k") == {
+        "id": None, "duplicate": True}
+    assert rota("enqueue", "echo", "{}", "--dedupe-key", "k").stdout == (
+        "not enqueued: an open job already has dedupe key 'k'\n")
+    # A skipped duplicate still uses up an identity value, so the next id is 5.
+    assert rota.json("enqueue", "boom", "[1, 2]", "--run-after",
+                     "2030-01-01T09:00:00Z", "--max-attempts", "5")["id"] == 5
+
+    listed = rota.json("jobs")
+    assert [(j["id"], j["type"], j["group_id"], j["plan"], j["status"], j["attempts"],
+             j["max_attempts"]) for j in listed] == [
+        (5, "boom", None, None, "pending", 0, 5),
+        (2, "echo", "g1", "pro", "pending", 0, 3),
+        (1, "echo", None, None, "pending", 0, 3),
+    ]
+    assert listed[0]["run_after"] == "2030-01-01T09:00:00+00:00"
+    assert [j["id"] for j in rota.json("jobs", "--type", "echo")] == [2, 1]
+    assert [j["id"] for j in rota.json("jobs", "--group", "g1")] == [2]
+    assert [j["id"] for j in rota.json("jobs", "--limit", "1")] == [5]
+    assert rota.json("jobs", "--status", "done") == []
+
+    table = rota("jobs").stdout
+    assert "jobs (3 shown)" in table and "2030-01-01 09:00:00" in table
+    assert "│ g1    │ Pro  │ pending │ 0/3 " in table
+
+
+@pytest.mark.parametrize("args, message", [
+    (["enqueue", "echo", "{not json"], "Invalid value for 'PAYLOAD_JSON': not valid JSON"),
+    (["enqueue", "echo", "{}", "--run-after", "2030-01-01T09:00:00"], "has no time zone"),
+    (["enqueue", "echo", "{}", "--run-after", "tomorrow"], "is not an ISO 8601 time"),
+    (["enqueue", "echo", "{}", "--max-attempts", "0"], "Invalid value for '--max-attempts'"),
+    (["jobs", "--status", "lost"], "Invalid value for '--status'"),
+    (["jobs", "--limit", "0"], "Invalid value for '--limit'"),
+    (["jobs", "retry", "abc"], "Invalid value for 'ID'"),
+    (["run", "--app", APP, "--budget", "0"], "Invalid value for '--budget'"),
+    (["worker", "--app", APP, "--idle-poll", "-1"], "Invalid value for '--idle-poll'"),
+    (["serve", "--app", APP, "--port", "70000"], "Invalid value for '--port'"),
+])
+def test_bad_flag_values_exit_2(rota: Rota, args: list[str], message: str) -> None:
+    result = rota(*args, ok=False)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert rota.sql("SELECT count(*) FROM {s}.jobs") == [(0,)]
+
+
+@pytest.mark.parametrize("args, starts", [
+    (["enqueue", "echo", "{}", "--group", "nope"], "error: unknown group 'nope'"),
+    (["enqueue", "echo", '{"x": NaN}'], "error: payload['x'] is nan"),
+    (["enqueue", "other", "{}", "--app", APP], "error: unknown job type 'other'"),
+    (["run"], "error: no app: pass --app module:attribute or set ROTA_APP"),
+    (["run", "--app", "tests.cli_app"], "error: app 'tests.cli_app' must look like"),
+    (["run", "--app", "tests.nope:build"], "error: cannot import app module 'tests.nope'"),
+    (["run", "--app", "tests.cli_app:nope"], "error: app module 'tests.cli_app' has no"),
+    (["run", "--app", "tests.cli_app:TEST_PLANS"], "error: app 'tests.cli_app:TEST_PLANS' is"),
+])
+def test_bad_input_is_one_line_and_exit_2(rota: Rota, args: list[str], starts: str) -> None:
+    one_line_error(rota(*args, ok=False), starts)
+
+
+def test_jobs_failed_shows_last_errors_and_retry_puts_them_back(rota: Rota) -> None:
+    rota("enqueue", "boom", '{"why": "no disk"}', "--app", APP)
+    rota("enqueue", "echo", "{}", "--app", APP)
+    assert rota.json("run", "--app", APP, "--budget", "10")["jobsFailed"] == 1
+    failed = rota.json("jobs", "failed")
+    # boom has no give-up hook, so its give-up stays owed.
+    assert [(j["id"], j["status"], j["attempts"], j["last_error"], j["give_up_pending"])
+            for j in failed] == [(1, "failed", 1, "RuntimeError: boom: no disk", True)]
+    assert "RuntimeError: boom: no disk" in rota("jobs", "failed").stdout
+    assert rota.json("jobs", "failed", "--type", "echo") == []
+
+    assert rota("jobs", "retry", "1").stdout == (
+        "job 1 (boom) is pending again, due now; its owed give-up hook is cancelled\n")
+    assert rota.sql("SELECT status, attempts, deferrals, finished_at, last_error, "
+                    "give_up_pending FROM {s}.jobs WHERE id = 1") == [
+        ("pending", 0, 0, None, "RuntimeError: boom: no disk", False)]
+    result = rota("jobs", "retry", "1", ok=False)
+    assert (result.exit_code, result.stderr) == (
+        1, "error: job 1 is pending; only a failed job can be retried\n")
+    result = rota("jobs", "retry", "99", ok=False)
+    assert (result.exit_code, result.stderr) == (1, "error: no job 99\n")
+    # Failed again, retried again: the job is run again from a clean slate.
+    assert rota.json("run", "--app", APP, "--budget", "10")["jobsFailed"] == 1
+    assert rota.json("jobs", "retry", "1") == {
+        "id": 1, "status": "pending", "giveUpHookCancelled": True}
+
+
+def test_retry_refuses_while_a_duplicate_is_open(rota: Rota) -> None:
+    rota("enqueue", "echo", "{}", "--dedupe-key", "d")
+    rota("jobs", "cancel", "1")
+    rota("enqueue", "echo", "{}", "--dedupe-key", "d")
+    result = rota("jobs", "retry", "1", ok=False)
+    assert (result.exit_code, result.stderr) == (
+        1, "error: job 1: another open job holds dedupe key 'd'\n")
+    rota.sql("UPDATE {s}.jobs SET status = 'done' WHERE id = 2")
+    assert rota.json("jobs", "retry", "1")["status"] == "pending"
+
+
+def test_cancel_fails_a_pending_job_and_runs_its_give_up_hook_once(rota: Rota) -> None:
+    rota("enqueue", "echo", "{}")
+    rota("enqueue", "echo", "{}")
+    assert rota("jobs", "cancel", "1").stdout == (
+        "job 1 (echo) cancelled; its give-up hook is owed\n")
+    assert rota.json("jobs", "cancel", "2", "--app", APP) == {
+        "id": 2, "status": "failed", "giveUpHookRan": True}
+    assert rota.sql("SELECT id, status, last_error, give_up_pending, finished_at IS NOT NULL "
+                    "FROM {s}.jobs ORDER BY id") == [
+        (1, "failed", "cancelled", True, True), (2, "failed", "cancelled", False, True)]
+    result = rota("jobs", "cancel", "2", ok=False)
+    assert (result.exit_code, result.stderr) == (
+        1, "error: job 2 is failed; only a pending job can be cancelled\n")
+    rota.sql("INSERT INTO {s}.jobs (type, payload, status, attempts, max_attempts, "
+             "run_after, created_at, locked_at) "
+             "VALUES ('echo', '{{}}', 'running', 1, 3, now(), now(), now())")
+    result = rota("jobs", "cancel", "3", ok=False)
+    assert result.stderr == "error: job 3 is running; only a pending job can be cancelled\n"
+    # The owed hook runs at the next maintenance of a process that has it.
+    rota("maintain", "--app", APP)
+    assert rota.sql("SELECT count(*) FROM {s}.jobs WHERE give_up_pending") == [(0,)]
+
+
+# -- run, runs, maintain, depth, pricing -------------------------------------------------------
+
+
+def test_run_once_then_runs_lists_it(rota: Rota) -> None:
+    for n in range(3):
+        rota("enqueue", "echo", json.dumps({"n": n}))
+    result = rota.json("run", "--app", APP, "--budget", "10")
+    assert {k: v for k, v in result.items() if k != "runId"} == {
+        "stopReason": "no_work", "jobsDone": 3, "jobsFailed": 0, "jobsDeferred": 0,
+        "units": 0, "summary": {"echoed": 3}, "error": None}
+    table = rota("run", "--app", APP, "--budget", "10").stdout
+    assert "stopReason" in table and "no_work" in table
+
+    runs = rota.json("runs")
+    assert [(r["id"], r["trigger"], r["stop_reason"], r["jobs_done"], r["summary"])
+            for r in runs] == [(runs[0]["id"], "cli", "no_work", 0, {}),
+                               (result["runId"], "cli", "no_work", 3, {"echoed": 3})]
+    assert runs[1]["duration_seconds"] >= 0
+    assert len(rota.json("runs", "-n", "1")) == 1
+    out = rota("runs").stdout
+    assert "runs (2 shown)" in out and "echoed=3" in out and result["runId"][:8] in out
+
+
+def test_run_that_ends_in_error_exits_1(rota: Rota) -> None:
+    # A platform timeout shorter than the budget is refused at run start.
+    result = rota("run", "--app", APP, "--budget", "400", ok=False)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: time_budget (0:06:40) must be shorter")
+
+
+def test_maintain_prints_counters(rota: Rota) -> None:
+    assert rota.json("maintain") == {
+        "stuck_jobs.failed": 0, "stuck_jobs.hooks_run": 0, "killed_runs.marked": 0,
+        "prune.jobs_deleted": 0, "prune.quota_rows_deleted": 0}
+    assert "killed_runs.marked" in rota("maintain").stdout
+
+
+def test_depth_per_stage_and_plan(rota: Rota) -> None:
+    rota.sql("INSERT INTO {s}.groups (group_id, owner_id, plan, active) VALUES "
+             "('f', 'o1', 'free', true), ('p', 'o2', 'pro', true), "
+             "('paused', 'o3', 'pro', false), ('x', 'o4', 'gone', true)")
+    for group in ("f", "f", "p", "paused", "x"):
+        rota("enqueue", "echo", "{}", "--group", group)
+    rota("enqueue", "boom", "{}")
+    rota("enqueue", "boom", "{}", "--run-after", "2030-01-01T00:00:00Z")
+    rows = rota.json("depth", "--app", APP)
+    assert [(r["type"], r["plan"], r["plan_name"], r["priority"], r["due"], r["scheduled"],
+             r["paused"], r["running"]) for r in rows] == [
+        ("echo", "pro", "Pro", 2, 1, 0, 1, 0),
+        ("echo", "free", "Free", 0, 2, 0, 0, 0),
+        ("echo", "gone", "gone", 0, 1, 0, 0, 0),   # unknown plan ranks lowest
+        ("boom", None, None, 1, 1, 1, 0, 0),       # no group: the middle plan
+    ]
+    assert all(r["oldest_due_seconds"] >= 0 for r in rows)
+    table = rota("depth").stdout
+    assert "queue depth" in table and "total" in table
+
+
+def test_pricing_renders_the_plans_object(rota: Rota) -> None:
+    assert rota.json("pricing") == {
+        "plans": [{"id": "free", "name": "Free", "priority": 0},
+                  {"id": "standard", "name": "Standard", "priority": 1},
+                  {"id": "pro", "name": "Pro", "priority": 2}],
+        "rows": [{"label": "Search queue", "values": ["Standard", "Ahead of Free", "First"]}],
+    }
+    from tests.cli_app import TEST_PLANS
+
+    got = rota.json("pricing", "--app", APP)
+    assert [(row["label"], row["values"]) for row in got["rows"]] == [
+        (label, values) for label, values in TEST_PLANS.pricing_rows()]
+    assert got["rows"][0] == {"label": "Search queue",
+                              "values": ["Standard", "Ahead of Free", "First"]}
+    table = rota("pricing", "--app", APP, DATABASE_URL=None).stdout  # needs no database
+    assert "Search queue" in table and "Ahead of Free" in table and "Draft credits" in table
+
+
+def test_demo_falls_back_when_the_demo_is_missing(
+    rota: Rota, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "rota.demo.main", None)
+    assert rota("demo").stdout == "rota demo: coming soon\n"
+    calls: list[list[str]] = []
+    fake = types.ModuleType("rota.demo.main")
+    fake.main = lambda argv: calls.append(argv)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rota.demo.main", fake)
+    rota("demo", "--profile", "short")
+    assert calls == [["--profile", "short"]]
+
+
+# -- database unreachable, URL malformed --------------------------------------------------------
+
+DB_COMMANDS = [
+    ["migrate"], ["jobs"], ["jobs", "failed"], ["jobs", "retry", "1"], ["jobs", "cancel", "1"],
+    ["runs"], ["maintain"], ["depth"], ["enqueue", "echo", "{}"],
+    ["run", "--app", APP], ["worker", "--app", APP], ["serve", "--app", APP],
+]
+
+
+@pytest.mark.parametrize("args", DB_COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_unreachable_database_is_one_line_and_exit_2(schema: str, args: list[str]) -> None:
+    r = Rota(UNREACHABLE, schema)
+    one_line_error(r(*args, ok=False), "error: database unreachable: connection")
+
+
+@pytest.mark.parametrize("url, message", [
+    ("not a url", "error: malformed database URL: missing \"=\" after \"not\""),
+    ("postgresql://%zz@localhost/db", "error: malformed database URL: invalid percent"),
+    ("", "error: no database: pass --database-url or set DATABASE_URL"),
+])
+@pytest.mark.parametrize("args", [["migrate"], ["jobs"], ["run", "--app", APP]],
+                         ids=lambda a: a[0])
+def test_malformed_database_url_is_one_line_and_exit_2(
+    schema: str, url: str, message: str, args: list[str],
+) -> None:
+    one_line_error(Rota(url, schema)(*args, ok=False), message)
+
+
+def test_console_script_reports_an_unreachable_database_in_one_line(schema: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "rota.cli", "runs"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT,
+                         env={**os.environ, "DATABASE_URL": UNREACHABLE, "ROTA_SCHEMA": schema})
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert len(out.stderr.splitlines()) == 1
+    assert out.stderr.startswith("error: database unreachable: connection")
+
+
+# -- worker and serve as real processes ----------------------------------------------------------
+
+
+@pytest.fixture
+def process_env(rota: Rota) -> dict[str, str]:
+    return {**os.environ, "DATABASE_URL": rota.url, "ROTA_SCHEMA": rota.schema,
+            "ROTA_APP": APP, "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture
+def spawn() -> Iterator[Any]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+        p = subprocess.Popen([sys.executable, "-m", "rota.cli", *args], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def wait_for(check: Any, timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_worker_process_runs_jobs_and_stops_on_sigterm(
+    rota: Rota, process_env: dict[str, str], spawn: Any,
+) -> None:
+    p = spawn(["worker", "--idle-poll", "30"], process_env)
+    # Its first run (the maintenance run) has finished: the worker is up and idle.
+    wait_for(lambda: rota.sql("SELECT count(*) FROM {s}.runs "
+                              "WHERE finished_at IS NOT NULL")[0][0] >= 1)
+    rota("enqueue", "echo", "{}")
+    wait_for(lambda: rota.sql("SELECT status FROM {s}.jobs") == [("done",)])
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=10)
+    assert p.returncode == 0, err
+    assert "worker stopped" in err
+    lines = out.splitlines()
+    assert len(lines) == 2 and all(" stopped no_work: " in line for line in lines)
+    assert lines[1].endswith("done=1 failed=0 deferred=0 units=0")
+
+
+def test_serve_process_answers_cron_only_with_the_secret(
+    rota: Rota, process_env: dict[str, str], spawn: Any,
+) -> None:
+    secret = "serve-secret-4b1d"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = spawn(["serve", "--port", str(port), "--budget", "10"],
+              {**process_env, "CRON_SECRET": secret})
+    base = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            assert p.poll() is None, p.communicate()
+            return False
+
+    wait_for(healthy)
+    rota("enqueue", "echo", "{}")
+    assert httpx.get(f"{base}/api/cron", timeout=30).status_code == 401
+    r = httpx.get(f"{base}/api/cron", headers={"Authorization": f"Bearer {secret}"},
+                  timeout=30)
+    assert r.status_code == 200
+    assert {k: v for k, v in r.json().items() if k != "runId"} == {
+        "stopReason": "no_work", "jobsDone": 1, "jobsFailed": 0, "units": 0}
+    assert httpx.post(f"{base}/api/cron", timeout=5).status_code == 405
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=10)
+    # uvicorn shuts down gracefully, then re-raises the signal it caught.
+    assert p.returncode == -signal.SIGTERM, err
+    assert "Application shutdown complete." in err
+    assert secret not in out + err
+
+
+def test_long_work_shows_a_progress_bar_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import asyncio
+
+    from rota.cli import with_progress
+
+    async def work() -> int:
+        await asyncio.sleep(0.5)
+        return 42
+
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich treats stderr as a terminal
+    assert asyncio.run(with_progress(work(), "running the pipeline", 5.0)) == 42
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "running the pipeline" in captured.err and "of 5s budget" in captured.err
+    monkeypatch.delenv("FORCE_COLOR")
+    monkeypatch.setenv("TERM", "dumb")
+    assert asyncio.run(with_progress(work(), "quiet", 5.0)) == 42
+    assert "quiet" not in capsys.readouterr().err
+
+
+def test_jobs_subcommands_take_the_groups_options_too(rota: Rota) -> None:
+    rota("enqueue", "echo", "{}")
+    out = rota("jobs", "--database-url", rota.url, "--json", "cancel", "1",
+               DATABASE_URL=None).stdout
+    assert json.loads(out) == {"id": 1, "status": "failed", "giveUpHookRan": False}
+    assert [j["id"] for j in json.loads(rota("jobs", "--json", "failed").stdout)] == [1]

@@ -1,0 +1,472 @@
+"""The pipeline runner: loop order, budget, stop reasons, the runs row, heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from rota import (
+    Allowance,
+    ConfigError,
+    DeferJob,
+    InvalidInput,
+    Job,
+    JobContext,
+    Pipeline,
+    Plan,
+    Plans,
+    Queue,
+    Quota,
+    RunResult,
+    Stage,
+)
+
+AConn = psycopg.AsyncConnection[Any]
+
+
+async def run_row(aconn: AConn, queue: Queue, result: RunResult) -> dict[str, Any]:
+    cur = aconn.cursor(row_factory=dict_row)
+    await cur.execute(sql.SQL("SELECT * FROM {} WHERE id = %s").format(queue.table("runs")),
+                      [result.run_id])
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def job(queue: Queue, job_id: int) -> Job:
+    j = await queue.get_job(job_id)
+    assert j is not None
+    return j
+
+
+async def enqueue(queue: Queue, job_type: str, n: int, **kw: Any) -> list[int]:
+    ids = []
+    for i in range(n):
+        j = await queue.enqueue(job_type, {"i": i}, **kw)
+        assert j is not None
+        ids.append(j.id)
+    return ids
+
+
+# -- the loop ---------------------------------------------------------------------------
+
+
+async def test_earlier_stages_win_and_the_loop_restarts_from_the_top(queue: Queue) -> None:
+    """b runs before c; each c job makes an a job, which runs before the next c."""
+    order: list[str] = []
+
+    async def a(ctx: JobContext) -> None:
+        order.append(f"a{ctx.job.payload['i']}")
+
+    async def b(ctx: JobContext) -> None:
+        order.append(f"b{ctx.job.payload['i']}")
+
+    async def c(ctx: JobContext) -> None:
+        order.append(f"c{ctx.job.payload['i']}")
+        await ctx.queue.enqueue("a", {"i": ctx.job.payload["i"]})
+
+    pipeline = Pipeline(queue, [Stage("a", 1, 1, a), Stage("b", 1, 1, b),
+                                Stage("c", 1, 1, c)])
+    await enqueue(queue, "c", 2)
+    await enqueue(queue, "b", 2)
+    result = await pipeline.run(trigger="manual")
+    assert order == ["b0", "b1", "c0", "a0", "c1", "a1"]
+    assert (result.stop_reason, result.jobs_done, result.jobs_failed,
+            result.jobs_deferred) == ("no_work", 6, 0, 0)
+
+
+async def test_a_stage_runs_at_most_concurrency_jobs_at_a_time(queue: Queue) -> None:
+    in_flight = 0
+    peak = 0
+
+    async def handler(ctx: JobContext) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.02)
+        in_flight -= 1
+
+    await enqueue(queue, "work", 7)
+    result = await Pipeline(queue, [Stage("work", 5, 2, handler)]).run()
+    assert peak == 2
+    assert (result.stop_reason, result.jobs_done) == ("no_work", 7)
+
+
+async def test_budget_stop_finishes_in_flight_and_defers_unstarted(queue: Queue) -> None:
+    """After the budget no batch is claimed, what is in flight finishes, and claimed jobs
+    not yet started go back pending with their attempt handed back."""
+    started: list[int] = []
+
+    async def slow(ctx: JobContext) -> None:
+        assert ctx.time_left() > timedelta(0)
+        started.append(ctx.job.id)
+        await asyncio.sleep(0.35)  # outlives the budget
+        ctx.count("finished")
+
+    ids = await enqueue(queue, "slow", 6)
+    pipeline = Pipeline(queue, [Stage("slow", 4, 2, slow)])
+    result = await pipeline.run(trigger="cli", time_budget=timedelta(milliseconds=200))
+
+    assert (result.stop_reason, result.jobs_done, result.jobs_deferred) == ("time_budget", 2, 2)
+    assert result.summary == {"finished": 2}
+    assert started == ids[:2]
+    for i in ids[:2]:
+        assert (await job(queue, i)).status == "done"
+    for i in ids[2:4]:  # claimed, never started
+        j = await job(queue, i)
+        assert (j.status, j.attempts, j.deferrals, j.locked_at) == ("pending", 0, 1, None)
+        assert j.run_after <= await queue.now()
+    for i in ids[4:]:  # never claimed: no second batch after the budget
+        j = await job(queue, i)
+        assert (j.status, j.attempts, j.deferrals, j.run_id) == ("pending", 0, 0, None)
+
+
+async def test_handler_errors_retry_with_backoff_then_give_up_once(queue: Queue) -> None:
+    refunds: list[int] = []
+
+    async def boom(ctx: JobContext) -> None:
+        raise ValueError("the API said no")
+
+    async def refund(j: Job, conn: AConn) -> None:
+        refunds.append(j.id)
+
+    pipeline = Pipeline(queue, [Stage("draft", 5, 1, boom, max_attempts=2,
+                                      on_give_up=refund)])
+    [jid] = await enqueue(queue, "draft", 1)  # enqueued after the pipeline: max_attempts 2
+    first = await pipeline.run()
+    assert (first.jobs_done, first.jobs_failed, first.summary) == (0, 0, {"retries": 1})
+    j = await job(queue, jid)
+    assert (j.status, j.attempts, j.max_attempts) == ("pending", 1, 2)
+    assert j.last_error == "ValueError: the API said no"
+    assert (await pipeline.run()).stop_reason == "no_work"  # backing off (2 minutes)
+
+    queue.clock_offset = timedelta(minutes=3)
+    second = await pipeline.run()
+    assert (second.jobs_failed, second.summary) == (1, {})
+    assert (await job(queue, jid)).status == "failed"
+    assert refunds == [jid]
+
+
+async def test_defer_job_puts_it_back_without_burning_an_attempt(queue: Queue) -> None:
+    async def not_now(ctx: JobContext) -> None:
+        raise DeferJob(await ctx.queue.now() + timedelta(hours=1))
+
+    [jid] = await enqueue(queue, "wait", 1)
+    pipeline = Pipeline(queue, [Stage("wait", 1, 1, not_now)])
+    for _ in range(3):
+        result = await pipeline.run()
+        assert (result.stop_reason, result.jobs_deferred) == ("no_work", 1)
+        assert (await pipeline.run()).jobs_deferred == 0  # not due yet
+        queue.clock_offset += timedelta(hours=1, seconds=1)
+    j = await job(queue, jid)
+    assert (j.status, j.attempts, j.deferrals) == ("pending", 0, 3)
+
+
+async def test_a_run_never_runs_a_job_it_deferred(queue: Queue) -> None:
+    """DeferJob() (due as soon as possible) is due when this run's budget ends, not at
+    once: otherwise the run would claim it again and again."""
+    async def again(ctx: JobContext) -> None:
+        raise DeferJob()
+
+    [jid] = await enqueue(queue, "again", 1)
+    before = await queue.now()
+    result = await Pipeline(queue, [Stage("again", 1, 1, again)]).run(
+        time_budget=timedelta(seconds=60))
+    assert (result.stop_reason, result.jobs_deferred) == ("no_work", 1)
+    j = await job(queue, jid)
+    assert (j.status, j.attempts, j.deferrals) == ("pending", 0, 1)
+    assert before + timedelta(seconds=59) < j.run_after < before + timedelta(seconds=61)
+
+
+async def test_batch_handler_settles_each_job_on_its_own(queue: Queue) -> None:
+    calls: list[int] = []
+
+    async def enrich(ctxs: list[JobContext]) -> None:
+        calls.append(len(ctxs))
+        await ctxs[0].fail("channel gone")
+        await ctxs[1].defer()
+        await ctxs[2].complete()
+        for c in ctxs:
+            c.count("channels_enriched")
+
+    ids = await enqueue(queue, "enrich", 5)
+    result = await Pipeline(queue, [Stage("enrich", 25, 1, batch_handler=enrich)]).run()
+    assert calls == [5]
+    assert (result.jobs_done, result.jobs_deferred, result.jobs_failed) == (3, 1, 0)
+    assert result.summary == {"channels_enriched": 5, "retries": 1}
+    statuses = [(await job(queue, i)) for i in ids]
+    assert [(j.status, j.attempts) for j in statuses] == \
+        [("pending", 1), ("pending", 0)] + [("done", 1)] * 3
+
+
+async def test_a_batch_handler_that_raises_fails_its_unsettled_jobs(queue: Queue) -> None:
+    async def enrich(ctxs: list[JobContext]) -> None:
+        await ctxs[0].complete()
+        raise RuntimeError("timeout")
+
+    ids = await enqueue(queue, "enrich", 3)
+    result = await Pipeline(queue, [Stage("enrich", 25, 1, batch_handler=enrich)]).run()
+    assert (result.jobs_done, result.summary) == (1, {"retries": 2})
+    assert [(await job(queue, i)).last_error for i in ids[1:]] == ["RuntimeError: timeout"] * 2
+
+
+# -- the runs row -----------------------------------------------------------------------
+
+
+async def test_the_run_row_is_written_at_start_and_completed_at_end(
+        queue: Queue, aconn: AConn) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def handler(ctx: JobContext) -> None:
+        cur = aconn.cursor(row_factory=dict_row)
+        await cur.execute(sql.SQL("SELECT * FROM {} WHERE id = %s")
+                          .format(queue.table("runs")), [ctx.run_id])
+        row = await cur.fetchone()
+        assert row is not None
+        seen.append(row)
+        ctx.count("drafts_written")
+        ctx.count("tokens", 1.5)
+
+    await enqueue(queue, "draft", 2)
+    result = await Pipeline(queue, [Stage("draft", 1, 1, handler)]).run(trigger="worker")
+    assert [(r["trigger"], r["stop_reason"], r["finished_at"]) for r in seen] == \
+        [("worker", None, None)] * 2
+    assert seen[1]["jobs_done"] == 1  # progress saved after each batch
+    row = await run_row(aconn, queue, result)
+    assert row["stop_reason"] == "no_work" and row["error"] is None
+    assert (row["jobs_done"], row["jobs_failed"], row["jobs_deferred"],
+            row["quota_units"]) == (2, 0, 0, 0)
+    assert row["summary"] == {"drafts_written": 2, "tokens": 3.0} == result.summary
+    assert row["started_at"] == result.started_at <= result.finished_at == row["finished_at"]
+    j = await job(queue, (await enqueue(queue, "draft", 1))[0])
+    assert j.run_id is None
+
+
+async def test_no_transaction_is_open_while_a_handler_runs(queue: Queue,
+                                                           database_url: str) -> None:
+    """Any open transaction that touched jobs or runs would hold a lock; NOWAIT fails.
+    (Concurrency 1, so no other job's settling statement is executing meanwhile.)"""
+    async def handler(ctx: JobContext) -> None:
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            await conn.execute(sql.SQL("LOCK TABLE {}, {} IN ACCESS EXCLUSIVE MODE NOWAIT")
+                               .format(queue.table("jobs"), queue.table("runs")))
+
+    await enqueue(queue, "t", 3)
+    result = await Pipeline(queue, [Stage("t", 3, 1, handler)]).run()
+    assert (result.jobs_done, result.jobs_failed, result.summary) == (3, 0, {})
+
+
+# -- the five stop reasons --------------------------------------------------------------
+
+
+async def test_stop_reason_no_work(queue: Queue, aconn: AConn) -> None:
+    async def handler(ctx: JobContext) -> None:
+        pass
+
+    result = await Pipeline(queue, [Stage("x", 1, 1, handler)]).run()
+    assert (result.stop_reason, result.jobs_done, result.error) == ("no_work", 0, None)
+    assert (await run_row(aconn, queue, result))["stop_reason"] == "no_work"
+
+
+async def test_stop_reason_time_budget(queue: Queue) -> None:
+    async def handler(ctx: JobContext) -> None:
+        await asyncio.sleep(0.3)
+
+    await enqueue(queue, "x", 10)
+    result = await Pipeline(queue, [Stage("x", 1, 1, handler)]).run(
+        time_budget=timedelta(milliseconds=200))
+    assert result.stop_reason == "time_budget"
+    assert result.jobs_done == 1 and result.jobs_deferred == 0
+
+
+async def test_stop_reason_quota_reserve(queue: Queue, aconn: AConn) -> None:
+    """A stage whose quota is at its reserve is skipped; its jobs wait for the reset;
+    the other stages still run."""
+    api = Quota("api", 100, reserve=20, reset_tz="America/Los_Angeles")
+    await api.spend(queue, 80)
+    ran: list[str] = []
+
+    async def handler(ctx: JobContext) -> None:
+        ran.append(ctx.job.type)
+
+    search = await enqueue(queue, "search", 3)
+    await enqueue(queue, "score", 1)
+    pipeline = Pipeline(queue, [Stage("score", 1, 1, handler),
+                                Stage("search", 1, 1, handler, quota=api)])
+    result = await pipeline.run()
+    assert ran == ["score"]
+    assert (result.stop_reason, result.jobs_done) == ("quota_reserve", 1)
+    assert result.summary == {"postponed": 3}
+    reset = api.next_reset(await queue.now())
+    for i in search:
+        j = await job(queue, i)
+        assert (j.status, j.attempts, j.deferrals, j.run_after) == ("pending", 0, 0, reset)
+    # The next run finds the same work still waiting for the quota.
+    assert (await pipeline.run()).stop_reason == "quota_reserve"
+    # After the reset the work proceeds.
+    queue.clock_offset = reset - (await queue.now() - queue.clock_offset) + timedelta(seconds=1)
+    after = await pipeline.run()
+    assert (after.stop_reason, after.jobs_done) == ("no_work", 3)
+
+
+async def test_stop_reason_quota_exhausted(queue: Queue, aconn: AConn) -> None:
+    """Handlers spend 100 units of 250: two searches run, the third cannot get its units
+    and goes back to wait for the reset, and so does the claimed one behind it."""
+    api = Quota("api", 250, reset_tz="America/Los_Angeles")
+
+    async def search(ctx: JobContext) -> None:
+        await ctx.spend(api, 100)
+        ctx.count("searches")
+
+    ids = await enqueue(queue, "search", 5)
+    pipeline = Pipeline(queue, [Stage("search", 4, 1, search, quota=api, quota_cost=1)])
+    result = await pipeline.run()
+    assert (result.stop_reason, result.jobs_done, result.jobs_deferred,
+            result.quota_units) == ("quota_exhausted", 2, 2, 200)
+    assert result.summary == {"searches": 2, "quota.api": 200, "quota_deferred": 2,
+                              "postponed": 1}
+    reset = api.next_reset(await queue.now())
+    for i in ids[2:]:
+        j = await job(queue, i)
+        assert (j.status, j.attempts, j.run_after) == ("pending", 0, reset)
+    row = await run_row(aconn, queue, result)
+    assert (row["stop_reason"], row["quota_units"]) == ("quota_exhausted", 200)
+    assert (await api.usage(queue)).used == 200
+
+
+async def test_stop_reason_error_records_the_error(queue: Queue, aconn: AConn) -> None:
+    """The database refuses the runner's write: the run ends in error, its row says why,
+    and the job it held goes back to be retried."""
+    jobs = queue.table("jobs")
+
+    async def handler(ctx: JobContext) -> None:
+        # Possible only because no transaction of the runner is open on jobs now.
+        await aconn.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT never_done "
+                                    "CHECK (status <> 'done') NOT VALID").format(jobs))
+
+    [jid] = await enqueue(queue, "x", 1)
+    result = await Pipeline(queue, [Stage("x", 1, 1, handler)]).run()
+    assert result.stop_reason == "error"
+    assert result.error is not None and result.error.startswith("CheckViolation")
+    row = await run_row(aconn, queue, result)
+    assert (row["stop_reason"], row["error"]) == ("error", result.error)
+    assert row["finished_at"] is not None
+    j = await job(queue, jid)
+    assert (j.status, j.attempts) == ("pending", 1)
+    assert j.last_error == "the run stopped while the job was running"
+
+
+# -- allowances, cancellation, heartbeats, configuration --------------------------------
+
+
+async def test_an_owner_out_of_allowance_waits_for_the_reset(make_queue: Any) -> None:
+    plans = Plans([Plan("free", "Free", 0, "Standard", {"searches_per_day": 2}),
+                   Plan("pro", "Pro", 1, "First", {"searches_per_day": 10})])
+    queue: Queue = await make_queue(plans=plans)
+    await queue.upsert_group("small", plan="free", owner_id="alice")
+    await queue.upsert_group("big", plan="pro", owner_id="bob")
+    searches = Allowance("searches", "searches_per_day")
+
+    async def search(ctx: JobContext) -> None:
+        await ctx.spend("searches")
+
+    alice = await enqueue(queue, "search", 3, group_id="small")
+    await enqueue(queue, "search", 3, group_id="big")
+    pipeline = Pipeline(queue, [Stage("search", 1, 1, search)], quotas=[searches])
+    result = await pipeline.run()
+    # One owner's allowance is not the run's resource: the run simply has no more work.
+    assert (result.stop_reason, result.jobs_done, result.jobs_deferred) == ("no_work", 5, 1)
+    assert result.summary == {"allowance.searches": 5, "quota_deferred": 1}
+    statuses = [(await job(queue, i)).status for i in alice]
+    assert sorted(statuses) == ["done", "done", "pending"]
+
+
+async def test_a_cancelled_run_records_its_end_and_hands_back_its_jobs(
+        queue: Queue, aconn: AConn) -> None:
+    started = asyncio.Event()
+
+    async def forever(ctx: JobContext) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    ids = await enqueue(queue, "x", 2)
+    task = asyncio.create_task(Pipeline(queue, [Stage("x", 2, 1, forever)]).run())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    cur = aconn.cursor(row_factory=dict_row)
+    await cur.execute(sql.SQL("SELECT * FROM {}").format(queue.table("runs")))
+    [row] = await cur.fetchall()
+    assert (row["stop_reason"], row["error"], row["jobs_deferred"]) == ("error", "cancelled", 1)
+    first, second = await job(queue, ids[0]), await job(queue, ids[1])
+    assert (first.status, first.attempts, first.last_error) == \
+        ("pending", 1, "the run stopped while the job was running")
+    assert (second.status, second.attempts, second.deferrals) == ("pending", 0, 1)
+
+
+async def test_heartbeat_keeps_a_live_runs_jobs_from_looking_stale(make_queue: Any) -> None:
+    queue: Queue = await make_queue()
+    other: Queue = await make_queue()
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def long_job(ctx: JobContext) -> None:
+        started.set()
+        await release.wait()
+
+    [jid] = await enqueue(queue, "long", 1)
+    pipeline = Pipeline(queue, [Stage("long", 1, 1, long_job)],
+                        heartbeat_every=timedelta(milliseconds=20))
+    task = asyncio.create_task(pipeline.run(trigger="worker"))
+    await started.wait()
+    claimed_at = (await job(queue, jid)).locked_at
+    assert claimed_at is not None
+    queue.clock_offset = timedelta(minutes=14)
+    for _ in range(500):  # a few heartbeats: at most a few tenths of a second
+        locked = (await job(queue, jid)).locked_at
+        if locked is not None and locked >= claimed_at + timedelta(minutes=14):
+            break
+        await asyncio.sleep(0.01)
+    else:
+        pytest.fail("no heartbeat refreshed the lock")
+    # 20 minutes after the claim, the lock is 6 minutes old: not stale, not reclaimed.
+    other.clock_offset = timedelta(minutes=20)
+    assert await other.claim("long", 1) == []
+    release.set()
+    result = await task
+    assert result.jobs_done == 1 and result.summary == {}
+
+
+async def test_settings_that_would_let_a_live_job_look_stale_are_refused(
+        make_queue: Any) -> None:
+    async def handler(ctx: JobContext) -> None:
+        pass
+
+    stage = Stage("x", 1, 1, handler)
+    short: Queue = await make_queue(stale_after=timedelta(minutes=5))
+    with pytest.raises(ConfigError, match="stale window"):
+        Pipeline(short, [stage])  # platform timeout 300 s == stale window
+    Pipeline(short, [stage], platform_timeout=timedelta(seconds=299))
+    queue: Queue = await make_queue()
+    pipeline = Pipeline(queue, [stage])
+    with pytest.raises(ConfigError, match="time_budget"):
+        await pipeline.run(time_budget=timedelta(seconds=300))
+    with pytest.raises(InvalidInput, match="trigger"):
+        await pipeline.run(trigger="nightly")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="heartbeat"):
+        Pipeline(queue, [stage], heartbeat_every=timedelta(seconds=200))
+    with pytest.raises(ConfigError, match="duplicate"):
+        Pipeline(queue, [stage, stage])
+    with pytest.raises(InvalidInput, match="exactly one"):
+        Stage("x", 1, 1)
+    with pytest.raises(InvalidInput, match="batch"):
+        Stage("x", 0, 1, handler)
+    with pytest.raises(ConfigError, match="unknown quota"):
+        pipeline.quota("nope")
