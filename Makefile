@@ -26,6 +26,11 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
+# 5,000 jobs, 4 workers SIGKILLed at random, one PostgreSQL restart (the embedded server,
+# or the machine's when DATABASE_URL names it); prints the checks and one summary line.
+chaos: $(STAMP)
+	$(BIN)/python -m rota.chaos
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy

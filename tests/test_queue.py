@@ -10,8 +10,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
-from rota import Job, Queue
+from rota import Job, Queue, SyncQueue
 
 
 async def db_now(conn: Any) -> datetime:
@@ -354,3 +355,46 @@ async def test_run_after_in_the_future_waits_for_the_queue_clock(
     assert await queue.claim("t", 1) == []
     queue.clock_offset = timedelta(hours=2, seconds=1)
     assert [j.id for j in await queue.claim("t", 1)] == [job.id]
+
+
+# -- the caller's transaction and dropped connections ----------------------------------
+
+
+async def test_enqueue_many_as_the_first_statement_rolls_back_with_the_caller(
+    queue: Queue, database_url: str, aconn: Any
+) -> None:
+    """A batch enqueue that opens the caller's transaction must not commit it on its
+    own: the jobs exist if and only if the caller commits (DESIGN rule 1)."""
+    async with await psycopg.AsyncConnection.connect(database_url) as c:
+        assert await queue.enqueue_many([{"type": "t", "payload": {"i": 1}}] * 2, conn=c) == 2
+        await c.rollback()
+
+    def sync_batch() -> None:
+        with psycopg.connect(database_url) as conn:
+            assert SyncQueue(schema=queue.schema).enqueue_many(
+                conn, [{"type": "t", "payload": {"i": 2}}]) == 1
+            conn.rollback()
+
+    await asyncio.to_thread(sync_batch)
+    cur = await aconn.execute(f'SELECT count(*) FROM "{queue.schema}".jobs')
+    assert (await cur.fetchone())[0] == 0
+
+
+async def test_the_pool_replaces_connections_the_server_closed_while_idle(
+    database_url: str, schema: str, aconn: Any
+) -> None:
+    """What a database restart does to a pool: every idle session is terminated. The
+    queue's next statements get fresh connections instead of failing one by one."""
+    app = f"rota-test-{schema}"
+    queue = Queue(make_conninfo(database_url, application_name=app), schema=schema)
+    async with queue:
+        await queue.migrate()
+        await asyncio.gather(*(queue.now() for _ in range(4)))  # several idle sessions
+        cur = await aconn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) "
+            "FROM pg_stat_activity WHERE application_name = %s", [app])
+        assert (await cur.fetchone())[0] >= 2
+        assert await queue.enqueue("t", {}) is not None
+        assert len(await asyncio.gather(*(queue.now() for _ in range(4)))) == 4
+        [job] = await queue.claim("t", 1)
+        assert await queue.complete(job) is True

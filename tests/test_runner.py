@@ -9,7 +9,9 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
 
 from rota import (
     Allowance,
@@ -470,3 +472,48 @@ async def test_settings_that_would_let_a_live_job_look_stale_are_refused(
         Stage("x", 0, 1, handler)
     with pytest.raises(ConfigError, match="unknown quota"):
         pipeline.quota("nope")
+
+
+async def test_a_run_cut_off_by_dropped_connections_records_its_error(
+        database_url: str, schema: str, aconn: AConn) -> None:
+    """What a database restart does mid-run, on a caller's pool with no connection
+    check: every session is terminated while a handler runs, so the runner's next
+    statements fail one after another. The run still records its end ("error") once a
+    fresh connection answers, instead of raising and being marked "killed" later; the
+    next run proceeds and finishes the job it could not release."""
+    app = f"rota-test-{schema}"
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        make_conninfo(database_url, application_name=app), min_size=4, max_size=4,
+        open=False, kwargs={"autocommit": True})
+    await pool.open(wait=True)
+    calls = 0
+
+    async def handler(ctx: JobContext) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the runner holds no connection now: all four are idle
+            cur = await aconn.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) "
+                "FROM pg_stat_activity WHERE application_name = %s", [app])
+            assert (await cur.fetchone())[0] == 4
+
+    try:
+        queue = Queue(pool, schema=schema)
+        await queue.migrate()
+        [jid] = await enqueue(queue, "x", 1)
+        pipeline = Pipeline(queue, [Stage("x", 1, 1, handler)])
+        cut = await pipeline.run(trigger="worker")
+        assert cut.stop_reason == "error"
+        assert cut.error == "AdminShutdown: terminating connection due to administrator command"
+        row = await run_row(aconn, queue, cut)
+        assert (row["stop_reason"], row["error"]) == ("error", cut.error)
+        assert row["finished_at"] == cut.finished_at
+        j = await job(queue, jid)  # neither completed nor released: the sessions were gone
+        assert (j.status, j.attempts, j.run_id) == ("running", 1, cut.run_id)
+        queue.clock_offset = timedelta(minutes=16)
+        after = await pipeline.run(trigger="worker")
+        assert (after.stop_reason, after.jobs_done, calls) == ("no_work", 1, 2)
+        j = await job(queue, jid)
+        assert (j.status, j.attempts) == ("done", 2)
+    finally:
+        await pool.close()

@@ -7,7 +7,7 @@ import json
 import math
 import uuid
 from dataclasses import dataclass, fields
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from .errors import InvalidInput, NaiveDatetimeError, PayloadError
@@ -16,6 +16,11 @@ JobStatus = Literal["pending", "running", "done", "failed"]
 FailOutcome = Literal["retry", "failed", "lost"]
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+# Due times rota stores must load back in any session time zone (UTC-12 to UTC+14), so
+# they keep a day clear of the ends of Python's datetime range.
+EARLIEST_DUE = datetime(1, 1, 2, tzinfo=UTC)
+LATEST_DUE = datetime(9999, 12, 30, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -62,11 +67,12 @@ class DeferJob(Exception):
 
     Raises:
         NaiveDatetimeError: ``until`` has no time zone.
+        InvalidInput: ``until`` is outside the years 1-9999 (see :func:`require_due_time`).
     """
 
     def __init__(self, until: datetime | None = None, reason: str = "deferred") -> None:
         super().__init__(reason)
-        self.until = require_aware(until, "until") if until is not None else None
+        self.until = require_due_time(until, "until") if until is not None else None
         self.reason = reason
 
 
@@ -84,6 +90,24 @@ def require_aware(value: datetime, name: str) -> datetime:
             f"{name}={value.isoformat()} has no time zone; pass an aware datetime "
             f"(for example datetime.now(timezone.utc))"
         )
+    return value
+
+
+def require_due_time(value: datetime, name: str) -> datetime:
+    """Return ``value`` if it is an aware datetime rota can store as a due time
+    (``run_after``, a deferral's ``until``): between ``EARLIEST_DUE`` and ``LATEST_DUE``
+    (a day inside the years 1-9999). Nearer the ends, PostgreSQL would store it but
+    could not hand it back to a session in a time zone that pushes it past the range.
+
+    Raises:
+        NaiveDatetimeError: naive datetime.
+        InvalidInput: not a datetime, or out of range.
+    """
+    require_aware(value, name)
+    if not EARLIEST_DUE <= value <= LATEST_DUE:
+        raise InvalidInput(
+            f"{name}={value.isoformat()} is out of range: due times must lie between "
+            f"{EARLIEST_DUE.date()} and {LATEST_DUE.date()} (UTC)")
     return value
 
 
@@ -120,6 +144,10 @@ def _check_strings(value: Any, path: str) -> None:
             raise PayloadError(f"payload{path} contains a lone surrogate") from None
     elif isinstance(value, dict):
         for k, v in value.items():
+            if not isinstance(k, str):
+                raise PayloadError(
+                    f"payload{path} has the {type(k).__name__} key {k!r}; JSON object keys "
+                    f"are strings (JSON would turn it into {str(k)!r} silently)")
             _check_strings(k, f"{path} key")
             _check_strings(v, f"{path}[{k!r}]")
     elif isinstance(value, list | tuple):
@@ -132,10 +160,22 @@ def _check_strings(value: Any, path: str) -> None:
 def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
     """Serialize a payload to JSON text for the ``jsonb`` column.
 
-    Payloads are plain JSON: dicts with string keys, lists, strings, finite numbers,
-    booleans and None. Decimal, datetime, sets and other objects are refused rather than
-    silently converted; encode them yourself (for example ``str(decimal)``,
-    ``dt.isoformat()``).
+    Payloads are plain JSON: dicts with string keys, lists (tuples are stored as lists),
+    strings, finite numbers (ints of any size), booleans and None. Everything else is
+    refused with :class:`~rota.errors.PayloadError` rather than silently converted:
+
+    - ``Decimal`` and ``datetime``/``date`` values (and sets, bytes, UUIDs, other
+      objects): encode them yourself, for example ``str(amount)`` for a Decimal (exact;
+      a float would round it) and ``when.isoformat()`` for an aware datetime, and decode
+      them in the handler;
+    - dict keys that are not strings (JSON would turn ``1`` into ``"1"``);
+    - NaN and Infinity (not JSON), NUL characters (jsonb cannot store ``\u0000``) and
+      lone surrogates (not UTF-8), in values and in keys;
+    - payloads larger than ``max_bytes``, counted in UTF-8 bytes of the JSON text.
+
+    Numbers are stored as jsonb decimals, exactly as JSON prints them: a float written
+    with an exponent comes back as that decimal, so ``1e20`` is read back as the int
+    ``100000000000000000000`` (equal in value).
 
     Returns:
         The JSON text.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -24,7 +25,7 @@ from .job import (
     FailOutcome,
     Job,
     encode_payload,
-    require_aware,
+    require_due_time,
     require_duration,
     require_text,
     storable_text,
@@ -157,7 +158,8 @@ class QueueSettings:
             "payload": encode_payload(payload, self.max_payload_bytes),
             "group_id": require_text(group_id, "group_id", allow_none=True),
             "dedupe_key": require_text(dedupe_key, "dedupe_key", allow_none=True),
-            "run_after": None if run_after is None else require_aware(run_after, "run_after"),
+            "run_after": None if run_after is None else require_due_time(run_after,
+                                                                         "run_after"),
             "max_attempts": (
                 _positive_int(max_attempts, "max_attempts")
                 if max_attempts is not None
@@ -233,7 +235,7 @@ class Queue(QueueSettings):
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 db.check_conninfo(conninfo_or_pool),
                 open=False, min_size=1, max_size=10,
-                kwargs={"autocommit": True},
+                kwargs={"autocommit": True}, check=check_idle_connection,
             )
             self._owns_pool = True
         elif isinstance(conninfo_or_pool, AsyncConnectionPool):
@@ -352,7 +354,8 @@ class Queue(QueueSettings):
             group_id: the group it belongs to (text or UUID), or ``None``.
             dedupe_key: while a job with this key is pending or running, asking again
                 creates nothing; after it is done or failed, a new job is created.
-            run_after: aware datetime when it becomes claimable; default now (queue clock).
+            run_after: aware datetime when it becomes claimable (years 1-9999, see
+                :func:`rota.job.require_due_time`); default now (queue clock).
             max_attempts: override the queue's per-type setting.
             conn: the caller's connection; the job exists iff that transaction commits.
 
@@ -398,7 +401,11 @@ class Queue(QueueSettings):
         if not params["types"]:
             return 0
         async with self.connection(conn) as c:
-            async with c.transaction():
+            # On a caller's connection outside autocommit, the caller's transaction
+            # holds the check and the insert (transaction() there would COMMIT on its
+            # own when no transaction is open yet, and the caller's rollback would keep
+            # the jobs).
+            async with c.transaction() if c.autocommit else nullcontext():
                 groups = sorted({g for g in params["group_ids"] if g is not None})
                 if groups:
                     await self._check_groups(c, groups)
@@ -443,11 +450,13 @@ class Queue(QueueSettings):
             The claimed jobs in fair order (possibly fewer than ``limit``, or none).
 
         Raises:
-            InvalidInput: ``limit <= 0`` or an unknown type.
+            InvalidInput: ``limit`` not in 1..2**31-1, or an unknown type.
         """
         t = self.check_type(type)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
-            raise InvalidInput(f"limit must be a positive int, got {limit!r}")
+        if (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0
+                or limit > _INT_MAX):
+            raise InvalidInput(f"limit must be a positive int (at most {_INT_MAX}), "
+                               f"got {limit!r}")
         candidates = limit * 4 + 16
         params = {
             "type": t,
@@ -592,10 +601,11 @@ class Queue(QueueSettings):
 
         Raises:
             NaiveDatetimeError: ``until`` has no time zone.
+            InvalidInput: ``until`` is out of range (see :func:`rota.job.require_due_time`).
         """
         batch = [jobs] if isinstance(jobs, Job) else list(jobs)
         if until is not None:
-            require_aware(until, "until")
+            require_due_time(until, "until")
         fenced = [j for j in batch if j.claim_token is not None]
         if not fenced:
             return 0
@@ -702,9 +712,47 @@ class Queue(QueueSettings):
             return row
 
 
+async def check_idle_connection(conn: AnyConn) -> None:
+    """The check rota's own pools run when they hand out a connection.
+
+    A connection the server closed while it sat idle in the pool (a database restart, an
+    idle-session timeout, a terminated backend) has the server's last message or EOF
+    waiting on its socket. Only such a connection pays a round trip (psycopg_pool's
+    check, which raises, and the pool hands out a fresh connection instead); a healthy
+    idle connection has nothing to read and costs nothing. Without it, the first use of
+    each pooled connection after a restart fails, and a run's next statements fail one
+    by one.
+
+    Raises:
+        psycopg.OperationalError: the connection is closed or broken.
+    """
+    if conn.closed:
+        raise psycopg.OperationalError("the connection is closed")
+    if _has_input(conn.fileno()):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+def _has_input(fd: int) -> bool:
+    """Whether ``fd`` has something to read (or hung up), without waiting. poll() where
+    there is one: select() refuses descriptors above 1023, which a busy server has."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+# The ceiling of the integer columns (attempts, max_attempts, deferrals) and of sane
+# claim sizes: a larger value is refused up front instead of failing in the database.
+_INT_MAX = 2**31 - 1
+
+
 def _positive_int(value: object, name: str, minimum: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise InvalidInput(f"{name} must be an int >= {minimum}, got {value!r}")
+    if value > _INT_MAX:
+        raise InvalidInput(f"{name} must be at most {_INT_MAX}, got {value!r}")
     return value
 
 

@@ -23,8 +23,10 @@ from dataclasses import KW_ONLY, dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, NoReturn, Protocol, get_args
 
+import psycopg
+
 from .errors import ConfigError, InvalidInput
-from .job import DeferJob, FailOutcome, Job, require_duration, require_text
+from .job import DeferJob, FailOutcome, Job, require_duration, require_text, storable_text
 from .queue import AnyConn, GiveUpHook, Queue
 from .quota import SHARED_SCOPE, Allowance, Quota, QuotaExhausted
 
@@ -37,6 +39,10 @@ STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 
 DEFAULT_PLATFORM_TIMEOUT = timedelta(seconds=300)
 DEFAULT_TIME_BUDGET = timedelta(seconds=220)
+
+# Waits between attempts to record a run's end after a connection failure (about 7 s in
+# all: a fast restart of PostgreSQL takes well under that).
+_END_RETRY_DELAYS = (0.1, 0.4, 1.0, 2.0, 4.0)
 
 Handler = Callable[["JobContext"], Awaitable[None]]
 BatchHandler = Callable[[list["JobContext"]], Awaitable[None]]
@@ -469,7 +475,9 @@ class Pipeline:
         Raises:
             InvalidInput: unknown trigger.
             ConfigError: ``time_budget`` not shorter than the platform timeout.
-            psycopg.Error, psycopg_pool.PoolTimeout: the run's row could not be written.
+            psycopg.Error, psycopg_pool.PoolTimeout: the run's row could not be written
+                at its start, or its end not within a few seconds of retrying (the
+                database is down; maintenance later marks such a run "killed").
             asyncio.CancelledError: the run was cancelled; it is recorded as ended in
                 error ("cancelled") when the database allows, its unstarted jobs are
                 deferred and its jobs in flight failed (retried later).
@@ -505,8 +513,7 @@ class Pipeline:
         finally:
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
-        finished_at = await self._save(run, final=True, stop_reason=stop, error=error)
-        assert finished_at is not None, "the run's row disappeared"
+        finished_at = await self._save_end(run, stop, error)
         return RunResult(run.id, trigger, stop, run.jobs_done, run.jobs_failed,
                          run.jobs_deferred, run.quota_units, dict(run.summary), error,
                          started_at, finished_at)
@@ -677,6 +684,31 @@ class Pipeline:
             row = await cur.fetchone()
         return None if row is None else row[0]
 
+    async def _save_end(self, run: _Run, stop: StopReason, error: str | None) -> datetime:
+        """Record the run's end, retrying for a few seconds when the connection fails.
+
+        A run cut off by a database restart ends in error, and the first statement after
+        it may run on another connection the restart killed (or find the server still
+        starting): the run records how it ended as soon as the database answers again,
+        rather than raising and leaving its row to be marked "killed" later.
+
+        Raises:
+            psycopg.OperationalError: the database stayed unreachable.
+        """
+        for delay in (*_END_RETRY_DELAYS, None):
+            try:
+                finished_at = await self._save(run, final=True, stop_reason=stop,
+                                               error=error)
+            except psycopg.OperationalError:
+                if delay is None:
+                    raise
+                log.warning("run %s: could not record its end yet; retrying", run.id)
+                await asyncio.sleep(delay)
+            else:
+                assert finished_at is not None, "the run's row disappeared"
+                return finished_at
+        raise AssertionError("unreachable")
+
     async def _finish_quietly(self, run: _Run, stop: StopReason, error: str) -> None:
         try:
             await self._save(run, final=True, stop_reason=stop, error=error)
@@ -695,9 +727,11 @@ async def _settle_all(ctxs: list[JobContext],
 
 
 def _error_text(exc: BaseException) -> str:
+    """One error as storable text (a NUL or a lone surrogate in an exception's message
+    would make the runs row unwritable)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}"
+    return storable_text(f"{type(exc).__name__}: {exc}")
 
 
 def _check_int(value: object, name: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -55,7 +56,9 @@ class SyncQueue(QueueSettings):
         params = self.enqueue_many_params(items)
         if not params["types"]:
             return 0
-        with conn.transaction():
+        # Outside autocommit the caller's transaction holds the check and the insert:
+        # transaction() would COMMIT on its own when no transaction is open yet.
+        with conn.transaction() if conn.autocommit else nullcontext():
             groups = sorted({g for g in params["group_ids"] if g is not None})
             if groups:
                 self._check_groups(conn, groups)
