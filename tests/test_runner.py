@@ -255,6 +255,9 @@ async def test_no_transaction_is_open_while_a_handler_runs(queue: Queue,
     """Any open transaction that touched jobs or runs would hold a lock; NOWAIT fails.
     (Concurrency 1, so no other job's settling statement is executing meanwhile.)"""
     async def handler(ctx: JobContext) -> None:
+        # The claim's background upkeep is the queue's own short transaction, not the
+        # run's: under load it may still be reading jobs when the handler starts.
+        await queue.settle()
         async with await psycopg.AsyncConnection.connect(database_url) as conn:
             await conn.execute(sql.SQL("LOCK TABLE {}, {} IN ACCESS EXCLUSIVE MODE NOWAIT")
                                .format(queue.table("jobs"), queue.table("runs")))
