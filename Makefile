@@ -18,6 +18,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
+# Claim latency vs backlog (rota, the post's literal query, FIFO; builds up to 1M rows,
+# a few minutes), its EXPLAIN at 1M, and enqueue throughput vs procrastinate and
+# pgqueuer. Results in bench/results/; see bench/RESULTS.md. BENCH_ARGS=--quick stops
+# at 100k pending.
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
 # 5,000 jobs, 4 workers SIGKILLed at random, one PostgreSQL restart (the embedded server,
 # or the machine's when DATABASE_URL names it); prints the checks and one summary line.
 chaos: $(STAMP)

@@ -303,7 +303,9 @@ async def test_claimers_sweepers_batch_defers_and_heartbeats_never_deadlock(
         while not done.is_set():
             until = await postponer.now()
             async with postponer.connection() as c:
-                await c.execute(postponer.sql("postpone"), {"type": "t", "until": until})
+                await c.execute(postponer.sql("postpone"), {
+                    "type": "t", "until": until, "offset": postponer.clock_offset,
+                    "stale_after": postponer.stale_after})
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(asyncio.gather(

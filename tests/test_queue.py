@@ -389,7 +389,12 @@ async def test_the_pool_replaces_connections_the_server_closed_while_idle(
     queue = Queue(make_conninfo(database_url, application_name=app), schema=schema)
     async with queue:
         await queue.migrate()
-        await asyncio.gather(*(queue.now() for _ in range(4)))  # several idle sessions
+        # Several idle sessions: held at once, so the pool must open them (concurrent
+        # calls alone may all run on one connection when the machine is busy).
+        async with queue.connection() as a, queue.connection() as b, \
+                queue.connection() as c:
+            for conn in (a, b, c):
+                await conn.execute("SELECT 1")
         cur = await aconn.execute(
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) "
             "FROM pg_stat_activity WHERE application_name = %s", [app])

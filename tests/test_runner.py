@@ -255,6 +255,9 @@ async def test_no_transaction_is_open_while_a_handler_runs(queue: Queue,
     """Any open transaction that touched jobs or runs would hold a lock; NOWAIT fails.
     (Concurrency 1, so no other job's settling statement is executing meanwhile.)"""
     async def handler(ctx: JobContext) -> None:
+        # The claim's background upkeep is the queue's own short transaction, not the
+        # run's: under load it may still be reading jobs when the handler starts.
+        await queue.settle()
         async with await psycopg.AsyncConnection.connect(database_url) as conn:
             await conn.execute(sql.SQL("LOCK TABLE {}, {} IN ACCESS EXCLUSIVE MODE NOWAIT")
                                .format(queue.table("jobs"), queue.table("runs")))
@@ -315,6 +318,47 @@ async def test_stop_reason_quota_reserve(queue: Queue, aconn: AConn) -> None:
     queue.clock_offset = reset - (await queue.now() - queue.clock_offset) + timedelta(seconds=1)
     after = await pipeline.run()
     assert (after.stop_reason, after.jobs_done) == ("no_work", 3)
+
+
+async def test_a_dead_runs_stale_job_of_a_quota_blocked_stage_waits_for_the_reset(
+    queue: Queue, aconn: AConn
+) -> None:
+    """The demo's failure: a run dies holding a search job; by the time its lock goes
+    stale, the searches have used the quota down to its reserve, so every later run skips
+    the search stage and never claims it again. The job must not stay `running` with a
+    dead lock until the reset: it waits for the reset as pending, its lost attempt
+    counted, and the dead claim fenced."""
+    api = Quota("api", 1000, reserve=100, reset_tz="America/Los_Angeles")
+    ran: list[int] = []
+
+    async def handler(ctx: JobContext) -> None:
+        ran.append(ctx.job.id)
+
+    [stuck] = await enqueue(queue, "search", 1, max_attempts=1)  # no attempt left
+    search = await enqueue(queue, "search", 3)
+    claimed = await queue.claim("search", 2)  # by the run that dies
+    assert [j.id for j in claimed] == [stuck, search[0]]
+    held = claimed[1]
+    queue.clock_offset = queue.stale_after + timedelta(seconds=1)  # locks go stale
+    await api.spend(queue, 850)  # the other runs' searches: down to the reserve
+    pipeline = Pipeline(queue, [Stage("search", 1, 1, handler, quota=api, quota_cost=100)])
+    result = await pipeline.run()
+    assert ran == []
+    assert result.stop_reason == "quota_reserve"
+    reset = api.next_reset(await queue.now())
+    j = await job(queue, held.id)
+    assert (j.status, j.attempts, j.deferrals, j.run_after, j.locked_at, j.claim_token) == (
+        "pending", 1, 0, reset, None, None)
+    assert await queue.complete(held) is False  # the dead run's claim is fenced
+    assert result.summary == {"postponed": 3}
+    # The job with no attempt left stays running, for fail_stuck_jobs.
+    assert (await job(queue, stuck)).status == "running"
+    assert [j.id for j in await queue.fail_stuck_jobs()] == [stuck]
+    # After the reset the work proceeds, the reclaimed job first (oldest).
+    queue.clock_offset = reset - (await queue.now() - queue.clock_offset) + timedelta(seconds=1)
+    after = await pipeline.run()
+    assert (after.stop_reason, after.jobs_done) == ("no_work", 3)
+    assert ran == [held.id, *search[1:]]
 
 
 async def test_stop_reason_quota_exhausted(queue: Queue, aconn: AConn) -> None:

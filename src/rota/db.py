@@ -43,9 +43,13 @@ def statement_text(name: str) -> str:
     return resources.files("rota").joinpath("sql", f"{name}.sql").read_text("utf-8")
 
 
-def statement(name: str, schema: sql.Identifier, groups: sql.Identifier) -> sql.Composed:
-    """The named statement with ``{schema}`` and ``{groups}`` filled in, quoted."""
-    return sql.SQL(statement_text(name)).format(schema=schema, groups=groups)
+def statement(name: str, schema: sql.Identifier, groups: sql.Identifier,
+              **fragments: str) -> sql.Composed:
+    """The named statement with ``{schema}`` and ``{groups}`` filled in, quoted, and
+    each other placeholder ``{key}`` replaced by the named statement ``fragments[key]``
+    (itself filled in the same way)."""
+    parts = {k: statement(v, schema, groups) for k, v in fragments.items()}
+    return sql.SQL(statement_text(name)).format(schema=schema, groups=groups, **parts)
 
 
 def migrations() -> list[tuple[int, str, str]]:

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import select
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, nullcontext
@@ -32,6 +34,10 @@ from .job import (
 from .plans import DEFAULT_PLANS, Plans
 
 log = logging.getLogger("rota.queue")
+
+# How often a queue moves a type's served-window edge (fair_advance): the claim's exact
+# edge correction then reads about this many seconds of completions.
+ADVANCE_EVERY_S = 1.0
 
 GiveUpHook = Callable[[Job, psycopg.AsyncConnection[Any]], Awaitable[None]]
 AnyConn = psycopg.AsyncConnection[Any]
@@ -112,9 +118,16 @@ class QueueSettings:
     def clock_offset(self, value: timedelta) -> None:
         self._clock_offset = require_duration(value, "clock_offset", positive=False)
 
-    def sql(self, name: str) -> Composed:
-        """The named statement from ``rota/sql/`` for this queue's schema and groups."""
-        return db.statement(name, self._schema_ident, self._groups_ident)
+    def sql(self, name: str, **fragments: str) -> Composed:
+        """The named statement from ``rota/sql/`` for this queue's schema and groups
+        (with named fragments filled in, see :func:`rota.db.statement`)."""
+        return db.statement(name, self._schema_ident, self._groups_ident, **fragments)
+
+    def claim_sql(self) -> Composed:
+        """The claim for this queue: it walks fair_groups' copy of plan and active for
+        rota's own groups table, and reads an application's groups relation live."""
+        pool = "claim_pool_scan" if self.external_groups else "claim_pool_cached"
+        return self.sql("claim", pool=pool)
 
     def table(self, name: str) -> Identifier:
         """A table of this queue's schema, quoted."""
@@ -215,6 +228,10 @@ class Queue(QueueSettings):
     def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], **settings: Any):
         super().__init__(**settings)
         self._give_up_hooks: dict[str, GiveUpHook] = {}
+        self._probe: dict[str, tuple[int, int]] = {}  # claim probe sizes per type
+        self._advanced: dict[str, float] = {}  # monotonic time of the last edge move
+        self._upkeep_due: set[str] = set()  # types whose claim upkeep should run again
+        self._upkeep_tasks: dict[str, asyncio.Task[None]] = {}
         if isinstance(conninfo_or_pool, str):
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 db.check_conninfo(conninfo_or_pool),
@@ -240,6 +257,7 @@ class Queue(QueueSettings):
             await self._pool.open(wait=True, timeout=30)
 
     async def close(self) -> None:
+        await self.settle()
         if self._owns_pool and not self._pool.closed:
             await self._pool.close()
 
@@ -440,24 +458,94 @@ class Queue(QueueSettings):
                 or limit > _INT_MAX):
             raise InvalidInput(f"limit must be a positive int (at most {_INT_MAX}), "
                                f"got {limit!r}")
+        candidates = limit * 4 + 16
         params = {
             "type": t,
             "limit": limit,
             # Over-fetch fair candidates so a claimer that finds the head locked by a
             # concurrent claimer still fills its batch from the next ones in order.
-            "candidates": limit * 4 + 16,
+            "candidates": candidates,
             "run_id": run_id,
             "offset": self.clock_offset,
             "stale_after": self.stale_after,
             "served_window": self.served_window,
             **self.plans.claim_params(),
         }
+        groups, per = self._probe.get(t, self._probe_floor(limit))
         async with self.connection(conn) as c:
             cur = c.cursor(row_factory=dict_row)
-            await cur.execute(self.sql("claim"), params)
-            rows = await cur.fetchall()
+            while True:
+                # Settings and claim in one transaction, pipelined into one round trip:
+                # our own on an autocommit connection; otherwise the caller's (psycopg
+                # opens it if needed and the caller commits, as for every `conn=` call).
+                tx = c.transaction() if c.autocommit else nullcontext()
+                async with tx, c.pipeline():
+                    await c.execute(self.sql("claim_settings"), prepare=True)
+                    await cur.execute(self.claim_sql(),
+                                      {**params, "probe_groups": groups, "probe_per": per},
+                                      prepare=True)
+                    rows = await cur.fetchall()
+                retry = rows[0]["retry"] if len(rows) == 1 else None
+                if retry is None:
+                    break
+                # The bound did not prove the probed jobs hold the best batch: read more
+                # groups, or more jobs per group, and ask again (nothing was claimed).
+                if "groups" in retry:
+                    groups *= 2
+                if "per" in retry:
+                    per *= 2
+        self._remember_probe(t, limit, groups, per)
+        if conn is None:
+            self._schedule_upkeep(t)
         rows.sort(key=lambda r: r["claim_order"])
-        return [Job.from_row(r) for r in rows]
+        return [Job.from_row({k: v for k, v in r.items() if k != "retry"}) for r in rows]
+
+    # The smallest probe a claim starts from: groups and jobs per group (tests set it to
+    # (1, 1) to drive every claim through the retries).
+    probe_floor: tuple[int, int] | None = None
+
+    def _probe_floor(self, limit: int) -> tuple[int, int]:
+        return self.probe_floor or (limit * 2 + 8, 2)
+
+    def _remember_probe(self, job_type: str, limit: int, groups: int, per: int) -> None:
+        """Start the next claim of this type from the probe sizes that sufficed, drifting
+        back toward the smallest useful ones so one unusual claim does not stick."""
+        floor_groups, floor_per = self._probe_floor(limit)
+        self._probe[job_type] = (max(floor_groups, groups - max(1, groups // 8)),
+                                 max(floor_per, per - max(1, per // 8)))
+
+    def _schedule_upkeep(self, job_type: str) -> None:
+        """Run the claim upkeep (claim_upkeep.sql) in a background task, off the claim's
+        path: it only folds counts and renews bounds, which later claims use when they
+        are there and do without (probing more) when not. At most one task per type; a
+        claim made while it runs asks for one more round."""
+        self._upkeep_due.add(job_type)
+        task = self._upkeep_tasks.get(job_type)
+        if task is None or task.done():
+            self._upkeep_tasks[job_type] = asyncio.get_running_loop().create_task(
+                self._upkeep(job_type))
+
+    async def _upkeep(self, job_type: str) -> None:
+        while job_type in self._upkeep_due:
+            self._upkeep_due.discard(job_type)
+            now = time.monotonic()
+            advance = now - self._advanced.get(job_type, -1e9) >= ADVANCE_EVERY_S
+            if advance:
+                self._advanced[job_type] = now
+            try:
+                async with self.connection() as c:
+                    await c.execute(self.sql("claim_upkeep"), {
+                        "type": job_type, "advance": advance,
+                        "offset": self.clock_offset, "served_window": self.served_window,
+                    }, prepare=True)
+            except Exception:  # best effort: the claim is exact without it
+                log.exception("claim upkeep for %r failed", job_type)
+                return
+
+    async def settle(self) -> None:
+        """Wait for background claim upkeep to finish (tests, shutdown)."""
+        while tasks := [t for t in self._upkeep_tasks.values() if not t.done()]:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def complete(self, job: Job, *, conn: AnyConn | None = None) -> bool:
         """Mark a claimed job done, under its claim.

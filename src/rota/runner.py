@@ -561,13 +561,18 @@ class Pipeline:
                               usage.remaining)
 
     async def _skip(self, run: _Run, stage: Stage, block: QuotaExhausted) -> None:
-        """Skip a quota-blocked stage for the rest of the run; its pending jobs wait for
-        the reset. Work left waiting for it makes the run's stop reason a quota one."""
+        """Skip a quota-blocked stage for the rest of the run; its pending jobs, and its
+        running jobs whose lock went stale (a dead run's, which no run would reclaim
+        before the reset), wait for the reset as pending. Work left waiting for it makes
+        the run's stop reason a quota one."""
         run.skipped.add(stage.type)
         q = self.queue
         async with q.connection() as c:
-            cur = await c.execute(q.sql("postpone"), {"type": stage.type,
-                                                      "until": block.resets_at})
+            # Pending jobs, and running jobs whose lock went stale (their run died),
+            # wait for the reset: no run claims this stage before it.
+            cur = await c.execute(q.sql("postpone"), {
+                "type": stage.type, "until": block.resets_at, "offset": q.clock_offset,
+                "stale_after": q.stale_after})
             if cur.rowcount > 0:
                 run.add("postponed", cur.rowcount)
             cur = await c.execute(q.sql("quota_blocked_work"), {"type": stage.type,

@@ -353,8 +353,10 @@ class App:
         draft retried after a failed attempt does not pay twice; one retried by an
         operator after a refund pays again). Returns ``False`` when none are left."""
         async with ctx.connection() as c, c.transaction():
-            # Serialize one user's spenders so two drafts cannot both take the last credit.
-            await c.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"credits:{user_id}"])
+            # Serialize one user's spenders so two drafts cannot both take the last credit
+            # (keyed by this app's schema too: apps in other schemas have other ledgers).
+            await c.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                            [f"credits:{self.schema}:{user_id}"])
             cur = await c.execute(self.q(
                 "SELECT count(*) FILTER (WHERE s.job_id = %s AND NOT EXISTS ("
                 "   SELECT 1 FROM {t}.credit_ledger r WHERE r.refund_of = s.id)),"

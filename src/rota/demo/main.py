@@ -304,6 +304,7 @@ class Demo:
                 .format(a))
             ledger = await cur.fetchone()
             checks = await self.invariants(cur)
+            lost_jobs = await self.lost_jobs(cur, queue)
         async with httpx.AsyncClient() as http:
             usage = (await http.get(f"{self.youtube_url}/youtube/v3/_usage", timeout=5)).json()
         quota = await demo_app.YOUTUBE_QUOTA.usage(queue)
@@ -367,6 +368,12 @@ class Demo:
         console.print(f"maintenance: {maintained}")
         reasons = sorted({str(r["stop_reason"]) for r in runs})
         console.print(f"stop reasons seen: {', '.join(reasons)}")
+        for j in lost_jobs:  # what a failed "no job left running" check is about
+            console.print(f"  [red]left {j['status']}[/red]: job {j['id']} ({j['type']}), "
+                          f"attempts {j['attempts']}/{j['max_attempts']}, lock "
+                          f"{j['lock_age']} s old (stale after {j['stale_s']} s), "
+                          f"run_after in {j['due_in']} s, row locked now: {j['row_locked']}, "
+                          f"claimed by run {j['run_id']} ({j['run_stop']}, {j['run_error']})")
         failed = [name for name, ok in checks if not ok]
         for name, ok in checks:
             console.print(f"  [{'green' if ok else 'red'}]{'ok ' if ok else 'BAD'}[/] {name}")
@@ -376,6 +383,24 @@ class Demo:
         console.print("[green]no job lost: every job is done, failed, or pending with a due "
                       "time[/green]")
         return 0
+
+    async def lost_jobs(self, cur: Any, queue: Queue) -> list[dict[str, Any]]:
+        """Jobs the first invariant counts, with what explains them (lock age, whether a
+        transaction holds the row, the run that claimed them)."""
+        s = sql.Identifier(self.schema)
+        await cur.execute(sql.SQL(
+            "SELECT j.id, j.type, j.status, j.attempts, j.max_attempts,"
+            " round(extract(epoch FROM now() - j.locked_at)::numeric, 1) AS lock_age,"
+            " extract(epoch FROM %s::interval)::int AS stale_s,"
+            " round(extract(epoch FROM j.run_after - now())::numeric, 1) AS due_in,"
+            " NOT EXISTS (SELECT 1 FROM (SELECT 1 FROM {s}.jobs x WHERE x.id = j.id"
+            "   FOR UPDATE SKIP LOCKED) l) AS row_locked,"
+            " j.run_id, r.stop_reason AS run_stop, r.error AS run_error"
+            " FROM {s}.jobs j LEFT JOIN {s}.runs r ON r.id = j.run_id"
+            " WHERE j.status = 'running' OR (j.status = 'pending' AND j.run_after IS NULL)"
+            " ORDER BY j.id LIMIT 20").format(s=s), [queue.stale_after])
+        rows: list[dict[str, Any]] = await cur.fetchall()
+        return rows
 
     async def invariants(self, cur: Any) -> list[tuple[str, bool]]:
         s, a = sql.Identifier(self.schema), sql.Identifier(self.app_schema)

@@ -1,0 +1,53 @@
+"""`make bench`: claim latency against backlog (with the EXPLAIN at 1M) and enqueue
+throughput, against the references measured in the same run. Results go to
+bench/results/ (JSON, PNG, EXPLAIN); bench/RESULTS.md records a run with its machine.
+
+Usage: python -m bench [--quick] (DATABASE_URL, default the local test database).
+--quick stops the claim sizes at 100k (the 1M build takes a minute or two)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import psycopg
+
+from . import claim_latency, enqueue
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine(url: str) -> dict[str, str]:
+    with psycopg.connect(url) as c:
+        row = c.execute("SELECT version()").fetchone()
+    return {
+        "cpu_count": str(os.cpu_count()),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "postgres": row[0] if row else "?",
+        **{p: metadata.version(p) for p in ("psycopg", "procrastinate", "pgqueuer")},
+    }
+
+
+def main() -> None:
+    url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    sizes = claim_latency.SIZES[:-1] if "--quick" in sys.argv else claim_latency.SIZES
+    info = machine(url)
+    print(json.dumps(info, indent=2))
+    claims = claim_latency.main(url, RESULTS, sizes)
+    enq = enqueue.main(url)
+    (RESULTS / "results.json").write_text(json.dumps(
+        {"machine": info, "claim_latency_ms": claims, "enqueue_jobs_per_s": enq}, indent=2))
+    print("\nclaim latency (ms):\n" + claim_latency.header())
+    for pending, r in sorted(claims.items()):
+        print(claim_latency.row(pending, r))
+    print("\nenqueue:\n" + enqueue.report(enq))
+    print("\nDrain throughput (2) and fairness (4) need the runner's worker: not here yet.")
+
+
+if __name__ == "__main__":
+    main()

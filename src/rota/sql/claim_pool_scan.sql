@@ -1,0 +1,40 @@
+-- The claim's group pool (fragment of claim.sql) for a groups relation that is the
+-- application's (a view, say): plan and active can change there without rota knowing,
+-- so every group with pending jobs is read with its live plan and exact served count.
+-- Correct, but its cost grows with the number of groups (about 20 ms at 10,000 groups
+-- on 2 cores); rota's own groups table uses claim_pool_cached.sql instead.
+pool AS (
+    SELECT fg.group_id,
+           least(CASE WHEN fg.head_until <= c.now THEN '-infinity' ELSE fg.head_lb END,
+                 sh.head) AS head_lb,
+           fg.done_n,
+           fg.done_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) + coalesce(rn.n, 0)
+             AS served_lb,
+           g.plan, coalesce(g.active, true) AS active
+    FROM {schema}.fair_groups fg
+    CROSS JOIN clock c
+    LEFT JOIN stale_head sh ON sh.group_id = fg.group_id
+    LEFT JOIN {groups} g ON g.group_id = fg.group_id
+    LEFT JOIN done_delta dd ON dd.group_id = fg.group_id
+    LEFT JOIN edge_fix ef ON ef.group_id = fg.group_id
+    LEFT JOIN running rn ON rn.group_id = fg.group_id
+    WHERE fg.type = %(type)s AND (fg.ready_lb <= c.now OR sh.head IS NOT NULL)
+    UNION ALL
+    SELECT sh.group_id, sh.head, 0,
+           coalesce(dd.n, 0) + coalesce(ef.n, 0) + coalesce(rn.n, 0),
+           g.plan, coalesce(g.active, true)
+    FROM stale_head sh
+    LEFT JOIN {groups} g ON g.group_id = sh.group_id
+    LEFT JOIN done_delta dd ON dd.group_id = sh.group_id
+    LEFT JOIN edge_fix ef ON ef.group_id = sh.group_id
+    LEFT JOIN running rn ON rn.group_id = sh.group_id
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_groups fg
+                      WHERE fg.type = %(type)s AND fg.group_id = sh.group_id)
+    UNION ALL
+    SELECT NULL, h.head, 0, 0, NULL, true
+    FROM (SELECT least(
+              (SELECT min(p.created_at) FROM {schema}.jobs p
+               WHERE p.type = %(type)s AND p.group_id IS NULL AND p.status = 'pending'),
+              (SELECT min(s.created_at) FROM stale s WHERE s.group_id IS NULL)) AS head) h
+    WHERE h.head IS NOT NULL
+)

@@ -1,0 +1,295 @@
+"""The fast claim (issue 4): exact against the oracle however small its probe starts,
+bookkeeping equal to a recount from `jobs` after concurrent churn and crashes, and a
+scaled-down backlog with deferred, paused and stale jobs that the claim never reads."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from rota import Queue
+from rota.db import migrate
+
+from . import test_oracle
+from .oracle import oracle_ids
+from .test_oracle import _check, group_st, job_st
+
+# Every way the bookkeeping can disagree with the jobs it summarizes; empty when exact.
+RECOUNT = """
+WITH pending AS (
+    SELECT type, group_id, created_at, run_after
+    FROM {s}.jobs WHERE status = 'pending' AND group_id IS NOT NULL
+),
+done AS (
+    SELECT j.type, j.group_id, count(*) AS n
+    FROM {s}.jobs j LEFT JOIN {s}.fair_edge e ON e.type = j.type
+    WHERE j.status = 'done' AND j.group_id IS NOT NULL
+      AND j.finished_at >= coalesce(e.edge, '-infinity')
+    GROUP BY j.type, j.group_id
+),
+kept AS (
+    SELECT fg.type, fg.group_id, fg.head_lb, fg.head_until, fg.ready_lb, fg.plan, fg.active,
+           fg.done_n + coalesce((SELECT sum(d.n) FROM {s}.fair_done d
+                                 WHERE d.type = fg.type AND d.group_id = fg.group_id), 0)
+             AS n
+    FROM {s}.fair_groups fg
+)
+SELECT DISTINCT 'pending job without a row or outside its bounds: ' || p.group_id
+FROM pending p LEFT JOIN kept k ON k.type = p.type AND k.group_id = p.group_id
+WHERE k.group_id IS NULL OR k.ready_lb > p.run_after
+   OR (k.head_lb > p.created_at AND k.head_until > p.run_after)
+UNION ALL
+SELECT 'done count ' || coalesce(k.n, 0) || ' <> ' || coalesce(d.n, 0) || ': '
+       || coalesce(d.group_id, k.group_id)
+FROM done d FULL JOIN kept k ON k.type = d.type AND k.group_id = d.group_id
+WHERE coalesce(k.n, 0) <> coalesce(d.n, 0)
+UNION ALL
+SELECT 'unfolded deltas for a group without a row: ' || d.group_id
+FROM {s}.fair_done d
+WHERE NOT EXISTS (SELECT 1 FROM {s}.fair_groups f
+                  WHERE f.type = d.type AND f.group_id = d.group_id)
+  AND NOT EXISTS (SELECT 1 FROM done x WHERE x.type = d.type AND x.group_id = d.group_id)
+  AND d.n <> 0
+UNION ALL
+SELECT 'plan or active copy differs: ' || k.group_id
+FROM kept k JOIN {s}.groups g ON g.group_id = k.group_id
+WHERE k.plan IS DISTINCT FROM g.plan OR k.active <> g.active
+UNION ALL
+SELECT DISTINCT 'plan missing from fair_plans: ' || k.plan
+FROM kept k
+WHERE k.plan IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM {s}.fair_plans p WHERE p.type = k.type AND p.plan = k.plan)
+UNION ALL
+SELECT 'copy of a missing group is not (no plan, active): ' || k.group_id
+FROM kept k
+WHERE NOT EXISTS (SELECT 1 FROM {s}.groups g WHERE g.group_id = k.group_id)
+  AND (k.plan IS NOT NULL OR NOT k.active)
+"""
+
+
+async def recount(conn: Any, schema: str) -> list[str]:
+    cur = await conn.execute(sql.SQL(RECOUNT).format(s=sql.Identifier(schema)))
+    return [r[0] for r in await cur.fetchall()]
+
+
+async def claim_equals_oracle(queue: Queue, url: str, type_: str, limit: int) -> None:
+    """In a transaction rolled back afterwards: the claim takes the oracle's jobs."""
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        expected = await oracle_ids(queue, conn, type_, limit)
+        got = [j.id for j in await queue.claim(type_, limit, conn=conn)]
+        await conn.rollback()
+    assert got == expected
+
+
+@pytest.fixture
+def migrated(database_url: str, schema: str) -> str:
+    async def go() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+            await migrate(c, schema)
+
+    asyncio.run(go())
+    return schema
+
+
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(groups=st.lists(group_st, min_size=5, max_size=5),
+       jobs=st.lists(job_st, max_size=30),
+       limit=st.integers(1, 12),
+       offset_s=st.sampled_from([0, 3600, 90_000]))
+def test_claim_is_exact_when_every_probe_starts_at_one_group_and_one_job(
+    database_url: str, migrated: str, groups: list[tuple[Any, bool]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every bound check that can fail does, so each retry path is compared with the oracle.
+    monkeypatch.setattr(Queue, "probe_floor", (1, 1))
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s))
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(groups=st.lists(group_st, min_size=5, max_size=5),
+       jobs=st.lists(job_st, max_size=30),
+       limit=st.integers(1, 12),
+       offset_s=st.sampled_from([0, 90_000]))
+def test_claim_reading_an_application_view_is_exact(
+    database_url: str, migrated: str, groups: list[tuple[Any, bool]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def with_view() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+            await c.execute(sql.SQL(
+                "CREATE OR REPLACE VIEW {s}.app_groups AS SELECT * FROM {s}.groups"
+            ).format(s=sql.Identifier(migrated)))
+
+    asyncio.run(with_view())
+
+    class ViewQueue(Queue):
+        def __init__(self, url: Any, **kw: Any) -> None:
+            super().__init__(url, groups=f"{kw['schema']}.app_groups", **kw)
+
+    monkeypatch.setattr(test_oracle, "Queue", ViewQueue)
+    monkeypatch.setattr(Queue, "probe_floor", (1, 1))
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s))
+
+
+async def test_concurrent_churn_and_crashes_leave_bookkeeping_equal_to_a_recount(
+    make_queue: Any, database_url: str, aconn: Any, schema: str
+) -> None:
+    queue: Queue = await make_queue(stale_after=timedelta(minutes=15))
+    for g in range(6):
+        await queue.upsert_group(f"g{g}", plan=["free", "standard", "pro"][g % 3])
+    rnd = random.Random(7)
+
+    async def producer(n: int) -> None:
+        for i in range(n):
+            if i % 5 == 0:
+                await queue.enqueue_many(
+                    [{"type": "t", "payload": {"i": i, "k": k},
+                      "group_id": rnd.choice(["big", "big", "g1", None])} for k in range(7)])
+            else:
+                await queue.enqueue("t", {"i": i}, group_id=rnd.choice(
+                    ["big", "big", "big", "g0", "g2", "g3", "g4", "g5", None]))
+
+    async def worker(w: int) -> None:
+        q: Queue = await make_queue()
+        for _ in range(40):
+            batch = await q.claim("t", rnd.randint(1, 6))
+            for j in batch:
+                r = rnd.random()
+                if r < 0.6:
+                    await q.complete(j)
+                elif r < 0.75:
+                    await q.fail(j, "boom")
+                elif r < 0.9:
+                    await q.defer(j, await q.now() + timedelta(seconds=rnd.randint(0, 3)))
+                # else: left running, as a crashed worker leaves it
+            await asyncio.sleep(0)
+
+    async def crasher() -> None:
+        # A claim and a completion inside transactions whose backends are killed.
+        for _ in range(3):
+            c = await psycopg.AsyncConnection.connect(database_url)
+            claimed = await queue.claim("t", 3, conn=c)
+            for j in claimed[:1]:
+                await queue.complete(j, conn=c)
+            await queue.enqueue("t", {"doomed": True}, group_id="big", conn=c)
+            await aconn.execute("SELECT pg_terminate_backend(%s)", [c.info.backend_pid])
+            with pytest.raises(psycopg.OperationalError):
+                await c.execute("SELECT 1")
+            await c.close()
+            await asyncio.sleep(0.01)
+
+    async def operator() -> None:
+        for k in range(10):
+            await queue.upsert_group("big", plan=["pro", "free"][k % 2], active=k % 3 != 1)
+            await asyncio.sleep(0.01)
+        await queue.upsert_group("big", plan="pro", active=True)
+
+    await queue.upsert_group("big", plan="pro")
+    await producer(30)
+    await asyncio.gather(producer(120), producer(120), operator(), crasher(),
+                         *(worker(w) for w in range(8)), return_exceptions=False)
+    queue.clock_offset = timedelta(minutes=20)  # the left-running jobs go stale
+    await queue.fail_stuck_jobs()
+    await asyncio.gather(*(worker(w) for w in range(4)))
+    await queue.settle()
+    assert await recount(aconn, schema) == []
+    # The edge moves, shards fold, groups empty out: still exact, still the oracle's order.
+    await aconn.execute(sql.SQL("SELECT {s}.fair_advance('t', now()), {s}.fair_fold('t', now())")
+                        .format(s=sql.Identifier(schema)))
+    assert await recount(aconn, schema) == []
+    for limit in (1, 5, 25):
+        await claim_equals_oracle(queue, database_url, "t", limit)
+    queue.clock_offset = timedelta(days=2)  # everything served has left the window
+    await claim_equals_oracle(queue, database_url, "t", 10)
+
+
+async def test_plan_change_and_pause_reach_the_walk_without_touching_jobs(
+    queue: Queue, aconn: Any, schema: str
+) -> None:
+    await queue.upsert_group("a", plan="free")
+    await queue.upsert_group("b", plan="free")
+    a = [await queue.enqueue("t", {"n": i}, group_id="a") for i in range(3)]
+    b = [await queue.enqueue("t", {"n": i}, group_id="b") for i in range(3)]
+    cur = await aconn.execute(sql.SQL("SELECT max(xmin::text::bigint) FROM {}.jobs")
+                              .format(sql.Identifier(schema)))
+    before = (await cur.fetchone())[0]
+    await queue.upsert_group("b", plan="pro")
+    await queue.upsert_group("a", plan="free", active=False)
+    cur = await aconn.execute(sql.SQL("SELECT max(xmin::text::bigint) FROM {}.jobs")
+                              .format(sql.Identifier(schema)))
+    assert (await cur.fetchone())[0] == before  # no job row was rewritten
+    assert [j.id for j in await queue.claim("t", 10)] == [j.id for j in b if j]
+    await queue.upsert_group("a", plan="free", active=True)
+    assert [j.id for j in await queue.claim("t", 10)] == [j.id for j in a if j]
+    assert await recount(aconn, schema) == []
+
+
+async def test_scaled_down_backlog_with_deferred_paused_and_stale_jobs(
+    queue: Queue, aconn: Any, database_url: str, schema: str
+) -> None:
+    """20,000 ready jobs over 400 groups with 4,000 done in the window, plus 5,000 jobs
+    deferred a month, a paused group's 5,000 jobs and 300 stale running jobs: the claim
+    matches the oracle and never needs to probe more than its starting number of groups
+    (so its cost does not depend on any of those)."""
+    s = sql.Identifier(schema)
+    await aconn.execute(sql.SQL(
+        "INSERT INTO {s}.groups (group_id, plan) "
+        "SELECT 'g' || i, (ARRAY['free','standard','pro'])[1 + i % 3] "
+        "FROM generate_series(0, 399) i;"
+        "INSERT INTO {s}.groups (group_id, plan, active) VALUES ('paused', 'pro', false);"
+        "INSERT INTO {s}.jobs (type, group_id, payload, max_attempts, run_after, created_at)"
+        " SELECT 't', 'g' || (i % 400), '{{}}', 3, now() - interval '1 hour',"
+        " now() - interval '1 hour' + i * interval '1 ms' FROM generate_series(1, 20000) i;"
+        "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts, max_attempts,"
+        " run_after, created_at, finished_at)"
+        " SELECT 't', 'g' || ((i * 7919) % 400), '{{}}', 'done', 1, 3, now() - interval '1 day',"
+        " now() - interval '1 day', now() - (i % 80000) * interval '1 second'"
+        " FROM generate_series(1, 4000) i;"
+        "INSERT INTO {s}.jobs (type, group_id, payload, max_attempts, run_after, created_at)"
+        " SELECT 't', 'g' || (i % 400), '{{}}', 3, now() + interval '30 days',"
+        " now() - interval '2 hours' FROM generate_series(1, 5000) i;"
+        "INSERT INTO {s}.jobs (type, group_id, payload, max_attempts, run_after, created_at)"
+        " SELECT 't', 'paused', '{{}}', 3, now() - interval '2 hours', now() - interval '3 hours'"
+        " FROM generate_series(1, 5000) i;"
+        "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts, max_attempts,"
+        " run_after, created_at, locked_at, claim_token)"
+        " SELECT 't', 'g' || (i % 400), '{{}}', 'running', 3, 3, now() - interval '3 hours',"
+        " now() - interval '3 hours', now() - interval '2 hours', gen_random_uuid()"
+        " FROM generate_series(1, 300) i;"
+    ).format(s=s))
+    await aconn.execute(sql.SQL(
+        "SELECT {s}.fair_advance('t', now() - interval '1 day'), {s}.fair_fold('t', now());"
+        " ANALYZE {s}.jobs; ANALYZE {s}.fair_groups").format(s=s))
+    assert await recount(aconn, schema) == []
+    for _ in range(8):
+        await claim_equals_oracle(queue, database_url, "t", 25)
+        batch = await queue.claim("t", 25)
+        assert len(batch) == 25
+        for j in batch:
+            assert await queue.complete(j)
+        await queue.settle()
+    assert queue._probe["t"] == queue._probe_floor(25)  # no claim needed a wider probe
+    assert await recount(aconn, schema) == []
+
+
+async def test_claim_on_the_callers_connection_commits_only_with_the_caller(
+    queue: Queue, database_url: str
+) -> None:
+    job = await queue.enqueue("t", {})
+    assert job
+    async with await psycopg.AsyncConnection.connect(database_url) as c:  # not autocommit
+        [got] = await queue.claim("t", 1, conn=c)
+        assert got.id == job.id
+        await c.rollback()
+    again = await queue.get_job(job.id)
+    assert again is not None and again.status == "pending" and again.attempts == 0
