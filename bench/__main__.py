@@ -1,9 +1,11 @@
-"""`make bench`: claim latency against backlog (with the EXPLAIN at 1M) and enqueue
-throughput, against the references measured in the same run. Results go to
+"""`make bench`: claim latency against backlog (with the EXPLAIN at 1M), enqueue
+throughput, drain throughput and fairness positions, against the references measured
+in the same run. Results go to
 bench/results/ (JSON, PNG, EXPLAIN); bench/RESULTS.md records a run with its machine.
 
 Usage: python -m bench [--quick] (DATABASE_URL, default the local test database).
---quick stops the claim sizes at 100k (the 1M build takes a minute or two)."""
+--quick stops the claim sizes at 100k (the 1M build takes a minute or two), drains
+5,000 jobs instead of 20,000 and runs procrastinate's fairness only with its lock."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import psycopg
 
-from . import claim_latency, enqueue
+from . import claim_latency, drain, enqueue, fairness
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -40,13 +42,18 @@ def main() -> None:
     print(json.dumps(info, indent=2))
     claims = claim_latency.main(url, RESULTS, sizes)
     enq = enqueue.main(url)
+    quick = "--quick" in sys.argv
+    drained = drain.main(url, n=5_000 if quick else 20_000, rounds=3)
+    fair = fairness.main(url, quick=quick)
     (RESULTS / "results.json").write_text(json.dumps(
-        {"machine": info, "claim_latency_ms": claims, "enqueue_jobs_per_s": enq}, indent=2))
+        {"machine": info, "claim_latency_ms": claims, "enqueue_jobs_per_s": enq,
+         "drain_jobs_per_s": drained, "fairness": fair}, indent=2))
     print("\nclaim latency (ms):\n" + claim_latency.header())
     for pending, r in sorted(claims.items()):
         print(claim_latency.row(pending, r))
     print("\nenqueue:\n" + enqueue.report(enq))
-    print("\nDrain throughput (2) and fairness (4) need the runner's worker: not here yet.")
+    print("\ndrain throughput:\n" + drain.report(drained))
+    print("\nfairness:" + fairness.report(fair))
 
 
 if __name__ == "__main__":

@@ -588,10 +588,11 @@ class Pipeline:
             run.held[ctx.job.id] = ctx
         todo = deque(ctxs)
         blocked: list[QuotaExhausted] = []
+        completer = _Completer(self.queue)
         try:
             if stage.batch_handler is not None:
                 todo.clear()
-                await self._call(stage.batch_handler(ctxs), ctxs, run, blocked)
+                await self._call(stage.batch_handler(ctxs), ctxs, run, blocked, completer)
             else:
                 handler = stage.handler
                 assert handler is not None
@@ -601,19 +602,22 @@ class Pipeline:
                     # started stay in `todo` and are deferred back below.
                     while todo and not run.out_of_time() and not blocked:
                         ctx = todo.popleft()
-                        await self._call(handler(ctx), [ctx], run, blocked)
+                        await self._call(handler(ctx), [ctx], run, blocked, completer)
 
                 async with asyncio.TaskGroup() as tg:
                     for _ in range(min(stage.concurrency, len(ctxs))):
                         tg.create_task(worker())
+            await completer.wait()
         finally:
+            await completer.wait_quietly()
             await self._release(run, ctxs, blocked[0] if blocked else None)
         if blocked:
             await self._skip(run, stage, blocked[0])
 
     async def _call(self, work: Awaitable[None], ctxs: list[JobContext], run: _Run,
-                    blocked: list[QuotaExhausted]) -> None:
-        """Run one handler call and settle what it left unsettled."""
+                    blocked: list[QuotaExhausted], completer: _Completer) -> None:
+        """Run one handler call and settle what it left unsettled (jobs it returned
+        normally from are handed to ``completer``, which completes them in batches)."""
         for ctx in ctxs:
             ctx.started = True
         try:
@@ -632,7 +636,7 @@ class Pipeline:
             error = exc
             await _settle_all(ctxs, lambda c: c.fail(error))
         else:
-            await _settle_all(ctxs, lambda c: c.complete())
+            completer.add([c for c in ctxs if not c.settled])
 
     async def _release(self, run: _Run, ctxs: list[JobContext],
                        blocked: QuotaExhausted | None) -> None:
@@ -729,6 +733,54 @@ class Pipeline:
 
 async def _no_give_up_hook(job: Job, conn: AnyConn) -> None:
     """The give-up hook of a stage that declares none."""
+
+
+class _Completer:
+    """Completes the jobs whose handlers returned normally, in batches: one
+    ``complete_many`` statement for whatever has finished since the previous one was
+    sent (group commit). A lone job is completed at once, as before; jobs that finish
+    while a statement is in flight go together in the next one, so a batch of fast
+    handlers costs one or two statements instead of one per job."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.pending: list[JobContext] = []
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, ctxs: list[JobContext]) -> None:
+        if not ctxs:
+            return
+        self.pending.extend(ctxs)
+        if self.task is None or self.task.done():
+            if self.task is not None and (self.task.cancelled()
+                                          or self.task.exception() is not None):
+                return  # a failed flush: wait() raises it; these stay unsettled
+            self.task = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        while self.pending:
+            batch, self.pending = self.pending, []
+            oks = await self.queue.complete_many([c.job for c in batch])
+            for c, ok in zip(batch, oks, strict=True):
+                c._settle("done" if ok else "lost")
+
+    async def wait(self) -> None:
+        """Wait until every job handed over is completed (or found lost).
+
+        Raises:
+            Whatever completing raised (the jobs not completed stay unsettled).
+        """
+        while self.task is not None:
+            task = self.task
+            await task
+            if task is self.task and not self.pending:
+                return
+            if task is self.task:  # added after the task ended
+                self.task = asyncio.get_running_loop().create_task(self._flush())
+
+    async def wait_quietly(self) -> None:
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
 
 
 async def _settle_all(ctxs: list[JobContext],
