@@ -252,15 +252,25 @@ async def test_the_run_row_is_written_at_start_and_completed_at_end(
 
 async def test_no_transaction_is_open_while_a_handler_runs(queue: Queue,
                                                            database_url: str) -> None:
-    """Any open transaction that touched jobs or runs would hold a lock; NOWAIT fails.
-    (Concurrency 1, so no other job's settling statement is executing meanwhile.)"""
+    """Any transaction held open across the handler would hold a lock for as long as the
+    handler runs, so LOCK … NOWAIT would fail on every try. Short statements may still be
+    in flight when the handler starts (the previous job's batched completion, the
+    claim's background upkeep), so a few tries a few milliseconds apart are allowed."""
     async def handler(ctx: JobContext) -> None:
-        # The claim's background upkeep is the queue's own short transaction, not the
-        # run's: under load it may still be reading jobs when the handler starts.
         await queue.settle()
-        async with await psycopg.AsyncConnection.connect(database_url) as conn:
-            await conn.execute(sql.SQL("LOCK TABLE {}, {} IN ACCESS EXCLUSIVE MODE NOWAIT")
-                               .format(queue.table("jobs"), queue.table("runs")))
+        async with await psycopg.AsyncConnection.connect(database_url,
+                                                         autocommit=True) as conn:
+            for attempt in range(40):
+                try:
+                    async with conn.transaction():
+                        await conn.execute(
+                            sql.SQL("LOCK TABLE {}, {} IN ACCESS EXCLUSIVE MODE NOWAIT")
+                            .format(queue.table("jobs"), queue.table("runs")))
+                    return
+                except psycopg.errors.LockNotAvailable:
+                    if attempt == 39:
+                        raise
+                    await asyncio.sleep(0.025)
 
     await enqueue(queue, "t", 3)
     result = await Pipeline(queue, [Stage("t", 3, 1, handler)]).run()
