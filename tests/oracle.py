@@ -70,3 +70,30 @@ async def oracle_ids(queue: Queue, conn: Any, type_: str, limit: int) -> list[in
         "stale_after": queue.stale_after,
     })
     return [r[0] for r in await cur.fetchall()]
+
+
+async def insert_rows(conn: Any, schema: str, groups: list[tuple[Any, bool]],
+                      jobs: list[dict[str, Any]], now: sql.Composable) -> None:
+    """Insert a property test's generated groups (``g0``…) and jobs, with times as offsets
+    in seconds from ``now`` (an SQL expression: the queue's clock)."""
+    s = sql.Identifier(schema)
+    for i, (plan, active) in enumerate(groups):
+        await conn.execute(
+            sql.SQL("INSERT INTO {}.groups (group_id, plan, active) VALUES (%s, %s, %s)")
+            .format(s), [f"g{i}", plan, active])
+    for j in jobs:
+        running, done = j["status"] == "running", j["status"] in ("done", "failed")
+        await conn.execute(sql.SQL(
+            "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts, max_attempts,"
+            " run_after, locked_at, created_at, finished_at, claim_token) VALUES"
+            " (%(type)s, %(group)s, '{{}}', %(status)s, %(attempts)s, 3,"
+            " {now} + make_interval(secs => %(run_after)s),"
+            " CASE WHEN %(running)s THEN {now} + make_interval(secs => %(locked)s) END,"
+            " {now} + make_interval(secs => %(created)s),"
+            " CASE WHEN %(done)s THEN {now} + make_interval(secs => %(finished)s) END,"
+            " CASE WHEN %(running)s THEN gen_random_uuid() END)"
+        ).format(s=s, now=now), {
+            **j, "running": running, "done": done,
+            "group": None if j["group"] is None else f"g{j['group']}",
+            "attempts": j["attempts"] if j["status"] != "pending" else min(j["attempts"], 2),
+        })

@@ -18,7 +18,7 @@ from psycopg import sql
 from rota import Queue
 from rota.db import migrate
 
-from .oracle import oracle_ids
+from .oracle import insert_rows, oracle_ids
 from .test_fast_claim import recount
 from .test_oracle import group_st, job_st
 
@@ -164,31 +164,11 @@ async def _timeline(url: str, schema: str, groups: list[tuple[Any, bool]],
     (seconds forward, run the upkeep first?) move the queue's clock and claim, comparing
     every claim with the oracle. Claims change the jobs (running, attempts + 1), so later
     steps see locks taken earlier go stale, and bounds computed at earlier clocks."""
-    s = sql.Identifier(schema)
     queue = Queue(url, schema=schema, stale_after=timedelta(seconds=900),
                   **({"groups": f"{schema}.app_groups"} if view else {}))
     async with await psycopg.AsyncConnection.connect(url) as conn:
         now = sql.SQL("now()")
-        for i, (plan, active) in enumerate(groups):
-            await conn.execute(
-                sql.SQL("INSERT INTO {}.groups (group_id, plan, active) VALUES (%s, %s, %s)")
-                .format(s), [f"g{i}", plan, active])
-        for j in jobs:
-            running, done = j["status"] == "running", j["status"] in ("done", "failed")
-            await conn.execute(sql.SQL(
-                "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts, max_attempts,"
-                " run_after, locked_at, created_at, finished_at, claim_token) VALUES"
-                " (%(type)s, %(group)s, '{{}}', %(status)s, %(attempts)s, 3,"
-                " {now} + make_interval(secs => %(run_after)s),"
-                " CASE WHEN %(running)s THEN {now} + make_interval(secs => %(locked)s) END,"
-                " {now} + make_interval(secs => %(created)s),"
-                " CASE WHEN %(done)s THEN {now} + make_interval(secs => %(finished)s) END,"
-                " CASE WHEN %(running)s THEN gen_random_uuid() END)"
-            ).format(s=s, now=now), {
-                **j, "running": running, "done": done,
-                "group": None if j["group"] is None else f"g{j['group']}",
-                "attempts": j["attempts"] if j["status"] != "pending" else min(j["attempts"], 2),
-            })
+        await insert_rows(conn, schema, groups, jobs, now)
         for forward, run_upkeep in steps:
             queue.clock_offset += timedelta(seconds=forward)
             if run_upkeep:

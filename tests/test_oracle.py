@@ -16,7 +16,7 @@ from psycopg import sql
 from rota import Queue
 from rota.db import migrate
 
-from .oracle import oracle_ids
+from .oracle import insert_rows, oracle_ids
 
 PLAN_CHOICES = [None, "free", "standard", "pro", "no-such-plan"]
 
@@ -37,29 +37,9 @@ async def _check(url: str, schema: str, groups: list[tuple[Any, bool]],
                  jobs: list[dict[str, Any]], limit: int, offset_s: int) -> None:
     queue = Queue(url, schema=schema)  # its pool is never opened: every call passes conn
     queue.clock_offset = timedelta(seconds=offset_s)
-    s = sql.Identifier(schema)
     async with await psycopg.AsyncConnection.connect(url) as conn:
         now = sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset))
-        for i, (plan, active) in enumerate(groups):
-            await conn.execute(
-                sql.SQL("INSERT INTO {}.groups (group_id, plan, active) VALUES (%s, %s, %s)")
-                .format(s), [f"g{i}", plan, active])
-        for j in jobs:
-            running, done = j["status"] == "running", j["status"] in ("done", "failed")
-            await conn.execute(sql.SQL(
-                "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts, max_attempts,"
-                " run_after, locked_at, created_at, finished_at, claim_token) VALUES"
-                " (%(type)s, %(group)s, '{{}}', %(status)s, %(attempts)s, 3,"
-                " {now} + make_interval(secs => %(run_after)s),"
-                " CASE WHEN %(running)s THEN {now} + make_interval(secs => %(locked)s) END,"
-                " {now} + make_interval(secs => %(created)s),"
-                " CASE WHEN %(done)s THEN {now} + make_interval(secs => %(finished)s) END,"
-                " CASE WHEN %(running)s THEN gen_random_uuid() END)"
-            ).format(s=s, now=now), {
-                **j, "running": running, "done": done,
-                "group": None if j["group"] is None else f"g{j['group']}",
-                "attempts": j["attempts"] if j["status"] != "pending" else min(j["attempts"], 2),
-            })
+        await insert_rows(conn, schema, groups, jobs, now)
         for type_ in ("a", "b"):
             expected = await oracle_ids(queue, conn, type_, limit)
             claimed = await queue.claim(type_, limit, conn=conn)
