@@ -3,6 +3,7 @@ fresh schema per test, so tests run in parallel and never see each other's rows.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -13,6 +14,7 @@ import pytest
 from psycopg import sql
 
 from rota import Queue
+from rota.db import migrate
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +40,18 @@ def schema(database_url: str) -> Iterator[str]:
     yield name
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def migrated(database_url: str, schema: str) -> str:
+    """This test's schema, migrated (for sync tests such as hypothesis properties)."""
+
+    async def go() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+            await migrate(c, schema)
+
+    asyncio.run(go())
+    return schema
 
 
 @pytest.fixture

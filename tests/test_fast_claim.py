@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from rota import Queue
-from rota.db import migrate
 
 from . import test_oracle
 from .oracle import oracle_ids
@@ -88,15 +87,6 @@ async def claim_equals_oracle(queue: Queue, url: str, type_: str, limit: int) ->
         await conn.rollback()
     assert got == expected
 
-
-@pytest.fixture
-def migrated(database_url: str, schema: str) -> str:
-    async def go() -> None:
-        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
-            await migrate(c, schema)
-
-    asyncio.run(go())
-    return schema
 
 
 @settings(max_examples=120, deadline=None,

@@ -8,13 +8,11 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
 from rota import Queue
-from rota.db import migrate
 
 from .oracle import insert_rows, oracle_ids
 
@@ -47,15 +45,6 @@ async def _check(url: str, schema: str, groups: list[tuple[Any, bool]],
             assert all(c.status == "running" for c in claimed)
         await conn.rollback()
 
-
-@pytest.fixture
-def migrated(database_url: str, schema: str) -> str:
-    async def go() -> None:
-        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
-            await migrate(c, schema)
-
-    asyncio.run(go())
-    return schema
 
 
 @settings(max_examples=150, deadline=None,
