@@ -53,7 +53,11 @@ class Job:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
-        return cls(**{f.name: row[f.name] for f in fields(cls)})
+        """A job from a row of ``jobs`` (a mapping with at least every field's column)."""
+        return cls(**{name: row[name] for name in _JOB_FIELDS})
+
+
+_JOB_FIELDS = tuple(f.name for f in fields(Job))
 
 
 class DeferJob(Exception):
@@ -168,6 +172,10 @@ def _check_strings(value: Any, path: str) -> None:
         raise PayloadError(f"payload{path} is {value}, which JSON cannot represent")
 
 
+# One encoder for every payload: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
 def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
     """Serialize a payload to JSON text for the ``jsonb`` column.
 
@@ -200,7 +208,7 @@ def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> 
     except RecursionError:
         raise PayloadError("payload is nested too deeply (or contains itself)") from None
     try:
-        text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        text = _ENCODER.encode(payload)
     except RecursionError:
         raise PayloadError("payload is nested too deeply (or contains itself)") from None
     except (TypeError, ValueError) as exc:

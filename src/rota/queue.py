@@ -170,17 +170,27 @@ class QueueSettings:
         }
 
     def enqueue_many_params(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-        """Check a batch and return the statement's parallel arrays."""
-        cols: dict[str, list[Any]] = {
-            k: [] for k in ("type", "payload", "group_id", "dedupe_key", "run_after",
-                            "max_attempts")
-        }
-        allowed = {"type", "payload", "group_id", "dedupe_key", "run_after", "max_attempts"}
+        """Check a batch and return the statement's parallel arrays (the same checks
+        as :meth:`enqueue_params`, item by item).
+
+        Raises:
+            InvalidInput and subclasses: naming the first bad item (``item 3: ...``).
+        """
+        types: list[str] = []
+        payloads: list[str] = []
+        group_ids: list[str | None] = []
+        dedupe_keys: list[str | None] = []
+        run_afters: list[datetime | None] = []
+        max_attempts: list[int] = []
+        allowed = _ITEM_KEYS
+        max_bytes = self.max_payload_bytes
+        known_types: dict[object, str] = {}  # a batch repeats a few types and groups
+        known_groups: dict[object, str | None] = {None: None}
         for i, item in enumerate(items):
             if not isinstance(item, Mapping):
                 raise InvalidInput(f"item {i}: expected a mapping, got {type(item).__name__}")
-            extra = set(item) - allowed
-            if extra or "type" not in item or "payload" not in item:
+            if not allowed.issuperset(item) or "type" not in item or "payload" not in item:
+                extra = set(item) - allowed
                 raise InvalidInput(
                     f"item {i}: needs 'type' and 'payload', may have "
                     f"'group_id', 'dedupe_key', 'run_after', 'max_attempts'; "
@@ -188,24 +198,48 @@ class QueueSettings:
                     f"item {i}: needs 'type' and 'payload'"
                 )
             try:
-                p = self.enqueue_params(
-                    item["type"], item["payload"],
-                    group_id=item.get("group_id"), dedupe_key=item.get("dedupe_key"),
-                    run_after=item.get("run_after"), max_attempts=item.get("max_attempts"),
-                )
+                raw_type = item["type"]
+                t = known_types.get(raw_type) if isinstance(raw_type, str) else None
+                if t is None:
+                    t = known_types[raw_type] = self.check_type(raw_type)
+                raw_group = item.get("group_id")
+                if isinstance(raw_group, str) and raw_group in known_groups:
+                    g = known_groups[raw_group]
+                else:
+                    g = require_text(raw_group, "group_id", allow_none=True)
+                    if isinstance(raw_group, str):
+                        known_groups[raw_group] = g
+                payload = encode_payload(item["payload"], max_bytes)
+                key = item.get("dedupe_key")
+                if key is not None:
+                    key = require_text(key, "dedupe_key")
+                due = item.get("run_after")
+                if due is not None:
+                    due = require_due_time(due, "run_after")
+                attempts = item.get("max_attempts")
+                attempts = (_positive_int(attempts, "max_attempts") if attempts is not None
+                            else self.max_attempts_by_type.get(t, self.max_attempts))
             except InvalidInput as exc:
                 raise type(exc)(f"item {i}: {exc}") from None
-            for k in cols:
-                cols[k].append(p[k])
+            types.append(t)
+            payloads.append(payload)
+            group_ids.append(g)
+            dedupe_keys.append(key)
+            run_afters.append(due)
+            max_attempts.append(attempts)
         return {
-            "types": cols["type"],
-            "payloads": cols["payload"],
-            "group_ids": cols["group_id"],
-            "dedupe_keys": cols["dedupe_key"],
-            "run_afters": cols["run_after"],
-            "max_attempts": cols["max_attempts"],
+            "types": types,
+            "payloads": payloads,
+            "group_ids": group_ids,
+            "dedupe_keys": dedupe_keys,
+            "run_afters": run_afters,
+            "max_attempts": max_attempts,
             "offset": self.clock_offset,
         }
+
+
+_ITEM_KEYS = frozenset({"type", "payload", "group_id", "dedupe_key", "run_after",
+                        "max_attempts"})
 
 
 class Queue(QueueSettings):

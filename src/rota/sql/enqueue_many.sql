@@ -5,8 +5,8 @@ INSERT INTO {schema}.jobs (type, group_id, payload, dedupe_key, max_attempts, ru
 SELECT t.type, t.group_id, t.payload, t.dedupe_key, t.max_attempts,
        coalesce(t.run_after, now() + %(offset)s::interval),
        now() + %(offset)s::interval
-FROM unnest(%(types)s::text[], %(group_ids)s::text[], %(payloads)s::jsonb[],
-            %(dedupe_keys)s::text[], %(max_attempts)s::int[], %(run_afters)s::timestamptz[])
+FROM unnest(%(types)b::text[], %(group_ids)b::text[], %(payloads)b::text[]::jsonb[],
+            %(dedupe_keys)b::text[], %(max_attempts)b::int[], %(run_afters)b::timestamptz[])
      WITH ORDINALITY AS t(type, group_id, payload, dedupe_key, max_attempts, run_after, n)
 ORDER BY t.n
 ON CONFLICT DO NOTHING

@@ -1,0 +1,51 @@
+-- Fewer index entries per job write (issue 4: enqueue and drain throughput). Every
+-- enqueue, claim and completion of a job inserts an entry into each index whose
+-- predicate the new row version matches; two of 001's indexes cost that on every write
+-- and served no statement that the others do not serve:
+--   jobs_open_dedupe_uq indexed every open job, also the many with no dedupe key (NULL
+--   never conflicts); it now holds only open jobs that have a key. Enqueue's
+--   ON CONFLICT DO NOTHING names no target, so it still arbitrates on this index.
+--   jobs_status_type_idx (status, type) indexed every row of every status; the claim,
+--   the served window, stale reclaim, give-up hooks and pruning read the partial
+--   indexes, and inspection (`rota jobs`) walks the primary key newest first. Failed
+--   jobs, the one status without an index of its own, get a small partial one.
+DROP INDEX {schema}.jobs_open_dedupe_uq;
+CREATE UNIQUE INDEX jobs_open_dedupe_uq ON {schema}.jobs (dedupe_key)
+    WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running');
+DROP INDEX {schema}.jobs_status_type_idx;
+CREATE INDEX jobs_failed_idx ON {schema}.jobs (type, id) WHERE status = 'failed';
+
+-- fair_note_pending took one array entry per job and read the arrays several times (a
+-- batch of 1,000 jobs cost 2.5 ms in the insert trigger). Only two things about the jobs
+-- of a group that are due now matter to it: their oldest created_at and their earliest
+-- run_after; jobs due later matter one by one (they may cut the head's validity). So the
+-- entry point now folds each group's due-now jobs into one entry and passes the rest
+-- through to 010's function, unchanged, under its new name.
+ALTER FUNCTION {schema}.fair_note_pending(text[], text[], timestamptz[], timestamptz[])
+    RENAME TO fair_note_pending_each;
+
+CREATE FUNCTION {schema}.fair_note_pending(
+    p_types text[], p_groups text[], p_heads timestamptz[], p_readies timestamptz[]
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    SELECT array_agg(c.type) AS types, array_agg(c.group_id) AS groups,
+           array_agg(c.head) AS heads, array_agg(c.ready) AS readies
+    INTO r
+    FROM (
+        SELECT t.type, t.group_id, min(t.head) AS head, min(t.ready) AS ready
+        FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
+        WHERE t.ready <= now()
+        GROUP BY t.type, t.group_id
+        UNION ALL
+        SELECT t.type, t.group_id, t.head, t.ready
+        FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
+        WHERE t.ready > now()
+    ) c;
+    IF r.types IS NOT NULL THEN
+        PERFORM {schema}.fair_note_pending_each(r.types, r.groups, r.heads, r.readies);
+    END IF;
+END
+$$;
