@@ -18,19 +18,22 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from .enqueue import database
+from .enqueue import database, pgqueuer_connect, slug
 
 # name -> (label, settings)
 SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     # rota: a Stage needs a batch; 25 is the claim size the docs and tests use.
     "rota": {"default": {"batch": 25, "concurrency": 1},
-             "tuned": {"batch": 100, "concurrency": 8}},
+             "tuned": {"batch": 1000, "concurrency": 8}},
     # procrastinate: one job per fetch; concurrency is its documented knob.
     "procrastinate": {"default": {"concurrency": 1},
                       "tuned": {"concurrency": 10}},
     # pgqueuer: batch_size 10 by default; its docs' throughput setting is a larger batch.
-    "pgqueuer": {"default": {"batch_size": 10},
-                 "tuned": {"batch_size": 100}},
+    # With asyncpg (its documented driver) and with psycopg (rota's).
+    "pgqueuer (asyncpg)": {"default": {"batch_size": 10, "driver": "asyncpg"},
+                           "tuned": {"batch_size": 100, "driver": "asyncpg"}},
+    "pgqueuer (psycopg)": {"default": {"batch_size": 10, "driver": "psycopg"},
+                           "tuned": {"batch_size": 100, "driver": "psycopg"}},
 }
 
 Drain = Callable[[str, int, dict[str, Any]], Awaitable[float]]
@@ -73,21 +76,23 @@ async def drain_rota(url: str, n: int, opts: dict[str, Any]) -> float:
 
 
 async def drain_pgqueuer(url: str, n: int, opts: dict[str, Any]) -> float:
-    import psycopg
-    from pgqueuer.db import PsycopgDriver
     from pgqueuer.models import Job
     from pgqueuer.qm import QueueManager
     from pgqueuer.queries import Queries
     from pgqueuer.types import QueueExecutionMode
 
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        queries = Queries(PsycopgDriver(conn))
+    drv, close = await pgqueuer_connect(url, opts["driver"])
+    try:
+        queries = Queries(drv)
         await queries.install()
         for k in range(0, n, 1000):
             m = min(n, k + 1000) - k
             await queries.enqueue(["noop"] * m, [b"x"] * m, [0] * m)
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        qm = QueueManager(Queries(PsycopgDriver(conn)))
+    finally:
+        await close()
+    drv, close = await pgqueuer_connect(url, opts["driver"])
+    try:
+        qm = QueueManager(Queries(drv))
         done = 0
 
         @qm.entrypoint("noop")
@@ -99,6 +104,8 @@ async def drain_pgqueuer(url: str, n: int, opts: dict[str, Any]) -> float:
         await qm.run(batch_size=opts["batch_size"], mode=QueueExecutionMode.drain,
                      dequeue_timeout=timedelta(seconds=1))
         dt = time.perf_counter() - t
+    finally:
+        await close()
     assert done == n, f"pgqueuer drained {done} of {n}"
     return n / dt
 
@@ -127,7 +134,8 @@ async def drain_procrastinate(url: str, n: int, opts: dict[str, Any]) -> float:
 
 
 DRAINS: dict[str, Drain] = {"rota": drain_rota, "procrastinate": drain_procrastinate,
-                            "pgqueuer": drain_pgqueuer}
+                            "pgqueuer (asyncpg)": drain_pgqueuer,
+                            "pgqueuer (psycopg)": drain_pgqueuer}
 
 
 async def measure(url: str, n: int, rounds: int) -> dict[str, dict[str, Any]]:
@@ -136,7 +144,7 @@ async def measure(url: str, n: int, rounds: int) -> dict[str, dict[str, Any]]:
     for r in range(rounds):  # interleaved: every system and setting once per round
         for setting in ("default", "tuned"):
             for name, drain in DRAINS.items():
-                db = database(url, f"bench_drain_{name}")
+                db = database(url, f"bench_drain_{slug(name)}")
                 rate = await drain(db, n, SETTINGS[name][setting])
                 got[name][setting].append(rate)
                 print(f"  round {r + 1} {name} {setting}: {rate:,.0f} jobs/s", flush=True)
@@ -147,7 +155,7 @@ async def measure(url: str, n: int, rounds: int) -> dict[str, dict[str, Any]]:
 
 def report(result: dict[str, dict[str, Any]]) -> str:
     def fmt(opts: dict[str, Any]) -> str:
-        return ", ".join(f"{k} {v}" for k, v in opts.items())
+        return ", ".join(f"{k} {v}" for k, v in opts.items() if k != "driver")
 
     lines = ["| system | default (jobs/s) | tuned (jobs/s) | tuned settings |",
              "|---|---:|---:|---|"]

@@ -166,6 +166,7 @@ class _Run:
         self.held: dict[int, JobContext] = {}       # claimed and not yet settled
         self.skipped: set[str] = set()               # stage types blocked by quota
         self.blocked: set[str] = set()               # reasons with quota-blocked work
+        self.finishing: asyncio.Task[None] | None = None  # last batch's completion
 
     def time_left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.0)
@@ -461,7 +462,10 @@ class Pipeline:
         blocked by its quota), runs it with the stage's concurrency, then starts again
         from the top. After the budget no batch is claimed; jobs in flight finish;
         claimed jobs not yet started are deferred back without burning an attempt. No
-        database transaction is open while a handler runs.
+        database transaction is open while a handler runs. Jobs whose handlers return
+        are completed in batches, and a batch's completions are written while the next
+        batch is being claimed (the claim counts them as served either way: running
+        and done jobs both count).
 
         The ``runs`` row is written when the run starts, saved after every batch and
         heartbeat, and completed at the end, also when the run ends in error.
@@ -527,6 +531,16 @@ class Pipeline:
     # -- the loop ----------------------------------------------------------------------
 
     async def _loop(self, run: _Run) -> StopReason:
+        try:
+            stop = await self._claim_and_run(run)
+        except BaseException:
+            if run.finishing is not None:  # let the last batch's completion land
+                await asyncio.gather(run.finishing, return_exceptions=True)
+            raise
+        await self._finished(run)
+        return stop
+
+    async def _claim_and_run(self, run: _Run) -> StopReason:
         while True:
             for stage in self.stages:
                 # After the budget no new batch is claimed.
@@ -540,16 +554,25 @@ class Pipeline:
                         await self._skip(run, stage, block)
                         continue
                 jobs = await self.queue.claim(stage.type, stage.batch, run_id=run.id)
+                # The previous batch's completion went on while this claim ran.
+                await self._finished(run)
                 if not jobs:
                     continue
-                await self._run_batch(run, stage, jobs)
-                await self._save(run)
+                run.finishing = await self._run_batch(run, stage, jobs)
+                if run.finishing is None:
+                    await self._save(run)
                 break  # start again from the top: earlier stages win
             else:
                 if run.blocked:
                     return ("quota_exhausted" if "exhausted" in run.blocked
                             else "quota_reserve")
                 return "no_work"
+
+    async def _finished(self, run: _Run) -> None:
+        """Wait for the previous batch's completion (raising what it raised)."""
+        task, run.finishing = run.finishing, None
+        if task is not None:
+            await task
 
     async def _quota_block(self, quota: Quota, cost: int) -> QuotaExhausted | None:
         usage = await quota.usage(self.queue)
@@ -582,13 +605,23 @@ class Pipeline:
             run.blocked.add(block.reason)
         log.info("run %s: stage %r skipped: %s", run.id, stage.type, block)
 
-    async def _run_batch(self, run: _Run, stage: Stage, jobs: list[Job]) -> None:
+    async def _run_batch(self, run: _Run, stage: Stage,
+                         jobs: list[Job]) -> asyncio.Task[None] | None:
+        """Run one claimed batch's handlers with the stage's concurrency.
+
+        Returns:
+            When every handler ran and none hit the stage's quota (the usual case):
+            the task completing the jobs whose handlers returned and then saving the
+            run's progress, which the loop awaits after its next claim, so that claim
+            and this completion overlap. Otherwise None: everything settled here.
+        """
         ctxs = [JobContext(j, self.queue, stage, run, self) for j in jobs]
         for ctx in ctxs:
             run.held[ctx.job.id] = ctx
         todo = deque(ctxs)
         blocked: list[QuotaExhausted] = []
         completer = _Completer(self.queue)
+        handed_over = False
         try:
             if stage.batch_handler is not None:
                 todo.clear()
@@ -607,12 +640,29 @@ class Pipeline:
                 async with asyncio.TaskGroup() as tg:
                     for _ in range(min(stage.concurrency, len(ctxs))):
                         tg.create_task(worker())
+            if not blocked and not todo:
+                handed_over = True
+                return asyncio.get_running_loop().create_task(
+                    self._complete_batch(run, ctxs, completer))
+            await completer.wait()
+        finally:
+            if not handed_over:
+                await completer.wait_quietly()
+                await self._release(run, ctxs, blocked[0] if blocked else None)
+        if blocked:
+            await self._skip(run, stage, blocked[0])
+        return None
+
+    async def _complete_batch(self, run: _Run, ctxs: list[JobContext],
+                              completer: _Completer) -> None:
+        """Finish a batch whose handlers all ran: wait for its completions, hand back
+        whatever is still unsettled (as _run_batch does inline), save the progress."""
+        try:
             await completer.wait()
         finally:
             await completer.wait_quietly()
-            await self._release(run, ctxs, blocked[0] if blocked else None)
-        if blocked:
-            await self._skip(run, stage, blocked[0])
+            await self._release(run, ctxs, None)
+        await self._save(run)
 
     async def _call(self, work: Awaitable[None], ctxs: list[JobContext], run: _Run,
                     blocked: list[QuotaExhausted], completer: _Completer) -> None:
