@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import uuid
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from .errors import InvalidInput, NaiveDatetimeError, PayloadError
@@ -55,6 +57,18 @@ class Job:
     def from_row(cls, row: dict[str, Any]) -> Job:
         """A job from a row of ``jobs`` (a mapping with at least every field's column)."""
         return cls(**{name: row[name] for name in _JOB_FIELDS})
+
+    @classmethod
+    def row_maker(cls, columns: Sequence[str]) -> Callable[[Sequence[Any]], Job]:
+        """A fast maker of jobs from tuple rows whose columns are named ``columns`` (a
+        cursor's description); the columns must include every field of Job.
+
+        Raises:
+            KeyError: a field's column is missing.
+        """
+        where = {name: i for i, name in enumerate(columns)}
+        picks = operator.itemgetter(*(where[name] for name in _JOB_FIELDS))
+        return lambda row: cls(*picks(row))
 
 
 _JOB_FIELDS = tuple(f.name for f in fields(Job))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import select
 import time
 import uuid
@@ -16,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, cast
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.sql import Composed, Identifier
 from psycopg_pool import AsyncConnectionPool
 
@@ -516,7 +517,7 @@ class Queue(QueueSettings):
         groups, per = self._probe.get(t, self._probe_floor(limit))
         retried = False
         async with self.connection(conn) as c:
-            cur = c.cursor(row_factory=dict_row)
+            cur = c.cursor(row_factory=tuple_row)  # whatever the caller's conn uses
             while True:
                 # Settings and claim in one transaction, pipelined into one round trip:
                 # our own on an autocommit connection; otherwise the caller's (psycopg
@@ -528,7 +529,7 @@ class Queue(QueueSettings):
                                       {**params, "probe_groups": groups, "probe_per": per},
                                       prepare=True)
                     rows = await cur.fetchall()
-                retry = rows[0]["retry"] if len(rows) == 1 else None
+                retry = rows[0][-1] if len(rows) == 1 else None
                 if retry is None:
                     break
                 # The bound did not prove the probed jobs hold the best batch: read more
@@ -541,8 +542,13 @@ class Queue(QueueSettings):
         self._remember_probe(t, limit, groups, per, retried)
         if conn is None:
             self._schedule_upkeep(t)
-        rows.sort(key=lambda r: r["claim_order"])
-        return [Job.from_row({k: v for k, v in r.items() if k != "retry"}) for r in rows]
+        if not rows:
+            return []
+        # Tuple rows: the job's columns, then claim_order, then retry.
+        assert cur.description is not None
+        make = Job.row_maker([col.name for col in cur.description])
+        rows.sort(key=operator.itemgetter(-2))
+        return [make(r) for r in rows]
 
     # The smallest probe a claim starts from: groups and jobs per group (tests set it to
     # (1, 1) to drive every claim through the retries).
