@@ -20,7 +20,8 @@ CREATE INDEX jobs_failed_idx ON {schema}.jobs (type, id) WHERE status = 'failed'
 -- of a group that are due now matter to it: their oldest created_at and their earliest
 -- run_after; jobs due later matter one by one (they may cut the head's validity). So the
 -- entry point now folds each group's due-now jobs into one entry and passes the rest
--- through to 010's function, unchanged, under its new name.
+-- through to 010's function, unchanged, under its new name; and when the rows already
+-- bound the new jobs, it only takes the shared locks.
 ALTER FUNCTION {schema}.fair_note_pending(text[], text[], timestamptz[], timestamptz[])
     RENAME TO fair_note_pending_each;
 
@@ -30,7 +31,32 @@ CREATE FUNCTION {schema}.fair_note_pending(
 LANGUAGE plpgsql AS $$
 DECLARE
     r record;
+    wanted int;
+    locked int;
+    bounded int;
 BEGIN
+    -- The usual enqueue: every job due now, into groups whose rows exist and already
+    -- bound them (head_lb <= created_at, ready_lb <= run_after). Then the invariant
+    -- holds as it is, and the shared locks are all there is to take: one statement
+    -- instead of the several below (a one-job enqueue paid 0.15 ms for them).
+    IF NOT EXISTS (SELECT 1 FROM unnest(p_readies) AS x(ready) WHERE x.ready > now()) THEN
+        WITH c AS (
+            SELECT t.type, t.group_id, min(t.head) AS head, min(t.ready) AS ready
+            FROM unnest(p_types, p_groups, p_heads, p_readies)
+                 AS t(type, group_id, head, ready)
+            GROUP BY t.type, t.group_id
+        )
+        SELECT (SELECT count(*) FROM c), count(*), count(*) FILTER (WHERE l.ok)
+        INTO wanted, locked, bounded
+        FROM (SELECT fg.head_lb <= c.head AND fg.ready_lb <= c.ready AS ok
+              FROM {schema}.fair_groups fg
+              JOIN c ON c.type = fg.type AND c.group_id = fg.group_id
+              ORDER BY fg.type, fg.group_id
+              FOR KEY SHARE OF fg) l;
+        IF wanted = locked AND locked = bounded THEN
+            RETURN;
+        END IF;
+    END IF;
     SELECT array_agg(c.type) AS types, array_agg(c.group_id) AS groups,
            array_agg(c.head) AS heads, array_agg(c.ready) AS readies
     INTO r
