@@ -283,3 +283,67 @@ async def test_claim_on_the_callers_connection_commits_only_with_the_caller(
         await c.rollback()
     again = await queue.get_job(job.id)
     assert again is not None and again.status == "pending" and again.attempts == 0
+
+
+async def _vacuum_count(aconn: Any, schema: str) -> int:
+    await aconn.execute("SELECT pg_stat_clear_snapshot()")
+    cur = await aconn.execute(
+        "SELECT pg_stat_get_vacuum_count(c.oid) FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = 'fair_groups'", (schema,))
+    row = await cur.fetchone()
+    return int(row[0])
+
+
+async def _claim_complete_settle(queue: Queue) -> None:
+    await queue.upsert_group("a", plan="free")
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "a"}] * 5)
+    jobs = await queue.claim("t", 5)
+    assert len(jobs) == 5
+    assert await queue.complete_many(jobs) == [True] * 5
+    await queue.claim("t", 5)  # a second round of upkeep after the completions
+    await queue.settle()
+
+
+async def test_upkeep_vacuums_the_bookkeeping_tables(
+    queue: Queue, aconn: Any, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("rota.queue.VACUUM_EVERY_S", 0.0)
+    assert await _vacuum_count(aconn, schema) == 0
+    await _claim_complete_settle(queue)
+    for _ in range(50):  # the statistics reach other sessions shortly after
+        if await _vacuum_count(aconn, schema) > 0:
+            break
+        await asyncio.sleep(0.1)
+    assert await _vacuum_count(aconn, schema) >= 1
+    assert queue._vacuum_refused is False
+    assert await recount(aconn, schema) == []
+
+
+async def test_a_role_that_does_not_own_the_bookkeeping_never_tries_to_vacuum_it(
+    make_queue: Any, aconn: Any, database_url: str, schema: str,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    await make_queue()  # migrated by the owner
+    role = f"r_{schema}"
+    s, r = sql.Identifier(schema), sql.Identifier(role)
+    await aconn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(r))
+    try:
+        await aconn.execute(sql.SQL(
+            "GRANT USAGE ON SCHEMA {s} TO {r}; GRANT ALL ON ALL TABLES IN SCHEMA {s} TO {r};"
+            " GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {r};"
+            " GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO {r}").format(s=s, r=r))
+        monkeypatch.setattr("rota.queue.VACUUM_EVERY_S", 0.0)
+        caplog.set_level("INFO", logger="rota.queue")
+        queue = Queue(psycopg.conninfo.make_conninfo(database_url, user=role), schema=schema)
+        async with queue:
+            await _claim_complete_settle(queue)
+            assert queue._vacuum_refused is True
+        assert [m for m in caplog.messages if "not allowed to VACUUM" in m] == [
+            f"not allowed to VACUUM {schema}'s bookkeeping tables (not their owner); "
+            "autovacuum does it"]
+        await asyncio.sleep(0.5)
+        assert await _vacuum_count(aconn, schema) == 0
+    finally:
+        await aconn.execute(sql.SQL("DROP OWNED BY {}").format(r))
+        await aconn.execute(sql.SQL("DROP ROLE {}").format(r))

@@ -7,9 +7,9 @@ import json
 import math
 import operator
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
-from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from .errors import InvalidInput, NaiveDatetimeError, PayloadError
