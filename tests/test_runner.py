@@ -592,3 +592,110 @@ async def test_a_stage_without_a_hook_owes_no_give_up(queue: Queue, aconn: AConn
     cur = await aconn.execute(sql.SQL("SELECT id, status, give_up_pending FROM {} ORDER BY id")
                               .format(queue.table("jobs")))
     assert await cur.fetchall() == [(plain, "failed", False), (paid, "failed", False)]
+
+
+# -- prefetch ---------------------------------------------------------------------------
+
+async def _fair_backlog(queue: Queue, job_type: str) -> None:
+    """Three groups of unequal size (9, 4, 2 jobs), so the fair order interleaves."""
+    for g in ("a", "b", "c"):
+        await queue.upsert_group(g, plan="free")
+    for g, n in (("a", 9), ("b", 4), ("c", 2)):
+        for i in range(n):
+            await queue.enqueue(job_type, {"g": g, "i": i}, group_id=g)
+
+
+async def _drain_order(queue: Queue, job_type: str,
+                       prefetch: bool) -> tuple[list[str], RunResult]:
+    order: list[str] = []
+
+    async def handler(ctx: JobContext) -> None:
+        order.append(f"{ctx.job.payload['g']}{ctx.job.payload['i']}")
+
+    result = await Pipeline(queue, [Stage(job_type, 3, 2, handler, prefetch=prefetch)]).run()
+    return order, result
+
+
+async def test_prefetch_runs_the_same_jobs_in_the_same_fair_order(queue: Queue,
+                                                                   aconn: AConn) -> None:
+    """The next batch is claimed while the current one runs (its jobs are running, so
+    they count as served exactly as when done): same order, each job once. Two types
+    with the same backlog (served counts are per type)."""
+    await _fair_backlog(queue, "plain")
+    await _fair_backlog(queue, "fetched")
+    expected, plain = await _drain_order(queue, "plain", prefetch=False)
+    got, result = await _drain_order(queue, "fetched", prefetch=True)
+    assert expected == ["a0", "b0", "c0", "a1", "b1", "c1", "a2", "b2", "a3", "b3",
+                        "a4", "a5", "a6", "a7", "a8"]
+    assert got == expected
+    assert (result.stop_reason, result.jobs_done, result.jobs_deferred, result.summary) == \
+        ("no_work", 15, 0, {})
+    assert (plain.jobs_done, plain.summary) == (15, {})
+    cur = await aconn.execute(sql.SQL(
+        "SELECT status, attempts, deferrals, count(*) FROM {} WHERE type = 'fetched'"
+        " GROUP BY 1, 2, 3").format(queue.table("jobs")))
+    assert await cur.fetchall() == [("done", 1, 0, 15)]
+
+
+async def test_a_prefetched_batch_the_run_never_starts_is_handed_back_untouched(
+        queue: Queue) -> None:
+    started: list[int] = []
+
+    async def slow(ctx: JobContext) -> None:
+        started.append(ctx.job.id)
+        await asyncio.sleep(0.3)  # outlives the budget: the prefetched batch never starts
+
+    ids = await enqueue(queue, "slow", 5)
+    before = {i: (await job(queue, i)).run_after for i in ids}
+    result = await Pipeline(queue, [Stage("slow", 2, 2, slow, prefetch=True)]).run(
+        time_budget=timedelta(milliseconds=150))
+    assert started == ids[:2]
+    assert (result.stop_reason, result.jobs_done, result.jobs_deferred, result.summary) == \
+        ("time_budget", 2, 0, {"prefetch_released": 2})
+    for i in ids[2:4]:  # prefetched, released: as if never claimed
+        j = await job(queue, i)
+        assert (j.status, j.attempts, j.deferrals, j.locked_at, j.claim_token) == \
+            ("pending", 0, 0, None, None)
+        assert j.run_after == before[i]
+    j = await job(queue, ids[4])
+    assert (j.status, j.attempts, j.run_id) == ("pending", 0, None)
+
+
+async def test_only_the_first_live_stage_prefetches(queue: Queue) -> None:
+    """A later stage must not run ahead of an earlier one: its prefetch flag is ignored,
+    so the job that its handler enqueues for the first stage runs next, as without it."""
+    order: list[str] = []
+
+    async def first(ctx: JobContext) -> None:
+        order.append(f"a{ctx.job.payload['i']}")
+
+    async def second(ctx: JobContext) -> None:
+        order.append(f"b{ctx.job.payload['i']}")
+        await ctx.queue.enqueue("a", {"i": ctx.job.payload["i"]})
+
+    await enqueue(queue, "b", 3)
+    result = await Pipeline(queue, [Stage("a", 1, 1, first, prefetch=True),
+                                    Stage("b", 1, 1, second, prefetch=True)]).run()
+    assert order == ["b0", "a0", "b1", "a1", "b2", "a2"]
+    assert (result.jobs_done, result.summary) == (6, {})
+
+
+async def test_release_is_fenced_by_the_claim(queue: Queue) -> None:
+    [jid] = await enqueue(queue, "r", 1)
+    [claimed] = await queue.claim("r", 1)
+    assert claimed.id == jid
+    stranger = Job(**{**claimed.__dict__, "claim_token": None})
+    assert await queue.release([stranger]) == 0
+    assert await queue.release([claimed]) == 1
+    assert await queue.release([claimed]) == 0  # no longer held
+    j = await job(queue, jid)
+    assert (j.status, j.attempts, j.deferrals, j.claim_token) == ("pending", 0, 0, None)
+    with pytest.raises(InvalidInput, match="expected a rota.Job"):
+        await queue.release([jid])  # type: ignore[list-item]
+
+
+def test_prefetch_must_be_a_bool() -> None:
+    async def h(ctx: JobContext) -> None: ...
+
+    with pytest.raises(InvalidInput, match="prefetch must be True or False, got 'yes'"):
+        Stage("t", 1, 1, h, prefetch="yes")  # type: ignore[arg-type]

@@ -760,6 +760,31 @@ class Queue(QueueSettings):
             await self.run_give_up_hooks(gave_up)
         return sum(1 for r in rows if r[1] == "pending")
 
+    async def release(self, jobs: Iterable[Job], *, conn: AnyConn | None = None) -> int:
+        """Hand claimed jobs back as if they had never been claimed: pending again, the
+        claim's attempt returned, the due time kept, no deferral counted (what a
+        runner does with a prefetched batch its run ends before starting). Jobs this
+        caller's claim no longer holds are left alone.
+
+        Returns:
+            How many jobs were released.
+
+        Raises:
+            InvalidInput: an item is not a :class:`rota.Job`.
+        """
+        batch = list(jobs)
+        for j in batch:
+            if not isinstance(j, Job):
+                raise InvalidInput(f"expected a rota.Job, got {type(j).__name__}")
+        fenced = [j for j in batch if j.claim_token is not None]
+        if not fenced:
+            return 0
+        async with self.connection(conn) as c:
+            cur = await c.execute(self.sql("release"), {
+                "ids": [j.id for j in fenced],
+                "claim_tokens": [j.claim_token for j in fenced]})
+            return cur.rowcount
+
     async def fail_stuck_jobs(self) -> list[Job]:
         """Fail running jobs whose lock is stale and whose attempts are used up (DESIGN
         rule 9), then run their give-up hooks (and any others still owed).

@@ -11,6 +11,7 @@ left. Handlers get a :class:`JobContext`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -86,6 +87,15 @@ class Stage:
         on_give_up: a give-up hook for this type (see :meth:`rota.Queue.on_give_up`).
             Without one (and none registered on the queue), the pipeline registers a
             no-op, so this type's give-ups are recorded as handled, not owed forever.
+        prefetch: claim the next batch while this one runs (default off). For stages
+            of fast handlers with a backlog (throughput: the claim's round trip and the
+            handlers overlap). Only the pipeline's first stage not skipped in the run
+            prefetches (earlier stages win, so no later stage may run ahead of them),
+            never a stage with a ``quota`` (its check comes before each claim). The
+            prefetched jobs are held like the running batch (heartbeats keep their
+            locks); when the run ends before starting them (budget, error) they are
+            handed back untouched (:meth:`rota.Queue.release`). Leave it off for slow
+            handlers: a prefetched batch waits, held, while other workers could run it.
 
     Raises:
         InvalidInput: bad sizes, not exactly one of ``handler`` and ``batch_handler``.
@@ -101,6 +111,7 @@ class Stage:
     quota: Quota | None = None
     quota_cost: int = 1
     on_give_up: GiveUpHook | None = None
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         require_text(self.type, "stage type")
@@ -111,6 +122,9 @@ class Stage:
         if (self.handler is None) == (self.batch_handler is None):
             raise InvalidInput(
                 f"stage {self.type!r}: give exactly one of handler and batch_handler")
+        if not isinstance(self.prefetch, bool):
+            raise InvalidInput(f"stage {self.type!r}: prefetch must be True or False, "
+                               f"got {self.prefetch!r}")
         if self.quota is not None and not isinstance(self.quota, Quota):
             raise InvalidInput(f"stage {self.type!r}: quota must be a rota.Quota "
                                f"(per-owner allowances are spent by handlers)")
@@ -167,6 +181,7 @@ class _Run:
         self.skipped: set[str] = set()               # stage types blocked by quota
         self.blocked: set[str] = set()               # reasons with quota-blocked work
         self.finishing: asyncio.Task[None] | None = None  # last batch's completion
+        self.prefetched: tuple[Stage, asyncio.Task[list[Job]]] | None = None
 
     def time_left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.0)
@@ -536,13 +551,16 @@ class Pipeline:
         except BaseException:
             if run.finishing is not None:  # let the last batch's completion land
                 await asyncio.gather(run.finishing, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await self._release_prefetched(run)
             raise
         await self._finished(run)
+        await self._release_prefetched(run)
         return stop
 
     async def _claim_and_run(self, run: _Run) -> StopReason:
         while True:
-            for stage in self.stages:
+            for i, stage in enumerate(self.stages):
                 # After the budget no new batch is claimed.
                 if run.out_of_time():
                     return "time_budget"
@@ -553,11 +571,20 @@ class Pipeline:
                     if block is not None:
                         await self._skip(run, stage, block)
                         continue
-                jobs = await self.queue.claim(stage.type, stage.batch, run_id=run.id)
+                if run.prefetched is not None and run.prefetched[0] is stage:
+                    task = run.prefetched[1]
+                    run.prefetched = None
+                    jobs = await task
+                else:
+                    jobs = await self.queue.claim(stage.type, stage.batch, run_id=run.id)
                 # The previous batch's completion went on while this claim ran.
                 await self._finished(run)
                 if not jobs:
                     continue
+                if (stage.prefetch and stage.quota is None
+                        and all(s.type in run.skipped for s in self.stages[:i])):
+                    run.prefetched = (stage, asyncio.get_running_loop().create_task(
+                        self.queue.claim(stage.type, stage.batch, run_id=run.id)))
                 run.finishing = await self._run_batch(run, stage, jobs)
                 if run.finishing is None:
                     await self._save(run)
@@ -567,6 +594,21 @@ class Pipeline:
                     return ("quota_exhausted" if "exhausted" in run.blocked
                             else "quota_reserve")
                 return "no_work"
+
+    async def _release_prefetched(self, run: _Run) -> None:
+        """Hand back a prefetched batch the run ends without starting.
+
+        Raises:
+            What the prefetching claim raised, or what releasing raised.
+        """
+        if run.prefetched is None:
+            return
+        task = run.prefetched[1]
+        run.prefetched = None
+        jobs = await task
+        if jobs:
+            n = await self.queue.release(jobs)
+            run.add("prefetch_released", n)
 
     async def _finished(self, run: _Run) -> None:
         """Wait for the previous batch's completion (raising what it raised)."""
@@ -727,6 +769,10 @@ class Pipeline:
             await asyncio.sleep(self.heartbeat_every.total_seconds())
             try:
                 held = [c.job for c in list(run.held.values())]
+                if run.prefetched is not None and run.prefetched[1].done() \
+                        and not run.prefetched[1].cancelled() \
+                        and run.prefetched[1].exception() is None:
+                    held += run.prefetched[1].result()
                 if held:
                     async with q.connection() as c:
                         await c.execute(q.sql("heartbeat"), {
