@@ -24,7 +24,7 @@ from .enqueue import database, pgqueuer_connect, slug
 SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     # rota: a Stage needs a batch; 25 is the claim size the docs and tests use.
     "rota": {"default": {"batch": 25, "concurrency": 1},
-             "tuned": {"batch": 1000, "concurrency": 8}},
+             "tuned": {"batch": 1000, "concurrency": 8, "prefetch": True}},
     # procrastinate: one job per fetch; concurrency is its documented knob.
     "procrastinate": {"default": {"concurrency": 1},
                       "tuned": {"concurrency": 10}},
@@ -61,7 +61,8 @@ async def drain_rota(url: str, n: int, opts: dict[str, Any]) -> float:
             if done >= n:
                 stop.set()
 
-        pipeline = Pipeline(queue, [Stage("noop", opts["batch"], opts["concurrency"], noop)])
+        pipeline = Pipeline(queue, [Stage("noop", opts["batch"], opts["concurrency"], noop,
+                                        prefetch=opts.get("prefetch", False))])
         worker = Worker(pipeline, maintain_every=None, idle_poll=timedelta(seconds=1))
         t = time.perf_counter()
         await worker.run_forever(stop)
