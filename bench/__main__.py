@@ -53,6 +53,7 @@ def main() -> None:
         print(claim_latency.row(pending, r))
     print("\nenqueue:\n" + enqueue.report(enq))
     print("\ndrain throughput:\n" + drain.report(drained))
+    print("\n" + drain.report_prefetch(drained["rota prefetch"]))
     print("\nfairness:" + fairness.report(fair))
 
 
