@@ -31,7 +31,7 @@ def machine(url: str) -> dict[str, str]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "postgres": row[0] if row else "?",
-        **{p: metadata.version(p) for p in ("psycopg", "procrastinate", "pgqueuer")},
+        **{p: metadata.version(p) for p in ("psycopg", "procrastinate", "pgqueuer", "asyncpg")},
     }
 
 

@@ -246,6 +246,15 @@ class QueueSettings:
         }
 
 
+def unknown_groups(missing: Sequence[str]) -> UnknownGroup:
+    """The error for enqueueing into groups the groups relation does not know."""
+    shown = ", ".join(repr(g) for g in missing[:5])
+    return UnknownGroup(
+        f"unknown group {shown}{' …' if len(missing) > 5 else ''}: "
+        f"create it first (queue.upsert_group) or enqueue without a group"
+    )
+
+
 _ITEM_KEYS = frozenset({"type", "payload", "group_id", "dedupe_key", "run_after",
                         "max_attempts"})
 
@@ -449,26 +458,21 @@ class Queue(QueueSettings):
         if not params["types"]:
             return 0
         async with self.connection(conn) as c:
-            # On a caller's connection outside autocommit, the caller's transaction
-            # holds the check and the insert (transaction() there would COMMIT on its
-            # own when no transaction is open yet, and the caller's rollback would keep
-            # the jobs).
-            async with c.transaction() if c.autocommit else nullcontext():
-                groups = sorted({g for g in params["group_ids"] if g is not None})
-                if groups:
-                    await self._check_groups(c, groups)
-                cur = await c.execute(self.sql("enqueue_many"), params)
-                return int(cur.rowcount)
+            # One statement: on our own autocommit connection it is its own transaction;
+            # on a caller's connection, the caller's transaction holds it.
+            cur = await c.execute(self.sql("enqueue_many"), params)
+            row = await cur.fetchone()
+        assert row is not None
+        created, missing = row
+        if missing:
+            raise unknown_groups(missing)
+        return int(created)
 
     async def _check_groups(self, conn: AnyConn, group_ids: Sequence[str]) -> None:
         cur = await conn.execute(self.sql("missing_groups"), {"group_ids": list(group_ids)})
         missing = [r[0] for r in await cur.fetchall()]
         if missing:
-            shown = ", ".join(repr(g) for g in missing[:5])
-            raise UnknownGroup(
-                f"unknown group {shown}{' …' if len(missing) > 5 else ''}: "
-                f"create it first (queue.upsert_group) or enqueue without a group"
-            )
+            raise unknown_groups(missing)
 
     # -- claim and transitions ---------------------------------------------------------
 

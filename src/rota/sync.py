@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
-from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from .errors import UnknownGroup
 from .job import Job
-from .queue import QueueSettings
+from .queue import QueueSettings, unknown_groups
 
 
 class SyncQueue(QueueSettings):
@@ -56,16 +54,14 @@ class SyncQueue(QueueSettings):
         params = self.enqueue_many_params(items)
         if not params["types"]:
             return 0
-        # Outside autocommit the caller's transaction holds the check and the insert:
-        # transaction() would COMMIT on its own when no transaction is open yet.
-        with conn.transaction() if conn.autocommit else nullcontext():
-            groups = sorted({g for g in params["group_ids"] if g is not None})
-            if groups:
-                self._check_groups(conn, groups)
-            return conn.execute(self.sql("enqueue_many"), params).rowcount
+        row = conn.execute(self.sql("enqueue_many"), params).fetchone()
+        assert row is not None
+        created, missing = row
+        if missing:
+            raise unknown_groups(missing)
+        return int(created)
 
     def _check_groups(self, conn: psycopg.Connection[Any], group_ids: list[str]) -> None:
         rows = conn.execute(self.sql("missing_groups"), {"group_ids": group_ids}).fetchall()
         if rows:
-            raise UnknownGroup(f"unknown group {rows[0][0]!r}: create it first "
-                               f"(queue.upsert_group) or enqueue without a group")
+            raise unknown_groups([r[0] for r in rows])
