@@ -699,3 +699,23 @@ def test_prefetch_must_be_a_bool() -> None:
 
     with pytest.raises(InvalidInput, match="prefetch must be True or False, got 'yes'"):
         Stage("t", 1, 1, h, prefetch="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("save_every", "seen_done"), [(0.0, [0, 1, 2]), (60.0, [0, 1, 1])])
+async def test_progress_is_saved_after_a_batch_at_most_every_save_every_s(
+        queue: Queue, aconn: AConn, monkeypatch: pytest.MonkeyPatch,
+        save_every: float, seen_done: list[int]) -> None:
+    """The first batch's progress is saved at once; later saves wait SAVE_EVERY_S (the
+    heartbeat and the end of the run save anyway)."""
+    monkeypatch.setattr("rota.runner.SAVE_EVERY_S", save_every)
+    seen: list[int] = []
+
+    async def handler(ctx: JobContext) -> None:
+        cur = await aconn.execute(sql.SQL("SELECT jobs_done FROM {} WHERE id = %s")
+                                  .format(queue.table("runs")), [ctx.run_id])
+        seen.append((await cur.fetchone())[0])
+
+    await enqueue(queue, "p", 3)
+    result = await Pipeline(queue, [Stage("p", 1, 1, handler)]).run()
+    assert seen == seen_done
+    assert (await run_row(aconn, queue, result))["jobs_done"] == 3

@@ -44,6 +44,9 @@ DEFAULT_TIME_BUDGET = timedelta(seconds=220)
 # Waits between attempts to record a run's end after a connection failure (about 7 s in
 # all: a fast restart of PostgreSQL takes well under that).
 _END_RETRY_DELAYS = (0.1, 0.4, 1.0, 2.0, 4.0)
+# Between batches the runs row is saved at most this often (seconds); the heartbeat and
+# the end of the run save it too. A save per batch cost a commit per 25 jobs.
+SAVE_EVERY_S = 1.0
 
 Handler = Callable[["JobContext"], Awaitable[None]]
 BatchHandler = Callable[[list["JobContext"]], Awaitable[None]]
@@ -185,6 +188,7 @@ class _Run:
         self.blocked: set[str] = set()               # reasons with quota-blocked work
         self.finishing: asyncio.Task[None] | None = None  # last batch's completion
         self.prefetched: tuple[Stage, asyncio.Task[list[Job]]] | None = None
+        self.saved_at = -1e9  # monotonic time of the last save of the runs row
 
     def time_left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.0)
@@ -485,8 +489,9 @@ class Pipeline:
         batch is being claimed (the claim counts them as served either way: running
         and done jobs both count).
 
-        The ``runs`` row is written when the run starts, saved after every batch and
-        heartbeat, and completed at the end, also when the run ends in error.
+        The ``runs`` row is written when the run starts, saved after a batch at most
+        once a second (``SAVE_EVERY_S``) and at every heartbeat, and completed at the
+        end, also when the run ends in error.
 
         Args:
             trigger: ``cron``, ``cli``, ``worker`` or ``manual``.
@@ -590,7 +595,7 @@ class Pipeline:
                         self.queue.claim(stage.type, stage.batch, run_id=run.id)))
                 run.finishing = await self._run_batch(run, stage, jobs)
                 if run.finishing is None:
-                    await self._save(run)
+                    await self._save_progress(run)
                 break  # start again from the top: earlier stages win
             else:
                 if run.blocked:
@@ -707,7 +712,12 @@ class Pipeline:
         finally:
             await completer.wait_quietly()
             await self._release(run, ctxs, None)
-        await self._save(run)
+        await self._save_progress(run)
+
+    async def _save_progress(self, run: _Run) -> None:
+        """Save the run's counters after a batch, at most every ``SAVE_EVERY_S``."""
+        if time.monotonic() - run.saved_at >= SAVE_EVERY_S:
+            await self._save(run)
 
     async def _call(self, work: Awaitable[None], ctxs: list[JobContext], run: _Run,
                     blocked: list[QuotaExhausted], completer: _Completer) -> None:
@@ -791,6 +801,7 @@ class Pipeline:
                     error: str | None = None) -> datetime | None:
         """Save the run's counters (``final``: and its end); returns ``finished_at``."""
         q = self.queue
+        run.saved_at = time.monotonic()
         async with q.connection() as c:
             cur = await c.execute(q.sql("run_save"), {
                 **run.save_params(), "final": final, "stop_reason": stop_reason,
