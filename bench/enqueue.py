@@ -135,7 +135,7 @@ async def procrastinate_runner(url: str) -> tuple[Runner, Callable[[], Awaitable
     return run, close
 
 
-async def measure(url: str, rounds: int = 3, single_n: int = 2000,
+async def measure(url: str, rounds: int = 5, single_n: int = 2000,
                   batch_n: int = 20_000, batch: int = 1000) -> dict[str, dict[str, float]]:
     """Median jobs/s per system for single and batch enqueue."""
     makers: dict[str, Callable[[str], Awaitable[tuple[Runner, Any]]]] = {
