@@ -49,8 +49,10 @@ def main() -> None:
         {"machine": info, "claim_latency_ms": claims, "enqueue_jobs_per_s": enq,
          "drain_jobs_per_s": drained, "fairness": fair}, indent=2))
     print("\nclaim latency (ms):\n" + claim_latency.header())
-    for pending, r in sorted(claims.items()):
+    for pending, r in sorted(claims["by_pending"].items()):
         print(claim_latency.row(pending, r))
+    if claims["clutter"]:
+        print(claim_latency.row(1_000_000, claims["clutter"], " + clutter"))
     print("\nenqueue:\n" + enqueue.report(enq))
     print("\ndrain throughput:\n" + drain.report(drained))
     print("\n" + drain.report_prefetch(drained["rota prefetch"]))

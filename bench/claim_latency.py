@@ -1,7 +1,9 @@
 """Claim latency against backlog size (issue 4, parts 1 and 5): rota's claim, the post's
 literal query (tests/oracle.py's select, taking its rows) and an unfair FIFO SKIP LOCKED
 claim, at 1k, 10k, 100k and 1M pending jobs over 10,000 groups and three plans with
-200,000 done jobs in the served window.
+200,000 done jobs in the served window; then 1M again with clutter the claim must not
+read (200,000 jobs deferred a month, a paused group's 100,000 jobs, 10,000 stuck
+running jobs).
 
 Each claim of 25 is followed by completing its jobs and enqueueing as many new ones
 (in other groups), so the backlog, the served counts and the running set stay those of
@@ -116,35 +118,54 @@ async def explain(queue: Queue, conn: Any) -> str:
             "settings\n" + literal_plan + "\n")
 
 
+# The clutter the claim must not read (issue 4): jobs deferred a month ahead, a paused
+# group's jobs and stuck running jobs (attempts used up), on top of the largest backlog.
+CLUTTER = {"deferred": 200_000, "paused_jobs": 100_000, "stale": 10_000}
+
+
+async def measure_one(url: str, results: Path, pending: int, *, clutter: bool = False,
+                      explain_to: str | None = None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    await build(url, SCHEMA, pending=pending, **(CLUTTER if clutter else {}))
+    print(f"built {pending:,} pending{' + clutter' if clutter else ''} in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    seq = [0]
+    queue = Queue(url, schema=SCHEMA)
+    async with queue, await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        if explain_to:
+            (results / explain_to).write_text(await explain(queue, conn))
+        rota = await run_rota(queue, REPS, seq)
+        literal = await run_sql(queue, conn, literal_claim(queue),
+                                literal_params(queue, "t", 25), literal_reps(pending), seq)
+        fifo = await run_sql(queue, conn, fifo_claim(queue), {"type": "t", "limit": 25},
+                             REPS, seq)
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(sql.SQL("SELECT count(*) AS n FROM {}.jobs WHERE status = "
+                                  "'pending'").format(sql.Identifier(SCHEMA)))
+        left = (await cur.fetchone() or {}).get("n")
+    r: dict[str, Any] = {
+        name: {"p50": pct(xs, 0.5), "p99": pct(xs, 0.99), "n": len(xs),
+               "mean": statistics.fmean(xs)}
+        for name, xs in (("rota", rota), ("literal", literal), ("fifo", fifo))
+    }
+    r["pending_after"] = left
+    return r
+
+
 async def measure(url: str, sizes: tuple[int, ...], results: Path) -> dict[int, Any]:
     out: dict[int, Any] = {}
     for pending in sizes:
-        t0 = time.perf_counter()
-        await build(url, SCHEMA, pending=pending)
-        print(f"built {pending:,} pending in {time.perf_counter() - t0:.0f} s", flush=True)
-        seq = [0]
-        queue = Queue(url, schema=SCHEMA)
-        async with queue, await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            if pending == max(sizes):
-                plans = await explain(queue, conn)
-                (results / "claim_explain_1m.txt").write_text(plans)
-            rota = await run_rota(queue, REPS, seq)
-            literal = await run_sql(queue, conn, literal_claim(queue),
-                                    literal_params(queue, "t", 25), literal_reps(pending), seq)
-            fifo = await run_sql(queue, conn, fifo_claim(queue), {"type": "t", "limit": 25},
-                                 REPS, seq)
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(sql.SQL("SELECT count(*) AS n FROM {}.jobs WHERE status = "
-                                      "'pending'").format(sql.Identifier(SCHEMA)))
-            left = (await cur.fetchone() or {}).get("n")
-        out[pending] = {
-            name: {"p50": pct(xs, 0.5), "p99": pct(xs, 0.99), "n": len(xs),
-                   "mean": statistics.fmean(xs)}
-            for name, xs in (("rota", rota), ("literal", literal), ("fifo", fifo))
-        }
-        out[pending]["pending_after"] = left
+        out[pending] = await measure_one(
+            url, results, pending,
+            explain_to="claim_explain_1m.txt" if pending == 1_000_000 else None)
         print(row(pending, out[pending]), flush=True)
     return out
+
+
+async def measure_clutter(url: str, results: Path) -> dict[str, Any]:
+    r = await measure_one(url, results, 1_000_000, clutter=True)
+    print(row(1_000_000, r, " + clutter"), flush=True)
+    return r
 
 
 def header() -> str:
@@ -153,8 +174,8 @@ def header() -> str:
             "|---:|---:|")
 
 
-def row(pending: int, r: dict[str, Any]) -> str:
-    return (f"| {pending:,} | {r['rota']['p50']:.2f} | {r['rota']['p99']:.2f} | "
+def row(pending: int, r: dict[str, Any], label: str = "") -> str:
+    return (f"| {pending:,}{label} | {r['rota']['p50']:.2f} | {r['rota']['p99']:.2f} | "
             f"{r['literal']['p50']:.1f} | {r['literal']['p99']:.1f} | "
             f"{r['fifo']['p50']:.2f} | {r['fifo']['p99']:.2f} | "
             f"{r['literal']['p50'] / r['rota']['p50']:.0f}x | "
@@ -184,11 +205,14 @@ def plot(out: dict[int, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(url: str, results: Path, sizes: tuple[int, ...] = SIZES) -> dict[int, Any]:
+def main(url: str, results: Path, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
+    """Returns ``{"by_pending": {pending: figures}, "clutter": figures or None}``; the
+    clutter case (1,000,000 pending plus CLUTTER) runs when 1,000,000 is among sizes."""
     results.mkdir(parents=True, exist_ok=True)
     print(header())
     out = asyncio.run(measure(url, sizes, results))
     plot(out, results / "claim_latency.png")
+    clutter = (asyncio.run(measure_clutter(url, results)) if 1_000_000 in sizes else None)
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
-    return out
+    return {"by_pending": out, "clutter": clutter}
