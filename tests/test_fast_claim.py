@@ -27,11 +27,12 @@ WITH pending AS (
     SELECT type, group_id, created_at, run_after
     FROM {s}.jobs WHERE status = 'pending' AND group_id IS NOT NULL
 ),
-done AS (
+done AS (  -- served since the edge: done at or after it, and running (migration 014)
     SELECT j.type, j.group_id, count(*) AS n
     FROM {s}.jobs j LEFT JOIN {s}.fair_edge e ON e.type = j.type
-    WHERE j.status = 'done' AND j.group_id IS NOT NULL
-      AND j.finished_at >= coalesce(e.edge, '-infinity')
+    WHERE j.group_id IS NOT NULL
+      AND (j.status = 'running'
+           OR (j.status = 'done' AND j.finished_at >= coalesce(e.edge, '-infinity')))
     GROUP BY j.type, j.group_id
 ),
 kept AS (

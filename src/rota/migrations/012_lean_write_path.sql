@@ -122,9 +122,13 @@ BEGIN
     IF r.types IS NOT NULL THEN
         PERFORM {schema}.fair_note_pending(r.types, r.groups, r.heads, r.readies);
     END IF;
+    -- Served counts: done rows at or after the edge, and running rows (counted whatever
+    -- their lock's age, as 'infinity' passes any edge; migration 014).
     SELECT array_agg(type) AS types, array_agg(group_id) AS groups,
-           array_agg(id) AS ids, array_agg(finished_at) AS finished
-    INTO r FROM inserted WHERE status = 'done' AND group_id IS NOT NULL;
+           array_agg(id) AS ids,
+           array_agg(CASE WHEN status = 'running' THEN 'infinity'::timestamptz
+                          ELSE finished_at END) AS finished
+    INTO r FROM inserted WHERE status IN ('done', 'running') AND group_id IS NOT NULL;
     IF r.types IS NOT NULL THEN
         PERFORM {schema}.fair_count_done(r.types, r.groups, r.ids, r.finished, 1);
     END IF;

@@ -2,7 +2,8 @@
 -- does not grow with the backlog").
 -- Order: plan priority desc, then served + position asc, then created_at, id.
 --   served:   the group's jobs of this type done or running within the served window
---             (running counts as served, so a group being worked on does not look idle);
+--             (finished, or locked, in it: running counts as served, so a group being
+--             worked on does not look idle);
 --             jobs with no group never match, so their served is 0.
 --   position: the job's 0-based rank among its group's claimable jobs by age; all
 --             group-less jobs form one group for it.
@@ -15,8 +16,9 @@
 -- How it avoids reading the backlog (docs/fast-claim.md has the proof):
 --   1. Every group that may have a ready job (fair_groups, one row per group) gets its
 --      exact priority and served count, and a lower bound of its first job's key:
---      (priority, served, head_lb). Served = fair_done (done jobs since the edge) + the
---      exact edge correction + running jobs in the window (the running set is small).
+--      (priority, served, head_lb). Served = done_n + fair_done (done jobs since the
+--      edge and running jobs) + the exact edge correction - jobs running since before
+--      the window.
 --   2. Only the first %(probe_groups)s groups in that order are probed, each for its
 --      first %(probe_per)s claimable jobs through jobs_pending_idx.
 --   3. The result is exact when the first group not probed, and the next job of every
@@ -37,11 +39,14 @@ plan_priority AS (
     SELECT p.plan, p.priority
     FROM unnest(%(plan_ids)s::text[], %(plan_priorities)s::int[]) AS p(plan, priority)
 ),
--- Running jobs locked within the window are served (jobs_running_idx: in-flight only).
-running AS (
+-- Running jobs are in the bookkeeping (fair_done, folded into done_n) whatever their
+-- lock's age (migration 014); those locked before the window start are not served and
+-- are taken away here (jobs_running_idx range: none unless a job has been running
+-- longer than the window).
+running_old AS (
     SELECT r.group_id, count(*)::int AS n
     FROM {schema}.jobs r, clock c
-    WHERE r.type = %(type)s AND r.status = 'running' AND r.locked_at >= c.ws
+    WHERE r.type = %(type)s AND r.status = 'running' AND r.locked_at < c.ws
       AND r.group_id IS NOT NULL
     GROUP BY r.group_id
 ),
@@ -74,8 +79,9 @@ stale_head AS (
     SELECT s.group_id, min(s.created_at) AS head
     FROM stale s WHERE s.group_id IS NOT NULL GROUP BY s.group_id
 ),
--- Groups whose served count is not just their folded done count: unfolded completions,
--- the edge correction, running jobs, stale claimable jobs, an expired head bound. Few
+-- Groups whose served count is not just their folded done_n: unfolded deltas (claims and
+-- completions since the last fold), the edge correction, jobs running since before the
+-- window, stale claimable jobs, an expired head bound. Few
 -- (in-flight work, about a second of completions, heads renewed by the upkeep); their
 -- keys are computed exactly (an expired head counts as -infinity) and they join the walk
 -- explicitly, so for every other group done_n is its exact served count.
@@ -84,7 +90,7 @@ special AS (
     UNION
     SELECT dd.group_id FROM done_delta dd
     UNION
-    SELECT rn.group_id FROM running rn
+    SELECT ro.group_id FROM running_old ro
     UNION
     SELECT sh.group_id FROM stale_head sh
     UNION
@@ -107,7 +113,7 @@ keyed AS (
 -- job's key; only the first probe_groups are probed, the next one bounds the rest.
 walk AS (
     SELECT k.group_id, k.head_lb, k.priority, k.served_lb,
-           k.done_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) + coalesce(rn.n, 0) AS served,
+           k.done_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0) AS served,
            row_number() OVER (ORDER BY k.priority DESC, k.served_lb, k.head_lb,
                                        k.group_id NULLS FIRST) AS rank
     FROM (SELECT * FROM keyed k
@@ -115,7 +121,7 @@ walk AS (
           LIMIT %(probe_groups)s + 1) k
     LEFT JOIN done_delta dd ON dd.group_id = k.group_id
     LEFT JOIN edge_fix ef ON ef.group_id = k.group_id
-    LEFT JOIN running rn ON rn.group_id = k.group_id
+    LEFT JOIN running_old ro ON ro.group_id = k.group_id
 ),
 probe AS (
     SELECT w.group_id, w.priority, w.served, j.id, j.created_at

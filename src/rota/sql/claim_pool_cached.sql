@@ -40,7 +40,7 @@ pool AS (
                  sh.head),
            coalesce(fg.done_n, 0),
            coalesce(fg.done_n, 0) + coalesce(dd.n, 0) + coalesce(ef.n, 0)
-             + coalesce(rn.n, 0),
+             - coalesce(ro.n, 0),
            g.plan, coalesce(g.active, true)
     FROM special s
     CROSS JOIN clock c
@@ -53,7 +53,7 @@ pool AS (
     LEFT JOIN stale_head sh ON sh.group_id = s.group_id
     LEFT JOIN done_delta dd ON dd.group_id = s.group_id
     LEFT JOIN edge_fix ef ON ef.group_id = s.group_id
-    LEFT JOIN running rn ON rn.group_id = s.group_id
+    LEFT JOIN running_old ro ON ro.group_id = s.group_id
     WHERE sh.head IS NOT NULL OR fg.ready_lb <= c.now
     UNION ALL
     -- The group-less jobs, one group of their own (served 0, the middle plan).
