@@ -23,7 +23,7 @@ from .enqueue import database, pgqueuer_connect, slug
 # name -> (label, settings)
 SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     # rota: a Stage needs a batch; 25 is the claim size the README uses (concurrency
-    # defaults to 1). Tuned: one claim of 1,000 (prefetch, for I/O-bound handlers, does
+    # defaults to 1). Tuned: claims of 2,000 (prefetch, for I/O-bound handlers, does
     # not help no-op jobs: the drain is bound by the database, not by a round trip).
     # Sweep on this machine (20,000 jobs, 2 runs): batch 500 19-20k, 1,000 24-25k,
     # 2,000 26-28k jobs/s.

@@ -107,6 +107,17 @@ async def test_unknown_group_is_refused(queue: Queue, aconn: Any) -> None:
     with pytest.raises(UnknownGroup, match="unknown group 'typo'"):
         await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "known"},
                                   {"type": "t", "payload": {}, "group_id": "typo"}])
+    with pytest.raises(UnknownGroup, match=r"^unknown groups 'a', 'b': create it first"):
+        await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": g}
+                                  for g in ("b", "known", "a")])
+    assert await count(aconn, queue) == 0
+
+
+@pytest.mark.parametrize("items", [None, "jobs", {"type": "t", "payload": {}}, 42])
+async def test_enqueue_many_needs_an_iterable_of_mappings(queue: Queue, aconn: Any,
+                                                          items: Any) -> None:
+    with pytest.raises(InvalidInput, match="^items must be an iterable of mappings"):
+        await queue.enqueue_many(items)
     assert await count(aconn, queue) == 0
 
 

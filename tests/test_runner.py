@@ -719,3 +719,31 @@ async def test_progress_is_saved_after_a_batch_at_most_every_save_every_s(
     result = await Pipeline(queue, [Stage("p", 1, 1, handler)]).run()
     assert seen == seen_done
     assert (await run_row(aconn, queue, result))["jobs_done"] == 3
+
+
+async def test_a_batch_claimed_while_the_last_ones_completion_fails_is_handed_back(
+        queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next batch is claimed while the previous one's completion is written; when
+    that write fails, the run ends in error and the new batch, never started, goes back
+    untouched instead of staying locked until the stale window."""
+    async def broken(self: Queue, jobs: Any, **kw: Any) -> list[bool]:
+        raise psycopg.OperationalError("the connection was lost")
+
+    monkeypatch.setattr(Queue, "complete_many", broken)
+    started: list[int] = []
+
+    async def handler(ctx: JobContext) -> None:
+        started.append(ctx.job.id)
+
+    ids = await enqueue(queue, "x", 4)
+    result = await Pipeline(queue, [Stage("x", 2, 1, handler)]).run()
+    assert (result.stop_reason, result.error) == \
+        ("error", "OperationalError: the connection was lost")
+    assert started == ids[:2]
+    for i in ids[:2]:  # ran, completion lost: failed, retried after backoff
+        j = await job(queue, i)
+        assert (j.status, j.attempts, j.last_error) == \
+            ("pending", 1, "the run stopped while the job was running")
+    for i in ids[2:]:  # claimed, never started: as if never claimed
+        j = await job(queue, i)
+        assert (j.status, j.attempts, j.deferrals, j.claim_token) == ("pending", 0, 0, None)

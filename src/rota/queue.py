@@ -182,8 +182,12 @@ class QueueSettings:
         as :meth:`enqueue_params`, item by item).
 
         Raises:
-            InvalidInput and subclasses: naming the first bad item (``item 3: ...``).
+            InvalidInput and subclasses: naming the first bad item (``item 3: ...``), or
+                ``items`` that is not an iterable of mappings (a string, a mapping).
         """
+        if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+            raise InvalidInput(f"items must be an iterable of mappings (one per job), "
+                               f"got {type(items).__name__}")
         types: list[str] = []
         payloads: list[str] = []
         group_ids: list[str | None] = []
@@ -250,7 +254,8 @@ def unknown_groups(missing: Sequence[str]) -> UnknownGroup:
     """The error for enqueueing into groups the groups relation does not know."""
     shown = ", ".join(repr(g) for g in missing[:5])
     return UnknownGroup(
-        f"unknown group {shown}{' …' if len(missing) > 5 else ''}: "
+        f"unknown group{'s' if len(missing) > 1 else ''} {shown}"
+        f"{' …' if len(missing) > 5 else ''}: "
         f"create it first (queue.upsert_group) or enqueue without a group"
     )
 
@@ -627,6 +632,11 @@ class Queue(QueueSettings):
             return
         try:
             async with self.connection() as c:
+                if not c.autocommit:  # a caller's pool: VACUUM cannot run in a transaction
+                    self._vacuum_refused = True
+                    log.info("the pool's connections are not autocommit: the claim "
+                             "bookkeeping of %s is left to autovacuum", self.schema)
+                    return
                 cur = await c.execute(self.sql("may_vacuum_bookkeeping"),
                                         {"schema": self.schema})
                 row = await cur.fetchone()

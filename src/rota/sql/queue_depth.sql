@@ -19,8 +19,13 @@ SELECT j.type,
                                             AND coalesce(g.active, true)
                                             AND j.run_after <= now() + %(offset)s::interval)
        )::float8 AS oldest_due_seconds
-FROM {schema}.jobs j
+FROM (  -- each branch reads its partial index, never the done and failed history
+    SELECT p.type, p.group_id, p.status, p.run_after, p.created_at
+    FROM {schema}.jobs p WHERE p.status = 'pending'
+    UNION ALL
+    SELECT r.type, r.group_id, r.status, r.run_after, r.created_at
+    FROM {schema}.jobs r WHERE r.status = 'running'
+) j
 LEFT JOIN {groups} g ON g.group_id = j.group_id
-WHERE j.status IN ('pending', 'running')
 GROUP BY j.type, g.plan
 ORDER BY j.type, g.plan NULLS FIRST
