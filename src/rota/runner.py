@@ -92,7 +92,7 @@ class Stage:
             no-op, so this type's give-ups are recorded as handled, not owed forever.
         prefetch: claim the next batch while this one runs (default off). For stages
             whose handlers wait on I/O (an API call) with a backlog: the claim
-            overlaps the batch's handlers (``make bench``: 1.32x jobs/s with 5 ms
+            overlaps the batch's handlers (``make bench``: 1.3-1.45x jobs/s with 5 ms
             handlers, batch and concurrency 100; nothing for no-op handlers, bound by
             the database). Only the pipeline's first stage not skipped in the
             run prefetches (earlier stages win, so no later stage may run ahead of them),
