@@ -291,6 +291,7 @@ class Queue(QueueSettings):
         self._hurry = asyncio.Event()  # settle(): run due upkeep rounds now
         self._vacuumed = time.monotonic()  # last VACUUM of the claim bookkeeping
         self._vacuum_refused = False
+        self._vacuum_allowed = False  # the role may VACUUM them (checked once)
         self._upkeep_due: set[str] = set()  # types whose claim upkeep should run again
         self._upkeep_tasks: dict[str, asyncio.Task[None]] = {}
         if isinstance(conninfo_or_pool, str):
@@ -637,10 +638,12 @@ class Queue(QueueSettings):
                     log.info("the pool's connections are not autocommit: the claim "
                              "bookkeeping of %s is left to autovacuum", self.schema)
                     return
-                cur = await c.execute(self.sql("may_vacuum_bookkeeping"),
-                                        {"schema": self.schema})
-                row = await cur.fetchone()
-                if not (row and row[0]):
+                if not self._vacuum_allowed:  # asked once: ownership does not change
+                    cur = await c.execute(self.sql("may_vacuum_bookkeeping"),
+                                          {"schema": self.schema})
+                    row = await cur.fetchone()
+                    self._vacuum_allowed = bool(row and row[0])
+                if not self._vacuum_allowed:
                     # VACUUM would only warn and skip, every time.
                     self._vacuum_refused = True
                     log.info("not allowed to VACUUM %s's bookkeeping tables (not their "
