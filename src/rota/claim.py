@@ -200,23 +200,40 @@ class ClaimUpkeep:
         self._vacuumed = time.monotonic()
         self._vacuum_refused = False
         self._vacuum_allowed = False  # the role may VACUUM them (checked once)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._new_events()
+
+    def _new_events(self) -> None:
         self._wake = asyncio.Event()
         self._hurry = asyncio.Event()  # settle(): run due rounds now
         self._idle = asyncio.Event()
         self._idle.set()
-        self._task: asyncio.Task[None] | None = None
+
+    def _bind(self) -> bool:
+        """Bind to the running event loop; returns whether the loop task is alive. A
+        queue used from a new event loop (``asyncio.run`` per call) gets a new task and
+        new events there: the old loop's task can never run again."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop = loop
+            self._task = None
+            self._new_events()
+            if self._due:
+                self._idle.clear()
+        return self._task is not None and not self._task.done()
 
     # -- the service ---------------------------------------------------------------
 
     def start(self) -> None:
         """Start the background loop on the running event loop (idempotent)."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._loop())
+        if not self._bind():
+            self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
         """Run the rounds still due, then stop the loop."""
         await self.settle()
-        if self._task is not None:
+        if self._bind() and self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -226,20 +243,22 @@ class ClaimUpkeep:
         """Ask for a round for ``job_type`` (a claim of that type just ran)."""
         self._due.add(job_type)
         self._seen.add(job_type)
+        self.start()
         self._idle.clear()
         self._wake.set()
-        if self._task is None or self._task.done():
-            self.start()
 
     async def settle(self) -> None:
         """Run the rounds that are due now and wait for them (tests, shutdown)."""
-        if not self._due or self._task is None or self._task.done():
+        if not self._bind() or not self._due:
             return
+        assert self._task is not None
         self._hurry.set()
         self._wake.set()
-        try:
-            await self._idle.wait()
+        idle = asyncio.ensure_future(self._idle.wait())
+        try:  # the loop task never ends on its own; if it did, waiting would never end
+            await asyncio.wait([idle, self._task], return_when=asyncio.FIRST_COMPLETED)
         finally:
+            idle.cancel()
             self._hurry.clear()
 
     async def run_once(self) -> dict[str, int]:
@@ -256,7 +275,7 @@ class ClaimUpkeep:
         totals["vacuumed"] = await self._maybe_vacuum(force=True)
         return totals
 
-    async def _loop(self) -> None:
+    async def _run(self) -> None:
         while True:
             if not self._due:
                 self._idle.set()

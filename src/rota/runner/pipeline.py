@@ -6,6 +6,11 @@ A :class:`Pipeline` is an ordered list of :class:`Stage` objects. One call of
 first stage that has work, runs it with the stage's concurrency, and starts again from
 the top, until there is no work, the time budget is spent, or only quota-blocked work is
 left. Handlers get a :class:`JobContext`.
+
+One piece (about 530 lines): the loop, the prefetch, the heartbeat, the quota skip and
+the runs-row saves all read and write one :class:`RunState` under one time budget, and
+their order is the run's correctness (a batch is claimed only after the previous
+completion was handed over; unstarted jobs go back before the end is recorded).
 """
 
 from __future__ import annotations
