@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
-from .errors import InvalidInput
+from .errors import InvalidInput, first_line
 from .job import require_duration
 from .queue import Queue
 from .web import PipelineSource, check_time_budget, resolve_pipeline
@@ -44,13 +44,6 @@ class Maintainer(Protocol):
     """The maintenance shape (``rota.Maintenance``): one pass, counters back."""
 
     async def run_once(self) -> dict[str, int]: ...
-
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 class Worker:
@@ -158,7 +151,7 @@ class Worker:
                     raise
                 except (psycopg.Error, OSError, TimeoutError) as exc:
                     log.warning("cannot reach the database (%s); retrying in %.1fs",
-                                first_line(exc), backoff)
+                                first_line(exc, with_type=True), backoff)
                     due_in, outcome = None, "error"
                 else:
                     outcome = "idle"
@@ -194,7 +187,7 @@ class Worker:
         try:
             result = await pipeline.run(trigger="worker", time_budget=self.time_budget)
         except Exception as exc:
-            log.error("run failed: %s", first_line(exc))
+            log.error("run failed: %s", first_line(exc, with_type=True))
             return "error"
         self._record(result)
         if result.stop_reason == "error":
@@ -243,7 +236,8 @@ class Worker:
             else:
                 counters = await maintainer.run_once()
         except Exception as exc:
-            log.error("maintenance failed: %s; retrying in a minute", first_line(exc))
+            log.error("maintenance failed: %s; retrying in a minute",
+                      first_line(exc, with_type=True))
             return min(every, 60.0)
         self.last_maintenance = counters
         log.info("maintenance: %s", ", ".join(f"{k}={v}" for k, v in counters.items()) or "-")
@@ -279,7 +273,7 @@ class Worker:
                         await conn.execute("SELECT 1")
             except (psycopg.Error, OSError) as exc:
                 log.warning("listening connection lost (%s); reconnecting in %.1fs",
-                            first_line(exc), delay)
+                            first_line(exc, with_type=True), delay)
             finally:
                 self.listening.clear()
                 self.listen_pid = None
@@ -330,4 +324,4 @@ async def _wait_any(stop: asyncio.Event, wake: asyncio.Event | None, seconds: fl
         await asyncio.gather(*waiters, return_exceptions=True)
 
 
-__all__ = ["Worker", "first_line"]
+__all__ = ["Worker"]
