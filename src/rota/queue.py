@@ -563,6 +563,18 @@ class Queue:
             raise InvalidInput(f"expected a rota.Job, got {type(job).__name__}")
         return {"id": job.id, "claim_token": job.claim_token, "offset": self.clock_offset}
 
+    # -- admin operations ----------------------------------------------------------------
+    # rota.admin's functions take the queue first, so bound here they are its methods:
+    # queue.list_jobs(status="failed") runs rota.admin.list_jobs(queue, status="failed").
+    from . import admin as _admin
+
+    list_jobs = _admin.list_jobs
+    retry_job = _admin.retry_job
+    cancel_job = _admin.cancel_job
+    list_runs = _admin.list_runs
+    depth = _admin.depth
+    del _admin
+
 
 async def check_idle_connection(conn: AnyConn) -> None:
     """The check rota's own pools run when they hand out a connection.

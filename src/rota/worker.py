@@ -147,7 +147,7 @@ class Worker:
                     raise
                 except (psycopg.Error, OSError, TimeoutError) as exc:
                     log.warning("cannot reach the database (%s); retrying in %.1fs",
-                                first_line(exc), backoff)
+                                first_line(exc, with_type=True), backoff)
                     due_in, outcome = None, "error"
                 else:
                     outcome = "idle"
@@ -183,7 +183,7 @@ class Worker:
         try:
             result = await pipeline.run(trigger="worker", time_budget=self.time_budget)
         except Exception as exc:
-            log.error("run failed: %s", first_line(exc))
+            log.error("run failed: %s", first_line(exc, with_type=True))
             return "error"
         self._record(result)
         if result.stop_reason == "error":
@@ -228,7 +228,8 @@ class Worker:
             else:
                 counters = await maintainer.run_once()
         except Exception as exc:
-            log.error("maintenance failed: %s; retrying in a minute", first_line(exc))
+            log.error("maintenance failed: %s; retrying in a minute",
+                      first_line(exc, with_type=True))
             return min(every, 60.0)
         self.last_maintenance = counters
         log.info("maintenance: %s", ", ".join(f"{k}={v}" for k, v in counters.items()) or "-")
@@ -264,7 +265,7 @@ class Worker:
                         await conn.execute("SELECT 1")
             except (psycopg.Error, OSError) as exc:
                 log.warning("listening connection lost (%s); reconnecting in %.1fs",
-                            first_line(exc), delay)
+                            first_line(exc, with_type=True), delay)
             finally:
                 self.listening.clear()
                 self.listen_pid = None
