@@ -201,6 +201,7 @@ class ClaimUpkeep:
         self._vacuum_refused = False
         self._vacuum_allowed = False  # the role may VACUUM them (checked once)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._new_events()
 
@@ -234,10 +235,13 @@ class ClaimUpkeep:
         """Run the rounds still due, then stop the loop."""
         await self.settle()
         if self._bind() and self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            self._stopping = True
+            self._wake.set()
+            try:
                 await self._task
-            self._task = None
+            finally:
+                self._stopping = False
+                self._task = None
 
     def request(self, job_type: str) -> None:
         """Ask for a round for ``job_type`` (a claim of that type just ran)."""
@@ -276,7 +280,9 @@ class ClaimUpkeep:
         return totals
 
     async def _run(self) -> None:
-        while True:
+        # Stopped by a flag, not by cancel(): Python 3.11's wait primitives can swallow a
+        # cancellation that lands as they finish, which left a stopping queue hanging.
+        while not self._stopping:
             if not self._due:
                 self._idle.set()
                 self._wake.clear()
@@ -291,7 +297,8 @@ class ClaimUpkeep:
                            for t in self._due)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(wait, 0.0))
+                    async with asyncio.timeout(max(wait, 0.0)):
+                        await self._wake.wait()
                 continue
             for job_type in ready:
                 self._due.discard(job_type)

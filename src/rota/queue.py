@@ -25,7 +25,7 @@ from psycopg.sql import Composed, Identifier
 from psycopg_pool import AsyncConnectionPool
 
 from . import db
-from .checks import positive_int, require_due_time, require_text, storable_text
+from .checks import INT_MAX, require_due_time, require_text, storable_text
 from .claim import ClaimUpkeep, FairClaim, UpkeepConfig
 from .errors import ConfigError, InvalidInput
 from .job import FailOutcome, Job
@@ -331,7 +331,10 @@ class Queue:
             InvalidInput: ``limit`` not in 1..2**31-1, or an unknown type.
         """
         t = self.check_type(type)
-        positive_int(limit, "limit")
+        if (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0
+                or limit > INT_MAX):
+            raise InvalidInput(f"limit must be a positive int (at most {INT_MAX}), "
+                               f"got {limit!r}")
         if conn is None:
             await self.open()
         return await self.fair_claim.claim(
