@@ -40,7 +40,8 @@ from rota import (
     Stage,
     SyncQueue,
 )
-from rota.job import EARLIEST_DUE, LATEST_DUE, encode_payload
+from rota.checks import EARLIEST_DUE, LATEST_DUE
+from rota.job import encode_payload
 
 AConn = psycopg.AsyncConnection[Any]
 LA = ZoneInfo("America/Los_Angeles")

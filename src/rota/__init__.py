@@ -16,9 +16,10 @@ from .errors import (
 from .job import DeferJob, Job
 from .maintenance import KilledRuns, Maintenance, PruneDoneJobs, StuckJobs, maintain
 from .plans import DEFAULT_PLANS, Plan, Plans
-from .queue import Queue, QueueSettings
+from .queue import Queue
 from .quota import Allowance, Quota, QuotaExhausted
 from .runner import JobContext, Pipeline, RunResult, Stage
+from .settings import QueueSettings
 from .sync import SyncQueue
 from .web import cron_app
 from .worker import Worker

@@ -73,7 +73,8 @@ from rich.text import Text
 from . import db
 from .errors import ConfigError, DatabaseUnavailable, InvalidInput, MigrationError, RotaError
 from .plans import DEFAULT_PLANS, Plans
-from .queue import Queue, QueueSettings
+from .queue import Queue
+from .settings import QueueSettings
 from .web import HEALTHY_STOP_REASONS, resolve_pipeline
 
 T = TypeVar("T")

@@ -47,3 +47,10 @@ class MigrationError(RotaError):
 
 class DatabaseUnavailable(RotaError):
     """The database could not be reached, or its URL is malformed."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as one line for logs and the CLI: its type and the first line of
+    its message (``"OperationalError: connection refused"``)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -1,5 +1,5 @@
 """Plans: ordered tiers whose priority ranks the claim and whose labels render the
-pricing table's "search queue" row, from one object (DESIGN: plan)."""
+pricing table's "search queue" row, from one object (docs/design.md, "Vocabulary")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 -- Claim a batch of one type, in the fair order, at a cost that does not grow with the
--- backlog (docs/design.md#the-fair-claim; how: docs/fast-claim.md).
+-- backlog (docs/design.md#claim and #the-fair-claim; how: docs/fast-claim.md).
 -- Order: plan priority desc, then served + position asc, then created_at, id.
 --   served:   the group's jobs of this type done or running within the served window
 --             (finished, or locked, in it: running counts as served, so a group being
