@@ -114,9 +114,9 @@ async def build(url: str, schema: str, *, pending: int, groups: int = 10_000,
         await c.execute(sql.SQL(
             "SELECT {s}.fair_advance(%(t)s, now() - interval '1 day'),"
             " {s}.fair_fold(%(t)s, now())").format(s=s), {"t": job_type})
-        await c.execute(sql.SQL("VACUUM FULL {}.fair_done").format(s))
+        await c.execute(sql.SQL("VACUUM FULL {}.fair_served").format(s))
         await c.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(s))
-        for t in ("fair_groups", "fair_done", "groups"):
+        for t in ("fair_groups", "fair_served", "groups"):
             await c.execute(sql.SQL("VACUUM ANALYZE {}.{}").format(s, sql.Identifier(t)))
 
 

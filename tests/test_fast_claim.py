@@ -1,6 +1,6 @@
-"""The fast claim (issue 4): exact against the oracle however small its probe starts,
-bookkeeping equal to a recount from `jobs` after concurrent churn and crashes, and a
-scaled-down backlog with deferred, paused and stale jobs that the claim never reads."""
+"""The fast claim (docs/fast-claim.md): exact against the oracle however small its probe
+starts, bookkeeping equal to a recount from `jobs` after concurrent churn and crashes, and
+a scaled-down backlog with deferred, paused and stale jobs that the claim never reads."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ WITH pending AS (
     SELECT type, group_id, created_at, run_after
     FROM {s}.jobs WHERE status = 'pending' AND group_id IS NOT NULL
 ),
-done AS (  -- served since the edge: done at or after it, and running (migration 014)
+served AS (  -- served since the edge: running, and done at or after it
     SELECT j.type, j.group_id, count(*) AS n
     FROM {s}.jobs j LEFT JOIN {s}.fair_edge e ON e.type = j.type
     WHERE j.group_id IS NOT NULL
@@ -38,7 +38,7 @@ done AS (  -- served since the edge: done at or after it, and running (migration
 ),
 kept AS (
     SELECT fg.type, fg.group_id, fg.head_lb, fg.head_until, fg.ready_lb, fg.plan, fg.active,
-           fg.done_n + coalesce((SELECT sum(d.n) FROM {s}.fair_done d
+           fg.served_n + coalesce((SELECT sum(d.n) FROM {s}.fair_served d
                                  WHERE d.type = fg.type AND d.group_id = fg.group_id), 0)
              AS n
     FROM {s}.fair_groups fg
@@ -48,16 +48,16 @@ FROM pending p LEFT JOIN kept k ON k.type = p.type AND k.group_id = p.group_id
 WHERE k.group_id IS NULL OR k.ready_lb > p.run_after
    OR (k.head_lb > p.created_at AND k.head_until > p.run_after)
 UNION ALL
-SELECT 'done count ' || coalesce(k.n, 0) || ' <> ' || coalesce(d.n, 0) || ': '
+SELECT 'served count ' || coalesce(k.n, 0) || ' <> ' || coalesce(d.n, 0) || ': '
        || coalesce(d.group_id, k.group_id)
-FROM done d FULL JOIN kept k ON k.type = d.type AND k.group_id = d.group_id
+FROM served d FULL JOIN kept k ON k.type = d.type AND k.group_id = d.group_id
 WHERE coalesce(k.n, 0) <> coalesce(d.n, 0)
 UNION ALL
 SELECT 'unfolded deltas for a group without a row: ' || d.group_id
-FROM {s}.fair_done d
+FROM {s}.fair_served d
 WHERE NOT EXISTS (SELECT 1 FROM {s}.fair_groups f
                   WHERE f.type = d.type AND f.group_id = d.group_id)
-  AND NOT EXISTS (SELECT 1 FROM done x WHERE x.type = d.type AND x.group_id = d.group_id)
+  AND NOT EXISTS (SELECT 1 FROM served x WHERE x.type = d.type AND x.group_id = d.group_id)
   AND d.n <> 0
 UNION ALL
 SELECT 'plan or active copy differs: ' || k.group_id

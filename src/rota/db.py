@@ -3,6 +3,7 @@ and the embedded PostgreSQL used when no server is configured."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import string
@@ -10,7 +11,7 @@ import tempfile
 import warnings
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -58,82 +59,172 @@ def statement(name: str, schema: sql.Identifier, groups: sql.Identifier,
     return sql.SQL(text).format(schema=schema, groups=groups, **parts)
 
 
-def migrations() -> list[tuple[int, str, str]]:
-    """The packaged migrations as ``(version, name, sql_text)``, in version order."""
+class Migration(NamedTuple):
+    """One packaged migration, the file ``rota/migrations/NNN_NAME.sql``."""
+
+    version: int
+    name: str
+    text: str
+
+    @property
+    def filename(self) -> str:
+        return f"{self.version:03d}_{self.name}.sql"
+
+    @property
+    def sha256(self) -> str:
+        """The SHA-256 of the file's text (hex), recorded when it is applied."""
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    """The packaged migrations, in version order: the 0.1.0 baseline, then the deltas of
+    later releases. Released files are never edited (``migrations/released.txt``)."""
     out = []
     for entry in resources.files("rota").joinpath("migrations").iterdir():
-        m = re.match(r"^(\d+)_(\w+)\.sql$", entry.name)
+        m = re.match(r"^(\d{3})_(\w+)\.sql$", entry.name)
         if m:
-            out.append((int(m.group(1)), m.group(2), entry.read_text("utf-8")))
-    return sorted(out)
+            out.append(Migration(int(m.group(1)), m.group(2), entry.read_text("utf-8")))
+    return tuple(sorted(out))
+
+
+@cache
+def schema_text() -> str:
+    """``rota/schema.sql``: the current schema, with the ``{schema}`` placeholder, for
+    fresh installs. It equals every migration applied in order."""
+    return resources.files("rota").joinpath("schema.sql").read_text("utf-8")
+
+
+_VERSION_TABLE = """CREATE TABLE IF NOT EXISTS {schema}.rota_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    sha256     text NOT NULL,  -- of the file applied: released files never change
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+
+def _record(m: Migration, schema: sql.Identifier) -> sql.Composed:
+    """The statement recording ``m`` as applied to ``schema``."""
+    return sql.SQL(
+        "INSERT INTO {}.rota_migrations (version, name, sha256) VALUES ({}, {}, {})"
+    ).format(schema, sql.Literal(m.version), sql.Literal(m.name), sql.Literal(m.sha256))
 
 
 def schema_sql(schema: str = "rota") -> str:
     """The full schema as one SQL script (``rota schema``), for teams that run their own
-    migration tool. It records each version in ``SCHEMA.rota_migrations`` as
-    :func:`migrate` does, so ``rota migrate`` can take over later."""
+    migration tool: ``schema.sql``, then every packaged migration recorded as applied
+    with its checksum in ``SCHEMA.rota_migrations``, as :func:`migrate` records a fresh
+    install, so ``rota migrate`` can take over later.
+
+    Raises:
+        InvalidInput: ``schema`` is not a valid identifier.
+    """
     ident = identifier(schema)
-    quoted = ident.as_string(None)  # identifiers render without a connection
+    quoted = ident.as_string(None)  # identifiers and literals render without a connection
     parts = [
         f"CREATE SCHEMA IF NOT EXISTS {quoted};",
         _VERSION_TABLE.format(schema=quoted) + ";",
+        schema_text().format(schema=quoted).strip(),
+        "-- The schema above is every migration applied:",
     ]
-    for version, name, text in migrations():
-        parts.append(f"-- {version:03d}_{name}")
-        parts.append(text.format(schema=quoted).strip())
-        parts.append(
-            f"INSERT INTO {quoted}.rota_migrations (version, name) "
-            f"VALUES ({version}, '{name}');"
-        )
+    parts += [_record(m, ident).as_string(None) + ";" for m in migrations()]
     return "\n\n".join(parts) + "\n"
 
 
-_VERSION_TABLE = (
-    "CREATE TABLE IF NOT EXISTS {schema}.rota_migrations ("
-    "version integer PRIMARY KEY, name text NOT NULL, "
-    "applied_at timestamptz NOT NULL DEFAULT now())"
-)
-
-
 async def migrate(conn: psycopg.AsyncConnection[Any], schema: str = "rota") -> list[int]:
-    """Apply the missing migrations to ``schema``, once, in one transaction.
+    """Bring ``schema`` up to date, once, in one transaction.
 
-    A transaction-scoped advisory lock keyed on the schema name serializes concurrent
-    migrators: the second waits, then finds every version recorded and applies nothing.
+    An empty schema (no migration recorded) gets ``schema.sql`` and every packaged
+    migration recorded as applied, with its checksum. Otherwise each recorded migration's
+    checksum is checked against the packaged file, then the missing migrations are
+    applied in version order. A transaction-scoped advisory lock keyed on the schema name
+    serializes concurrent migrators: the second waits, then finds every version recorded
+    and applies nothing.
 
     Returns:
-        The versions applied by this call (empty when up to date).
+        The versions applied (or recorded by a fresh install) by this call; empty when
+        the schema was up to date.
 
     Raises:
-        MigrationError: a migration failed (nothing of this call is kept).
+        InvalidInput: ``schema`` is not a valid identifier.
+        MigrationError: one line, and nothing of this call is kept: a recorded migration
+            differs from the packaged file (it was edited after it was applied), the
+            schema records a migration this rota does not ship, it was migrated by a
+            pre-release rota (no checksums), or a statement failed.
     """
     ident = identifier(schema)
     quoted = ident.as_string(conn)
-    applied: list[int] = []
+    shipped = migrations()
+    step = "reading its migrations"
     try:
         async with conn.transaction():
             await conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtext('rota.migrate'), hashtext(%s))", [schema]
             )
             await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
-            await conn.execute(sql.SQL(_VERSION_TABLE).format(schema=ident))
-            cur = await conn.execute(
-                sql.SQL("SELECT version FROM {}.rota_migrations").format(ident)
-            )
-            done = {r[0] for r in await cur.fetchall()}
-            for version, name, text in migrations():
-                if version in done:
-                    continue
-                await conn.execute(text.format(schema=quoted).encode())
-                await conn.execute(
-                    sql.SQL("INSERT INTO {}.rota_migrations (version, name) VALUES (%s, %s)")
-                    .format(ident),
-                    [version, name],
-                )
-                applied.append(version)
+            recorded = await _recorded(conn, ident, schema)
+            _check_recorded(recorded, shipped, schema)
+            if recorded:
+                todo = [m for m in shipped if m.version not in recorded]
+                for m in todo:
+                    step = f"applying {m.filename}"
+                    await conn.execute(m.text.format(schema=quoted).encode())
+            else:  # a fresh install: schema.sql is every migration applied
+                todo = list(shipped)
+                step = "installing schema.sql"
+                await conn.execute(schema_text().format(schema=quoted).encode())
+            for m in todo:
+                await conn.execute(_record(m, ident))
     except psycopg.Error as exc:
-        raise MigrationError(f"migrating schema {schema!r} failed: {exc}") from exc
-    return applied
+        raise MigrationError(f'migrating schema "{schema}" failed ({step}): {exc}') from exc
+    return [m.version for m in todo]
+
+
+async def _recorded(conn: psycopg.AsyncConnection[Any], ident: sql.Identifier,
+                    schema: str) -> dict[int, tuple[str, str]]:
+    """The migrations recorded in the schema, ``{version: (name, sha256)}``, creating the
+    version table when there is none.
+
+    Raises:
+        MigrationError: the table predates checksums: a pre-release rota made it.
+    """
+    table = sql.SQL("{}.rota_migrations").format(ident).as_string(conn)
+    cur = await conn.execute(
+        "SELECT to_regclass(%(t)s) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute "
+        "WHERE attrelid = to_regclass(%(t)s) AND attname = 'sha256' AND NOT attisdropped)",
+        {"t": table})
+    row = await cur.fetchone()
+    assert row is not None
+    exists, has_checksums = row
+    if exists and not has_checksums:
+        raise MigrationError(
+            f'schema "{schema}" was migrated by a pre-release rota (rota_migrations has '
+            "no checksums); no release existed before 0.1.0, so there is no upgrade: "
+            "recreate the schema (drop it, then run rota migrate)")
+    await conn.execute(sql.SQL(_VERSION_TABLE).format(schema=ident))
+    cur = await conn.execute(
+        sql.SQL("SELECT version, name, sha256 FROM {}.rota_migrations").format(ident))
+    return {v: (name, sha) for v, name, sha in await cur.fetchall()}
+
+
+def _check_recorded(recorded: dict[int, tuple[str, str]], shipped: tuple[Migration, ...],
+                    schema: str) -> None:
+    """Refuse a schema whose recorded migrations are not the packaged files.
+
+    Raises:
+        MigrationError: a recorded version is not shipped, or its checksum differs.
+    """
+    by_version = {m.version: m for m in shipped}
+    for version, (name, sha) in sorted(recorded.items()):
+        m = by_version.get(version)
+        if m is None:
+            raise MigrationError(
+                f'schema "{schema}" records migration {version:03d}_{name}.sql, which this '
+                "rota does not ship (a newer rota migrated it): upgrade rota")
+        if sha != m.sha256:
+            raise MigrationError(
+                f'migration {m.filename} was changed after it was applied to schema '
+                f'"{schema}": recorded sha256 {sha[:12]}…, shipped {m.sha256[:12]}…')
 
 
 def check_conninfo(conninfo: str) -> str:

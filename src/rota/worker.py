@@ -1,10 +1,11 @@
-"""A long-running worker (docs/design.md, "Ways to run it"): runs the pipeline back to back while
-there is work, sleeps until the next job is due, and wakes within a second when a job is
+"""A long-running worker (docs/design.md, "Ways to run it"): runs the pipeline back to
+back while there is work, sleeps until the next job is due, and wakes within a second when a job is
 enqueued.
 
 Waking has two paths, so neither is a single point of failure:
 
-* LISTEN/NOTIFY: migration 003 makes every INSERT into ``jobs`` notify a channel named
+* LISTEN/NOTIFY: a statement trigger on ``jobs`` (the schema's ``notify_jobs_inserted``)
+  makes every INSERT notify a channel named
   exactly like the queue's schema; the worker keeps one connection listening on it and
   reconnects (with backoff) when it drops, for example across a database restart.
 * Polling: the worker never sleeps longer than ``idle_poll`` without asking the database

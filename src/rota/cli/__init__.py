@@ -24,7 +24,8 @@ Exit codes: 0 success; 1 the command ran but reports a problem (a run that stopp
 ``error``, a job that cannot be retried or cancelled, a database error other than the
 ones below); 2 bad usage or flag values, a broken app or configuration (including a
 ``--budget`` not below the app's platform timeout), a malformed database URL, an
-unreachable database, rota's tables missing, or a value the database cannot store
+unreachable database, rota's tables missing, a schema `rota migrate` refuses or fails
+to migrate, or a value the database cannot store
 (SQLSTATE classes 22 "data exception" and 54 "program limit exceeded", for example a
 dedupe key too long for its index). Each is one line on stderr: ``error: database
 unreachable: …`` when no connection could be made or it was lost, ``error: database

@@ -15,6 +15,7 @@ from ..errors import (
     InvalidInput,
     InvalidTransition,
     JobNotFound,
+    MigrationError,
     RotaError,
     first_line,
 )
@@ -65,7 +66,7 @@ def as_cli_error(exc: Exception) -> CliError | None:
     not one of them, let it raise)."""
     if isinstance(exc, JobNotFound | InvalidTransition):  # the action's outcome: exit 1
         return CliError(first_line(exc))
-    if isinstance(exc, DatabaseUnavailable | ConfigError | InvalidInput):
+    if isinstance(exc, DatabaseUnavailable | ConfigError | InvalidInput | MigrationError):
         return CliConfigError(first_line(exc))
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
         return CliConfigError(

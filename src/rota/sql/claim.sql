@@ -1,4 +1,5 @@
--- Claim a batch of one type (docs/design.md, "Claim" and "The fair claim").
+-- Claim a batch of one type, in the fair order, at a cost that does not grow with the
+-- backlog (docs/design.md#claim and #the-fair-claim; how: docs/fast-claim.md).
 -- Order: plan priority desc, then served + position asc, then created_at, id.
 --   served:   the group's jobs of this type done or running within the served window
 --             (finished, or locked, in it: running counts as served, so a group being
@@ -15,8 +16,8 @@
 -- How it avoids reading the backlog (docs/fast-claim.md has the proof):
 --   1. Every group that may have a ready job (fair_groups, one row per group) gets its
 --      exact priority and served count, and a lower bound of its first job's key:
---      (priority, served, head_lb). Served = done_n + fair_done (done jobs since the
---      edge and running jobs) + the exact edge correction - jobs running since before
+--      (priority, served, head_lb). Served = served_n + fair_served (running jobs, and
+--      done jobs since the edge) + the exact edge correction - jobs running since before
 --      the window.
 --   2. Only the first %(probe_groups)s groups in that order are probed, each for its
 --      first %(probe_per)s claimable jobs through jobs_pending_idx.
@@ -38,9 +39,9 @@ plan_priority AS (
     SELECT p.plan, p.priority
     FROM unnest(%(plan_ids)s::text[], %(plan_priorities)s::int[]) AS p(plan, priority)
 ),
--- Running jobs are in the bookkeeping (fair_done, folded into done_n) whatever their
--- lock's age (migration 014); those locked before the window start are not served and
--- are taken away here (jobs_running_idx range: none unless a job has been running
+-- Running jobs are in the served counts (fair_served, folded into served_n) whatever
+-- their lock's age; those locked before the window start are not served and are taken
+-- away here (jobs_running_idx range: none unless a job has been running
 -- longer than the window).
 running_old AS (
     SELECT r.group_id, count(*)::int AS n
@@ -49,7 +50,7 @@ running_old AS (
       AND r.group_id IS NOT NULL
     GROUP BY r.group_id
 ),
--- fair_done counts done jobs finished at or after the edge; between the edge and the
+-- fair_served counts done jobs finished at or after the edge; between the edge and the
 -- window start they are counted here exactly (jobs_done_idx range; fair_advance keeps
 -- it about a second wide).
 edge_fix AS (
@@ -60,10 +61,11 @@ edge_fix AS (
       AND d.finished_at >= least(c.ws, c.edge) AND d.finished_at < greatest(c.ws, c.edge)
     GROUP BY d.group_id
 ),
--- Completions not yet folded into fair_groups.done_n (about a second's worth).
-done_delta AS (
+-- Served-count changes not yet folded into fair_groups.served_n (claims and completions
+-- since the last upkeep round).
+served_delta AS (
     SELECT f.group_id, sum(f.n)::int AS n
-    FROM {schema}.fair_done f
+    FROM {schema}.fair_served f
     WHERE f.type = %(type)s
     GROUP BY f.group_id
 ),
@@ -78,16 +80,17 @@ stale_head AS (
     SELECT s.group_id, min(s.created_at) AS head
     FROM stale s WHERE s.group_id IS NOT NULL GROUP BY s.group_id
 ),
--- Groups whose served count is not just their folded done_n: unfolded deltas (claims and
--- completions since the last fold), the edge correction, jobs running since before the
--- window, stale claimable jobs, an expired head bound. Few
--- (in-flight work, about a second of completions, heads renewed by the upkeep); their
--- keys are computed exactly (an expired head counts as -infinity) and they join the walk
--- explicitly, so for every other group done_n is its exact served count.
+-- Groups whose key is not just their folded served_n and head_lb: unfolded deltas
+-- (claims, failures and deferrals since the last fold), the edge correction, jobs
+-- running since before the window, stale claimable jobs, an expired head bound. Few
+-- (the last upkeep round's claims, about a second of completions at the edge, heads
+-- renewed by the upkeep); their keys are computed exactly (an expired head counts as
+-- -infinity) and they join the walk explicitly, so for every other group served_n is
+-- its exact served count.
 special AS (
     SELECT ef.group_id FROM edge_fix ef
     UNION
-    SELECT dd.group_id FROM done_delta dd
+    SELECT dd.group_id FROM served_delta dd
     UNION
     SELECT ro.group_id FROM running_old ro
     UNION
@@ -101,7 +104,7 @@ special AS (
 ),
 {pool},
 keyed AS (
-    SELECT pl.group_id, pl.head_lb, pl.done_n, pl.served_lb,
+    SELECT pl.group_id, pl.head_lb, pl.served_n, pl.served_lb,
            CASE WHEN pl.group_id IS NULL OR pl.plan IS NULL THEN %(middle_priority)s::int
                 ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority
     FROM pool pl
@@ -112,13 +115,13 @@ keyed AS (
 -- job's key; only the first probe_groups are probed, the next one bounds the rest.
 walk AS (
     SELECT k.group_id, k.head_lb, k.priority, k.served_lb,
-           k.done_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0) AS served,
+           k.served_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0) AS served,
            row_number() OVER (ORDER BY k.priority DESC, k.served_lb, k.head_lb,
                                        k.group_id NULLS FIRST) AS rank
     FROM (SELECT * FROM keyed k
           ORDER BY k.priority DESC, k.served_lb, k.head_lb, k.group_id NULLS FIRST
           LIMIT %(probe_groups)s + 1) k
-    LEFT JOIN done_delta dd ON dd.group_id = k.group_id
+    LEFT JOIN served_delta dd ON dd.group_id = k.group_id
     LEFT JOIN edge_fix ef ON ef.group_id = k.group_id
     LEFT JOIN running_old ro ON ro.group_id = k.group_id
 ),

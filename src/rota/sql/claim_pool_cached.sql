@@ -1,7 +1,7 @@
 -- The claim's group pool (fragment of claim.sql) for rota's own groups table, whose
 -- plan and active fair_groups copies in the same transaction as every change. Each plan
--- present is walked through fair_groups_walk_idx by (done_n, head_lb), reading at most
--- probe_groups + 1 groups per plan: for a group outside `special`, done_n is its exact
+-- present is walked through fair_groups_walk_idx by (served_n, head_lb), reading at most
+-- probe_groups + 1 groups per plan: for a group outside `special`, served_n is its exact
 -- served count, so the walk's order is the order of (served, head_lb). The plans
 -- present come from fair_plans. Cost grows with the number of plans and the probe,
 -- not with the number of groups or jobs.
@@ -11,24 +11,25 @@ levels AS (
     SELECT NULL
 ),
 pool AS (
-    SELECT f.group_id, f.head_lb, f.done_n, f.done_n AS served_lb, l.plan, true AS active
+    SELECT f.group_id, f.head_lb, f.served_n, f.served_n AS served_lb, l.plan,
+           true AS active
     FROM levels l
     CROSS JOIN clock c
     CROSS JOIN LATERAL (
-        (SELECT f.group_id, f.head_lb, f.done_n FROM {schema}.fair_groups f
+        (SELECT f.group_id, f.head_lb, f.served_n FROM {schema}.fair_groups f
          WHERE l.plan IS NOT NULL AND f.type = %(type)s AND f.plan = l.plan
            AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
            AND f.head_until > c.now
            AND f.group_id NOT IN (SELECT s.group_id FROM special s)
-         ORDER BY f.done_n, f.head_lb
+         ORDER BY f.served_n, f.head_lb
          LIMIT %(probe_groups)s + 1)
         UNION ALL
-        (SELECT f.group_id, f.head_lb, f.done_n FROM {schema}.fair_groups f
+        (SELECT f.group_id, f.head_lb, f.served_n FROM {schema}.fair_groups f
          WHERE l.plan IS NULL AND f.type = %(type)s AND f.plan IS NULL
            AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
            AND f.head_until > c.now
            AND f.group_id NOT IN (SELECT s.group_id FROM special s)
-         ORDER BY f.done_n, f.head_lb
+         ORDER BY f.served_n, f.head_lb
          LIMIT %(probe_groups)s + 1)
     ) f
     UNION ALL
@@ -38,20 +39,20 @@ pool AS (
     SELECT s.group_id,
            least(CASE WHEN fg.head_until <= c.now THEN '-infinity' ELSE fg.head_lb END,
                  sh.head),
-           coalesce(fg.done_n, 0),
-           coalesce(fg.done_n, 0) + coalesce(dd.n, 0) + coalesce(ef.n, 0)
+           coalesce(fg.served_n, 0),
+           coalesce(fg.served_n, 0) + coalesce(dd.n, 0) + coalesce(ef.n, 0)
              - coalesce(ro.n, 0),
            g.plan, coalesce(g.active, true)
     FROM special s
     CROSS JOIN clock c
     LEFT JOIN LATERAL (
-        SELECT f.head_lb, f.head_until, f.ready_lb, f.done_n FROM {schema}.fair_groups f
+        SELECT f.head_lb, f.head_until, f.ready_lb, f.served_n FROM {schema}.fair_groups f
         WHERE f.type = %(type)s AND f.group_id = s.group_id OFFSET 0) fg ON true
     LEFT JOIN LATERAL (
         SELECT x.plan, x.active FROM {groups} x WHERE x.group_id = s.group_id OFFSET 0
     ) g ON true
     LEFT JOIN stale_head sh ON sh.group_id = s.group_id
-    LEFT JOIN done_delta dd ON dd.group_id = s.group_id
+    LEFT JOIN served_delta dd ON dd.group_id = s.group_id
     LEFT JOIN edge_fix ef ON ef.group_id = s.group_id
     LEFT JOIN running_old ro ON ro.group_id = s.group_id
     WHERE sh.head IS NOT NULL OR fg.ready_lb <= c.now

@@ -7,15 +7,15 @@ pool AS (
     SELECT fg.group_id,
            least(CASE WHEN fg.head_until <= c.now THEN '-infinity' ELSE fg.head_lb END,
                  sh.head) AS head_lb,
-           fg.done_n,
-           fg.done_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0)
+           fg.served_n,
+           fg.served_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0)
              AS served_lb,
            g.plan, coalesce(g.active, true) AS active
     FROM {schema}.fair_groups fg
     CROSS JOIN clock c
     LEFT JOIN stale_head sh ON sh.group_id = fg.group_id
     LEFT JOIN {groups} g ON g.group_id = fg.group_id
-    LEFT JOIN done_delta dd ON dd.group_id = fg.group_id
+    LEFT JOIN served_delta dd ON dd.group_id = fg.group_id
     LEFT JOIN edge_fix ef ON ef.group_id = fg.group_id
     LEFT JOIN running_old ro ON ro.group_id = fg.group_id
     WHERE fg.type = %(type)s AND (fg.ready_lb <= c.now OR sh.head IS NOT NULL)
@@ -25,7 +25,7 @@ pool AS (
            g.plan, coalesce(g.active, true)
     FROM stale_head sh
     LEFT JOIN {groups} g ON g.group_id = sh.group_id
-    LEFT JOIN done_delta dd ON dd.group_id = sh.group_id
+    LEFT JOIN served_delta dd ON dd.group_id = sh.group_id
     LEFT JOIN edge_fix ef ON ef.group_id = sh.group_id
     LEFT JOIN running_old ro ON ro.group_id = sh.group_id
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_groups fg

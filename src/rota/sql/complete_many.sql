@@ -1,6 +1,6 @@
 -- Complete a batch of jobs, each only under the claim that holds it (a lost one matches
 -- nothing). Rows are visited in the order given (the caller sorts by type, group and
--- fair_done shard, so concurrent batches take fair_done's rows in one order).
+-- fair_served shard, so concurrent batches take fair_served's rows in one order).
 UPDATE {schema}.jobs j
 SET status = 'done',
     finished_at = now() + %(offset)s::interval,
