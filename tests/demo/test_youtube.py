@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rota.demo.youtube import (
+from rota_demo.youtube import (
     PACIFIC,
     STAND_IN_PREFIX,
     UNIT_COST,

@@ -43,8 +43,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from ..errors import NaiveDatetimeError, RotaError
-from ..quota import next_local_midnight
+from rota import NaiveDatetimeError, RotaError
+from rota.quota import next_local_midnight
 
 __all__ = [
     "DEFAULT_BASE_URL",
