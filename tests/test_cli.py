@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-import types
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -273,37 +272,6 @@ def test_depth_per_stage_and_plan(rota: Rota) -> None:
     assert all(r["oldest_due_seconds"] >= 0 for r in rows)
     table = rota("depth").stdout
     assert "queue depth" in table and "total" in table
-
-
-def test_pricing_renders_the_plans_object(rota: Rota) -> None:
-    assert rota.json("pricing") == {
-        "plans": [{"id": "free", "name": "Free", "priority": 0},
-                  {"id": "standard", "name": "Standard", "priority": 1},
-                  {"id": "pro", "name": "Pro", "priority": 2}],
-        "rows": [{"label": "Search queue", "values": ["Standard", "Ahead of Free", "First"]}],
-    }
-    from tests.cli_app import TEST_PLANS
-
-    got = rota.json("pricing", "--app", APP)
-    assert [(row["label"], row["values"]) for row in got["rows"]] == [
-        (label, values) for label, values in TEST_PLANS.pricing_rows()]
-    assert got["rows"][0] == {"label": "Search queue",
-                              "values": ["Standard", "Ahead of Free", "First"]}
-    table = rota("pricing", "--app", APP, DATABASE_URL=None).stdout  # needs no database
-    assert "Search queue" in table and "Ahead of Free" in table and "Draft credits" in table
-
-
-def test_demo_falls_back_when_the_demo_is_missing(
-    rota: Rota, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(sys.modules, "rota.demo.main", None)
-    assert rota("demo").stdout == "rota demo: coming soon\n"
-    calls: list[list[str]] = []
-    fake = types.ModuleType("rota.demo.main")
-    fake.main = lambda argv: calls.append(argv)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "rota.demo.main", fake)
-    rota("demo", "--profile", "short")
-    assert calls == [["--profile", "short"]]
 
 
 # -- database unreachable, URL malformed --------------------------------------------------------

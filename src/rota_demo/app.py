@@ -57,13 +57,12 @@ from . import llm
 from .brief import Brief, build_brief, fetch_page
 from .youtube import Channel, QuotaExceeded, YouTubeClient
 
+# Lowest to highest: the claim ranks by this order, and the pricing table's "search
+# queue" row is read from it (rota_demo.pricing).
 PLANS = Plans([
-    Plan("free", "Free", 0, "Standard",
-         {"searches_per_day": 3, "draft_credits_per_month": 40}),
-    Plan("standard", "Standard", 1, "Ahead of Free",
-         {"searches_per_day": 10, "draft_credits_per_month": 200}),
-    Plan("pro", "Pro", 2, "First",
-         {"searches_per_day": 50, "draft_credits_per_month": 1000}),
+    Plan("free", "Free", 0, {"searches_per_day": 3, "draft_credits_per_month": 40}),
+    Plan("standard", "Standard", 1, {"searches_per_day": 10, "draft_credits_per_month": 200}),
+    Plan("pro", "Pro", 2, {"searches_per_day": 50, "draft_credits_per_month": 1000}),
 ])
 
 STAGE_TYPES = ("enrich", "contacts", "draft", "rationale", "comments", "score", "search")
