@@ -7,8 +7,12 @@ matching YouTube creators. Keyword extraction is simple and deterministic: weigh
 two-word-phrase counts over the title, descriptions, headings and main text.
 
 Sample brand pages ship in ``rota_demo/pages`` (:data:`PAGES_DIR`, :func:`sample_pages`);
-:func:`pages_app` serves them (use :func:`rota_demo.youtube.serve_in_thread` for loopback).
+:func:`pages_app` serves them (use :func:`rota_demo.loopback.serve_in_thread` for loopback).
 """
+
+# One module, about 500 lines, on purpose: fetching, parsing and the sample pages serve one
+# step of the example (a brand's page becomes a brief), and the parser's heuristics read best
+# next to the Brief they fill; each part alone would be a thin file that the others import.
 
 from __future__ import annotations
 
@@ -504,5 +508,5 @@ def sample_pages() -> list[str]:
 
 def pages_app(directory: Path = PAGES_DIR) -> Starlette:
     """A Starlette app serving ``directory`` as static files at ``/`` (``/stridewell.html``
-    …); unknown paths get 404. Serve it with :func:`rota_demo.youtube.serve_in_thread`."""
+    …); unknown paths get 404. Serve it with :func:`rota_demo.loopback.serve_in_thread`."""
     return Starlette(routes=[Mount("/", StaticFiles(directory=directory, html=True))])

@@ -46,7 +46,8 @@ from rota import Queue, db
 
 from . import app as demo_app
 from .brief import pages_app
-from .youtube import serve_in_thread, stand_in_app
+from .loopback import serve_in_thread
+from .youtube import stand_in_app
 
 # Wide when not a terminal, so logs (CI, `| tee`) keep whole table cells.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)

@@ -23,7 +23,7 @@ from rota_demo.brief import (
     pages_app,
     sample_pages,
 )
-from rota_demo.youtube import serve_in_thread
+from rota_demo.loopback import serve_in_thread
 
 EXPECTED: dict[str, dict[str, Any]] = {
     "ember-oak.html": {
