@@ -33,6 +33,7 @@ class Outcome:
     restarts: list[tuple[datetime, datetime]] = field(default_factory=list)
     crashed: list[str] = field(default_factory=list)
     forced_stops: list[str] = field(default_factory=list)
+    stopped_starting: list[str] = field(default_factory=list)
     runs_raised: int = 0
     seeded: int = 0
     worker_phase_s: float = 0.0
@@ -311,6 +312,8 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
         r.figures["runs_across_restart"] = dict(across)
     r.figures["runs_ended_error_by_restart"] = dict(error_runs)
     r.figures["runs_raised"] = out.runs_raised
+    if out.stopped_starting:
+        r.figures["workers_stopped_while_starting"] = len(out.stopped_starting)
     for crashed in out.crashed:
         r.violations.append(f"worker {crashed} on its own")
     for name in out.forced_stops:

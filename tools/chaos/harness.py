@@ -139,7 +139,12 @@ class Harness:
                 proc.popen.wait()
                 self.out.forced_stops.append(name)
             else:
-                if proc.popen.returncode != 0:
+                if proc.popen.returncode == -signal.SIGTERM:
+                    # SIGTERM's default action: it came before the worker installed its
+                    # handler (worker_main's first step), so before its first run, while
+                    # Python was still starting. Stopped as asked, not crashed.
+                    self.out.stopped_starting.append(name)
+                elif proc.popen.returncode != 0:
                     self.out.crashed.append(f"{name} exited {proc.popen.returncode}")
         self.procs.clear()
 
