@@ -93,7 +93,7 @@ async def explain(queue: Queue, conn: Any) -> str:
               "offset": queue.clock_offset, "stale_after": queue.stale_after,
               "served_window": queue.served_window, **queue.plans.claim_params(),
               "probe_groups": 58, "probe_per": 2}
-    text = queue.claim_sql().as_string(conn)
+    text = queue.fair_claim.statement().as_string(conn)
     names: list[str] = []
 
     def number(m: re.Match[str]) -> str:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from rota import Queue
+from rota.claim import ClaimUpkeep, FairClaim
 from rota.db import migrate
 
 from .oracle import insert_rows, oracle_ids
@@ -28,7 +29,7 @@ STALE = timedelta(seconds=8)
 @pytest.fixture
 def no_upkeep(monkeypatch: pytest.MonkeyPatch) -> None:
     """Claims never schedule the background upkeep: the bookkeeping stays as it was."""
-    monkeypatch.setattr(Queue, "_schedule_upkeep", lambda self, job_type: None)
+    monkeypatch.setattr(ClaimUpkeep, "request", lambda self, job_type: None)
 
 
 async def upkeep(queue: Queue, conn: Any, type_: str = "t") -> None:
@@ -214,5 +215,5 @@ def test_claims_stay_exact_as_time_moves_without_fresh_bookkeeping(
     small_probe: bool, view: bool, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     if small_probe:
-        monkeypatch.setattr(Queue, "probe_floor", (1, 1))
+        monkeypatch.setattr(FairClaim, "probe_floor", (1, 1))
     asyncio.run(_timeline(database_url, migrated, groups, jobs, limit, steps, view))

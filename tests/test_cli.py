@@ -124,6 +124,41 @@ def test_enqueue_then_list_and_filter_jobs(rota: Rota) -> None:
     assert "│ g1    │ Pro  │ pending │ 0/3 " in table
 
 
+def test_jobs_pages_with_before_and_filters_by_id(rota: Rota) -> None:
+    rota.sql("INSERT INTO {s}.groups (group_id, owner_id, plan) VALUES ('g1', 'o1', 'pro')")
+    for n in range(7):
+        rota("enqueue", "echo", "{}", *(["--group", "g1"] if n % 2 else []))
+    first = rota("jobs", "--limit", "3", "--json")
+    assert [j["id"] for j in json.loads(first.stdout)] == [7, 6, 5]
+    assert first.stderr == "next page: --before 5\n"  # stdout stays JSON
+    second = rota("jobs", "--limit", "3", "--before", "5", "--json")
+    assert [j["id"] for j in json.loads(second.stdout)] == [4, 3, 2]
+    last = rota("jobs", "--limit", "3", "--before", "2", "--json")
+    assert [j["id"] for j in json.loads(last.stdout)] == [1] and last.stderr == ""
+    table = rota("jobs", "--limit", "3", "--before", "5").stdout
+    assert "jobs (3 shown)" in table and table.endswith("next page: --before 2\n")
+    assert "next page" not in rota("jobs", "--limit", "7").stdout
+    assert [j["id"] for j in rota.json("jobs", "--group", "g1", "--before", "6")] == [4, 2]
+    assert [(j["id"], j["plan"]) for j in rota.json("jobs", "--id", "6")] == [(6, "pro")]
+    assert rota.json("jobs", "--id", "6", "--type", "other") == []
+    rota("jobs", "cancel", "3")
+    rota("jobs", "cancel", "1")
+    out = rota("jobs", "failed", "--limit", "1")
+    assert "failed jobs (1 shown)" in out.stdout and "next page: --before 3" in out.stdout
+    assert [j["id"] for j in rota.json("jobs", "failed", "--before", "3")] == [1]
+
+
+@pytest.mark.parametrize("args", [
+    ["jobs", "--limit", "1001"], ["jobs", "failed", "--limit", "5000"],
+    ["runs", "-n", "1001"], ["jobs", "--before", "0"], ["jobs", "--id", "0"],
+], ids=lambda a: " ".join(a))
+def test_listings_are_capped_at_1000_rows(rota: Rota, args: list[str]) -> None:
+    result = rota(*args, ok=False)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "Invalid value for" in result.stderr
+    assert rota("jobs", "--limit", "1000").exit_code == 0
+
+
 @pytest.mark.parametrize("args, message", [
     (["enqueue", "echo", "{not json"], "Invalid value for 'PAYLOAD_JSON': not valid JSON"),
     (["enqueue", "echo", "{}", "--run-after", "2030-01-01T09:00:00"], "has no time zone"),
@@ -223,7 +258,7 @@ def test_cancel_fails_a_pending_job_and_runs_its_give_up_hook_once(rota: Rota) -
     assert rota.sql("SELECT count(*) FROM {s}.jobs WHERE give_up_pending") == [(0,)]
 
 
-# -- run, runs, maintain, depth, pricing -------------------------------------------------------
+# -- run, runs, maintain, depth ----------------------------------------------------------------
 
 
 def test_run_once_then_runs_lists_it(rota: Rota) -> None:

@@ -92,7 +92,7 @@ async def test_a_deadlock_falls_back_to_one_statement_per_job(
         "CREATE FUNCTION {}.deadlock() RETURNS bigint LANGUAGE plpgsql AS "
         "$$BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = 'deadlock_detected'; END$$"
     ).format(sql.Identifier(schema)))
-    real = queue.sql
+    real = queue.store.sql
 
     def patched(name: str, **fragments: str) -> Any:
         if name == "complete_many":
@@ -101,7 +101,7 @@ async def test_a_deadlock_falls_back_to_one_statement_per_job(
                            ).format(sql.Identifier(schema))
         return real(name, **fragments)
 
-    queue.sql = patched  # type: ignore[method-assign]
+    queue.store.sql = patched  # type: ignore[method-assign]
     for i in range(3):
         await queue.enqueue("t", {"i": i})
     jobs = await queue.claim("t", 3)

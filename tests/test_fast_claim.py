@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from rota import Queue
+from rota.claim import FairClaim, UpkeepConfig
 
 from . import test_oracle
 from .oracle import oracle_ids
@@ -101,7 +102,7 @@ def test_claim_is_exact_when_every_probe_starts_at_one_group_and_one_job(
     jobs: list[dict[str, Any]], limit: int, offset_s: int, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Every bound check that can fail does, so each retry path is compared with the oracle.
-    monkeypatch.setattr(Queue, "probe_floor", (1, 1))
+    monkeypatch.setattr(FairClaim, "probe_floor", (1, 1))
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s))
 
 
@@ -128,7 +129,7 @@ def test_claim_reading_an_application_view_is_exact(
             super().__init__(url, groups=f"{kw['schema']}.app_groups", **kw)
 
     monkeypatch.setattr(test_oracle, "Queue", ViewQueue)
-    monkeypatch.setattr(Queue, "probe_floor", (1, 1))
+    monkeypatch.setattr(FairClaim, "probe_floor", (1, 1))
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s))
 
 
@@ -269,7 +270,8 @@ async def test_scaled_down_backlog_with_deferred_paused_and_stale_jobs(
         for j in batch:
             assert await queue.complete(j)
         await queue.settle()
-    assert queue._probe["t"] == queue._probe_floor(25)  # no claim needed a wider probe
+    # no claim needed a wider probe
+    assert queue.fair_claim._probe["t"] == queue.fair_claim._floor(25)
     assert await recount(aconn, schema) == []
 
 
@@ -309,7 +311,7 @@ async def _claim_complete_settle(queue: Queue) -> None:
 async def test_upkeep_vacuums_the_bookkeeping_tables(
     queue: Queue, aconn: Any, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("rota.queue.VACUUM_EVERY_S", 0.0)
+    queue.upkeep.config = UpkeepConfig(vacuum_every=1e-6)
     assert await _vacuum_count(aconn, schema) == 0
     await _claim_complete_settle(queue)
     for _ in range(50):  # the statistics reach other sessions shortly after
@@ -317,7 +319,7 @@ async def test_upkeep_vacuums_the_bookkeeping_tables(
             break
         await asyncio.sleep(0.1)
     assert await _vacuum_count(aconn, schema) >= 1
-    assert queue._vacuum_refused is False
+    assert queue.upkeep._vacuum_refused is False
     assert await recount(aconn, schema) == []
 
 
@@ -334,12 +336,12 @@ async def test_a_role_that_does_not_own_the_bookkeeping_never_tries_to_vacuum_it
             "GRANT USAGE ON SCHEMA {s} TO {r}; GRANT ALL ON ALL TABLES IN SCHEMA {s} TO {r};"
             " GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {r};"
             " GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO {r}").format(s=s, r=r))
-        monkeypatch.setattr("rota.queue.VACUUM_EVERY_S", 0.0)
-        caplog.set_level("INFO", logger="rota.queue")
+        caplog.set_level("INFO", logger="rota.claim")
         queue = Queue(psycopg.conninfo.make_conninfo(database_url, user=role), schema=schema)
+        queue.upkeep.config = UpkeepConfig(vacuum_every=1e-6)
         async with queue:
             await _claim_complete_settle(queue)
-            assert queue._vacuum_refused is True
+            assert queue.upkeep._vacuum_refused is True
         assert [m for m in caplog.messages if "not allowed to VACUUM" in m] == [
             f"not allowed to VACUUM {schema}'s bookkeeping tables (not their owner); "
             "autovacuum does it"]

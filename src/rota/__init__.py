@@ -5,6 +5,8 @@ from .errors import (
     ConfigError,
     DatabaseUnavailable,
     InvalidInput,
+    InvalidTransition,
+    JobNotFound,
     MigrationError,
     NaiveDatetimeError,
     PayloadError,
@@ -16,9 +18,10 @@ from .errors import (
 from .job import DeferJob, Job
 from .maintenance import KilledRuns, Maintenance, PruneDoneJobs, StuckJobs, maintain
 from .plans import DEFAULT_PLANS, Plan, Plans
-from .queue import Queue, QueueSettings
+from .queue import Queue
 from .quota import Allowance, Quota, QuotaExhausted
 from .runner import JobContext, Pipeline, RunResult, Stage
+from .settings import QueueSettings
 from .sync import SyncQueue
 from .web import cron_app
 from .worker import Worker
@@ -31,8 +34,10 @@ __all__ = [
     "DeferJob",
     "EmbeddedServer",
     "InvalidInput",
+    "InvalidTransition",
     "Job",
     "JobContext",
+    "JobNotFound",
     "KilledRuns",
     "Maintenance",
     "MigrationError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import string
 import tempfile
 import warnings
 from functools import cache
@@ -46,10 +47,15 @@ def statement_text(name: str) -> str:
 def statement(name: str, schema: sql.Identifier, groups: sql.Identifier,
               **fragments: str) -> sql.Composed:
     """The named statement with ``{schema}`` and ``{groups}`` filled in, quoted, and
-    each other placeholder ``{key}`` replaced by the named statement ``fragments[key]``
-    (itself filled in the same way)."""
-    parts = {k: statement(v, schema, groups) for k, v in fragments.items()}
-    return sql.SQL(statement_text(name)).format(schema=schema, groups=groups, **parts)
+    each other placeholder ``{key}`` replaced by a named statement (itself filled in the
+    same way): ``fragments[key]`` when given (a choice made at run time, such as the
+    claim's pool), else the file ``rota/sql/KEY.sql`` (a block shared by several
+    statements, such as ``{fenced_claims}``)."""
+    text = statement_text(name)
+    keys = {f for _, f, _, _ in string.Formatter().parse(text) if f}
+    parts = {k: statement(fragments.get(k, k), schema, groups, **fragments)
+             for k in keys - {"schema", "groups", name}}
+    return sql.SQL(text).format(schema=schema, groups=groups, **parts)
 
 
 def migrations() -> list[tuple[int, str, str]]:

@@ -36,6 +36,34 @@ class UnknownGroup(InvalidInput):
     """A job names a group that the groups relation does not contain."""
 
 
+class JobNotFound(InvalidInput):
+    """No job has this id (it never existed, or was pruned).
+
+    Attributes:
+        job_id: the id asked for.
+    """
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"no job {job_id}")
+        self.job_id = job_id
+
+
+class InvalidTransition(InvalidInput):
+    """An admin action does not apply to the job as it is: retrying a job that has not
+    failed, cancelling one that is not pending, or retrying while another open job holds
+    its dedupe key. The message says what the status was; nothing was written.
+
+    Attributes:
+        job_id: the job's id.
+        status: the job's status when the action was refused.
+    """
+
+    def __init__(self, message: str, *, job_id: int, status: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.status = status
+
+
 class ConfigError(RotaError):
     """The queue's settings are inconsistent (for example a stale window not longer
     than the platform timeout)."""
@@ -47,3 +75,18 @@ class MigrationError(RotaError):
 
 class DatabaseUnavailable(RotaError):
     """The database could not be reached, or its URL is malformed."""
+
+
+def first_line(exc: BaseException, *, with_type: bool = False) -> str:
+    """An exception as one line, for logs and one-line error reports: the first line of
+    its message (stripped), or its type's name when the message is empty.
+
+    Args:
+        exc: the exception.
+        with_type: prefix the type's name (``KeyError: 'x'``).
+    """
+    lines = str(exc).strip().splitlines()
+    if not lines:
+        return type(exc).__name__
+    line = lines[0].strip()
+    return f"{type(exc).__name__}: {line}" if with_type else line

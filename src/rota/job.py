@@ -1,5 +1,4 @@
-"""The job row, the deferral signal, and the checks every value passes before it is
-written (payloads, times, names)."""
+"""The job row, the deferral signal and the payload encoding (docs/design.md, "Jobs")."""
 
 from __future__ import annotations
 
@@ -9,21 +8,16 @@ import operator
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal
 
-from .errors import InvalidInput, NaiveDatetimeError, PayloadError
+from .checks import require_due_time
+from .errors import PayloadError
 
 JobStatus = Literal["pending", "running", "done", "failed"]
 FailOutcome = Literal["retry", "failed", "lost"]
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
-
-# Due times rota stores must load back in any session time zone (UTC-12 to UTC+14), so
-# they keep a day clear of the ends of Python's datetime range.
-EARLIEST_DUE = datetime(1, 1, 2, tzinfo=UTC)
-LATEST_DUE = datetime(9999, 12, 30, tzinfo=UTC)
-
 
 @dataclass(frozen=True)
 class Job:
@@ -75,7 +69,7 @@ _JOB_FIELDS = tuple(f.name for f in fields(Job))
 
 
 class DeferJob(Exception):
-    """Raised by a handler when its work cannot happen *now* (DESIGN: deferral).
+    """Raised by a handler when its work cannot happen *now* (docs/design.md, "Defer").
 
     The job goes back to pending with ``run_after = until`` (``None``: due at once) and
     the claim's attempt is handed back, so a deferral never counts as a failure.
@@ -92,74 +86,6 @@ class DeferJob(Exception):
         super().__init__(reason)
         self.until = require_due_time(until, "until") if until is not None else None
         self.reason = reason
-
-
-def require_aware(value: datetime, name: str) -> datetime:
-    """Return ``value`` if it is a timezone-aware datetime.
-
-    Raises:
-        NaiveDatetimeError: naive datetime (rota never guesses a time zone).
-        InvalidInput: not a datetime at all.
-    """
-    if not isinstance(value, datetime):
-        raise InvalidInput(f"{name} must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
-        raise NaiveDatetimeError(
-            f"{name}={value.isoformat()} has no time zone; pass an aware datetime "
-            f"(for example datetime.now(timezone.utc))"
-        )
-    return value
-
-
-def require_due_time(value: datetime, name: str) -> datetime:
-    """Return ``value`` if it is an aware datetime rota can store as a due time
-    (``run_after``, a deferral's ``until``): between ``EARLIEST_DUE`` and ``LATEST_DUE``
-    (a day inside the years 1-9999). Nearer the ends, PostgreSQL would store it but
-    could not hand it back to a session in a time zone that pushes it past the range.
-
-    Raises:
-        NaiveDatetimeError: naive datetime.
-        InvalidInput: not a datetime, or out of range.
-    """
-    require_aware(value, name)
-    if not EARLIEST_DUE <= value <= LATEST_DUE:
-        raise InvalidInput(
-            f"{name}={value.isoformat()} is out of range: due times must lie between "
-            f"{EARLIEST_DUE.date()} and {LATEST_DUE.date()} (UTC)")
-    return value
-
-
-def require_duration(value: timedelta, name: str, *, positive: bool = True) -> timedelta:
-    """Return ``value`` if it is a ``timedelta`` (strictly positive when ``positive``)."""
-    if not isinstance(value, timedelta):
-        raise InvalidInput(f"{name} must be a datetime.timedelta, got {type(value).__name__}")
-    if positive and value <= timedelta(0):
-        raise InvalidInput(f"{name} must be positive, got {value}")
-    return value
-
-
-MAX_NAME_LENGTH = 512  # characters; keeps every key well inside a btree index row
-
-
-def require_text(value: object, name: str, *, allow_none: bool = False) -> str | None:
-    """Validate a short text value (job type, dedupe key, group id): non-empty, at most
-    ``MAX_NAME_LENGTH`` characters, no NUL.
-
-    Raises:
-        InvalidInput: what was wrong with it.
-    """
-    if value is None and allow_none:
-        return None
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if not isinstance(value, str) or not value:
-        raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
-    if "\x00" in value:
-        raise InvalidInput(f"{name} {value!r} contains a NUL character")
-    if len(value) > MAX_NAME_LENGTH:
-        raise InvalidInput(f"{name} is {len(value)} characters long; at most "
-                           f"{MAX_NAME_LENGTH} are allowed")
-    return value
 
 
 def _check_strings(value: Any, path: str) -> None:
@@ -231,9 +157,3 @@ def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> 
     if size > max_bytes:
         raise PayloadError(f"payload is {size} bytes, larger than the maximum {max_bytes}")
     return text
-
-
-def storable_text(text: str) -> str:
-    """Make error text storable in a ``text`` column: NUL characters become ``\\0`` and
-    lone surrogates are replaced."""
-    return text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")

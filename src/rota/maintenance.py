@@ -8,7 +8,8 @@ its task's name; :func:`maintain` is the one-call form the CLI and the worker us
 
 Tasks:
 - :class:`StuckJobs`: running jobs whose lock is stale on their last attempt are failed,
-  and their give-up hooks (and any still owed) run (DESIGN rules 9 and 10).
+  and their give-up hooks (and any still owed) run (docs/design.md, "Stuck jobs"
+  and "Give-up hooks").
 - :class:`KilledRuns`: runs silent for longer than the platform timeout are marked
   ended with stop reason ``error`` and error ``killed``.
 - :class:`PruneDoneJobs`: done jobs older than the retention period are deleted (never
@@ -21,16 +22,17 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Protocol
 
+from .checks import positive_int, require_duration
 from .errors import ConfigError, InvalidInput
-from .job import require_duration
 from .queue import Queue
-from .runner import DEFAULT_PLATFORM_TIMEOUT
+from .settings import DEFAULT_PLATFORM_TIMEOUT
 
 DEFAULT_RETENTION = timedelta(days=7)
 
 
-class Task(Protocol):
-    """The shape every maintenance task has."""
+class Maintainer(Protocol):
+    """The shape every maintenance service has (the claim's upkeep,
+    :class:`rota.claim.ClaimUpkeep`, too): a name for its counters and ``run_once``."""
 
     name: str
 
@@ -40,7 +42,8 @@ class Task(Protocol):
 
 
 class StuckJobs:
-    """Fail stuck jobs and run owed give-up hooks (DESIGN rules 9 and 10).
+    """Fail stuck jobs and run owed give-up hooks (docs/design.md, "Stuck jobs"
+  and "Give-up hooks").
 
     A job ``running`` with a lock older than ``queue.stale_after`` and no attempts left
     will never be reclaimed: it is failed (error text says so) and its type's give-up
@@ -90,13 +93,13 @@ class KilledRuns:
     async def run_once(self) -> dict[str, int]:
         q = self.queue
         async with q.connection() as c:
-            cur = await c.execute(q.sql("killed_runs"), {
-                "platform_timeout": self.platform_timeout, "offset": q.clock_offset})
-            return {"marked": len(await cur.fetchall())}
+            rows = await q.store.fetch_all("killed_runs", {
+                "platform_timeout": self.platform_timeout, "offset": q.clock_offset}, conn=c)
+        return {"marked": len(rows)}
 
 
 class PruneDoneJobs:
-    """Delete done jobs finished longer ago than ``retention`` (DESIGN: bounded table),
+    """Delete done jobs finished longer ago than ``retention`` (docs/design.md, "Maintenance"),
     in batches of ``batch_size`` (each its own short transaction), and quota usage rows
     of periods that began before it. Pending, running and failed jobs are never pruned.
 
@@ -122,9 +125,7 @@ class PruneDoneJobs:
             raise ConfigError(
                 f"retention ({self.retention}) must not be shorter than the served window "
                 f"({queue.served_window}): the fair claim still counts those done jobs")
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise InvalidInput(f"batch_size must be an int >= 1, got {batch_size!r}")
-        self.batch_size = batch_size
+        self.batch_size = positive_int(batch_size, "batch_size")
 
     async def run_once(self) -> dict[str, int]:
         q = self.queue
@@ -132,14 +133,14 @@ class PruneDoneJobs:
         deleted = 0
         while True:
             async with q.connection() as c:
-                cur = await c.execute(q.sql("prune_done"),
-                                      {**params, "batch_size": self.batch_size})
-            deleted += cur.rowcount
-            if cur.rowcount < self.batch_size:
+                n = await q.store.execute("prune_done",
+                                          {**params, "batch_size": self.batch_size}, conn=c)
+            deleted += n
+            if n < self.batch_size:
                 break
         async with q.connection() as c:
-            cur = await c.execute(q.sql("prune_quota_usage"), params)
-        return {"jobs_deleted": deleted, "quota_rows_deleted": cur.rowcount}
+            quota_rows = await q.store.execute("prune_quota_usage", params, conn=c)
+        return {"jobs_deleted": deleted, "quota_rows_deleted": quota_rows}
 
 
 class Maintenance:
@@ -155,11 +156,13 @@ class Maintenance:
         ConfigError, InvalidInput: a task's settings are invalid.
     """
 
+    name = "maintenance"
+
     def __init__(self, queue: Queue, *,
                  platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT,
                  retention: timedelta = DEFAULT_RETENTION,
                  prune_batch_size: int = 10_000) -> None:
-        self.tasks: tuple[Task, ...] = (
+        self.tasks: tuple[Maintainer, ...] = (
             StuckJobs(queue),
             KilledRuns(queue, platform_timeout=platform_timeout),
             PruneDoneJobs(queue, retention=retention, batch_size=prune_batch_size),
@@ -195,5 +198,12 @@ def _check_queue(queue: object) -> Queue:
     return queue
 
 
-__all__ = ["DEFAULT_RETENTION", "KilledRuns", "Maintenance", "PruneDoneJobs", "StuckJobs",
-           "Task", "maintain"]
+__all__ = [
+    "DEFAULT_RETENTION",
+    "KilledRuns",
+    "Maintainer",
+    "Maintenance",
+    "PruneDoneJobs",
+    "StuckJobs",
+    "maintain",
+]

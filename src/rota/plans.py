@@ -1,7 +1,7 @@
 """Plans: ordered tiers whose priority ranks the claim, and the limits an application
-reads from the owner's plan (DESIGN: plan). Display labels, such as a pricing table's
-"search queue" row, belong to the application: it derives them from this object's
-priority order (see ``rota_demo.pricing``)."""
+reads from the owner's plan (docs/design.md, "Vocabulary"). Display labels, such as a
+pricing table's "search queue" row, belong to the application: it derives them from this
+object's priority order (see ``rota_demo.pricing``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Quotas: rationed daily allowances of units (DESIGN: quota).
+"""Quotas: rationed daily allowances of units (docs/design.md, "Quotas").
 
 Two kinds share one mechanism, a usage row per (quota, scope, period) spent with one
 atomic statement:
@@ -21,10 +21,8 @@ from datetime import UTC, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from psycopg.rows import dict_row
-
+from .checks import require_aware, require_text
 from .errors import ConfigError, InvalidInput, RotaError
-from .job import require_aware, require_text
 
 if TYPE_CHECKING:
     from .queue import AnyConn, Queue
@@ -129,9 +127,9 @@ class _Daily:
     async def _used(self, queue: Queue, scope_key: str, period_start: datetime,
                     conn: AnyConn | None = None) -> int:
         async with queue.connection(conn) as c:
-            cur = await c.execute(queue.sql("quota_used"), {
-                "quota": self.name, "scope_key": scope_key, "period_start": period_start})
-            row = await cur.fetchone()
+            row = await queue.store.fetch_one("quota_used", {
+                "quota": self.name, "scope_key": scope_key, "period_start": period_start},
+                conn=c)
         assert row is not None
         return int(row[0])
 
@@ -142,10 +140,9 @@ class _Daily:
         async with queue.connection() as c:
             now = await _queue_now(queue, c)
             start = self.period_start(now)
-            cur = await c.execute(queue.sql("quota_spend"), {
+            row = await queue.store.fetch_one("quota_spend", {
                 "quota": self.name, "scope_key": scope_key, "period_start": start,
-                "units": units, "limit": limit, "offset": queue.clock_offset})
-            row = await cur.fetchone()
+                "units": units, "limit": limit, "offset": queue.clock_offset}, conn=c)
             if row is not None:
                 return max(full_limit - int(row[0]), 0)
             used = await self._used(queue, scope_key, start, c)
@@ -156,10 +153,10 @@ class _Daily:
     async def _exhaust(self, queue: Queue, scope_key: str, limit: int) -> QuotaExhausted:
         async with queue.connection() as c:
             now = await _queue_now(queue, c)
-            await c.execute(queue.sql("quota_exhaust"), {
+            await queue.store.execute("quota_exhaust", {
                 "quota": self.name, "scope_key": scope_key,
                 "period_start": self.period_start(now), "limit": limit,
-                "offset": queue.clock_offset})
+                "offset": queue.clock_offset}, conn=c)
         return QuotaExhausted(self.name, scope_key, self.next_reset(now), "exhausted", 0)
 
 
@@ -172,7 +169,7 @@ class Quota(_Daily):
         daily_units: units available per period, > 0 (the YouTube Data API: 10,000).
         reserve: units a pipeline run will not spend into, >= 0 and < ``daily_units``:
             a stage needing this quota is skipped once spending its ``quota_cost``
-            would leave less than this (DESIGN: "at or below its reserve").
+            would leave less than this (docs/design.md, "Quotas").
         reset_tz: IANA time zone whose local midnight resets it
             (``"America/Los_Angeles"`` for the YouTube Data API).
 
@@ -295,9 +292,7 @@ class Allowance(_Daily):
         if group_id is None:
             return None, None
         async with queue.connection() as c:
-            cur = c.cursor(row_factory=dict_row)
-            await cur.execute(queue.sql("group_owner"), {"group_id": group_id})
-            row = await cur.fetchone()
+            row = await queue.store.fetch_dict("group_owner", {"group_id": group_id}, conn=c)
         if row is None or row["owner_id"] is None:
             return None, None
         return str(row["owner_id"]), self.limit_for(queue, row["plan"])
@@ -363,8 +358,7 @@ def _local_midnight(day: Any, zone: ZoneInfo) -> datetime:
 
 
 async def _queue_now(queue: Queue, conn: AnyConn) -> datetime:
-    cur = await conn.execute(queue.sql("db_now"), {"offset": queue.clock_offset})
-    row = await cur.fetchone()
+    row = await queue.store.fetch_one("db_now", {"offset": queue.clock_offset}, conn=conn)
     assert row is not None
     now: datetime = row[0]
     return now

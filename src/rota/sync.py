@@ -5,24 +5,43 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
 from .job import Job
-from .queue import QueueSettings, unknown_groups
+from .settings import QueueSettings, unknown_groups
+from .store import Statements
 
 
-class SyncQueue(QueueSettings):
+class SyncQueue:
     """Synchronous enqueue on a caller's ``psycopg.Connection``.
 
     Takes the same settings as :class:`rota.Queue` (``schema``, ``types``,
     ``max_attempts``…); build it once and pass your connection to each call, so the job
     is created if and only if your transaction commits. The queue's claim and runner
-    side stays async.
+    side stays async. It runs the same statements through the same checks as
+    :class:`rota.Queue` (its :class:`rota.settings.QueueSettings` and the store's
+    :class:`rota.store.Statements`), so the two paths cannot drift.
+
+    Raises:
+        InvalidInput: a bad setting.
     """
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = QueueSettings(**settings)
+        self.statements = Statements(self.settings.schema, self.settings.groups)
+
+    @property
+    def clock_offset(self) -> timedelta:
+        """See :attr:`rota.Queue.clock_offset`."""
+        return self.settings.clock_offset
+
+    @clock_offset.setter
+    def clock_offset(self, value: timedelta) -> None:
+        self.settings.clock_offset = value
 
     def enqueue(
         self,
@@ -37,10 +56,11 @@ class SyncQueue(QueueSettings):
     ) -> Job | None:
         """As :meth:`rota.Queue.enqueue`, on ``conn``. Returns the job, or ``None`` for a
         duplicate of an open job. Raises the same errors."""
-        params = self.enqueue_params(type, payload, group_id=group_id, dedupe_key=dedupe_key,
-                                     run_after=run_after, max_attempts=max_attempts)
+        params = self.settings.enqueue_params(
+            type, payload, group_id=group_id, dedupe_key=dedupe_key, run_after=run_after,
+            max_attempts=max_attempts)
         cur = conn.cursor(row_factory=dict_row)
-        cur.execute(self.sql("enqueue"), params)
+        cur.execute(self.statements.sql("enqueue"), params)
         row = cur.fetchone()
         if row is not None:
             return Job.from_row(row)
@@ -51,10 +71,10 @@ class SyncQueue(QueueSettings):
     def enqueue_many(self, conn: psycopg.Connection[Any],
                      items: Iterable[Mapping[str, Any]]) -> int:
         """As :meth:`rota.Queue.enqueue_many`, on ``conn``. Returns how many were created."""
-        params = self.enqueue_many_params(items)
+        params = self.settings.enqueue_many_params(items)
         if not params["types"]:
             return 0
-        row = conn.execute(self.sql("enqueue_many"), params).fetchone()
+        row = conn.execute(self.statements.sql("enqueue_many"), params).fetchone()
         assert row is not None
         created, missing = row
         if missing:
@@ -62,6 +82,7 @@ class SyncQueue(QueueSettings):
         return int(created)
 
     def _check_groups(self, conn: psycopg.Connection[Any], group_ids: list[str]) -> None:
-        rows = conn.execute(self.sql("missing_groups"), {"group_ids": group_ids}).fetchall()
+        rows = conn.execute(self.statements.sql("missing_groups"),
+                            {"group_ids": group_ids}).fetchall()
         if rows:
             raise unknown_groups([r[0] for r in rows])

@@ -1,4 +1,4 @@
-"""A long-running worker (DESIGN "Ways to run it"): runs the pipeline back to back while
+"""A long-running worker (docs/design.md, "Ways to run it"): runs the pipeline back to back while
 there is work, sleeps until the next job is due, and wakes within a second when a job is
 enqueued.
 
@@ -24,33 +24,22 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from .errors import InvalidInput
-from .job import require_duration
+from .checks import require_duration
+from .errors import InvalidInput, first_line
+from .maintenance import Maintainer, Maintenance
 from .queue import Queue
+from .settings import DEFAULT_PLATFORM_TIMEOUT
 from .web import PipelineSource, check_time_budget, resolve_pipeline
 
 log = logging.getLogger("rota.worker")
 
 #: Errors that no retry fixes: rota's tables or schema are missing (``rota migrate``).
 _FATAL_DB_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
-
-
-class Maintainer(Protocol):
-    """The maintenance shape (``rota.Maintenance``): one pass, counters back."""
-
-    async def run_once(self) -> dict[str, int]: ...
-
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 class Worker:
@@ -158,7 +147,7 @@ class Worker:
                     raise
                 except (psycopg.Error, OSError, TimeoutError) as exc:
                     log.warning("cannot reach the database (%s); retrying in %.1fs",
-                                first_line(exc), backoff)
+                                first_line(exc, with_type=True), backoff)
                     due_in, outcome = None, "error"
                 else:
                     outcome = "idle"
@@ -194,7 +183,7 @@ class Worker:
         try:
             result = await pipeline.run(trigger="worker", time_budget=self.time_budget)
         except Exception as exc:
-            log.error("run failed: %s", first_line(exc))
+            log.error("run failed: %s", first_line(exc, with_type=True))
             return "error"
         self._record(result)
         if result.stop_reason == "error":
@@ -205,20 +194,16 @@ class Worker:
 
     async def _next_due(self, queue: Queue, types: Sequence[str] | None) -> float | None:
         async with queue.connection() as conn:
-            cur = await conn.execute(queue.sql("next_due"), {
+            row = await queue.store.fetch_one("next_due", {
                 "types": list(types) if types is not None else None,
                 "offset": queue.clock_offset,
                 "stale_after": queue.stale_after,
-            })
-            row = await cur.fetchone()
+            }, conn=conn)
         return None if row is None or row[0] is None else float(row[0])
 
     def _maintainer(self, pipeline: Any, queue: Queue) -> Maintainer:
         if self._maintenance is not None:
             return self._maintenance
-        from .maintenance import Maintenance
-        from .runner import DEFAULT_PLATFORM_TIMEOUT
-
         return Maintenance(queue, platform_timeout=getattr(
             pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
 
@@ -243,7 +228,8 @@ class Worker:
             else:
                 counters = await maintainer.run_once()
         except Exception as exc:
-            log.error("maintenance failed: %s; retrying in a minute", first_line(exc))
+            log.error("maintenance failed: %s; retrying in a minute",
+                      first_line(exc, with_type=True))
             return min(every, 60.0)
         self.last_maintenance = counters
         log.info("maintenance: %s", ", ".join(f"{k}={v}" for k, v in counters.items()) or "-")
@@ -279,7 +265,7 @@ class Worker:
                         await conn.execute("SELECT 1")
             except (psycopg.Error, OSError) as exc:
                 log.warning("listening connection lost (%s); reconnecting in %.1fs",
-                            first_line(exc), delay)
+                            first_line(exc, with_type=True), delay)
             finally:
                 self.listening.clear()
                 self.listen_pid = None
@@ -330,4 +316,4 @@ async def _wait_any(stop: asyncio.Event, wake: asyncio.Event | None, seconds: fl
         await asyncio.gather(*waiters, return_exceptions=True)
 
 
-__all__ = ["Worker", "first_line"]
+__all__ = ["Worker"]

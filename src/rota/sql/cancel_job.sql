@@ -1,6 +1,7 @@
--- `rota jobs cancel ID`: a pending job ends failed with last_error 'cancelled'. It has
--- given up like any failed job, so its give-up hook becomes owed (exactly once, DESIGN
--- rule 10). Guard: only a pending job; a running one belongs to the run that claimed it.
+-- admin.cancel_job (`rota jobs cancel ID`): a pending job ends failed with last_error
+-- 'cancelled'. It has given up like any failed job, so its give-up hook becomes owed
+-- (exactly once: docs/design.md, "Give-up hooks"). Guard: only a pending job; a running
+-- one belongs to the run that claimed it.
 UPDATE {schema}.jobs
 SET status = 'failed',
     finished_at = now() + %(offset)s::interval,

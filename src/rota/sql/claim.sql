@@ -1,5 +1,4 @@
--- Claim a batch of one type (DESIGN rules 3-6, "Fair inside a batch" and "Claim cost
--- does not grow with the backlog").
+-- Claim a batch of one type (docs/design.md, "Claim" and "The fair claim").
 -- Order: plan priority desc, then served + position asc, then created_at, id.
 --   served:   the group's jobs of this type done or running within the served window
 --             (finished, or locked, in it: running counts as served, so a group being

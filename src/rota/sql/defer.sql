@@ -1,16 +1,10 @@
--- Defer jobs under their claims (DESIGN rule 8): back to pending at `until`, lock
+-- Defer jobs under their claims (docs/design.md, "Defer"): back to pending at `until`, lock
 -- cleared, and the claim's attempt handed back (greatest(attempts - 1, 0)), so days of
 -- quota pressure never retire a job that was never tried. last_error is untouched.
 -- Each deferral is counted; past max_deferrals (when set) the job gives up instead.
 -- Rows are locked in id order so batch deferrals cannot deadlock with sweepers.
 WITH target AS (
-    SELECT j.id
-    FROM {schema}.jobs j
-    JOIN unnest(%(ids)s::bigint[], %(claim_tokens)s::uuid[]) AS t(id, claim_token)
-      ON t.id = j.id AND t.claim_token = j.claim_token
-    WHERE j.status = 'running'
-    ORDER BY j.id
-    FOR UPDATE OF j
+{fenced_claims}
 )
 UPDATE {schema}.jobs AS u
 SET status = CASE WHEN u.deferrals + 1 > %(max_deferrals)s::int THEN 'failed'

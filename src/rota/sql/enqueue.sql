@@ -1,4 +1,4 @@
--- Enqueue one job (DESIGN rule 1): the partial unique index on open jobs' dedupe_key
+-- Enqueue one job (docs/design.md, "Enqueue"): the partial unique index on open jobs' dedupe_key
 -- decides what a duplicate is, so a conflict is skipped, never queried for beforehand.
 -- A job for a group the groups relation does not know is not inserted (the caller
 -- tells that apart from a duplicate with MISSING_GROUPS).

@@ -1,4 +1,4 @@
--- Fail a job under its claim (DESIGN rule 7). Attempts left: back to pending with
+-- Fail a job under its claim (docs/design.md, "Fail and backoff"). Attempts left: back to pending with
 -- run_after = now + backoff_base * 2^attempts (base 1 minute: 2, then 4 minutes).
 -- Attempts used up: failed, finished, give-up hook owed. The error text is kept.
 UPDATE {schema}.jobs

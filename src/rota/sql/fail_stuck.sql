@@ -1,4 +1,4 @@
--- Stuck jobs (DESIGN rule 9): running, lock stale, attempts used up. Nobody will ever
+-- Stuck jobs (docs/design.md, "Stuck jobs"): running, lock stale, attempts used up. Nobody will ever
 -- reclaim them, so they are failed here and their give-up hooks become owed.
 -- SKIP LOCKED: a row a live transaction holds is not stale for this sweep; id order
 -- keeps concurrent sweepers from deadlocking.

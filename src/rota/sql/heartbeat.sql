@@ -2,13 +2,7 @@
 -- only a dead run's jobs ever look stale ("the stale window is safe by construction").
 -- Fenced by the claim: a job this run lost is not touched. Rows locked in id order.
 WITH held AS (
-    SELECT j.id
-    FROM {schema}.jobs j
-    JOIN unnest(%(ids)s::bigint[], %(claim_tokens)s::uuid[]) AS t(id, claim_token)
-      ON t.id = j.id AND t.claim_token = j.claim_token
-    WHERE j.status = 'running'
-    ORDER BY j.id
-    FOR UPDATE OF j
+{fenced_claims}
 )
 UPDATE {schema}.jobs AS u
 SET locked_at = now() + %(offset)s::interval

@@ -1,7 +1,7 @@
 -- The worker's alarm clock: seconds until the earliest job of these types (NULL: any
 -- type) could be claimed (zero or negative: now), or NULL when none is waiting. A pending
 -- job is due at run_after; a running job with attempts left is due again when its lock
--- goes stale (DESIGN rule 5). Jobs of paused groups are left out, as the claim leaves them.
+-- goes stale (docs/design.md, "Stale locks"). Jobs of paused groups are left out, as the claim leaves them.
 SELECT extract(epoch FROM min(x.due) - (now() + %(offset)s::interval))::float8 AS due_in
 FROM (
     SELECT j.run_after AS due

@@ -1,10 +1,10 @@
--- `rota depth`: open jobs per type and plan (the plan of the job's group; NULL for jobs
--- with no group or a group with no owner). `due` is what a claim could take now (pending,
--- due, group not paused); `scheduled` waits for its run_after (backoff, deferral, quota
--- reset); `paused` sits in paused groups; `running` is claimed. `oldest_due_seconds` is
--- how long the longest-waiting due job has been due: since its run_after, or since it was
--- created when its run_after was earlier (a job enqueued with a due time in the past has
--- waited no longer than it has existed).
+-- admin.depth (`rota depth`): open jobs per type and plan (the plan of the job's group;
+-- NULL for jobs with no group or a group with no owner). `due` is what a claim could
+-- take now (pending, due, group not paused); `scheduled` waits for its run_after
+-- (backoff, deferral, quota reset); `paused` sits in paused groups; `running` is
+-- claimed. `oldest_due_seconds` is how long the longest-waiting due job has been due:
+-- since its run_after, or since it was created when its run_after was earlier (a job
+-- enqueued with a due time in the past has waited no longer than it has existed).
 SELECT j.type,
        g.plan,
        count(*) FILTER (WHERE j.status = 'pending' AND coalesce(g.active, true)

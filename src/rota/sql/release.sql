@@ -3,13 +3,7 @@
 -- token cleared), the due time kept, no deferral counted. Fenced by claim token; rows
 -- locked in id order like every batch transition.
 WITH target AS (
-    SELECT j.id
-    FROM {schema}.jobs j
-    JOIN unnest(%(ids)s::bigint[], %(claim_tokens)s::uuid[]) AS t(id, claim_token)
-      ON t.id = j.id AND t.claim_token = j.claim_token
-    WHERE j.status = 'running'
-    ORDER BY j.id
-    FOR UPDATE OF j
+{fenced_claims}
 )
 UPDATE {schema}.jobs AS u
 SET status = 'pending',

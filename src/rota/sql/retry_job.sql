@@ -1,5 +1,5 @@
--- `rota jobs retry ID`: a failed job goes back to pending, due now, with attempts and
--- deferrals reset, as if newly enqueued; last_error is kept as history.
+-- admin.retry_job (`rota jobs retry ID`): a failed job goes back to pending, due now,
+-- with attempts and deferrals reset, as if newly enqueued; last_error is kept as history.
 -- Guards: only a failed job; not while another open job holds its dedupe key (the
 -- open-jobs unique index would refuse it anyway).
 -- A give-up hook still owed is cancelled (give_up_pending cleared): the job has not
@@ -29,7 +29,7 @@ retried AS (
         give_up_pending = false
     FROM target t
     WHERE u.id = t.id AND u.status = 'failed'
-    RETURNING u.id, u.type, u.status, t.give_up_pending AS hook_cancelled
+    RETURNING u.*, t.give_up_pending AS hook_cancelled
 )
 SELECT r.*, pg_notify(%(channel)s, 'retry') IS NULL AS notified
 FROM retried r

@@ -1,0 +1,380 @@
+"""Admin operations: list jobs, retry and cancel one, list runs, queue depth.
+
+These are what ``rota jobs``, ``rota runs`` and ``rota depth`` call, so a program can do
+the same without the CLI. Each takes the :class:`rota.Queue` first and runs one named
+statement from ``rota/sql/`` on ``conn`` when given (inside the caller's transaction,
+which decides when it commits) or else on a pooled connection.
+
+Times are timezone-aware UTC instants on the queue's clock (the database's ``now()``
+plus the queue's ``clock_offset``); durations are ``timedelta``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, get_args
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from .checks import require_aware, require_text
+from .db import migrations
+from .errors import InvalidInput, InvalidTransition, JobNotFound
+from .job import Job, JobStatus
+
+if TYPE_CHECKING:
+    from .plans import Plans
+    from .queue import AnyConn, Queue
+
+#: The most rows one call of :func:`list_jobs` or :func:`list_runs` returns: a page is
+#: read into memory whole (listing 1,000,000 jobs at once took 23 s and 3 GB).
+MAX_LIST_LIMIT = 1000
+
+JOB_STATUSES: tuple[str, ...] = get_args(JobStatus)
+
+_MAX_ID = 2**63 - 1  # jobs.id is a bigint
+_ZERO_UUID = uuid.UUID(int=0)  # sorts before every run id: "before this instant" only
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of :func:`list_jobs`, newest job first.
+
+    Attributes:
+        jobs: the jobs, by id descending.
+        next_before_id: the cursor of the next page (pass it as ``before_id``), or
+            ``None`` when this page is the last.
+        group_plans: the plan id of each listed job's group, by group id; ``None`` for a
+            group with no owner, or one the groups relation does not contain.
+    """
+
+    jobs: list[Job]
+    next_before_id: int | None
+    group_plans: Mapping[str, str | None]
+
+
+@dataclass(frozen=True)
+class RetryResult:
+    """What :func:`retry_job` did.
+
+    Attributes:
+        job: the job as it is now: pending, due now, attempts and deferrals 0.
+        give_up_hook_cancelled: the job's give-up hook was still owed and is not any
+            more (the job has not given up; if it fails again, the hook is owed again).
+    """
+
+    job: Job
+    give_up_hook_cancelled: bool
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of ``runs``: a pipeline run, its stop reason and counters.
+
+    Attributes:
+        id: the run's id (jobs it claimed carry it as ``run_id``).
+        trigger: ``cron``, ``cli``, ``worker`` or ``manual``.
+        stop_reason: why it stopped (``no_work``, ``time_budget``, ``quota_reserve``,
+            ``quota_exhausted``, ``error``), ``None`` while unfinished (or killed,
+            until maintenance marks it).
+        jobs_done, jobs_failed, jobs_deferred: jobs the run finished each way.
+        quota_units: allowance units the run spent.
+        summary: the run's counters (``ctx.count``), by name.
+        error: the error that stopped it, when ``stop_reason`` is ``error``.
+        started_at, finished_at: UTC; ``finished_at`` is ``None`` while unfinished.
+    """
+
+    id: uuid.UUID
+    trigger: str
+    stop_reason: str | None
+    jobs_done: int
+    jobs_failed: int
+    jobs_deferred: int
+    quota_units: int
+    summary: Mapping[str, Any]
+    error: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def duration(self) -> timedelta | None:
+        """How long the run took; ``None`` while unfinished."""
+        return None if self.finished_at is None else self.finished_at - self.started_at
+
+
+@dataclass(frozen=True)
+class DepthRow:
+    """Open jobs of one type and plan (see :func:`depth`).
+
+    Attributes:
+        type: the job type (a pipeline's stage).
+        plan: the plan id of the jobs' groups; ``None`` for jobs with no group or in a
+            group with no owner.
+        priority: the priority the claim ranks these jobs at (no plan: the middle
+            plan's; a plan id the queue's plans do not know: the lowest plan's).
+        due: pending jobs a claim could take now (due, group not paused).
+        scheduled: pending jobs waiting for their ``run_after`` (backoff, deferral).
+        paused: pending jobs in paused groups.
+        running: claimed jobs.
+        oldest_due_age: how long the longest-waiting due job has been due (since its
+            ``run_after``, or since it was created if that is later); ``None`` when none
+            is due.
+    """
+
+    type: str
+    plan: str | None
+    priority: int
+    due: int
+    scheduled: int
+    paused: int
+    running: int
+    oldest_due_age: timedelta | None
+
+
+async def list_jobs(
+    queue: Queue,
+    *,
+    status: str | None = None,
+    type: str | None = None,
+    group_id: str | uuid.UUID | None = None,
+    job_id: int | None = None,
+    before_id: int | None = None,
+    limit: int = 50,
+    conn: AnyConn | None = None,
+) -> JobPage:
+    """A page of jobs, newest first (by id), with the filters given (``None``: any).
+
+    Pages are keyset-paginated: pass a page's ``next_before_id`` as ``before_id`` to get
+    the next one. Pages never repeat or skip a job, even while jobs are enqueued (new
+    jobs have higher ids, so they appear only on a first page).
+
+    Args:
+        status: ``pending``, ``running``, ``done`` or ``failed``.
+        type: a job type.
+        group_id: a group id.
+        job_id: one job's id.
+        before_id: only jobs with a smaller id (the cursor).
+        limit: the most jobs on the page, 1 to :data:`MAX_LIST_LIMIT`.
+        conn: the caller's connection.
+
+    Returns:
+        A :class:`JobPage`: the jobs (with their payloads) and the next page's cursor.
+
+    Raises:
+        InvalidInput: an unknown status, an empty or over-long type or group id, an id
+            that is not a positive int, or a limit outside 1 to ``MAX_LIST_LIMIT``.
+    """
+    if status is not None and status not in JOB_STATUSES:
+        raise InvalidInput(f"status must be one of {', '.join(JOB_STATUSES)}; got {status!r}")
+    params = {
+        "status": status,
+        "type": require_text(type, "type", allow_none=True),
+        "group_id": require_text(group_id, "group_id", allow_none=True),
+        "job_id": None if job_id is None else _row_id(job_id, "job_id"),
+        "before_id": None if before_id is None else _row_id(before_id, "before_id"),
+        "limit": _limit(limit) + 1,  # one more: is there another page?
+    }
+    async with queue.connection(conn) as c:
+        rows = await queue.store.fetch_dicts("list_jobs", params, conn=c)
+    rows, more = rows[:limit], len(rows) > limit
+    return JobPage(
+        jobs=[Job.from_row(r) for r in rows],
+        next_before_id=rows[-1]["id"] if more else None,
+        group_plans={r["group_id"]: r["plan"] for r in rows if r["group_id"] is not None},
+    )
+
+
+async def retry_job(queue: Queue, job_id: int, *, conn: AnyConn | None = None) -> RetryResult:
+    """Put a failed job back to pending, due now, with attempts and deferrals reset, as if
+    newly enqueued (its ``last_error`` stays as history). A give-up hook still owed for
+    it is cancelled: the job has not given up any more. Sleeping workers are woken.
+
+    Args:
+        job_id: the job.
+        conn: the caller's connection (the retry holds iff its transaction commits).
+
+    Returns:
+        A :class:`RetryResult`: the job as it is now, and whether an owed give-up hook
+        was cancelled.
+
+    Raises:
+        JobNotFound: no job has this id.
+        InvalidTransition: the job is not failed (the message says what it is), or
+            another open job holds its dedupe key (retry it once that one is done).
+        InvalidInput: ``job_id`` is not a positive int.
+    """
+    job_id = _row_id(job_id, "job_id")
+    params = {"id": job_id, "offset": queue.clock_offset, "channel": queue.schema}
+    async with queue.connection(conn) as c:
+        try:
+            async with _savepoint(c):
+                row = await queue.store.fetch_dict("retry_job", params, conn=c)
+        except psycopg.errors.UniqueViolation:  # an open duplicate appeared meanwhile
+            row = None
+        if row is not None:
+            return RetryResult(Job.from_row(row), bool(row["hook_cancelled"]))
+        if c.info.transaction_status == TransactionStatus.INERROR:  # cannot read it back
+            raise InvalidTransition(f"job {job_id}: another open job holds its dedupe key",
+                                    job_id=job_id, status="failed")
+        job = await queue.get_job(job_id, conn=c)
+    if job is None:
+        raise JobNotFound(job_id)
+    if job.status != "failed":
+        raise InvalidTransition(
+            f"job {job_id} is {job.status}; only a failed job can be retried",
+            job_id=job_id, status=job.status)
+    raise InvalidTransition(
+        f"job {job_id}: another open job holds dedupe key {job.dedupe_key!r}",
+        job_id=job_id, status=job.status)
+
+
+async def cancel_job(queue: Queue, job_id: int, *, conn: AnyConn | None = None) -> Job:
+    """Cancel a pending job: it ends failed, with ``last_error`` ``'cancelled'``. It has
+    given up like any failed job, so its give-up hook is owed: run it now with
+    ``queue.run_give_up_hooks([job.id])`` (after the cancel commits), or maintenance
+    runs it later. A running job cannot be cancelled: it belongs to the run that
+    claimed it.
+
+    Args:
+        job_id: the job.
+        conn: the caller's connection (the cancel holds iff its transaction commits).
+
+    Returns:
+        The job as it is now (``failed``, ``give_up_pending`` true).
+
+    Raises:
+        JobNotFound: no job has this id.
+        InvalidTransition: the job is not pending (the message says what it is).
+        InvalidInput: ``job_id`` is not a positive int.
+    """
+    job_id = _row_id(job_id, "job_id")
+    async with queue.connection(conn) as c:
+        row = await queue.store.fetch_dict("cancel_job", {
+            "id": job_id, "offset": queue.clock_offset}, conn=c)
+        if row is not None:
+            return Job.from_row(row)
+        job = await queue.get_job(job_id, conn=c)
+    if job is None:
+        raise JobNotFound(job_id)
+    raise InvalidTransition(f"job {job_id} is {job.status}; only a pending job can be cancelled",
+                            job_id=job_id, status=job.status)
+
+
+async def list_runs(
+    queue: Queue,
+    *,
+    limit: int = 20,
+    before: datetime | RunRecord | None = None,
+    conn: AnyConn | None = None,
+) -> list[RunRecord]:
+    """The last runs, newest first (by start time, then id).
+
+    Args:
+        limit: the most runs returned, 1 to :data:`MAX_LIST_LIMIT`.
+        before: an aware datetime: only runs started before it; or the last
+            :class:`RunRecord` of the previous page: only runs after it in this order
+            (pages then never repeat or skip a run).
+        conn: the caller's connection.
+
+    Returns:
+        The runs, at most ``limit``.
+
+    Raises:
+        InvalidInput: ``limit`` out of range, or ``before`` neither an aware datetime nor
+            a :class:`RunRecord`.
+        NaiveDatetimeError: ``before`` has no time zone.
+    """
+    before_at: datetime | None
+    if isinstance(before, RunRecord):
+        before_at, before_id = before.started_at, before.id
+    else:
+        before_at = None if before is None else require_aware(before, "before")
+        before_id = _ZERO_UUID
+    params = {"limit": _limit(limit), "before_at": before_at, "before_id": before_id}
+    async with queue.connection(conn) as c:
+        rows = await queue.store.fetch_dicts("list_runs", params, conn=c)
+    return [RunRecord(**row) for row in rows]
+
+
+async def depth(queue: Queue, *, conn: AnyConn | None = None) -> list[DepthRow]:
+    """Open jobs (pending and running) per type and plan, as the claim would serve them.
+
+    Reads only the pending and running jobs (their partial indexes), never the done and
+    failed history.
+
+    Args:
+        conn: the caller's connection.
+
+    Returns:
+        One :class:`DepthRow` per type and plan that has open jobs, ordered by type, then
+        priority (highest first), then plan id.
+    """
+    async with queue.connection(conn) as c:
+        rows = await queue.store.fetch_dicts("queue_depth", {"offset": queue.clock_offset},
+                                             conn=c)
+    out = [DepthRow(
+        type=r["type"], plan=r["plan"], priority=_claim_priority(queue.plans, r["plan"]),
+        due=r["due"], scheduled=r["scheduled"], paused=r["paused"], running=r["running"],
+        oldest_due_age=(None if r["oldest_due_seconds"] is None
+                        else timedelta(seconds=r["oldest_due_seconds"])),
+    ) for r in rows]
+    out.sort(key=lambda d: (d.type, -d.priority, d.plan or ""))
+    return out
+
+
+async def missing_migrations(queue: Queue, *, conn: AnyConn | None = None) -> list[int]:
+    """The packaged migrations not yet applied to the queue's schema (``rota migrate``
+    applies them). Long-running modes check this at start, rather than retry failing
+    queries forever.
+
+    Returns:
+        Their versions, ascending; empty when the schema is up to date.
+
+    Raises:
+        psycopg.errors.UndefinedTable: the schema has no migrations at all.
+    """
+    async with queue.connection(conn) as c:
+        applied = {row[0] for row in await queue.store.fetch_all("applied_migrations", {},
+                                                                 conn=c)}
+    return sorted({version for version, _, _ in migrations()} - applied)
+
+
+def _claim_priority(plans: Plans, plan_id: str | None) -> int:
+    # As the claim ranks (sql/claim.sql): no plan ranks as the middle plan, an unknown
+    # plan id as the lowest.
+    if plan_id is None:
+        return plans.middle.priority
+    return plans[plan_id].priority if plan_id in plans else plans.lowest.priority
+
+
+def _savepoint(conn: AnyConn) -> AbstractAsyncContextManager[Any]:
+    """A savepoint inside the caller's open transaction, so a refused statement leaves it
+    usable; nothing on an autocommit connection, where the statement is its own."""
+    if conn.info.transaction_status == TransactionStatus.INTRANS:
+        return conn.transaction()
+    return nullcontext()
+
+
+def _row_id(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{name} must be an int, got {type(value).__name__}")
+    if not 1 <= value <= _MAX_ID:
+        raise InvalidInput(f"{name} must be between 1 and {_MAX_ID}, got {value}")
+    return value
+
+
+def _limit(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"limit must be an int, got {type(value).__name__}")
+    if not 1 <= value <= MAX_LIST_LIMIT:
+        raise InvalidInput(f"limit must be between 1 and {MAX_LIST_LIMIT}, got {value}")
+    return value
+
+
+__all__ = ["JOB_STATUSES", "MAX_LIST_LIMIT", "DepthRow", "JobPage", "RetryResult",
+           "RunRecord", "cancel_job", "depth", "list_jobs", "list_runs",
+           "missing_migrations", "retry_job"]

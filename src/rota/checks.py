@@ -1,0 +1,120 @@
+"""Checks every value passes before rota writes it or acts on it: times, durations,
+short names, integers and error text. One definition each, used by the queue, the
+runner, the settings and the CLI (docs/design.md, "Bad input")."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from .errors import InvalidInput, NaiveDatetimeError
+
+# Due times rota stores must load back in any session time zone (UTC-12 to UTC+14), so
+# they keep a day clear of the ends of Python's datetime range.
+EARLIEST_DUE = datetime(1, 1, 2, tzinfo=UTC)
+LATEST_DUE = datetime(9999, 12, 30, tzinfo=UTC)
+
+# The ceiling of the integer columns (attempts, max_attempts, deferrals) and of sane
+# claim sizes: a larger value is refused up front instead of failing in the database.
+INT_MAX = 2**31 - 1
+
+def require_aware(value: datetime, name: str) -> datetime:
+    """Return ``value`` if it is a timezone-aware datetime.
+
+    Raises:
+        NaiveDatetimeError: naive datetime (rota never guesses a time zone).
+        InvalidInput: not a datetime at all.
+    """
+    if not isinstance(value, datetime):
+        raise InvalidInput(f"{name} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+        raise NaiveDatetimeError(
+            f"{name}={value.isoformat()} has no time zone; pass an aware datetime "
+            f"(for example datetime.now(timezone.utc))"
+        )
+    return value
+
+
+def require_due_time(value: datetime, name: str) -> datetime:
+    """Return ``value`` if it is an aware datetime rota can store as a due time
+    (``run_after``, a deferral's ``until``): between ``EARLIEST_DUE`` and ``LATEST_DUE``
+    (a day inside the years 1-9999). Nearer the ends, PostgreSQL would store it but
+    could not hand it back to a session in a time zone that pushes it past the range.
+
+    Raises:
+        NaiveDatetimeError: naive datetime.
+        InvalidInput: not a datetime, or out of range.
+    """
+    require_aware(value, name)
+    if not EARLIEST_DUE <= value <= LATEST_DUE:
+        raise InvalidInput(
+            f"{name}={value.isoformat()} is out of range: due times must lie between "
+            f"{EARLIEST_DUE.date()} and {LATEST_DUE.date()} (UTC)")
+    return value
+
+
+def require_duration(value: timedelta, name: str, *, positive: bool = True) -> timedelta:
+    """Return ``value`` if it is a ``timedelta`` (strictly positive when ``positive``)."""
+    if not isinstance(value, timedelta):
+        raise InvalidInput(f"{name} must be a datetime.timedelta, got {type(value).__name__}")
+    if positive and value <= timedelta(0):
+        raise InvalidInput(f"{name} must be positive, got {value}")
+    return value
+
+
+MAX_NAME_LENGTH = 512  # characters; keeps every key well inside a btree index row
+
+
+def require_text(value: object, name: str, *, allow_none: bool = False) -> str | None:
+    """Validate a short text value (job type, dedupe key, group id): non-empty, at most
+    ``MAX_NAME_LENGTH`` characters, no NUL.
+
+    Raises:
+        InvalidInput: what was wrong with it.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
+    if "\x00" in value:
+        raise InvalidInput(f"{name} {value!r} contains a NUL character")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidInput(f"{name} is {len(value)} characters long; at most "
+                           f"{MAX_NAME_LENGTH} are allowed")
+    return value
+
+
+
+
+def storable_text(text: str) -> str:
+    """Make error text storable in a ``text`` column: NUL characters become ``\\0`` and
+    lone surrogates are replaced."""
+    return text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
+
+
+def positive_int(value: object, name: str, minimum: int = 1) -> int:
+    """Return ``value`` if it is an int (not a bool) in ``minimum..INT_MAX``.
+
+    Raises:
+        InvalidInput: not an int, or out of that range (the message names ``name``).
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidInput(f"{name} must be an int >= {minimum}, got {value!r}")
+    if value > INT_MAX:
+        raise InvalidInput(f"{name} must be at most {INT_MAX}, got {value!r}")
+    return value
+
+
+def positive_seconds(value: object, name: str) -> float:
+    """Return ``value`` as float seconds if it is a finite number > 0 (not a bool).
+
+    Raises:
+        InvalidInput: not a number, not finite, or not positive.
+    """
+    if (not isinstance(value, int | float) or isinstance(value, bool)
+            or not math.isfinite(value) or value <= 0):
+        raise InvalidInput(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)

@@ -1,0 +1,5 @@
+"""``python -m rota.cli``: the ``rota`` command."""
+
+from . import main
+
+main()

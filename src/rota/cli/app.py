@@ -1,0 +1,243 @@
+"""The app and the queue a command works on: loading ``module:attribute``, the
+:class:`Target` (database URL, schema, app) and opening a queue for it, building the
+app's pipeline, and the checks long-running modes make before they start."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from .. import admin, db
+from ..errors import ConfigError, first_line
+from ..plans import DEFAULT_PLANS, Plans
+from ..queue import AnyConn, Queue
+from ..settings import QueueSettings
+from ..web import check_time_budget, resolve_pipeline
+from .errors import CliConfigError, is_database_error
+
+#: Seconds the CLI waits for a database connection before calling it unreachable.
+CONNECT_TIMEOUT = 10
+
+
+def load_app(spec: str) -> Callable[..., Any]:
+    """Import an app given as ``module:attribute`` (the attribute may be dotted).
+
+    Returns:
+        The callable named (``build(queue) -> Pipeline | factory``).
+
+    Raises:
+        CliConfigError: the spec is malformed, the module or attribute is missing, or
+            the attribute is not callable.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name.strip() or not attr.strip():
+        raise CliConfigError(f"app {spec!r} must look like module:attribute "
+                             "(for example myapp.jobs:build_pipeline)")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliConfigError(
+            f"cannot import app module {module_name!r}: {first_line(exc)}") from None
+    except Exception as exc:  # a SyntaxError, or the module raised while importing
+        raise CliConfigError(f"cannot import app module {module_name!r}: "
+                             f"{first_line(exc, with_type=True)}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CliConfigError(f"app module {module_name!r} has no attribute {attr!r}") from None
+        except Exception as exc:  # a module-level __getattr__ that raised
+            raise CliConfigError(
+                f"app {spec!r}: {first_line(exc, with_type=True)}") from None
+    if inspect.isclass(obj):
+        raise CliConfigError(f"app {spec!r} is a class: it must be a function that takes a "
+                             "Queue and returns the pipeline")
+    if not callable(obj):
+        raise CliConfigError(f"app {spec!r} is not callable: it must take a Queue and return "
+                             "the pipeline")
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):  # no signature to check (some builtins)
+        return obj  # type: ignore[no-any-return]
+    try:
+        signature.bind(object())
+    except TypeError:
+        raise CliConfigError(f"app {spec!r} must take one argument, the Queue; its "
+                             f"signature is {signature}") from None
+    return obj  # type: ignore[no-any-return]
+
+
+def app_error(spec: str | None, exc: Exception) -> CliConfigError:
+    """The one-line error for an app (or its factory) that raised."""
+    return CliConfigError(f"app {spec!r} failed: {first_line(exc, with_type=True)}")
+
+
+#: The keyword arguments rota.Queue takes besides the connection (its QueueSettings).
+QUEUE_SETTING_NAMES = frozenset(
+    name for name, p in inspect.signature(QueueSettings.__init__).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+@dataclass
+class Target:
+    """What a command works on: the database URL, schema and app, from flags or env."""
+
+    database_url: str | None
+    schema: str | None
+    app_spec: str | None
+    _app: Callable[..., Any] | None = field(default=None, repr=False)
+
+    @property
+    def app(self) -> Callable[..., Any] | None:
+        if self._app is None and self.app_spec:
+            self._app = load_app(self.app_spec)
+        return self._app
+
+    def require_app(self) -> Callable[..., Any]:
+        app = self.app
+        if app is None:
+            raise CliConfigError("no app: pass --app module:attribute or set ROTA_APP")
+        return app
+
+    def url(self) -> str:
+        if not self.database_url or not self.database_url.strip():
+            raise CliConfigError("no database: pass --database-url or set DATABASE_URL")
+        return db.check_conninfo(self.database_url)
+
+    def queue_settings(self) -> dict[str, Any]:
+        """The app's ``queue_settings`` with the schema from the flags applied.
+
+        Raises:
+            CliConfigError: ``queue_settings`` raised, is not a mapping, or has a key that
+                is not a :class:`rota.Queue` setting.
+        """
+        raw: Any = getattr(self.app, "queue_settings", None) if self.app else None
+        if callable(raw):
+            try:
+                raw = raw()
+            except Exception as exc:
+                raise CliConfigError(
+                    f"app {self.app_spec!r}: queue_settings() failed: "
+                    f"{first_line(exc, with_type=True)}") from None
+        if raw is not None and not isinstance(raw, Mapping):
+            raise CliConfigError("the app's queue_settings must be a mapping of Queue settings")
+        settings = dict(raw or {})
+        for key in settings:
+            if key not in QUEUE_SETTING_NAMES:
+                close = difflib.get_close_matches(str(key), QUEUE_SETTING_NAMES, n=1)
+                hint = (f"did you mean {close[0]!r}?" if close else
+                        f"the settings are {', '.join(sorted(QUEUE_SETTING_NAMES))}")
+                raise CliConfigError(f"app {self.app_spec!r}: queue_settings has unknown key "
+                                     f"{key!r} ({hint})")
+        settings["schema"] = self.schema or settings.get("schema") or "rota"
+        return settings
+
+    def settings(self) -> QueueSettings:
+        """Queue settings without a connection (plans, groups relation, SQL)."""
+        return QueueSettings(**self.queue_settings())
+
+    def plans(self) -> Plans:
+        plans = self.queue_settings().get("plans", DEFAULT_PLANS)
+        return plans if isinstance(plans, Plans) else DEFAULT_PLANS
+
+
+async def preflight(url: str) -> None:
+    """Connect once and disconnect, so an unreachable database is reported at once with
+    libpq's reason instead of a pool timeout.
+
+    Raises:
+        psycopg.OperationalError: the database refused or could not be reached within
+            :data:`CONNECT_TIMEOUT` seconds.
+    """
+    conn = await psycopg.AsyncConnection.connect(url, connect_timeout=CONNECT_TIMEOUT)
+    await conn.close()
+
+
+@asynccontextmanager
+async def open_queue(target: Target) -> AsyncIterator[Queue]:
+    """An open :class:`rota.Queue` for ``target``, closed on exit."""
+    url = target.url()
+    await preflight(url)
+    queue = Queue(url, **target.queue_settings())
+    try:
+        await queue.open()
+        yield queue
+    finally:
+        await queue.close()
+
+
+async def build_pipeline(target: Target, queue: Queue) -> Any:
+    """Call the app with the queue; returns what it returns (a pipeline or a factory).
+
+    Raises:
+        CliConfigError: the app raised (database errors pass through as they are).
+    """
+    app = target.require_app()
+    try:
+        made = app(queue)
+        if inspect.isawaitable(made):
+            made = await made
+    except Exception as exc:
+        if is_database_error(exc):
+            raise
+        raise app_error(target.app_spec, exc) from None
+    return made
+
+
+async def load_pipeline(target: Target, queue: Queue) -> tuple[Any, Any]:
+    """The app's result (a pipeline or a factory) and a pipeline resolved from it.
+
+    Raises:
+        CliConfigError: the app or its factory raised or returned no pipeline.
+    """
+    made = await build_pipeline(target, queue)
+    try:
+        return made, await resolve_pipeline(made)
+    except Exception as exc:
+        if is_database_error(exc):
+            raise
+        raise app_error(target.app_spec, exc) from None
+
+
+def check_budget(pipeline: Any, budget: float) -> None:
+    """Refuse a ``--budget`` (seconds) that is not below the pipeline's platform timeout,
+    before any run: the runner would refuse every run (and a worker would retry forever).
+
+    Raises:
+        CliConfigError: ``budget`` is not shorter than ``pipeline.platform_timeout``.
+    """
+    try:
+        check_time_budget(pipeline, timedelta(seconds=budget))
+    except ConfigError:
+        timeout = pipeline.platform_timeout.total_seconds()
+        raise CliConfigError(
+            f"--budget {budget:g}s must be shorter than the app's platform timeout "
+            f"({timeout:g}s): the time between them is for finishing the jobs in flight"
+        ) from None
+
+
+async def require_migrated(queue: Queue, conn: AnyConn | None = None) -> None:
+    """Refuse to start a long-running mode on a schema that ``rota migrate`` has not
+    brought up to date (it would otherwise retry its failing queries forever).
+
+    Raises:
+        CliConfigError: migrations are missing (the missing-tables error, translated by
+            the CLI, when there are none at all).
+    """
+    missing = await admin.missing_migrations(queue, conn=conn)
+    if missing:
+        raise CliConfigError(f"schema {queue.schema!r} lacks migrations {missing}: "
+                             "run `rota migrate`")

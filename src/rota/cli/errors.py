@@ -1,0 +1,104 @@
+"""Errors: one line on stderr (``error: …``) and a meaningful exit code (see the exit
+codes in :mod:`rota.cli`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import psycopg
+from psycopg_pool import PoolTimeout
+
+from ..errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    InvalidInput,
+    InvalidTransition,
+    JobNotFound,
+    RotaError,
+    first_line,
+)
+from .output import safe_text
+
+
+class CliError(click.ClickException):
+    """A failure the CLI reports as one line, ``error: …`` on stderr, exit code 1: the
+    command ran and its outcome is a problem (a job that cannot be retried, say)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(safe_text(message))
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+class CliConfigError(CliError):
+    """Bad usage or configuration, a malformed URL or an unreachable database: exit 2."""
+
+    exit_code = 2
+
+
+#: SQLSTATEs (besides class 08, "connection exception") that mean the server went away
+#: or would not take the connection: shutdown, crash, starting up, too many connections.
+_CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+#: SQLSTATE classes of values the database cannot store: a bad flag value (exit 2).
+_INPUT_SQLSTATE_CLASSES = ("22", "54")
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """Whether a database error means no connection could be made or it was lost (as
+    opposed to the database refusing a statement, for example a value too large for an
+    index, which is an ``OperationalError`` in psycopg too)."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in _CONNECTION_SQLSTATES
+
+
+def as_cli_error(exc: Exception) -> CliError | None:
+    """Translate the exceptions a command can meet into one-line CLI errors (``None``:
+    not one of them, let it raise)."""
+    if isinstance(exc, JobNotFound | InvalidTransition):  # the action's outcome: exit 1
+        return CliError(first_line(exc))
+    if isinstance(exc, DatabaseUnavailable | ConfigError | InvalidInput):
+        return CliConfigError(first_line(exc))
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
+        return CliConfigError(
+            f"rota's tables are missing ({first_line(exc)}): run `rota migrate`")
+    if is_connection_failure(exc):
+        return CliConfigError(f"database unreachable: {first_line(exc)}")
+    if isinstance(exc, psycopg.Error):
+        state = exc.sqlstate or ""
+        cls = CliConfigError if state.startswith(_INPUT_SQLSTATE_CLASSES) else CliError
+        code = f" (SQLSTATE {state})" if state else ""
+        return cls(f"database error{code}: {first_line(exc)}")
+    if isinstance(exc, RotaError):
+        return CliError(first_line(exc))
+    if isinstance(exc, RecursionError):
+        return CliConfigError("input nested too deeply to handle")
+    return None
+
+
+def is_database_error(exc: Exception) -> bool:
+    """Whether ``exc`` came from the database or the pool (and is reported as such)."""
+    return isinstance(exc, psycopg.Error | PoolTimeout)
+
+
+class RotaGroup(click.Group):
+    """A click group that turns rota and database errors into :class:`CliError`."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.Exit:
+            raise
+        except Exception as exc:
+            translated = as_cli_error(exc)
+            if translated is None:
+                raise
+            raise translated from None

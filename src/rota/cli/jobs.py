@@ -1,0 +1,289 @@
+"""Jobs: ``rota enqueue``, and ``rota jobs`` to list them (``failed``: with their last
+errors) and to ``retry`` or ``cancel`` one. The work is :mod:`rota.admin`'s."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+from rich.table import Table
+
+from .. import admin
+from ..job import Job
+from ..plans import Plans
+from .app import Target, build_pipeline, open_queue
+from .errors import CliConfigError, RotaGroup
+from .options import json_option, make_target, target_options, wants_json
+from .output import add_row, console, emit_json, safe_text, short, utc_time
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The most a payload file or stdin is read (the queue refuses payloads over its
+#: ``max_payload_bytes``, 1 MiB by default, anyway; this bounds the memory first).
+MAX_PAYLOAD_INPUT = 64 * 1024 * 1024
+
+
+# -- enqueue ----------------------------------------------------------------------------------
+
+
+def _parse_run_after(ctx: click.Context, param: click.Parameter,
+                     value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an ISO 8601 time "
+                                 "(for example 2030-01-01T09:00:00+00:00)") from None
+    if when.tzinfo is None:
+        raise click.BadParameter(f"{value!r} has no time zone (add +00:00 or Z)")
+    return when
+
+
+def _read_payload_text(value: str) -> str:
+    """PAYLOAD_JSON itself, or the text of ``-`` (stdin) or ``@PATH`` (a file)."""
+    if value != "-" and not value.startswith("@"):
+        return value
+    where = "stdin" if value == "-" else f"file {value[1:]!r}"
+    data: bytes
+    try:
+        if value == "-":
+            data = sys.stdin.buffer.read(MAX_PAYLOAD_INPUT + 1)
+        else:
+            with open(value[1:], "rb") as f:
+                data = f.read(MAX_PAYLOAD_INPUT + 1)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot read the payload from {where}: {exc.strerror or exc}") from None
+    if len(data) > MAX_PAYLOAD_INPUT:
+        raise click.BadParameter(f"the payload from {where} is larger than "
+                                 f"{MAX_PAYLOAD_INPUT // (1024 * 1024)} MiB")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"the payload from {where} is not UTF-8: {exc}") from None
+
+
+def _parse_payload(ctx: click.Context, param: click.Parameter, value: str) -> Any:
+    text = _read_payload_text(value)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise click.BadParameter("JSON nested too deeply") from None
+
+
+@click.command()
+@target_options
+@click.argument("job_type", metavar="TYPE")
+@click.argument("payload", metavar="PAYLOAD_JSON", callback=_parse_payload)
+@click.option("--group", "group_id", help="The group the job belongs to (must exist).")
+@click.option("--dedupe-key", help="Skip if an open job has this key.")
+@click.option("--run-after", callback=_parse_run_after, metavar="ISO8601",
+              help="When it becomes due, with a time zone (default now).")
+@click.option("--max-attempts", type=click.IntRange(min=1), help="Override the default.")
+@json_option
+def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
+            job_type: str, payload: Any, group_id: str | None, dedupe_key: str | None,
+            run_after: datetime | None, max_attempts: int | None, as_json: bool) -> None:
+    """Enqueue one job of TYPE with PAYLOAD_JSON.
+
+    PAYLOAD_JSON is the JSON text itself, `-` to read it from stdin, or `@PATH` to read
+    it from a file (for payloads longer than a command line allows)."""
+    target = make_target(database_url, schema, app_spec)
+
+    async def go() -> Any:
+        async with open_queue(target) as queue:
+            if target.app is not None:
+                # The stages' settings (max_attempts) apply to what is enqueued.
+                await build_pipeline(target, queue)
+            try:
+                return await queue.enqueue(job_type, payload, group_id=group_id,
+                                           dedupe_key=dedupe_key, run_after=run_after,
+                                           max_attempts=max_attempts)
+            except RecursionError:
+                raise CliConfigError("payload nested too deeply to store") from None
+
+    job = asyncio.run(go())
+    if as_json:
+        emit_json({"id": job.id if job else None, "duplicate": job is None})
+    elif job is None:
+        click.echo(safe_text(
+            f"not enqueued: an open job already has dedupe key {dedupe_key!r}"))
+    else:
+        click.echo(safe_text(
+            f"enqueued job {job.id} ({job.type}), due {utc_time(job.run_after)} UTC"))
+
+
+# -- jobs: list ---------------------------------------------------------------------------------
+
+
+async def _page(target: Target, **filters: Any) -> admin.JobPage:
+    async with open_queue(target) as queue:
+        return await admin.list_jobs(queue, **filters)
+
+
+def _json_rows(page: admin.JobPage) -> list[dict[str, Any]]:
+    return [{
+        "id": j.id, "type": j.type, "group_id": j.group_id, "plan": _plan_of(page, j),
+        "status": j.status, "attempts": j.attempts, "max_attempts": j.max_attempts,
+        "deferrals": j.deferrals, "run_after": j.run_after, "locked_at": j.locked_at,
+        "created_at": j.created_at, "finished_at": j.finished_at,
+        "last_error": j.last_error, "dedupe_key": j.dedupe_key,
+        "give_up_pending": j.give_up_pending,
+    } for j in page.jobs]
+
+
+def _plan_of(page: admin.JobPage, job: Job) -> str | None:
+    return None if job.group_id is None else page.group_plans.get(job.group_id)
+
+
+def _plan_name(plans: Plans, plan_id: str | None, group_id: str | None) -> str:
+    if plan_id is None:
+        return "—" if group_id is None else "(no owner)"
+    return plans[plan_id].name if plan_id in plans else f"{plan_id} (unknown)"
+
+
+def _next_page(page: admin.JobPage, as_json: bool) -> None:
+    """Say how to get the next page: on stderr under --json, so stdout stays JSON."""
+    if page.next_before_id is not None:
+        click.echo(f"next page: --before {page.next_before_id}", err=as_json)
+
+
+def _filters(f: F) -> F:
+    f = click.option("--before", "before_id", type=click.IntRange(min=1), metavar="ID",
+                     help="Only jobs older than job ID: the cursor of the next page, "
+                          "which a page prints when there is one.")(f)
+    f = click.option("--limit", type=click.IntRange(1, admin.MAX_LIST_LIMIT), default=50,
+                     show_default=True, help="The most jobs shown.")(f)
+    f = click.option("--group", "group_id", help="Only this group.")(f)
+    f = click.option("--type", "job_type", help="Only this job type.")(f)
+    return f
+
+
+@click.group(cls=RotaGroup, invoke_without_command=True)
+@target_options
+@click.option("--status", type=click.Choice(admin.JOB_STATUSES),
+              help="Only jobs with this status.")
+@click.option("--id", "job_id", type=click.IntRange(min=1), metavar="ID",
+              help="Only the job with this id.")
+@_filters
+@json_option
+@click.pass_context
+def jobs(ctx: click.Context, database_url: str | None, schema: str | None,
+         app_spec: str | None, status: str | None, job_id: int | None,
+         job_type: str | None, group_id: str | None, limit: int, before_id: int | None,
+         as_json: bool) -> None:
+    """List jobs, newest first (or: jobs failed / jobs retry ID / jobs cancel ID)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    target = make_target(database_url, schema, app_spec)
+    page = asyncio.run(_page(target, status=status, job_id=job_id, type=job_type,
+                             group_id=group_id, limit=limit, before_id=before_id))
+    if as_json:
+        emit_json(_json_rows(page))
+        _next_page(page, as_json)
+        return
+    plans = target.plans()
+    table = Table(title=f"jobs ({len(page.jobs)} shown)")
+    for col in ("id", "type", "group", "plan", "status", "attempts", "deferrals",
+                "run after (UTC)", "last error"):
+        table.add_column(col, overflow="fold")
+    for j in page.jobs:
+        add_row(table, j.id, j.type, j.group_id or "—",
+                _plan_name(plans, _plan_of(page, j), j.group_id), j.status,
+                f"{j.attempts}/{j.max_attempts}", j.deferrals, utc_time(j.run_after),
+                short(j.last_error))
+    console().print(table)
+    _next_page(page, as_json)
+
+
+@jobs.command("failed")
+@target_options
+@_filters
+@json_option
+def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | None,
+                job_type: str | None, group_id: str | None, limit: int,
+                before_id: int | None, as_json: bool) -> None:
+    """Failed jobs with their last errors, newest first."""
+    target = make_target(database_url, schema, app_spec)
+    as_json = wants_json(as_json)
+    page = asyncio.run(_page(target, status="failed", type=job_type, group_id=group_id,
+                             limit=limit, before_id=before_id))
+    if as_json:
+        emit_json(_json_rows(page))
+        _next_page(page, as_json)
+        return
+    table = Table(title=f"failed jobs ({len(page.jobs)} shown)")
+    for col in ("id", "type", "group", "attempts", "finished (UTC)", "give-up hook",
+                "last error"):
+        table.add_column(col, overflow="fold")
+    for j in page.jobs:
+        add_row(table, j.id, j.type, j.group_id or "—", f"{j.attempts}/{j.max_attempts}",
+                utc_time(j.finished_at), "owed" if j.give_up_pending else "ran",
+                j.last_error or "")
+    console().print(table)
+    _next_page(page, as_json)
+
+
+# -- jobs: retry, cancel -------------------------------------------------------------------------
+
+
+@jobs.command("retry")
+@target_options
+@click.argument("job_id", type=click.IntRange(min=1), metavar="ID")
+@json_option
+def jobs_retry(database_url: str | None, schema: str | None, app_spec: str | None,
+               job_id: int, as_json: bool) -> None:
+    """Put failed job ID back to pending, due now, with attempts reset.
+
+    A give-up hook still owed for it is cancelled: the job has not given up any more."""
+    target = make_target(database_url, schema, app_spec)
+    as_json = wants_json(as_json)
+
+    async def go() -> admin.RetryResult:
+        async with open_queue(target) as queue:
+            return await admin.retry_job(queue, job_id)
+
+    result = asyncio.run(go())
+    if as_json:
+        emit_json({"id": job_id, "status": result.job.status,
+                   "giveUpHookCancelled": result.give_up_hook_cancelled})
+    else:
+        note = "; its owed give-up hook is cancelled" if result.give_up_hook_cancelled else ""
+        click.echo(safe_text(
+            f"job {job_id} ({result.job.type}) is pending again, due now{note}"))
+
+
+@jobs.command("cancel")
+@target_options
+@click.argument("job_id", type=click.IntRange(min=1), metavar="ID")
+@json_option
+def jobs_cancel(database_url: str | None, schema: str | None, app_spec: str | None,
+                job_id: int, as_json: bool) -> None:
+    """Cancel pending job ID: it ends failed ('cancelled') and its give-up hook is owed
+    (run now when --app registers one, else by the next maintenance)."""
+    target = make_target(database_url, schema, app_spec)
+    as_json = wants_json(as_json)
+
+    async def go() -> tuple[Job, int]:
+        async with open_queue(target) as queue:
+            job = await admin.cancel_job(queue, job_id)
+            ran = 0
+            if target.app is not None:
+                await build_pipeline(target, queue)  # registers the app's give-up hooks
+                ran = await queue.run_give_up_hooks([job_id])
+            return job, ran
+
+    job, ran = asyncio.run(go())
+    if as_json:
+        emit_json({"id": job_id, "status": job.status, "giveUpHookRan": bool(ran)})
+    else:
+        hook = "its give-up hook ran" if ran else "its give-up hook is owed"
+        click.echo(safe_text(f"job {job_id} ({job.type}) cancelled; {hook}"))

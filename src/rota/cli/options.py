@@ -1,0 +1,81 @@
+"""Options every command shares (``--database-url``, ``--schema``, ``--app``,
+``--json``) and the ``seconds`` flag type."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from .app import Target
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The largest --budget and --idle-poll accepted: one day.
+MAX_SECONDS = 86_400.0
+
+
+def target_options(f: F) -> F:
+    """``--database-url``, ``--schema`` and ``--app``, each with its environment variable."""
+    f = click.option("--app", "app_spec", envvar="ROTA_APP", metavar="MODULE:ATTR",
+                     help="The app: a callable taking a Queue and returning the pipeline "
+                          "[env ROTA_APP].")(f)
+    f = click.option("--schema", envvar="ROTA_SCHEMA", default=None,
+                     help="Schema of rota's tables [env ROTA_SCHEMA; default: the app's, "
+                          "else rota].")(f)
+    f = click.option("--database-url", envvar="DATABASE_URL", metavar="URL",
+                     help="PostgreSQL URL or conninfo [env DATABASE_URL].")(f)
+    return f
+
+
+def json_option(f: F) -> F:
+    """``--json``: print JSON for scripts instead of a table."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print JSON for scripts instead of a table.")(f)
+
+
+def _parent_params() -> dict[str, Any]:
+    """The enclosing group's parameters (``rota jobs --database-url X failed``)."""
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.parent.params) if ctx is not None and ctx.parent is not None else {}
+
+
+def make_target(database_url: str | None, schema: str | None,
+                app_spec: str | None) -> Target:
+    """The target from a command's options, falling back to its group's."""
+    parent = _parent_params()
+    return Target(database_url or parent.get("database_url"), schema or parent.get("schema"),
+                  app_spec or parent.get("app_spec"))
+
+
+def wants_json(as_json: bool) -> bool:
+    """``--json`` given to the command or to its group."""
+    return as_json or bool(_parent_params().get("as_json"))
+
+
+class Seconds(click.ParamType):  # type: ignore[type-arg]
+    """A positive, finite number of seconds, at most ``maximum`` (``nan``, ``inf`` and
+    ``1e308`` are refused as flag values, not met later as tracebacks)."""
+
+    name = "seconds"
+
+    def __init__(self, maximum: float = MAX_SECONDS) -> None:
+        self.maximum = maximum
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{value!r} is not a positive, finite number of seconds", param, ctx)
+        if seconds > self.maximum:
+            self.fail(f"{value!r} is more than {self.maximum:g} seconds (one day)",
+                      param, ctx)
+        return seconds
+
+
+POSITIVE_SECONDS = Seconds()

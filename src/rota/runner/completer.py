@@ -1,0 +1,77 @@
+"""Completing a batch's jobs in group commits (docs/design.md, "The runner")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from ..checks import storable_text
+from ..queue import Queue
+from .context import JobContext
+
+
+class Completer:
+    """Completes the jobs whose handlers returned normally, in batches: one
+    ``complete_many`` statement for whatever has finished since the previous one was
+    sent (group commit). A lone job is completed at once, as before; jobs that finish
+    while a statement is in flight go together in the next one, so a batch of fast
+    handlers costs one or two statements instead of one per job."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.pending: list[JobContext] = []
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, ctxs: list[JobContext]) -> None:
+        if not ctxs:
+            return
+        self.pending.extend(ctxs)
+        if self.task is None or self.task.done():
+            if self.task is not None and (self.task.cancelled()
+                                          or self.task.exception() is not None):
+                return  # a failed flush: wait() raises it; these stay unsettled
+            self.task = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        while self.pending:
+            batch, self.pending = self.pending, []
+            oks = await self.queue.complete_many([c.job for c in batch])
+            for c, ok in zip(batch, oks, strict=True):
+                c._settle("done" if ok else "lost")
+
+    async def wait(self) -> None:
+        """Wait until every job handed over is completed (or found lost).
+
+        Raises:
+            Whatever completing raised (the jobs not completed stay unsettled).
+        """
+        while self.task is not None:
+            task = self.task
+            await task
+            if task is self.task and not self.pending:
+                return
+            if task is self.task:  # added after the task ended
+                self.task = asyncio.get_running_loop().create_task(self._flush())
+
+    async def wait_quietly(self) -> None:
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def settle_all(ctxs: list[JobContext],
+                      settle: Callable[[JobContext], Awaitable[object]]) -> int:
+    n = 0
+    for ctx in ctxs:
+        if not ctx.settled:
+            await settle(ctx)
+            n += 1
+    return n
+
+
+def error_text(exc: BaseException) -> str:
+    """One error as storable text (a NUL or a lone surrogate in an exception's message
+    would make the runs row unwritable)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return storable_text(f"{type(exc).__name__}: {exc}")
+

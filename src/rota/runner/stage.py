@@ -1,0 +1,140 @@
+"""Stages and the values a run reports: triggers, stop reasons, :class:`Stage` and
+:class:`RunResult` (docs/design.md, "The runner")."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Literal, get_args
+
+from ..checks import positive_int, require_text
+from ..errors import InvalidInput
+from ..queue import GiveUpHook
+from ..quota import Quota
+
+if TYPE_CHECKING:
+    from .context import JobContext
+
+Trigger = Literal["cron", "cli", "worker", "manual"]
+StopReason = Literal["no_work", "time_budget", "quota_reserve", "quota_exhausted", "error"]
+TRIGGERS: tuple[str, ...] = get_args(Trigger)
+STOP_REASONS: tuple[str, ...] = get_args(StopReason)
+
+Handler = Callable[["JobContext"], Awaitable[None]]
+BatchHandler = Callable[[list["JobContext"]], Awaitable[None]]
+Outcome = Literal["done", "retry", "failed", "deferred", "lost"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A job type and how the runner handles it (docs/design.md, "Vocabulary").
+
+    Args:
+        type: the job type this stage claims.
+        batch: jobs claimed at once, > 0.
+        concurrency: how many of the batch's jobs run at the same time, > 0 (for a
+            ``handler``; a ``batch_handler`` is one call for the whole batch).
+        handler: ``async def handler(ctx: JobContext) -> None``, run once per job. It
+            returns to complete the job, raises ``DeferJob(until)`` to defer it,
+            lets :class:`~rota.quota.QuotaExhausted` through to defer it to the
+            quota's reset, and raises anything else to fail it (retry with backoff,
+            then failed). It may also settle the job itself with ``ctx.complete()``,
+            ``ctx.fail()`` or ``ctx.defer()``.
+        batch_handler: ``async def batch_handler(ctxs: list[JobContext]) -> None``,
+            instead of ``handler``: one call for the whole claimed batch (for an API
+            that takes many items in one request). It settles jobs one by one through
+            their contexts; jobs it leaves unsettled are completed when it returns,
+            or all deferred/failed as above when it raises.
+        max_attempts: attempts for jobs of this type; the pipeline sets it as the
+            queue's per-type setting, so it applies to jobs enqueued from then on.
+        quota: the shared quota this stage spends. Before each claim the runner checks
+            it: when spending ``quota_cost`` would dip into the reserve (or cannot be
+            paid at all), the stage is skipped for the rest of the run and its pending
+            jobs wait for the reset.
+        quota_cost: units one job (one batch call, for a ``batch_handler``) typically
+            spends of ``quota``, > 0. Handlers spend actual units with ``ctx.spend``.
+        on_give_up: a give-up hook for this type (see :meth:`rota.Queue.on_give_up`).
+            Without one (and none registered on the queue), the pipeline registers a
+            no-op, so this type's give-ups are recorded as handled, not owed forever.
+        prefetch: claim the next batch while this one runs (default off). For stages
+            whose handlers wait on I/O (an API call) with a backlog: the claim
+            overlaps the batch's handlers (``make bench``: 1.3-1.45x jobs/s with 5 ms
+            handlers, batch and concurrency 100; nothing for no-op handlers, bound by
+            the database). Only the pipeline's first stage not skipped in the
+            run prefetches (earlier stages win, so no later stage may run ahead of them),
+            never a stage with a ``quota`` (its check comes before each claim). The
+            prefetched jobs are held like the running batch (heartbeats keep their
+            locks); when the run ends before starting them (budget, error) they are
+            handed back untouched (:meth:`rota.Queue.release`). Leave it off when
+            several workers share a stage of long handlers: a prefetched batch waits,
+            held, while another worker could run it.
+
+    Raises:
+        InvalidInput: bad sizes, not exactly one of ``handler`` and ``batch_handler``.
+    """
+
+    type: str
+    batch: int
+    concurrency: int = 1
+    handler: Handler | None = None
+    _: KW_ONLY
+    batch_handler: BatchHandler | None = None
+    max_attempts: int | None = None
+    quota: Quota | None = None
+    quota_cost: int = 1
+    on_give_up: GiveUpHook | None = None
+    prefetch: bool = False
+
+    def __post_init__(self) -> None:
+        require_text(self.type, "stage type")
+        for name in ("batch", "concurrency", "quota_cost"):
+            positive_int(getattr(self, name), f"stage {self.type!r}: {name}")
+        if self.max_attempts is not None:
+            positive_int(self.max_attempts, f"stage {self.type!r}: max_attempts")
+        if (self.handler is None) == (self.batch_handler is None):
+            raise InvalidInput(
+                f"stage {self.type!r}: give exactly one of handler and batch_handler")
+        if not isinstance(self.prefetch, bool):
+            raise InvalidInput(f"stage {self.type!r}: prefetch must be True or False, "
+                               f"got {self.prefetch!r}")
+        if self.quota is not None and not isinstance(self.quota, Quota):
+            raise InvalidInput(f"stage {self.type!r}: quota must be a rota.Quota "
+                               f"(per-owner allowances are spent by handlers)")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one run did; the same values as its ``runs`` row.
+
+    Attributes:
+        run_id: the ``runs`` row's id.
+        trigger: ``cron``, ``cli``, ``worker`` or ``manual``.
+        stop_reason: ``no_work``, ``time_budget``, ``quota_reserve``,
+            ``quota_exhausted`` (healthy) or ``error`` (an incident; see ``error``).
+        jobs_done: jobs completed.
+        jobs_failed: jobs that ended ``failed`` (gave up) in this run; failed attempts
+            that will be retried are counted in ``summary["retries"]``.
+        jobs_deferred: jobs put back without burning an attempt (``DeferJob``, quota
+            resets, claimed-but-unstarted jobs at the end of the budget).
+        quota_units: units of shared quotas spent through ``ctx.spend``.
+        summary: counters: the handlers' (``ctx.count``), ``quota.NAME`` and
+            ``allowance.NAME`` units, the runner's (``retries``, ``lost``,
+            ``postponed``, ``quota_deferred``) and ``maintenance.*`` when it ran.
+        error: the error text when ``stop_reason == "error"``.
+        started_at, finished_at: aware instants on the queue's clock.
+    """
+
+    run_id: uuid.UUID
+    trigger: str
+    stop_reason: StopReason
+    jobs_done: int
+    jobs_failed: int
+    jobs_deferred: int
+    quota_units: int
+    summary: dict[str, int | float]
+    error: str | None
+    started_at: datetime
+    finished_at: datetime
+
