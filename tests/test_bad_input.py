@@ -144,6 +144,8 @@ def test_plans_are_validated() -> None:
         Plans([Plan("a", "A", 1), Plan("a", "B", 2)])
     with pytest.raises(InvalidInput, match="plan id must be a non-empty string"):
         Plan("", "A", 1)
+    with pytest.raises(InvalidInput, match="limits must be a mapping, got 'First'"):
+        Plan("a", "A", 1, "First")  # type: ignore[arg-type]
 
 
 async def test_plan_id_never_becomes_sql(make_queue: Any) -> None:

@@ -37,6 +37,10 @@ class Plan:
             raise InvalidInput(f"plan id {self.id!r} contains a NUL character")
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise InvalidInput(f"plan {self.id!r}: priority must be an int")
+        if self.limits is not None and not isinstance(self.limits, Mapping):
+            # Plan(id, name, priority, "First") was a display label: now the application's.
+            raise InvalidInput(f"plan {self.id!r}: limits must be a mapping, got "
+                               f"{self.limits!r} (display labels are not part of a Plan)")
         object.__setattr__(self, "limits", MappingProxyType(dict(self.limits or {})))
 
 
