@@ -18,7 +18,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
-# Claim latency vs backlog (rota, the post's literal query, FIFO; builds up to 1M rows,
+# Claim latency vs backlog (rota, the naive fair query, FIFO; builds up to 1M rows,
 # a few minutes), its EXPLAIN at 1M, and enqueue throughput vs procrastinate and
 # pgqueuer. Results in bench/results/; see bench/RESULTS.md. BENCH_ARGS=--quick stops
 # at 100k pending.

@@ -1,4 +1,5 @@
-"""The example application: the post's product as a rota pipeline.
+"""The example application: an outreach product (brand brief to
+creators) as a rota pipeline.
 
 A brand's web page becomes a brief; the brief becomes YouTube searches; each creator
 found is enriched, scored, its comments read, a rationale written, contact details
@@ -170,7 +171,7 @@ class App:
                                   reset_tz="America/Los_Angeles")
 
     def pipeline(self, platform_timeout: timedelta) -> Pipeline:
-        """The seven stages in the post's order."""
+        """The seven stages, in runner order (docs/design.md, "The runner")."""
         return Pipeline(self.queue, [
             Stage("enrich", 25, batch_handler=self.enrich, quota=self.youtube_quota),
             Stage("contacts", 5, 5, self.contacts),
