@@ -4,6 +4,7 @@ and the embedded PostgreSQL used when no server is configured."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import string
@@ -158,6 +159,9 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str = "rota") -> l
     step = "reading its migrations"
     try:
         async with conn.transaction():
+            # Migrations are the one long statement rota runs: not cut by its default
+            # statement_timeout (with_connection_defaults).
+            await conn.execute("SET LOCAL statement_timeout = 0")
             await conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtext('rota.migrate'), hashtext(%s))", [schema]
             )
@@ -238,6 +242,63 @@ def check_conninfo(conninfo: str) -> str:
     except psycopg.ProgrammingError as exc:
         raise DatabaseUnavailable(f"malformed database URL: {exc}") from None
     return conninfo
+
+
+#: libpq parameters rota adds to the connections of its own pool (docs/operations.md,
+#: "Network partitions and timeouts"): a worker cut off from the database gives a
+#: connection up in bounded time instead of the kernel's 15 minutes or more. A
+#: connection attempt waits at most 10 s; an idle connection whose peer is gone is
+#: dropped after about 30 s of silence (15 s, then 3 probes 5 s apart); one with
+#: unacknowledged data after 30 s.
+CLIENT_DEFAULTS: dict[str, str] = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "15",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+
+#: Server settings rota asks for in ``options`` (``-c name=value``) on the same
+#: connections: the server drops the sessions of a cut-off worker after the same 30 s
+#: (freeing their connection slots), a transaction left open releases its row locks
+#: after 5 minutes (within the default stale window), and no statement waits longer.
+SESSION_DEFAULTS: dict[str, str] = {
+    "tcp_keepalives_idle": "15",
+    "tcp_keepalives_interval": "5",
+    "tcp_keepalives_count": "3",
+    "idle_in_transaction_session_timeout": "5min",
+    "statement_timeout": "5min",
+}
+
+_OPTION_NAME = re.compile(r"(?:^|\s)(?:-c\s*|--)([A-Za-z0-9_.-]+)=")
+
+
+def with_connection_defaults(conninfo: str) -> str:
+    """``conninfo`` with :data:`CLIENT_DEFAULTS` and :data:`SESSION_DEFAULTS` added where
+    it does not set them itself. What the URL sets always wins, one setting at a time
+    (its own ``options`` are kept and only the settings they do not name are appended);
+    so does libpq's environment (``PGCONNECT_TIMEOUT``, and ``PGOPTIONS``, which is
+    merged in since an ``options`` parameter would hide it). A URL naming a connection
+    service (``service=``, or ``PGSERVICE``) is returned as it is: the service file may
+    set any of these, and parameters added here would override it.
+
+    Raises:
+        DatabaseUnavailable: the string cannot be parsed.
+    """
+    params = psycopg.conninfo.conninfo_to_dict(check_conninfo(conninfo))
+    if params.get("service") or os.environ.get("PGSERVICE"):
+        return conninfo
+    added = {k: v for k, v in CLIENT_DEFAULTS.items() if k not in params}
+    if os.environ.get("PGCONNECT_TIMEOUT"):
+        added.pop("connect_timeout", None)
+    options = str(params["options"] if "options" in params
+                  else os.environ.get("PGOPTIONS", "")).strip()
+    named = {m.lower().replace("-", "_") for m in _OPTION_NAME.findall(options)}
+    extra = [f"-c {k}={v}" for k, v in SESSION_DEFAULTS.items() if k not in named]
+    if extra:
+        added["options"] = " ".join([options, *extra] if options else extra)
+    return psycopg.conninfo.make_conninfo(conninfo, **added) if added else conninfo
 
 
 class EmbeddedServer:

@@ -50,6 +50,8 @@ class Queue:
         conninfo_or_pool: a libpq URL/conninfo string (rota opens its own pool on first
             use; close it with :meth:`close` or ``async with queue``) or an open
             ``psycopg_pool.AsyncConnectionPool`` the caller owns (autocommit or not).
+            rota's own pool adds the timeouts the string does not set
+            (:func:`rota.db.with_connection_defaults`).
         **settings: see :class:`rota.settings.QueueSettings` (schema, plans, groups,
             types, max_attempts, max_attempts_by_type, stale_after, served_window,
             backoff_base, max_deferrals, max_payload_bytes); an application ``groups``
@@ -83,7 +85,7 @@ class Queue:
         self._give_up_hooks: dict[str, GiveUpHook] = {}
         if isinstance(conninfo_or_pool, str):
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                db.check_conninfo(conninfo_or_pool),
+                db.with_connection_defaults(conninfo_or_pool),
                 open=False, min_size=1, max_size=10,
                 kwargs={"autocommit": True}, check=check_idle_connection,
             )
