@@ -260,13 +260,15 @@ CLIENT_DEFAULTS: dict[str, str] = {
 }
 
 #: Server settings rota asks for in ``options`` (``-c name=value``) on the same
-#: connections: the server drops the sessions of a cut-off worker after the same 30 s
-#: (freeing their connection slots), a transaction left open releases its row locks
-#: after 5 minutes (within the default stale window), and no statement waits longer.
+#: connections: the server drops the sessions of a cut-off worker after the same 30 s,
+#: idle or with a reply unacknowledged (freeing their connection slots), a transaction
+#: left open releases its row locks after 5 minutes (within the default stale window),
+#: and no statement runs longer.
 SESSION_DEFAULTS: dict[str, str] = {
     "tcp_keepalives_idle": "15",
     "tcp_keepalives_interval": "5",
     "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "30000",
     "idle_in_transaction_session_timeout": "5min",
     "statement_timeout": "5min",
 }
