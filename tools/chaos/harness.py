@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -24,6 +25,9 @@ from .checks import Kill, Outcome, Report, check
 from .profile import Profile
 from .servers import Server
 from .workload import SETUP, AnyConn, Handlers, make_maintenance, make_pipeline, make_queue
+
+if TYPE_CHECKING:
+    from rota import Pipeline, Queue
 
 # Workers are started as ``python -m tools.chaos worker``: the repository's root must be
 # importable in them whatever directory the harness was started from.
@@ -56,6 +60,10 @@ class Harness:
         self._spawned = 0
         self.t0 = time.monotonic()
 
+    def make_pipeline(self, queue: Queue, handlers: Handlers) -> Pipeline:
+        """The pipeline the workers run (the multi-host run adds a stage to it)."""
+        return make_pipeline(queue, handlers, self.profile)
+
     def say(self, text: str) -> None:
         if not self.quiet:
             print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", flush=True)
@@ -67,7 +75,7 @@ class Harness:
         number of jobs the run will have (seeds plus two drafts per search)."""
         p = self.profile
         async with make_queue(self.server.url, self.schema, p, "chaos-setup") as queue:
-            make_pipeline(queue, Handlers(self.schema, "setup", p, 0), p)  # per-type attempts
+            self.make_pipeline(queue, Handlers(self.schema, "setup", p, 0))  # per-type attempts
             await queue.migrate()
             async with queue.connection() as conn:
                 await conn.execute(sql.SQL(SETUP).format(schema=sql.Identifier(self.schema)))
@@ -230,7 +238,7 @@ class Harness:
         queue's clock past stale locks, backoffs and deferrals instead of sleeping."""
         p = self.profile
         async with make_queue(self.server.url, self.schema, p, "chaos-final") as queue:
-            pipeline = make_pipeline(queue, Handlers(self.schema, "final", p, self.seed), p)
+            pipeline = self.make_pipeline(queue, Handlers(self.schema, "final", p, self.seed))
             maintenance = make_maintenance(queue, p)
             queue.clock_offset = timedelta(seconds=p.stale_after + p.platform_timeout + 1)
             for rounds in range(1, 200):
