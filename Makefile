@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench chaos clean
+.PHONY: demo test lint bench bench-hosts chaos chaos-hosts clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +31,12 @@ bench: $(STAMP)
 # tools/chaos is not shipped: it runs from the repository's root.
 chaos: $(STAMP)
 	$(BIN)/python -m tools.chaos
+
+# Workers on 4 hosts (network namespaces, needs root): a long and a short network cut,
+# a slow lossy link, a SIGKILL and a PostgreSQL restart; prints the checks and one
+# summary line. tools/chaos_hosts is not shipped: it runs from the repository's root.
+chaos-hosts: $(STAMP)
+	$(BIN)/python -m tools.chaos_hosts
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests tools

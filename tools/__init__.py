@@ -1,2 +1,2 @@
-"""Tools of this repository that are not shipped in the wheel: the chaos harness
-(``make chaos``, :mod:`tools.chaos`)."""
+"""Tools of this repository that are not shipped in the wheel: the chaos harnesses
+(``make chaos``, :mod:`tools.chaos`; ``make chaos-hosts``, :mod:`tools.chaos_hosts`)."""
