@@ -252,10 +252,15 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
                 end = k.at if k is not None else None
             if end is None or end > b["started_at"]:
                 c = claim_of.get(b["claim_token"])
-                if cut_at(f"chaos-{a['worker']}", b["started_at"]) is not None \
-                        and c is not None and c["old_status"] == "running" \
-                        and c["old_token"] == a["claim_token"]:
-                    overlaps_cut += 1  # at least once: the cut-off handler went on
+                # a's claim was taken by a stale reclaim while a's worker was cut off (b
+                # is that reclaim, or a later claim): its handler went on, at least once.
+                after_a = by_token.get(a["claim_token"])
+                lost_to = after_a[0] if after_a else None
+                if lost_to is not None and lost_to["new_token"] is not None \
+                        and lost_to["old_status"] == "running" \
+                        and cut_at(f"chaos-{a['worker']}", lost_to["at"]) is not None \
+                        and cut_at(f"chaos-{a['worker']}", b["started_at"]) is not None:
+                    overlaps_cut += 1
                     continue
                 overlaps += 1
                 how = ("a stale reclaim" if c is not None and c["old_status"] == "running"

@@ -41,9 +41,10 @@ also when it fails, and by the next run if it was SIGKILLed (:mod:`~tools.chaos_
    (:mod:`~tools.chaos_hosts.checks`): claims ended only by their holder, what each
    fault did, the probe's bounds, the schedule's ticks.
 
-The last line is the summary::
+The last line is the summary (one line; wrapped here)::
 
-    hosts=4 partitions=2 lost=0 duplicated=12 hooks_missing=0 hooks_doubled=0 schedule_ticks=0 schedule_fired=0
+    hosts=4 partitions=2 lost=0 duplicated=12 hooks_missing=0 hooks_doubled=0 \
+    schedule_ticks=0 schedule_fired=0
 
 It exits 1 unless ``lost``, ``hooks_missing`` and ``hooks_doubled`` are 0, every tick
 owed fired exactly once (``schedule_fired == schedule_ticks``) and no check found a

@@ -43,7 +43,7 @@ class HostsProfile:
     slow_seconds: float = 8.0
     slow_delay_ms: float = 200.0
     slow_loss: float = 0.05
-    pause: float = 3.0
+    pause: float = 2.0
     probe: bool = True
     deadline: float = 150.0
 
