@@ -26,6 +26,12 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
+# Jobs/s and claim latency with 1, 2, 4 and 8 workers over 4 namespaced hosts, with 0 and
+# 5 ms added to each round trip (needs root; a private server; a few minutes). The table
+# is bench/RESULTS.md's section 6.
+bench-hosts: $(STAMP)
+	$(BIN)/python -m bench.hosts $(BENCH_ARGS)
+
 # 5,000 jobs, 4 workers SIGKILLed at random, one PostgreSQL restart (the embedded server,
 # or the machine's when DATABASE_URL names it); prints the checks and one summary line.
 # tools/chaos is not shipped: it runs from the repository's root.

@@ -3,9 +3,11 @@ throughput, drain throughput and fairness positions, against the references meas
 in the same run. Results go to
 bench/results/ (JSON, PNG, EXPLAIN); bench/RESULTS.md records a run with its machine.
 
-Usage: python -m bench [--quick] (DATABASE_URL, default the local test database).
---quick stops the claim sizes at 100k (the 1M build takes a minute or two), drains
-5,000 jobs instead of 20,000 and runs procrastinate's fairness only with its lock."""
+Usage: python -m bench [--quick] [--hosts] (DATABASE_URL, default the local test
+database). --quick stops the claim sizes at 100k (the 1M build takes a minute or two),
+drains 5,000 jobs instead of 20,000 and runs procrastinate's fairness only with its lock.
+--hosts adds the multi-host part (bench/hosts.py: namespaced hosts and a private server of
+its own, root only; alone: make bench-hosts)."""
 
 from __future__ import annotations
 
@@ -57,6 +59,12 @@ def main() -> None:
     print("\ndrain throughput:\n" + drain.report(drained))
     print("\n" + drain.report_prefetch(drained["rota prefetch"]))
     print("\nfairness:" + fairness.report(fair))
+    if "--hosts" in sys.argv:
+        from . import hosts
+
+        across = hosts.main()
+        (RESULTS / "hosts.json").write_text(json.dumps(across, indent=2))
+        print("\nacross hosts:\n" + hosts.report(across))
 
 
 if __name__ == "__main__":
