@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .errors import ConfigError, InvalidInput
-from .job import require_duration
+from ..errors import ConfigError, InvalidInput
+from ..job import require_duration
 
 log = logging.getLogger("rota.web")
 
