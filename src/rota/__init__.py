@@ -20,7 +20,7 @@ from .queue import Queue, QueueSettings
 from .quota import Allowance, Quota, QuotaExhausted
 from .runner import JobContext, Pipeline, RunResult, Stage
 from .sync import SyncQueue
-from .web import cron_app
+from .web import cron_app, dashboard_app
 from .worker import Worker
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "UnknownPlan",
     "Worker",
     "cron_app",
+    "dashboard_app",
     "maintain",
     "schema_sql",
 ]

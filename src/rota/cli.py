@@ -70,6 +70,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import db
+from .cli_dashboard import dashboard_command
 from .errors import ConfigError, DatabaseUnavailable, InvalidInput, RotaError
 from .plans import DEFAULT_PLANS, Plans
 from .queue import Queue, QueueSettings
@@ -758,8 +759,10 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
 @click.option("--budget", type=POSITIVE_SECONDS, default=220.0, show_default=True,
               metavar="SECONDS", help="Each cron run's time budget (shorter than the "
                                       "app's platform timeout).")
+@click.option("--metrics", is_flag=True, help="Also serve GET /metrics (Prometheus; "
+              "credential ROTA_DASHBOARD_SECRET, needed unless --host is loopback).")
 def serve(database_url: str | None, schema: str | None, app_spec: str | None,
-          host: str, port: int, budget: float) -> None:
+          host: str, port: int, budget: float, metrics: bool) -> None:
     """Serve GET /api/cron under uvicorn (the secret comes from CRON_SECRET).
 
     Exits 2 at start when the app or its settings are wrong, the budget is not below
@@ -790,6 +793,10 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
         click.echo("warning: CRON_SECRET is not set: /api/cron will refuse every request",
                    err=True)
     app = cron_app(made, secret=secret, time_budget=_seconds(budget), queue=queue)
+    if metrics:
+        from .web.metrics import mount_metrics
+        mount_metrics(app, queue, pipeline=made, host=host,
+                      secret=os.environ.get("ROTA_DASHBOARD_SECRET"))
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
@@ -1237,6 +1244,9 @@ def _log_to_stderr() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+cli.add_command(dashboard_command())
 
 
 def main() -> None:

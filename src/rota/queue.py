@@ -48,6 +48,7 @@ UPKEEP_EVERY_S = 0.02
 VACUUM_EVERY_S = 10.0
 
 GiveUpHook = Callable[[Job, psycopg.AsyncConnection[Any]], Awaitable[None]]
+ClaimObserver = Callable[[str, float], None]  # (job type, seconds) after each claim
 AnyConn = psycopg.AsyncConnection[Any]
 
 
@@ -284,6 +285,7 @@ class Queue(QueueSettings):
     def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], **settings: Any):
         super().__init__(**settings)
         self._give_up_hooks: dict[str, GiveUpHook] = {}
+        self.claim_observers: list[ClaimObserver] = []  # metrics (rota.web.metrics)
         self._probe: dict[str, tuple[int, int]] = {}  # claim probe sizes per type
         self._probe_calm: dict[str, int] = {}  # claims in a row that needed no retry
         self._advanced: dict[str, float] = {}  # monotonic time of the last edge move
@@ -515,6 +517,7 @@ class Queue(QueueSettings):
                 or limit > _INT_MAX):
             raise InvalidInput(f"limit must be a positive int (at most {_INT_MAX}), "
                                f"got {limit!r}")
+        started = time.perf_counter()
         candidates = limit * 4 + 16
         params = {
             "type": t,
@@ -554,6 +557,8 @@ class Queue(QueueSettings):
                     per *= 2
                 retried = True
         self._remember_probe(t, limit, groups, per, retried)
+        for observe in self.claim_observers:
+            observe(t, time.perf_counter() - started)
         if conn is None:
             self._schedule_upkeep(t)
         if not rows:

@@ -14,6 +14,7 @@ from .cron import (
     result_json,
     usable_secret,
 )
+from .dashboard import dashboard_app
 
 __all__ = [
     "HEALTHY_STOP_REASONS",
@@ -24,6 +25,7 @@ __all__ = [
     "bearer_matches",
     "check_time_budget",
     "cron_app",
+    "dashboard_app",
     "resolve_pipeline",
     "result_json",
     "usable_secret",
