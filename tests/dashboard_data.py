@@ -60,9 +60,10 @@ async def seed(queue: Queue) -> Seeded:
                               (EVIL_GROUP, "free", True)):
         await queue.upsert_group(gid, plan=plan, active=active)
     later = await queue.now() + timedelta(hours=1)
-    for i, gid in enumerate(("acme", "globex", "initech", EVIL_GROUP)):
+    for i, gid in enumerate(("acme", "globex", "initech")):
         await queue.enqueue("search", {"q": f"query {i}"}, group_id=gid)
-    await queue.enqueue("search", {"q": "later"}, group_id="acme", run_after=later)
+    for gid in ("acme", EVIL_GROUP):
+        await queue.enqueue("search", {"q": "later"}, group_id=gid, run_after=later)
     for i in range(2):
         await queue.enqueue("search", {"q": f"paused {i}"}, group_id="paused-co")
     # enrich: two claimed (one completes, one stays running)

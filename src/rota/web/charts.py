@@ -63,6 +63,23 @@ def nice_step(value: float, n: int = 4) -> float:
     return 10.0 * power
 
 
+# Round steps for a time axis, in seconds: 1 s up to a day.
+_TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
+               21600, 43200, 86400)
+
+
+def nice_time_step(seconds: float, n: int = 4) -> float:
+    """A round step of time (seconds, minutes or hours) such that ``n`` steps reach at
+    least ``seconds``; below a second, :func:`nice_step`; above a day, whole days."""
+    raw = seconds / n
+    if raw <= 0.5:
+        return nice_step(seconds, n)
+    for step in _TIME_STEPS:
+        if step >= raw:
+            return float(step)
+    return 86400.0 * math.ceil(raw / 86400)
+
+
 def y_ticks(step: float, top: float, height: float, n: int = 4,
             fmt: Callable[[float], str] | None = None) -> list[Tick]:
     def plain(v: float) -> str:
@@ -106,7 +123,7 @@ def grouped_bars(categories: Sequence[str], series: Sequence[tuple[str, str, Seq
     """Bars grouped by category, one bar per series (css, label, values in seconds)."""
     left, top, right, bottom = 56.0, 12.0, 8.0, 28.0
     pw, ph = width - left - right, height - top - bottom
-    step = nice_step(max((v for _, _, vs in series for v in vs), default=0))
+    step = nice_time_step(max((v for _, _, vs in series for v in vs), default=0))
     peak = step * 4
     slot = pw / max(len(categories), 1)
     bar = min(slot * 0.8 / max(len(series), 1), 90)
@@ -174,16 +191,16 @@ def duration(seconds: float | None) -> str:
     if s < 1:
         return f"{s * 1000:.0f} ms"
     if s < 60:
-        return f"{s:.1f} s"
+        return f"{s:.0f} s" if s == int(s) else f"{s:.1f} s"
     m, sec = divmod(int(s), 60)
     if m < 60:
-        return f"{m}m {sec:02d}s"
+        return f"{m}m {sec:02d}s" if sec else f"{m} min"
     h, m = divmod(m, 60)
     if h < 48:
-        return f"{h}h {m:02d}m"
+        return f"{h}h {m:02d}m" if m else f"{h} h"
     d, h = divmod(h, 24)
-    return f"{d}d {h:02d}h"
+    return f"{d}d {h:02d}h" if h else f"{d} d"
 
 
-__all__ = ["Chart", "Rect", "Tick", "duration", "grouped_bars", "nice_step",
+__all__ = ["Chart", "Rect", "Tick", "duration", "grouped_bars", "nice_step", "nice_time_step",
            "stacked_minutes", "timeline"]
