@@ -10,7 +10,8 @@ plans, 1 % of them paused, four job types; one run a minute for the week (about
 10,080 runs, some ended in error) and a week of quota usage. Built with INSERT …
 SELECT generate_series (a few minutes at 1,000,000), then VACUUM ANALYZE.
 
-Usage: python -m bench.dashboard [N] (DATABASE_URL, default the local test database).
+Usage: python -m bench.dashboard [N] [--reuse] (DATABASE_URL, default the local test
+database; --reuse times the data set the last run built).
 """
 
 from __future__ import annotations
@@ -124,13 +125,13 @@ async def time_pages(url: str, schema: str = SCHEMA, reps: int = REPS) -> dict[s
     """Median milliseconds per page (after one warm-up request each)."""
     async with Queue(url, schema=schema) as queue:
         async with queue.connection() as c:
-            cur = await c.execute(sql.SQL(
-                "SELECT max(id) FILTER (WHERE status = 'failed'),"
-                " max(id) FILTER (WHERE status = 'pending') FROM {}.jobs"
-                " WHERE id > (SELECT max(id) - 100000 FROM {}.jobs)").format(
-                    queue.table("jobs"), queue.table("jobs")))
-            row = await cur.fetchone()
-        failed_id, pending_id = row if row else (1, 1)
+            ids = []
+            for status in ("failed", "pending"):  # setup only, not timed
+                cur = await c.execute(sql.SQL("SELECT max(id) FROM {} WHERE status = %s")
+                                      .format(queue.table("jobs")), [status])
+                row = await cur.fetchone()
+                ids.append(row[0] if row else 1)
+        failed_id, pending_id = ids
         app = dashboard_app(queue, quotas=QUOTAS, secret=SECRET)
         pages = {
             "/": "/", "/fairness": "/fairness", "/runs": "/runs", "/quotas": "/quotas",
@@ -168,10 +169,11 @@ def report(size: int, timings: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def main(url: str, size: int = 1_000_000) -> dict[str, Any]:
-    t = time.perf_counter()
-    asyncio.run(build(url, SCHEMA, size))
-    print(f"built {size:,} jobs in {time.perf_counter() - t:.0f} s", flush=True)
+def main(url: str, size: int = 1_000_000, *, rebuild: bool = True) -> dict[str, Any]:
+    if rebuild:
+        t = time.perf_counter()
+        asyncio.run(build(url, SCHEMA, size))
+        print(f"built {size:,} jobs in {time.perf_counter() - t:.0f} s", flush=True)
     timings = asyncio.run(time_pages(url, SCHEMA))
     print(report(size, timings))
     return {"jobs": size, "median_ms": timings}
@@ -179,4 +181,5 @@ def main(url: str, size: int = 1_000_000) -> dict[str, Any]:
 
 if __name__ == "__main__":
     main(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-         int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000)
+         int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 1_000_000,
+         rebuild="--reuse" not in sys.argv)
