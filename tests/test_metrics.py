@@ -10,10 +10,12 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
 from rota import ConfigError, Queue, Quota, cron_app, dashboard_app
+from rota.cli import cli
 from rota.web.metrics import MetricsEndpoint, mount_metrics
 
 SECRET = "metrics-S3cret_for_tests"
@@ -165,3 +167,13 @@ async def test_serve_metrics_needs_the_credential(queue: Queue) -> None:
         assert (await c.get("/metrics")).status_code == 200
     async with httpx.AsyncClient(transport=transport, base_url="http://10.1.2.3") as c:
         assert (await c.get("/metrics")).status_code == 403
+
+
+def test_rota_serve_metrics_refuses_to_start_without_a_credential_off_loopback(
+        database_url: str, migrated: str) -> None:
+    env = {"DATABASE_URL": database_url, "ROTA_SCHEMA": migrated, "CRON_SECRET": "cron",
+           "ROTA_DASHBOARD_SECRET": ""}
+    result = CliRunner().invoke(cli, ["serve", "--app", "tests.cli_app:build_pipeline",
+                                      "--host", "0.0.0.0", "--metrics"], env=env)
+    assert result.exit_code == 2, result.output
+    assert "--metrics needs ROTA_DASHBOARD_SECRET" in result.output
