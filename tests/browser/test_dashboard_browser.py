@@ -199,10 +199,12 @@ def test_pages_refresh_in_place_without_a_reload(page: Any, live: Live) -> None:
     page.goto(live.url + "/")
     page.evaluate("window.__marker = 42")
     assert page.get_by_role("link", name="fresh-type").count() == 0
-    with psycopg.connect(live.database_url) as c:
-        c.execute(sql.SQL("INSERT INTO {}.jobs (type, payload, max_attempts, run_after, "
-                          "created_at) VALUES ('fresh-type', '{{}}', 3, now(), now())")
-                  .format(sql.Identifier(live.schema)))
-    sync_api.expect(page.get_by_role("link", name="fresh-type")).to_be_visible(timeout=15_000)
+    for job_type in ("fresh-type", "fresher-type"):  # the swapped-in content refreshes too
+        with psycopg.connect(live.database_url) as c:
+            c.execute(sql.SQL("INSERT INTO {}.jobs (type, payload, max_attempts, run_after, "
+                              "created_at) VALUES (%s, '{{}}', 3, now(), now())")
+                      .format(sql.Identifier(live.schema)), [job_type])
+        sync_api.expect(page.get_by_role("link", name=job_type)).to_be_visible(
+            timeout=15_000)
     assert page.evaluate("window.__marker") == 42  # the same document: swapped in place
     assert page.errors == []

@@ -279,10 +279,11 @@ def dashboard_app(
     @page
     async def overview(request: Request) -> Response:
         async with queue.connection() as conn:
+            now = await queries.now(queue, conn)
             types = await queries.job_types(queue, conn)
             counts = await queries.status_counts(queue, conn, types)
             minutes = await queries.throughput(queue, conn, types)
-        return render(request, "overview.html", "/", await queue.now(), title="Overview",
+        return render(request, "overview.html", "/", now, title="Overview",
                       counts=counts, minutes=charts.stacked_minutes(minutes.done,
                                                                     minutes.failed),
                       done_total=sum(minutes.done), failed_total=sum(minutes.failed),
@@ -292,6 +293,7 @@ def dashboard_app(
     @page
     async def fairness(request: Request) -> Response:
         async with queue.connection() as conn:
+            now = await queries.now(queue, conn)
             types = await queries.job_types(queue, conn)
             waits = await queries.plan_waits(queue, conn, types)
             served = await queries.groups_served(queue, conn, types)
@@ -300,7 +302,7 @@ def dashboard_app(
         wait_chart = charts.grouped_bars(
             [_plan_name(w.plan) for w in waits],
             [("p50", "p50", [w.p50 for w in waits]), ("p95", "p95", [w.p95 for w in waits])])
-        return render(request, "fairness.html", "/fairness", await queue.now(),
+        return render(request, "fairness.html", "/fairness", now,
                       title="Fairness", waits=waits, wait_chart=wait_chart, served=served,
                       waiting=waiting, paused=paused, paused_total=paused_total,
                       waits_per_type=queries.WAITS_PER_TYPE)
@@ -318,8 +320,8 @@ def dashboard_app(
             if before[0].tzinfo is None:
                 raise InvalidInput("before must be a cursor from the runs page")
         async with queue.connection() as conn:
+            now = await queries.now(queue, conn)
             rows = await queries.runs_page(queue, conn, before=before, limit=PAGE_SIZE + 1)
-        now = await queue.now()
         shown = rows[:PAGE_SIZE]
         base = str(request.scope.get("root_path", "")).rstrip("/")
         next_url = None
@@ -344,6 +346,7 @@ def dashboard_app(
                                                 "group": group_id, "id": job_id}
         before = _int(params, "before")
         async with queue.connection() as conn:
+            now = await queries.now(queue, conn)
             types = await queries.job_types(queue, conn)
             found = await queries.jobs_page(
                 queue, conn, job_type=job_type, status=status, group_id=group_id,
@@ -356,7 +359,7 @@ def dashboard_app(
             return f"{base}/jobs" + (f"?{q}" if q else "")
 
         next_url = url(before=found.next_before) if found.next_before is not None else None
-        return render(request, "jobs.html", "/jobs", await queue.now(), title="Jobs",
+        return render(request, "jobs.html", "/jobs", now, title="Jobs",
                       page=found, types=types, statuses=queries.STATUSES,
                       filters=filters, filtered=bool(kept), next_url=next_url,
                       newest_url=url(), first_page=before is None)
@@ -365,8 +368,8 @@ def dashboard_app(
     async def job_page(request: Request) -> Response:
         job_id = int(request.path_params["id"])
         async with queue.connection() as conn:
+            now = await queries.now(queue, conn)
             row = await queries.job(queue, conn, job_id)
-        now = await queue.now()
         if row is None:
             return render(request, "error.html", "/jobs", now, 404, title="No such job",
                           heading="No such job", detail=f"There is no job {job_id}.")
@@ -409,9 +412,10 @@ def dashboard_app(
 
     @page
     async def quotas_page(request: Request) -> Response:
+        quotas_known = await known.get()
         async with queue.connection() as conn:
-            shared, per_owner = await queries.quotas_today(queue, conn, await known.get())
-        now = await queue.now()
+            now = await queries.now(queue, conn)
+            shared, per_owner = await queries.quotas_today(queue, conn, quotas_known)
         return render(request, "quotas.html", "/quotas", now, title="Quotas",
                       quotas=shared, allowances=per_owner,
                       until=lambda t: (t - now).total_seconds())

@@ -103,7 +103,7 @@ class RotaCollector(Collector):
         q = self.queue
         quotas = await self.quotas.get()
         async with q.connection() as conn:
-            now = await q.now()
+            now = await queries.now(q, conn)
             types = await queries.job_types(q, conn)
             counts = await queries.status_counts(q, conn, types)
             until = now - self.settle

@@ -40,6 +40,11 @@ async def _rows(queue: Queue, conn: AnyConn, name: str,
     return await cur.fetchall()
 
 
+async def now(queue: Queue, conn: AnyConn) -> datetime:
+    """The queue's clock (database ``now()`` plus its clock offset), on ``conn``."""
+    return (await _rows(queue, conn, "db_now", {}))[0]["now"]  # type: ignore[no-any-return]
+
+
 async def job_types(queue: Queue, conn: AnyConn) -> list[str]:
     """The job types that have jobs, in order."""
     return [r["type"] for r in await _rows(queue, conn, "dashboard_types", {})]
@@ -234,30 +239,30 @@ async def quotas_today(queue: Queue, conn: AnyConn, quotas: Iterable[Quota | All
     given, the shared quotas that have recent usage rows, without their limits."""
     shared = [q for q in quotas if isinstance(q, Quota)]
     allowances = [q for q in quotas if isinstance(q, Allowance)]
-    now = await queue.now()
+    clock = await now(queue, conn)
     if not shared and not allowances:
         rows = await _rows(queue, conn, "dashboard_quota_names", {})
         return [QuotaToday(r["quota"], r["units"], None, None, None, r["period_start"],
                            None) for r in rows], []
     out: list[QuotaToday] = []
     if shared:
-        starts = [q.period_start(now) for q in shared]
+        starts = [q.period_start(clock) for q in shared]
         rows = await _rows(queue, conn, "dashboard_quota_usage", {
             "quotas": [q.name for q in shared], "period_starts": starts})
         used = {r["quota"]: int(r["used"]) for r in rows}
         out = [QuotaToday(q.name, used.get(q.name, 0), q.daily_units, q.reserve, q.reset_tz,
-                          start, q.next_reset(now)) for q, start in zip(shared, starts,
+                          start, q.next_reset(clock)) for q, start in zip(shared, starts,
                                                                          strict=True)]
     per_owner: list[AllowanceToday] = []
     if allowances:
         rows = await _rows(queue, conn, "dashboard_allowance_usage", {
             "quotas": [a.name for a in allowances],
-            "period_starts": [a.period_start(now) for a in allowances]})
+            "period_starts": [a.period_start(clock) for a in allowances]})
         by_name = {r["quota"]: r for r in rows}
         per_owner = [AllowanceToday(a.name, a.limit_key, a.reset_tz,
                                     int(by_name[a.name]["owners"]),
                                     int(by_name[a.name]["used"]),
-                                    int(by_name[a.name]["most"]), a.next_reset(now))
+                                    int(by_name[a.name]["most"]), a.next_reset(clock))
                      for a in allowances]
     return out, per_owner
 
@@ -313,6 +318,7 @@ __all__ = [
     "job",
     "job_types",
     "jobs_page",
+    "now",
     "plan_waits",
     "quotas_today",
     "runs_by_stop_reason",
