@@ -10,8 +10,9 @@ plans, 1 % of them paused, four job types; one run a minute for the week (about
 10,080 runs, some ended in error) and a week of quota usage. Built with INSERT …
 SELECT generate_series (a few minutes at 1,000,000), then VACUUM ANALYZE.
 
-Usage: python -m bench.dashboard [N] [--reuse] (DATABASE_URL, default the local test
-database; --reuse times the data set the last run built).
+Usage: python -m bench.dashboard [N] [--reuse] [--backlog] (DATABASE_URL, default the
+local test database; --reuse times the data set the last run built; --backlog makes all
+N jobs pending, a queue that fell behind, where the pending counts cost most).
 """
 
 from __future__ import annotations
@@ -100,10 +101,12 @@ ON CONFLICT DO NOTHING
 """
 
 
-async def build(url: str, schema: str = SCHEMA, size: int = 1_000_000) -> None:
-    """Create ``schema`` from scratch with ``size`` jobs (see the module docstring)."""
+async def build(url: str, schema: str = SCHEMA, size: int = 1_000_000, *,
+                backlog: bool = False) -> None:
+    """Create ``schema`` from scratch with ``size`` jobs (see the module docstring);
+    ``backlog``: all of them pending instead (a queue that fell behind)."""
     s = sql.Identifier(schema)
-    history, running = size * 90 // 100, size * 5 // 1000
+    history, running = (0, 0) if backlog else (size * 90 // 100, size * 5 // 1000)
     params = {"plans": list(PLANS), "types": list(TYPES), "groups": GROUPS,
               "failed": 2 / 90}
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
@@ -113,7 +116,8 @@ async def build(url: str, schema: str = SCHEMA, size: int = 1_000_000) -> None:
         for statement, n in ((_GROUPS, GROUPS), (_RUNS, 0), (_USAGE, 0),
                              (_HISTORY, history), (_PENDING, size - history - running),
                              (_RUNNING, running)):
-            await c.execute(sql.SQL(statement).format(s=s), {**params, "n": n})
+            if n or statement in (_RUNS, _USAGE):
+                await c.execute(sql.SQL(statement).format(s=s), {**params, "n": n})
         for t in TYPES:  # fold the bulk load's counts, as a running queue keeps them
             await c.execute(sql.SQL("SELECT {s}.fair_advance(%(t)s, now() - interval '1 day'),"
                                     " {s}.fair_fold(%(t)s, now())").format(s=s), {"t": t})
@@ -130,7 +134,7 @@ async def time_pages(url: str, schema: str = SCHEMA, reps: int = REPS) -> dict[s
                 cur = await c.execute(sql.SQL("SELECT max(id) FROM {} WHERE status = %s")
                                       .format(queue.table("jobs")), [status])
                 row = await cur.fetchone()
-                ids.append(row[0] if row else 1)
+                ids.append(row[0] if row and row[0] else 1)
         failed_id, pending_id = ids
         app = dashboard_app(queue, quotas=QUOTAS, secret=SECRET)
         pages = {
@@ -169,10 +173,11 @@ def report(size: int, timings: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def main(url: str, size: int = 1_000_000, *, rebuild: bool = True) -> dict[str, Any]:
+def main(url: str, size: int = 1_000_000, *, rebuild: bool = True,
+         backlog: bool = False) -> dict[str, Any]:
     if rebuild:
         t = time.perf_counter()
-        asyncio.run(build(url, SCHEMA, size))
+        asyncio.run(build(url, SCHEMA, size, backlog=backlog))
         print(f"built {size:,} jobs in {time.perf_counter() - t:.0f} s", flush=True)
     timings = asyncio.run(time_pages(url, SCHEMA))
     print(report(size, timings))
@@ -182,4 +187,4 @@ def main(url: str, size: int = 1_000_000, *, rebuild: bool = True) -> dict[str, 
 if __name__ == "__main__":
     main(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
          int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 1_000_000,
-         rebuild="--reuse" not in sys.argv)
+         rebuild="--reuse" not in sys.argv, backlog="--backlog" in sys.argv)

@@ -59,14 +59,22 @@ async def test_status_counts_per_type(queue: Queue) -> None:
     async with queue.connection() as conn:
         types = await queries.job_types(queue, conn)
         counts = {c.type: c for c in await queries.status_counts(queue, conn, types)}
+        capped = {c.type: c for c in await queries.status_counts(queue, conn, types, cap=3)}
+        waiting = await queries.oldest_due(queue, conn, types)
     assert types == ["a", "b", "c"]
     a, b, cc = counts["a"], counts["b"], counts["c"]
-    assert (a.due, a.later, a.paused, a.running, a.failed, a.done_last_hour, a.pending) == (
-        4, 1, 3, 0, 0, 0, 8)
-    assert a.oldest_due_seconds is not None and 600 <= a.oldest_due_seconds < 660
+    assert (a.due, a.later, a.paused, a.running, a.failed, a.done_last_hour, a.pending,
+            a.capped) == (4, 1, 3, 0, 0, 0, 8, False)
     assert (b.due, b.later, b.paused, b.running, b.failed, b.done_last_hour) == (
         1, 0, 0, 1, 0, 1)
-    assert (cc.due, cc.running, cc.failed, cc.oldest_due_seconds) == (0, 0, 1, None)
+    assert (cc.due, cc.running, cc.failed) == (0, 0, 1)
+    # Capped at 3 pending jobs read per type: "at least" counts.
+    assert (capped["a"].pending, capped["a"].capped) == (3, True)
+    assert (capped["b"].pending, capped["b"].capped) == (1, False)
+    oldest = waiting.by_type["a"]
+    assert oldest is not None and 600 <= oldest < 660 and waiting.exact["a"]
+    assert (waiting.by_type["c"], waiting.exact["c"]) == (None, True)
+    assert waiting.by_type["b"] is not None and waiting.by_type["b"] < 60
 
 
 async def test_status_counts_read_an_application_groups_view(make_queue: Any,
@@ -155,22 +163,48 @@ async def test_waits_per_plan_and_the_served_groups(queue: Queue) -> None:
                       {"group_id": "s1", "plan": "standard", "done": 1}]
 
 
-async def test_longest_waiting_groups_skip_paused_ones(queue: Queue) -> None:
+async def test_longest_waiting_groups_skip_paused_ones(queue: Queue,
+                                                       monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
     await groups(queue)
-    await queue.enqueue_many([{"type": "a", "payload": {}, "group_id": g}
-                              for g in ("p1", "p1", "s1", "f1", "z1")])
+    await queue.enqueue_many([
+        *({"type": "a", "payload": {}, "group_id": g} for g in ("p1", "p1", "s1", "f1", "z1")),
+        {"type": "b", "payload": {}, "group_id": "p2"}, {"type": "b", "payload": {}}])
     for gid, ago in (("s1", "3 hours"), ("p1", "1 hour"), ("f1", "2 hours"),
-                     ("z1", "9 hours")):
+                     ("z1", "9 hours"), ("p2", "80 minutes")):
         await run(queue, "UPDATE {jobs} SET created_at = now() - %(ago)s::interval, "
                          "run_after = now() - %(ago)s::interval WHERE group_id = %(g)s",
                   {"ago": ago, "g": gid})
+    # A job created 5 hours ago but due only 4 hours ago has waited 4 hours; the
+    # groupless job of b has waited 6 hours (it counts for b, and is no group).
+    await run(queue, "UPDATE {jobs} SET created_at = now() - interval '5 hours', "
+                     "run_after = now() - interval '4 hours' "
+                     "WHERE id = (SELECT max(id) FROM {jobs} WHERE group_id = 'p1')")
+    await run(queue, "UPDATE {jobs} SET created_at = now() - interval '6 hours', "
+                     "run_after = now() - interval '6 hours' WHERE group_id IS NULL")
     async with queue.connection() as conn:
-        waiting = await queries.groups_waiting(queue, conn, ["a"])
-        top = await queries.groups_waiting(queue, conn, ["a"], limit=1)
-    assert [(w["group_id"], w["plan"], w["pending"]) for w in waiting] == [
-        ("s1", "standard", 1), ("f1", "free", 1), ("p1", "pro", 2)]
-    assert [round(w["waited_seconds"] / 3600) for w in waiting] == [3, 2, 1]
-    assert [w["group_id"] for w in top] == ["s1"]
+        waiting = await queries.oldest_due(queue, conn, ["a", "b"])
+        top = await queries.oldest_due(queue, conn, ["a", "b"], groups=2)
+        # Probing one group per type at first: the search widens until exact.
+        monkeypatch.setattr(queries, "OLDEST_DUE_PROBES", (1, 512))
+        widened = await queries.oldest_due(queue, conn, ["a", "b"])
+        # Never widened: what it cannot prove, it says so.
+        monkeypatch.setattr(queries, "OLDEST_DUE_PROBES", (1,))
+        partial = await queries.oldest_due(queue, conn, ["a", "b"])
+    hours = [(g["group_id"], g["plan"], round(g["waited_seconds"] / 3600))
+             for g in waiting.groups]
+    assert hours == [("p1", "pro", 4), ("s1", "standard", 3), ("f1", "free", 2),
+                     ("p2", "pro", 1)]
+    assert waiting.groups_exact and all(waiting.exact.values())
+    assert {t: round(v / 3600) for t, v in waiting.by_type.items() if v} == {"a": 4, "b": 6}
+    assert [g["group_id"] for g in top.groups] == ["p1", "s1"] and top.groups_exact
+    assert ([(g["group_id"], g["due_since"]) for g in widened.groups]
+            == [(g["group_id"], g["due_since"]) for g in waiting.groups])
+    assert widened.groups_exact
+    # One group per type is enough to prove each type's oldest (the next group's bound
+    # is later), not the top 10 groups.
+    assert partial.exact == {"a": True, "b": True} and not partial.groups_exact
+    assert [g["group_id"] for g in partial.groups] == ["p1", "p2"]
 
 
 async def test_jobs_pages_are_keyset_and_bounded(queue: Queue) -> None:

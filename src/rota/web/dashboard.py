@@ -282,10 +282,12 @@ def dashboard_app(
             now = await queries.now(queue, conn)
             types = await queries.job_types(queue, conn)
             counts = await queries.status_counts(queue, conn, types)
+            waiting = await queries.oldest_due(queue, conn, types, groups=0)
             minutes = await queries.throughput(queue, conn, types)
         return render(request, "overview.html", "/", now, title="Overview",
-                      counts=counts, minutes=charts.stacked_minutes(minutes.done,
-                                                                    minutes.failed),
+                      counts=counts, waiting=waiting,
+                      pending_cap=queries.PENDING_CAP,
+                      minutes=charts.stacked_minutes(minutes.done, minutes.failed),
                       done_total=sum(minutes.done), failed_total=sum(minutes.failed),
                       failed_capped=minutes.failed_capped,
                       failed_per_type=queries.FAILED_PER_TYPE)
@@ -297,7 +299,7 @@ def dashboard_app(
             types = await queries.job_types(queue, conn)
             waits = await queries.plan_waits(queue, conn, types)
             served = await queries.groups_served(queue, conn, types)
-            waiting = await queries.groups_waiting(queue, conn, types)
+            waiting = await queries.oldest_due(queue, conn, types)
             paused, paused_total = await queries.groups_paused(queue, conn, types)
         wait_chart = charts.grouped_bars(
             [_plan_name(w.plan) for w in waits],

@@ -31,6 +31,11 @@ FAILED_PER_TYPE = 500
 WAITS_PER_TYPE = 500
 #: Ids one page of `/jobs` reads at most (a bounded backwards range of the primary key).
 JOBS_SCAN_IDS = 20_000
+#: Pending jobs of each type a page counts at most (the metrics count them all).
+PENDING_CAP = 10_000
+#: Groups per type probed for the oldest due jobs: first the fewest, then more when the
+#: answer is not proven exact (dashboard_oldest_due.sql).
+OLDEST_DUE_PROBES = (64, 512)
 
 
 async def _rows(queue: Queue, conn: AnyConn, name: str,
@@ -58,30 +63,91 @@ class TypeCounts:
         due: pending and due now, in active groups.
         later: pending, due later (backoff, deferral, quota reset), in active groups.
         paused: pending in paused groups.
+        pending_read: pending jobs read; when it is the cap the page asked for
+            (``capped``), the three counts above are lower bounds.
         running, failed: all of them.
         done_last_hour: done in the last hour (the done history is not counted whole).
-        oldest_due_seconds: how long the longest-waiting due job has been due (None:
-            none is due).
     """
 
     type: str
     due: int
     later: int
     paused: int
+    pending_read: int
     running: int
     failed: int
     done_last_hour: int
-    oldest_due_seconds: float | None
+    capped: bool = False
 
     @property
     def pending(self) -> int:
         return self.due + self.later + self.paused
 
 
-async def status_counts(queue: Queue, conn: AnyConn, types: Sequence[str]
-                        ) -> list[TypeCounts]:
-    rows = await _rows(queue, conn, "dashboard_status_counts", {"types": list(types)})
-    return [TypeCounts(**r) for r in rows]
+async def status_counts(queue: Queue, conn: AnyConn, types: Sequence[str], *,
+                        cap: int | None = PENDING_CAP) -> list[TypeCounts]:
+    """Counts per type, reading at most ``cap`` pending jobs of each (None: all)."""
+    rows = await _rows(queue, conn, "dashboard_status_counts",
+                       {"types": list(types), "cap": cap})
+    return [TypeCounts(**r, capped=cap is not None and r["pending_read"] >= cap)
+            for r in rows]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """How long due jobs have waited: the oldest per type, and the longest-waiting
+    groups (group_id, plan, waited_seconds), from :func:`oldest_due`. Values that are
+    not ``exact`` are lower bounds (the probe stopped at its largest size)."""
+
+    by_type: dict[str, float | None]  # None: no due job
+    exact: dict[str, bool]
+    groups: list[dict[str, Any]]
+    groups_exact: bool
+
+
+async def oldest_due(queue: Queue, conn: AnyConn, types: Sequence[str], *,
+                     groups: int = 10) -> Waiting:
+    """The oldest due job's wait per type and the ``groups`` longest-waiting groups,
+    probing the groups the claim's bookkeeping says could hold them, more of them
+    until the answer is exact (see dashboard_oldest_due.sql), at most
+    ``OLDEST_DUE_PROBES[-1]`` per type."""
+    by_type: dict[str, float | None] = {}
+    exact: dict[str, bool] = {}
+    top: list[dict[str, Any]] = []
+    top_exact = True
+    for k in OLDEST_DUE_PROBES:
+        rows = await _rows(queue, conn, "dashboard_oldest_due", {"types": list(types),
+                                                                  "k": k})
+        clock = rows[0]["now"] if rows else None
+        next_bound = {r["type"]: r["next_bound"] for r in rows}
+        best: dict[str, datetime] = {}
+        per_group: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            since = r["due_since"]
+            if since is None:
+                continue
+            if r["type"] not in best or since < best[r["type"]]:
+                best[r["type"]] = since
+            gid = r["group_id"]
+            if gid is not None and (gid not in per_group
+                                    or since < per_group[gid]["due_since"]):
+                per_group[gid] = {"group_id": gid, "plan": r["plan"], "due_since": since}
+        for t in types:
+            nb = next_bound.get(t)
+            since = best.get(t)
+            exact[t] = nb is None or (since is not None and since.timestamp() <= nb)
+            by_type[t] = (None if since is None or clock is None
+                          else (clock - since).total_seconds())
+        ranked = sorted(per_group.values(), key=lambda g: (g["due_since"], g["group_id"]))
+        top = [{**g, "waited_seconds": (clock - g["due_since"]).total_seconds()}
+               for g in ranked[:groups]] if clock is not None else []
+        bounds = [nb for nb in next_bound.values() if nb is not None]
+        top_exact = not bounds or (len(ranked) >= groups
+                                   and ranked[groups - 1]["due_since"].timestamp()
+                                   <= min(bounds))
+        if top_exact and all(exact.values()):
+            break
+    return Waiting(by_type, exact, top, top_exact)
 
 
 @dataclass(frozen=True)
@@ -132,14 +198,6 @@ async def groups_served(queue: Queue, conn: AnyConn, types: Sequence[str],
     """The groups with the most jobs done in the last hour: group_id, plan, done."""
     return await _rows(queue, conn, "dashboard_groups_served",
                        {"types": list(types), "limit": limit})
-
-
-async def groups_waiting(queue: Queue, conn: AnyConn, types: Sequence[str],
-                         limit: int = 10) -> list[dict[str, Any]]:
-    """The active groups whose oldest due job has waited longest: group_id, plan,
-    pending, waited_seconds."""
-    return await _rows(queue, conn, "dashboard_groups_waiting",
-                       {"types": list(types), "limit": limit, "scan": 100 * limit})
 
 
 async def groups_paused(queue: Queue, conn: AnyConn, types: Sequence[str],
@@ -302,6 +360,8 @@ def discover_quotas(pipeline: Any) -> list[Quota | Allowance]:
 __all__ = [
     "FAILED_PER_TYPE",
     "JOBS_SCAN_IDS",
+    "OLDEST_DUE_PROBES",
+    "PENDING_CAP",
     "STATUSES",
     "WAITS_PER_TYPE",
     "AllowanceToday",
@@ -310,15 +370,16 @@ __all__ = [
     "QuotaToday",
     "Throughput",
     "TypeCounts",
+    "Waiting",
     "discover_quotas",
     "finished_between",
     "groups_paused",
     "groups_served",
-    "groups_waiting",
     "job",
     "job_types",
     "jobs_page",
     "now",
+    "oldest_due",
     "plan_waits",
     "quotas_today",
     "runs_by_stop_reason",
