@@ -51,7 +51,8 @@ probed AS (
     SELECT t.type, NULL, '-infinity'::timestamptz
     FROM unnest(%(types)s::text[]) AS t(type)
 )
-SELECT p.type, p.group_id, g.plan,
+SELECT p.type, p.group_id,
+       (SELECT g.plan FROM {groups} g WHERE g.group_id = p.group_id) AS plan,
        CASE WHEN p.group_id IS NULL THEN
            (SELECT min(greatest(j.run_after, j.created_at)) FROM (
                 SELECT s.run_after, s.created_at FROM {schema}.jobs s
@@ -72,4 +73,3 @@ SELECT p.type, p.group_id, g.plan,
 FROM probed p
 CROSS JOIN clock c
 LEFT JOIN next_bounds nb ON nb.type = p.type
-LEFT JOIN {groups} g ON g.group_id = p.group_id

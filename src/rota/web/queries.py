@@ -142,9 +142,9 @@ async def oldest_due(queue: Queue, conn: AnyConn, types: Sequence[str], *,
         top = [{**g, "waited_seconds": (clock - g["due_since"]).total_seconds()}
                for g in ranked[:groups]] if clock is not None else []
         bounds = [nb for nb in next_bound.values() if nb is not None]
-        top_exact = not bounds or (len(ranked) >= groups
-                                   and ranked[groups - 1]["due_since"].timestamp()
-                                   <= min(bounds))
+        top_exact = groups == 0 or not bounds or (
+            len(ranked) >= groups
+            and ranked[groups - 1]["due_since"].timestamp() <= min(bounds))
         if top_exact and all(exact.values()):
             break
     return Waiting(by_type, exact, top, top_exact)
