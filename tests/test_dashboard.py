@@ -250,3 +250,21 @@ def test_cli_refuses_to_start_without_a_credential(database_url: str) -> None:
         assert result.exit_code == 2, (args, result.output)
         assert "ROTA_DASHBOARD_SECRET is not set" in result.output
         assert database_url not in result.output
+
+
+async def test_capped_counts_and_unproven_waits_say_so(queue: Queue, seeded: Seeded,
+                                                       monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    from rota.web import queries
+
+    monkeypatch.setattr(queries, "PENDING_CAP", 2)
+    monkeypatch.setattr(queries, "OLDEST_DUE_PROBES", (1,))
+    app = dashboard_app(queue, secret=SECRET)
+    async with client(app, headers=basic()) as c:
+        home = (await c.get("/")).text
+        fairness = (await c.get("/fairness")).text
+    # search has 7 pending jobs: counted up to 2 and marked; its oldest is still proven.
+    search = re.search(r"<tr>\s*<td><a[^>]*>search</a></td>(.*?)</tr>", home, re.S)
+    assert search is not None and "+</a>" in search[1] and "≥" not in search[1]
+    assert "a page counts at most 2 pending jobs of each type" in home
+    assert "At least these long" in fairness  # 3 groups wait, 1 probed per type

@@ -281,7 +281,8 @@ def dashboard_app(
         async with queue.connection() as conn:
             now = await queries.now(queue, conn)
             types = await queries.job_types(queue, conn)
-            counts = await queries.status_counts(queue, conn, types)
+            counts = await queries.status_counts(queue, conn, types,
+                                                 cap=queries.PENDING_CAP)
             waiting = await queries.oldest_due(queue, conn, types, groups=0)
             minutes = await queries.throughput(queue, conn, types)
         return render(request, "overview.html", "/", now, title="Overview",

@@ -85,8 +85,9 @@ class TypeCounts:
 
 
 async def status_counts(queue: Queue, conn: AnyConn, types: Sequence[str], *,
-                        cap: int | None = PENDING_CAP) -> list[TypeCounts]:
-    """Counts per type, reading at most ``cap`` pending jobs of each (None: all)."""
+                        cap: int | None) -> list[TypeCounts]:
+    """Counts per type, reading at most ``cap`` pending jobs of each (None: all; pages
+    pass :data:`PENDING_CAP`)."""
     rows = await _rows(queue, conn, "dashboard_status_counts",
                        {"types": list(types), "cap": cap})
     return [TypeCounts(**r, capped=cap is not None and r["pending_read"] >= cap)
