@@ -207,4 +207,10 @@ def test_pages_refresh_in_place_without_a_reload(page: Any, live: Live) -> None:
         sync_api.expect(page.get_by_role("link", name=job_type)).to_be_visible(
             timeout=15_000)
     assert page.evaluate("window.__marker") == 42  # the same document: swapped in place
+    # A filter being typed survives the refreshes (the form is outside what refreshes).
+    page.goto(live.url + "/jobs")
+    page.fill("input[name=group]", "acm")
+    before = page.locator("#content .asof").text_content()
+    sync_api.expect(page.locator("#content .asof")).not_to_have_text(before, timeout=15_000)
+    assert page.input_value("input[name=group]") == "acm"
     assert page.errors == []
