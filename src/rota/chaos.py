@@ -671,7 +671,9 @@ class Harness:
                 proc.popen.wait()
                 self.out.forced_stops.append(name)
             else:
-                if proc.popen.returncode != 0:
+                # -SIGTERM: our SIGTERM found it still starting Python, before its
+                # handler (installed before any claim), so it held nothing: a clean stop.
+                if proc.popen.returncode not in (0, -signal.SIGTERM):
                     self.out.crashed.append(f"{name} exited {proc.popen.returncode}")
         self.procs.clear()
 
