@@ -4,17 +4,18 @@
 -- Groups in paused groups are left out; jobs with no group count as one more "group".
 -- Bounded, without reading the backlog (reading every pending job cost 420-770 ms at
 -- 1,000,000 pending): the claim's bookkeeping fair_groups (docs/fast-claim.md) keeps,
--- per type and group, head_lb, a lower bound of the created_at of every job due before
--- head_until, and ready_lb, a lower bound of every pending run_after. So a group's
--- oldest due job has waited since no earlier than its `bound` (head_lb; -infinity once
--- head_until has passed, when the head is unknown), groups with ready_lb in the future
--- have no due job, and only the %(k)s groups of each type with the lowest bounds are
--- probed, each on its first 20 due jobs by creation (jobs_pending_idx, index-only).
+-- per type and group, head_lb and head_until such that every pending job has
+-- head_lb <= created_at or head_until <= run_after, and ready_lb <= every pending
+-- run_after. So a group's due jobs have waited since no earlier than
+-- `bound` = least(head_lb, head_until) (greatest(run_after, created_at) is at least
+-- each), a group with ready_lb or bound in the future has no due job, and only the
+-- %(k)s groups of each type with the lowest bounds are probed, each on its first 20
+-- due jobs by creation (jobs_pending_idx, index-only).
 -- `next_bound` is the bound of the first group not probed, in seconds since the epoch
--- (-Infinity when unknown; NULL: all groups were probed): a type's
--- answer is exact when its oldest probed due_since is <= next_bound, as every group
--- not probed has waited since no earlier than that; otherwise the caller asks again
--- with a larger k (rota.web.queries.oldest_due).
+-- (NULL: all groups were probed): a type's answer is exact when its oldest probed
+-- due_since is <= next_bound, as every group not probed has waited since no earlier
+-- than that; otherwise the caller asks again with a larger k
+-- (rota.web.queries.oldest_due).
 WITH clock AS (SELECT now() + %(offset)s::interval AS now),
 paused AS (
     SELECT g.group_id FROM {groups} g WHERE NOT g.active
@@ -26,14 +27,12 @@ candidates AS (
     CROSS JOIN LATERAL (
         SELECT y.group_id, y.bound, row_number() OVER (ORDER BY y.bound, y.group_id) AS n
         FROM (
-            SELECT f.group_id,
-                   CASE WHEN f.head_until <= c.now THEN '-infinity'::timestamptz
-                        ELSE f.head_lb END AS bound
+            SELECT f.group_id, least(f.head_lb, f.head_until) AS bound
             FROM {schema}.fair_groups f
             LEFT JOIN paused z ON z.group_id = f.group_id
             WHERE f.type = t.type AND z.group_id IS NULL
               AND f.ready_lb <= c.now
-              AND (f.head_lb < 'infinity' OR f.head_until <= c.now)
+              AND least(f.head_lb, f.head_until) <= c.now
             ORDER BY 2, 1
             LIMIT %(k)s + 1
         ) y

@@ -35,7 +35,7 @@ JOBS_SCAN_IDS = 20_000
 PENDING_CAP = 10_000
 #: Groups per type probed for the oldest due jobs: first the fewest, then more when the
 #: answer is not proven exact (dashboard_oldest_due.sql).
-OLDEST_DUE_PROBES = (32, 256)
+OLDEST_DUE_PROBES = (32, 128)
 
 
 async def _rows(queue: Queue, conn: AnyConn, name: str,
