@@ -5,7 +5,8 @@ bench/results/ (JSON, PNG, EXPLAIN); bench/RESULTS.md records a run with its mac
 
 Usage: python -m bench [--quick] (DATABASE_URL, default the local test database).
 --quick stops the claim sizes at 100k (the 1M build takes a minute or two), drains
-5,000 jobs instead of 20,000 and runs procrastinate's fairness only with its lock."""
+5,000 jobs instead of 20,000, runs procrastinate's fairness only with its lock, and
+times the dashboard's pages at 100,000 jobs instead of 1,000,000 (bench/dashboard.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 
-from . import claim_latency, drain, enqueue, fairness
+from . import claim_latency, dashboard, drain, enqueue, fairness
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -45,9 +46,10 @@ def main() -> None:
     quick = "--quick" in sys.argv
     drained = drain.main(url, n=5_000 if quick else 20_000, rounds=3)
     fair = fairness.main(url, quick=quick)
+    pages = dashboard.main(url, 100_000 if quick else 1_000_000)
     (RESULTS / "results.json").write_text(json.dumps(
         {"machine": info, "claim_latency_ms": claims, "enqueue_jobs_per_s": enq,
-         "drain_jobs_per_s": drained, "fairness": fair}, indent=2))
+         "drain_jobs_per_s": drained, "fairness": fair, "dashboard": pages}, indent=2))
     print("\nclaim latency (ms):\n" + claim_latency.header())
     for pending, r in sorted(claims["by_pending"].items()):
         print(claim_latency.row(pending, r))
@@ -57,6 +59,7 @@ def main() -> None:
     print("\ndrain throughput:\n" + drain.report(drained))
     print("\n" + drain.report_prefetch(drained["rota prefetch"]))
     print("\nfairness:" + fairness.report(fair))
+    print("\n" + dashboard.report(pages["jobs"], pages["median_ms"]))
 
 
 if __name__ == "__main__":

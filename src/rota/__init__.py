@@ -1,5 +1,7 @@
 """rota: fair, crash-safe background pipelines on one PostgreSQL jobs table."""
 
+from typing import TYPE_CHECKING, Any
+
 from .db import EmbeddedServer, schema_sql
 from .errors import (
     ConfigError,
@@ -26,6 +28,19 @@ from .settings import QueueSettings
 from .sync import SyncQueue
 from .web import cron_app
 from .worker import Worker
+
+if TYPE_CHECKING:
+    from .web import dashboard_app
+
+
+def __getattr__(name: str) -> Any:
+    # The dashboard is imported on first use (see rota.web).
+    if name == "dashboard_app":
+        from .web import dashboard_app
+
+        return dashboard_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_PLANS",
@@ -64,6 +79,7 @@ __all__ = [
     "UnknownPlan",
     "Worker",
     "cron_app",
+    "dashboard_app",
     "maintain",
     "scheduled_tick",
     "schema_sql",

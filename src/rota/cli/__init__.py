@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import click
 
-from . import inspection, jobs, run, schedules
+from . import dashboard, inspection, jobs, run, schedules
 from .errors import CliConfigError, CliError, RotaGroup, as_cli_error
 from .output import safe_text, with_progress
 
@@ -56,7 +56,7 @@ def cli() -> None:
 
 for _command in (inspection.migrate, inspection.schema, run.run, run.worker, run.serve,
                  jobs.enqueue, jobs.jobs, inspection.runs, inspection.maintain,
-                 inspection.depth, schedules.schedules):
+                 inspection.depth, schedules.schedules, dashboard.dashboard):
     cli.add_command(_command)
 
 

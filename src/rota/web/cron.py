@@ -1,4 +1,4 @@
-"""The cron endpoint (DESIGN "Ways to run it"): ``GET /api/cron`` runs the pipeline once
+"""The cron endpoint (docs/design.md, "Ways to run it"): ``GET /api/cron`` runs the pipeline once
 within its time budget, for a platform scheduler (Vercel Cron, Cloud Scheduler, a
 Kubernetes CronJob with curl) that calls a URL on a schedule.
 
@@ -16,22 +16,22 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .checks import require_duration
-from .errors import ConfigError, InvalidInput
+from ..checks import require_duration
+from ..errors import ConfigError, InvalidInput
+from ..runner.stage import STOP_REASONS, Trigger
 
 log = logging.getLogger("rota.web")
 
-Trigger: TypeAlias = Literal["cron", "cli", "worker", "manual"]
 
-#: Stop reasons that are not incidents (DESIGN "The runner"); only ``error`` is one.
-HEALTHY_STOP_REASONS = frozenset({"no_work", "time_budget", "quota_reserve", "quota_exhausted"})
+#: Stop reasons that are not incidents (docs/design.md, "The runner"); only ``error`` is.
+HEALTHY_STOP_REASONS = frozenset(STOP_REASONS) - {"error"}
 
 # Tokens that a misconfigured client sends when its secret variable is unset
 # (JavaScript's `${undefined}`, a JSON null): they never authenticate, and a configured
