@@ -69,3 +69,29 @@ async def test_ties_in_served_counts_and_heads_with_one_claim_per_group(
     await claim_equals_oracle(queue, database_url, "t", 25)
     await queue.claim("t", 25)
     assert queue.fair_claim.retries.get("t", 0) == 0
+
+
+async def test_claims_on_the_callers_connection_keep_the_special_set_small(
+    make_queue: Any, database_url: str, schema: str,
+) -> None:
+    # An application that always claims inside its own transaction (conn=): each claim
+    # still asks the queue's upkeep for a round, so the unfolded served-count rows (the
+    # claim's special groups) stay about one claim's worth instead of growing.
+    import psycopg
+    from psycopg import sql
+
+    queue: Queue = await make_queue()
+    await _load(queue, groups=100, per_group=5, plans=("standard",))
+    async with await psycopg.AsyncConnection.connect(database_url) as c:
+        for _ in range(30):
+            batch = await queue.claim("t", 10, conn=c)
+            assert all(await queue.complete_many(batch, conn=c))
+            await c.commit()
+            await queue.settle()
+        await queue.settle()
+        await queue.upkeep.settle()
+        cur = await c.execute(sql.SQL("SELECT count(DISTINCT group_id) FROM {}.fair_served")
+                              .format(sql.Identifier(schema)))
+        row = await cur.fetchone()
+        await c.rollback()
+    assert row is not None and row[0] <= 20, row  # 300 jobs of 100 groups claimed in all
