@@ -18,24 +18,44 @@ from psycopg import sql
 
 from .errors import DatabaseUnavailable, InvalidInput, MigrationError
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+#: One part of a name rota puts in SQL (docs/operations.md, "Security"): ASCII letters,
+#: digits and ``_``, not starting with a digit, at most 63 bytes (PostgreSQL's NAMEDATALEN
+#: - 1, past which it truncates silently). No ``$`` (``$$`` would end the dollar-quoted
+#: function bodies the schema's name is written into), no quote, dot, space or newline.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
-def identifier(name: str, what: str = "schema") -> sql.Identifier:
-    """Validate a (possibly dotted) SQL identifier and return it quoted.
+def identifier(name: object, what: str = "schema", *, qualified: bool = False
+               ) -> sql.Identifier:
+    """The one check of every identifier rota accepts (a queue's schema, a groups
+    relation), returning it quoted.
+
+    A name is accepted only if it works everywhere rota writes it: in every statement, in
+    ``rota migrate`` and in the ``rota schema`` script (inside dollar-quoted function
+    bodies and string literals), and as the worker's notification channel. The whole
+    string must match: letters ``A-Z a-z``, digits and ``_``, not starting with a digit,
+    1 to 63 characters, not starting with ``pg_`` (PostgreSQL reserves it). With
+    ``qualified`` (a relation), one dot may separate a schema from the name.
+
+    Args:
+        name: the name as given.
+        what: what it names, for the message (``"schema"``, ``"groups relation"``).
+        qualified: allow ``schema.name``.
 
     Raises:
-        InvalidInput: a part is empty, too long, or has characters outside
-            ``[A-Za-z0-9_$]`` (or starts with a digit).
+        InvalidInput: the name is not a string or breaks a rule above; the message
+            names ``what``, shows the name and says which rule.
     """
     if not isinstance(name, str):
         raise InvalidInput(f"{what} must be a string, got {type(name).__name__}")
-    parts = name.split(".")
-    if len(parts) > 2 or not all(_IDENT.match(p) for p in parts):
-        raise InvalidInput(
-            f"{what} {name!r} is not a valid identifier "
-            "(letters, digits, _ and $, at most one dot, not starting with a digit)"
-        )
+    parts = name.split(".") if qualified else [name]
+    rule = ("letters, digits and _, not starting with a digit, 1 to 63 characters"
+            + (", optionally schema-qualified with one dot" if qualified else ""))
+    if len(parts) > 2 or not all(_NAME.fullmatch(p) for p in parts):
+        raise InvalidInput(f"{what} {name!r} is not a valid identifier ({rule})")
+    if any(p[:3].lower() == "pg_" for p in parts):
+        raise InvalidInput(f"{what} {name!r} is not a valid identifier: names starting with pg_ "
+                           "are reserved by PostgreSQL")
     return sql.Identifier(*parts)
 
 
