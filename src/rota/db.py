@@ -141,8 +141,17 @@ def schema_sql(schema: str = "rota") -> str:
     """
     ident = identifier(schema)
     quoted = ident.as_string(None)  # identifiers and literals render without a connection
+    # CREATE SCHEMA only when it is missing: IF NOT EXISTS alone would need the CREATE
+    # privilege on the database even for a schema that exists (a role owning only its
+    # schema runs this script too; docs/operations.md, "Least privilege").
+    create = sql.SQL(
+        "DO $rota$ BEGIN\n"
+        "    IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = {}) THEN\n"
+        "        CREATE SCHEMA {};\n"
+        "    END IF;\n"
+        "END $rota$;").format(sql.Literal(schema), ident).as_string(None)
     parts = [
-        f"CREATE SCHEMA IF NOT EXISTS {quoted};",
+        create,
         _VERSION_TABLE.format(schema=quoted) + ";",
         schema_text().format(schema=quoted).strip(),
         "-- The schema above is every migration applied:",
@@ -151,15 +160,33 @@ def schema_sql(schema: str = "rota") -> str:
     return "\n\n".join(parts) + "\n"
 
 
+#: How many times a migration that lost the race to create an empty schema's objects is
+#: retried (each retry then finds them and waits on the lock).
+_CREATE_ATTEMPTS = 3
+
+#: What losing that race raises: the winner's uncommitted catalog rows hold a unique index.
+_CREATE_RACE = (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema,
+                psycopg.errors.DuplicateTable)
+
+_LOCK_VERSIONS = "LOCK TABLE {}.rota_migrations IN SHARE ROW EXCLUSIVE MODE"
+
+
 async def migrate(conn: psycopg.AsyncConnection[Any], schema: str = "rota") -> list[int]:
     """Bring ``schema`` up to date, once, in one transaction.
 
     An empty schema (no migration recorded) gets ``schema.sql`` and every packaged
     migration recorded as applied, with its checksum. Otherwise each recorded migration's
     checksum is checked against the packaged file, then the missing migrations are
-    applied in version order. A transaction-scoped advisory lock keyed on the schema name
-    serializes concurrent migrators: the second waits, then finds every version recorded
-    and applies nothing.
+    applied in version order.
+
+    Concurrent migrators serialize on a lock of the schema's ``rota_migrations`` table,
+    which only a role that may write that table can take (an advisory lock can be taken,
+    and held, by any role of the database). The schema and that table are created only
+    when missing, so migrating an existing schema needs no CREATE privilege on the
+    database (docs/operations.md, "Least privilege"). Two first migrations of an empty
+    schema race to create them: the loser's transaction fails on the winner's catalog
+    rows and is retried; it then waits on the lock, finds every version recorded and
+    applies nothing.
 
     Returns:
         The versions applied (or recorded by a fresh install) by this call; empty when
@@ -170,61 +197,74 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str = "rota") -> l
         MigrationError: one line, and nothing of this call is kept: a recorded migration
             differs from the packaged file (it was edited after it was applied), the
             schema records a migration this rota does not ship, it was migrated by a
-            pre-release rota (no checksums), or a statement failed.
+            pre-release rota (no checksums), the role may not create the schema or
+            write ``rota_migrations``, or a statement failed.
     """
     ident = identifier(schema)
     quoted = ident.as_string(conn)
     shipped = migrations()
-    step = "reading its migrations"
-    try:
-        async with conn.transaction():
-            await conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtext('rota.migrate'), hashtext(%s))", [schema]
-            )
-            await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
-            recorded = await _recorded(conn, ident, schema)
-            _check_recorded(recorded, shipped, schema)
-            if recorded:
-                todo = [m for m in shipped if m.version not in recorded]
+    for attempt in range(1, _CREATE_ATTEMPTS + 1):
+        step = "creating the schema and rota_migrations"
+        try:
+            async with conn.transaction():
+                await _create_missing(conn, ident, schema)
+                step = "locking rota_migrations"
+                await conn.execute(sql.SQL(_LOCK_VERSIONS).format(ident))
+                step = "reading its migrations"
+                cur = await conn.execute(
+                    sql.SQL("SELECT version, name, sha256 FROM {}.rota_migrations")
+                    .format(ident))
+                recorded = {v: (name, sha) for v, name, sha in await cur.fetchall()}
+                _check_recorded(recorded, shipped, schema)
+                if recorded:
+                    todo = [m for m in shipped if m.version not in recorded]
+                    for m in todo:
+                        step = f"applying {m.filename}"
+                        await conn.execute(m.text.format(schema=quoted).encode())
+                else:  # a fresh install: schema.sql is every migration applied
+                    todo = list(shipped)
+                    step = "installing schema.sql"
+                    await conn.execute(schema_text().format(schema=quoted).encode())
                 for m in todo:
-                    step = f"applying {m.filename}"
-                    await conn.execute(m.text.format(schema=quoted).encode())
-            else:  # a fresh install: schema.sql is every migration applied
-                todo = list(shipped)
-                step = "installing schema.sql"
-                await conn.execute(schema_text().format(schema=quoted).encode())
-            for m in todo:
-                await conn.execute(_record(m, ident))
-    except psycopg.Error as exc:
-        raise MigrationError(f'migrating schema "{schema}" failed ({step}): {exc}') from exc
-    return [m.version for m in todo]
+                    await conn.execute(_record(m, ident))
+            return [m.version for m in todo]
+        except psycopg.Error as exc:
+            lost_race = isinstance(exc, _CREATE_RACE) and step.startswith("creating")
+            if not lost_race or attempt == _CREATE_ATTEMPTS:
+                raise MigrationError(
+                    f'migrating schema "{schema}" failed ({step}): {exc}') from exc
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-async def _recorded(conn: psycopg.AsyncConnection[Any], ident: sql.Identifier,
-                    schema: str) -> dict[int, tuple[str, str]]:
-    """The migrations recorded in the schema, ``{version: (name, sha256)}``, creating the
-    version table when there is none.
+async def _create_missing(conn: psycopg.AsyncConnection[Any], ident: sql.Identifier,
+                          schema: str) -> None:
+    """Create the schema and its version table when they are missing (and only then:
+    ``CREATE ... IF NOT EXISTS`` checks the CREATE privilege even when the object
+    exists).
 
     Raises:
-        MigrationError: the table predates checksums: a pre-release rota made it.
+        MigrationError: the version table predates checksums: a pre-release rota made it.
+        psycopg.errors.UniqueViolation (or DuplicateSchema, DuplicateTable): another
+            migrator created one of them first, in a transaction not yet committed.
     """
     table = sql.SQL("{}.rota_migrations").format(ident).as_string(conn)
     cur = await conn.execute(
-        "SELECT to_regclass(%(t)s) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute "
+        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(s)s), "
+        "to_regclass(%(t)s) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute "
         "WHERE attrelid = to_regclass(%(t)s) AND attname = 'sha256' AND NOT attisdropped)",
-        {"t": table})
+        {"s": schema, "t": table})
     row = await cur.fetchone()
     assert row is not None
-    exists, has_checksums = row
-    if exists and not has_checksums:
+    schema_exists, table_exists, has_checksums = row
+    if table_exists and not has_checksums:
         raise MigrationError(
             f'schema "{schema}" was migrated by a pre-release rota (rota_migrations has '
             "no checksums); no release existed before 0.1.0, so there is no upgrade: "
             "recreate the schema (drop it, then run rota migrate)")
-    await conn.execute(sql.SQL(_VERSION_TABLE).format(schema=ident))
-    cur = await conn.execute(
-        sql.SQL("SELECT version, name, sha256 FROM {}.rota_migrations").format(ident))
-    return {v: (name, sha) for v, name, sha in await cur.fetchall()}
+    if not schema_exists:
+        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+    if not table_exists:
+        await conn.execute(sql.SQL(_VERSION_TABLE).format(schema=ident))
 
 
 def _check_recorded(recorded: dict[int, tuple[str, str]], shipped: tuple[Migration, ...],
