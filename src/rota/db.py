@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
-from .errors import DatabaseUnavailable, InvalidInput, MigrationError
+from .errors import DatabaseUnavailable, InvalidInput, MigrationError, first_line
+from .redact import redact
 
 #: One part of a name rota puts in SQL (docs/operations.md, "Security"): ASCII letters,
 #: digits and ``_``, not starting with a digit, at most 63 bytes (PostgreSQL's NAMEDATALEN
@@ -290,14 +291,39 @@ def _check_recorded(recorded: dict[int, tuple[str, str]], shipped: tuple[Migrati
 def check_conninfo(conninfo: str) -> str:
     """Validate a libpq connection string or URL without connecting.
 
+    Refuses what libpq cannot parse, and a URL whose user name or password holds an
+    unencoded ``@`` or ``/``: libpq would read the rest of the password as the host, the
+    port or the database name, where connection errors would show it.
+
+    Returns:
+        ``conninfo``, unchanged.
+
     Raises:
-        DatabaseUnavailable: the string cannot be parsed.
+        DatabaseUnavailable: one line saying why, with the password replaced by ``***``
+            (docs/operations.md, "Secrets").
     """
     try:
         psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
-        raise DatabaseUnavailable(f"malformed database URL: {exc}") from None
+        raise DatabaseUnavailable(
+            f"malformed database URL: {redact(first_line(exc), conninfo)}") from None
+    if _splits_userinfo(conninfo):
+        raise DatabaseUnavailable(
+            f"malformed database URL {redact(conninfo, conninfo)!r}: an @ or / in its user "
+            "name or password must be percent-encoded (%40, %2F)")
     return conninfo
+
+
+def _splits_userinfo(conninfo: str) -> bool:
+    """Whether libpq would cut a URL's userinfo short: it ends the userinfo at the first
+    ``@`` (or finds none before a ``/``), so another ``@`` before the query means a
+    password (or user name) with an unencoded ``@`` or ``/``."""
+    uri = re.match(r"postgres(?:ql)?://", conninfo)  # libpq's two URI prefixes
+    if uri is None:
+        return False
+    stop = re.compile(r"[@/]").search(conninfo, uri.end())
+    rest = conninfo[stop.end() if stop and stop.group() == "@" else uri.end():]
+    return "@" in rest.split("?", 1)[0]
 
 
 class EmbeddedServer:
