@@ -217,3 +217,18 @@ async def test_the_cron_endpoint_shows_no_password(
     for a in answers:
         assert leaks(a.text + str(a.headers), PASSWORD) == [], a.text
     assert leaks(logged(caplog), PASSWORD) == [], logged(caplog)
+
+
+def test_the_cli_log_handler_redacts_records_of_any_library(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rota.cli.output import log_to_stderr
+
+    configured: dict[str, Any] = {}
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: configured.update(kw))
+    log_to_stderr()
+    [handler] = configured["handlers"]
+    record = logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, "dsn %s",
+                               (f"postgresql://u:{PASSWORD}@h/db",), None)
+    assert handler.filter(record)
+    assert handler.format(record).endswith("uvicorn.error: dsn postgresql://u:***@h/db")
