@@ -131,6 +131,8 @@ class EmbeddedServer:
         return reply
 
     def _end(self) -> None:
+        """Close the watchdog's input (it stops the server and deletes its files) and
+        wait for it to exit; kill it after :data:`_STOP_TIMEOUT` seconds."""
         w = self._watchdog
         with contextlib.suppress(OSError):
             if w.stdin is not None:
@@ -230,6 +232,7 @@ class _Server:
         return path
 
     def _give(self, path: Path) -> None:
+        """Hand ``path`` (a directory rota made) to the server's user."""
         if self.user is not None:
             os.chown(path, self.uid, self.gid)
 
@@ -273,6 +276,11 @@ class _Server:
         return kwargs
 
     def _run(self, argv: list[str]) -> None:
+        """Run a PostgreSQL program as the server's user, its output into the log.
+
+        Raises:
+            _Refused: it failed (the message ends with the log's last lines).
+        """
         with open(self.log, "ab") as log:
             done = subprocess.run(argv, stdout=log, stderr=log, check=False, timeout=300,
                                   **self._as_server())
@@ -304,6 +312,7 @@ class _Server:
         self._check_socket_dir()
 
     def _ready(self) -> bool:
+        """Whether postmaster.pid says ``ready`` and the socket is there."""
         try:
             lines = (self.data / "postmaster.pid").read_text().splitlines()
         except OSError:
@@ -335,6 +344,7 @@ class _Server:
                 shutil.rmtree(path, ignore_errors=True)
 
     def _log_tail(self) -> str:
+        """The server log's last lines, as one line."""
         try:
             lines = self.log.read_text(errors="replace").strip().splitlines()
         except OSError:
@@ -342,6 +352,7 @@ class _Server:
         return " | ".join(lines[-5:]) or "no output"
 
     def info(self) -> dict[str, Any]:
+        """What the starter needs: the URL, the directories, the postmaster's pid."""
         assert self.postmaster is not None
         host = quote(str(self.socket_dir), safe="/")
         return {"url": f"postgresql://postgres@/postgres?host={host}&port={PORT}",
@@ -388,6 +399,7 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 
 def _send(out: IO[str], message: dict[str, Any]) -> None:
+    """One JSON line to the starter."""
     out.write(json.dumps(message) + "\n")
     out.flush()
 
