@@ -13,12 +13,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/rota demo
+	$(BIN)/rota-demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
-# Claim latency vs backlog (rota, the post's literal query, FIFO; builds up to 1M rows,
+# Claim latency vs backlog (rota, the naive fair query, FIFO; builds up to 1M rows,
 # a few minutes), its EXPLAIN at 1M, and enqueue throughput vs procrastinate and
 # pgqueuer. Results in bench/results/; see bench/RESULTS.md. BENCH_ARGS=--quick stops
 # at 100k pending.
@@ -28,11 +28,12 @@ bench: $(STAMP)
 
 # 5,000 jobs, 4 workers SIGKILLed at random, one PostgreSQL restart (the embedded server,
 # or the machine's when DATABASE_URL names it); prints the checks and one summary line.
+# tools/chaos is not shipped: it runs from the repository's root.
 chaos: $(STAMP)
-	$(BIN)/python -m rota.chaos
+	$(BIN)/python -m tools.chaos
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests tools
 	$(BIN)/mypy
 
 clean:

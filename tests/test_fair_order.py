@@ -1,4 +1,4 @@
-"""The fair order (DESIGN rule 6 and "Fair inside a batch"), scenario by scenario."""
+"""The fair order (docs/design.md, "The fair claim"), scenario by scenario."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Property test: rota's claim hands out exactly the jobs, in exactly the order, of the
-post's literal query with DESIGN.md's interleave term (tests/oracle.py)."""
+naive fair query (the whole fair order in one ORDER BY) with the batch interleave term
+of docs/design.md, "The fair claim" (tests/oracle.py)."""
 
 from __future__ import annotations
 

@@ -364,7 +364,7 @@ async def test_enqueue_many_as_the_first_statement_rolls_back_with_the_caller(
     queue: Queue, database_url: str, aconn: Any
 ) -> None:
     """A batch enqueue that opens the caller's transaction must not commit it on its
-    own: the jobs exist if and only if the caller commits (DESIGN rule 1)."""
+    own: the jobs exist if and only if the caller commits (docs/design.md, "Enqueue")."""
     async with await psycopg.AsyncConnection.connect(database_url) as c:
         assert await queue.enqueue_many([{"type": "t", "payload": {"i": 1}}] * 2, conn=c) == 2
         await c.rollback()

@@ -26,9 +26,9 @@ LA = ZoneInfo("America/Los_Angeles")
 YOUTUBE = Quota("youtube", 10_000, reserve=500, reset_tz="America/Los_Angeles")
 
 PLANS = Plans([
-    Plan("free", "Free", 0, "Standard", {"searches_per_day": 2}),
-    Plan("standard", "Standard", 1, "Ahead of Free", {"searches_per_day": 5}),
-    Plan("pro", "Pro", 2, "First", {"searches_per_day": None}),
+    Plan("free", "Free", 0, {"searches_per_day": 2}),
+    Plan("standard", "Standard", 1, {"searches_per_day": 5}),
+    Plan("pro", "Pro", 2, {"searches_per_day": None}),
 ])
 SEARCHES = Allowance("searches", "searches_per_day", reset_tz="America/Los_Angeles")
 

@@ -422,8 +422,8 @@ async def test_stop_reason_error_records_the_error(queue: Queue, aconn: AConn) -
 
 
 async def test_an_owner_out_of_allowance_waits_for_the_reset(make_queue: Any) -> None:
-    plans = Plans([Plan("free", "Free", 0, "Standard", {"searches_per_day": 2}),
-                   Plan("pro", "Pro", 1, "First", {"searches_per_day": 10})])
+    plans = Plans([Plan("free", "Free", 0, {"searches_per_day": 2}),
+                   Plan("pro", "Pro", 1, {"searches_per_day": 10})])
     queue: Queue = await make_queue(plans=plans)
     await queue.upsert_group("small", plan="free", owner_id="alice")
     await queue.upsert_group("big", plan="pro", owner_id="bob")

@@ -130,15 +130,14 @@ def test_redact_keeps_what_is_not_a_password() -> None:
 def all_rota_loggers() -> set[str]:
     """The name of every logger rota's modules create (all of them imported)."""
     for module in pkgutil.walk_packages(rota.__path__, "rota."):
-        # The demo needs its own extra; a __main__ module runs the command.
-        if not module.name.startswith("rota.demo") and not module.name.endswith("__main__"):
+        if not module.name.endswith("__main__"):  # which would run the command
             importlib.import_module(module.name)
     return {name for name in logging.root.manager.loggerDict
             if name == "rota" or name.startswith("rota.")}
 
 
 def test_every_rota_logger_redacts_its_records(caplog: pytest.LogCaptureFixture) -> None:
-    names = all_rota_loggers() - {"rota.demo"}
+    names = all_rota_loggers()
     assert names <= set(LOGGERS), names - set(LOGGERS)
     caplog.set_level(logging.DEBUG)
     for name in (*names, "psycopg.pool"):

@@ -21,6 +21,7 @@ from .plans import DEFAULT_PLANS, Plan, Plans
 from .queue import Queue
 from .quota import Allowance, Quota, QuotaExhausted
 from .runner import JobContext, Pipeline, RunResult, Stage
+from .schedule import Schedule, Scheduler, scheduled_tick
 from .settings import QueueSettings
 from .sync import SyncQueue
 from .web import cron_app
@@ -53,6 +54,8 @@ __all__ = [
     "QuotaExhausted",
     "RotaError",
     "RunResult",
+    "Schedule",
+    "Scheduler",
     "Stage",
     "StuckJobs",
     "SyncQueue",
@@ -62,5 +65,6 @@ __all__ = [
     "Worker",
     "cron_app",
     "maintain",
+    "scheduled_tick",
     "schema_sql",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .errors import InvalidInput, NaiveDatetimeError
 from .redact import redact
@@ -88,6 +89,21 @@ def require_text(value: object, name: str, *, allow_none: bool = False) -> str |
     return value
 
 
+
+
+def require_zone(value: object, name: str) -> ZoneInfo:
+    """Return the IANA time zone named ``value`` (``"Europe/Paris"``).
+
+    Raises:
+        InvalidInput: not a non-empty string, or no such zone in the tz database.
+    """
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{name} must be a time zone name, got {value!r}")
+    try:
+        return ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidInput(f"{name}: unknown time zone {value!r} (use an IANA name such as "
+                           f"'Europe/Paris' or 'UTC')") from None
 
 
 def storable_text(text: str) -> str:

@@ -1,5 +1,7 @@
-"""Plans: ordered tiers whose priority ranks the claim and whose labels render the
-pricing table's "search queue" row, from one object (docs/design.md, "Vocabulary")."""
+"""Plans: ordered tiers whose priority ranks the claim, and the limits an application
+reads from the owner's plan (docs/design.md, "Vocabulary"). Display labels, such as a
+pricing table's "search queue" row, belong to the application: it derives them from this
+object's priority order (see ``rota_demo.pricing``)."""
 
 from __future__ import annotations
 
@@ -20,14 +22,12 @@ class Plan:
         id: stable identifier stored in the groups relation (``"free"``, ``"pro"``).
         name: display name (``"Free"``).
         priority: claim priority; higher is claimed first when there is a backlog.
-        queue_label: the customer-facing "search queue" label (``"First"``).
         limits: free-form limits (``{"searches_per_day": 20, "draft_credits": 50}``).
     """
 
     id: str
     name: str
     priority: int
-    queue_label: str
     limits: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -37,6 +37,10 @@ class Plan:
             raise InvalidInput(f"plan id {self.id!r} contains a NUL character")
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise InvalidInput(f"plan {self.id!r}: priority must be an int")
+        if self.limits is not None and not isinstance(self.limits, Mapping):
+            # Plan(id, name, priority, "First") was a display label: now the application's.
+            raise InvalidInput(f"plan {self.id!r}: limits must be a mapping, got "
+                               f"{self.limits!r} (display labels are not part of a Plan)")
         object.__setattr__(self, "limits", MappingProxyType(dict(self.limits or {})))
 
 
@@ -105,23 +109,11 @@ class Plans:
             "lowest_priority": self.lowest.priority,
         }
 
-    def pricing_rows(self) -> list[tuple[str, list[str]]]:
-        """Rows of the pricing table: ("Search queue", labels per plan), and one row per
-        limit key. The search-queue row is read from the same objects that rank the claim."""
-        rows: list[tuple[str, list[str]]] = [("Search queue", [p.queue_label for p in self])]
-        keys: list[str] = []
-        for p in self:
-            keys.extend(k for k in p.limits if k not in keys)
-        for k in keys:
-            label = k.replace("_", " ").capitalize()
-            rows.append((label, [str(p.limits.get(k, "—")) for p in self]))
-        return rows
-
 
 DEFAULT_PLANS = Plans(
     [
-        Plan("free", "Free", 0, "Standard"),
-        Plan("standard", "Standard", 1, "Ahead of Free"),
-        Plan("pro", "Pro", 2, "First"),
+        Plan("free", "Free", 0),
+        Plan("standard", "Standard", 1),
+        Plan("pro", "Pro", 2),
     ]
 )

@@ -29,7 +29,7 @@ _KEY_PASSWORD = re.compile(
     r"(?i)(\w*password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&'\"]+)")
 
 #: The loggers whose records are redacted: rota's, and the pool's that rota opens.
-LOGGERS = ("rota", "rota.chaos", "rota.claim", "rota.cli", "rota.queue", "rota.runner",
+LOGGERS = ("rota", "rota.claim", "rota.cli", "rota.queue", "rota.runner",
            "rota.web", "rota.worker", "psycopg.pool")
 
 

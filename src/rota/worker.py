@@ -14,7 +14,9 @@ Waking has two paths, so neither is a single point of failure:
   while the listening connection was down).
 
 Each wake-up asks the database first (``sql/next_due.sql``) and only starts a run when
-something is due, so an idle worker writes no ``runs`` rows. A notification is only a
+something is due, so an idle worker writes no ``runs`` rows. A pipeline's schedules
+count as due at their next tick (:meth:`rota.schedule.Scheduler.due_in`), so the sleep
+ends in time for it and the run that starts then enqueues it. A notification is only a
 hint to look: any role connected to the database may send one on any channel, so its
 payload is ignored, and notifications end a sleep at most once per ``wake_interval``,
 so a flood of them costs one ``next_due`` query per interval, not one each
@@ -38,6 +40,7 @@ from .checks import require_duration
 from .errors import InvalidInput, first_line
 from .maintenance import Maintainer, Maintenance
 from .queue import Queue
+from .schedule import Scheduler
 from .settings import DEFAULT_PLATFORM_TIMEOUT
 from .web import PipelineSource, check_time_budget, resolve_pipeline
 
@@ -136,6 +139,9 @@ class Worker:
             raise InvalidInput("Worker needs a rota.Queue: pass queue= or give the pipeline one")
         check_time_budget(pipeline, self.time_budget)
         types = _stage_types(pipeline)
+        scheduler = getattr(pipeline, "scheduler", None)
+        if not isinstance(scheduler, Scheduler):
+            scheduler = None
         listener = asyncio.create_task(self._listen(queue, stop_event), name="rota-listen")
         next_maintenance = time.monotonic()
         maintainer = (None if self.maintain_every is None
@@ -154,6 +160,8 @@ class Worker:
                 asked_at = time.monotonic()
                 try:
                     due_in = await self._next_due(queue, types)
+                    if scheduler is not None:  # wake in time for the next tick
+                        due_in = _earliest(due_in, await scheduler.due_in())
                 except _FATAL_DB_ERRORS:
                     raise
                 except (psycopg.Error, OSError, TimeoutError) as exc:
@@ -312,6 +320,11 @@ async def _connect_args(queue: Queue) -> tuple[str, dict[str, Any]]:
         if inspect.isawaitable(kwargs):
             kwargs = await kwargs
     return str(conninfo), {**(kwargs or {}), "autocommit": True}
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    """The sooner of two "due in" values, ``None`` meaning never."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _stage_types(pipeline: Any) -> list[str] | None:

@@ -1,1 +1,2 @@
-"""Tests of the example application's external pieces (no database needed)."""
+"""Tests of the example application, ``rota_demo``: its external pieces (no database
+needed), its pricing table, and the demo run itself."""

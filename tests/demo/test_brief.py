@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from rota.demo.brief import (
+from rota_demo.brief import (
     PAGES_DIR,
     Brief,
     PageError,
@@ -23,7 +23,7 @@ from rota.demo.brief import (
     pages_app,
     sample_pages,
 )
-from rota.demo.youtube import serve_in_thread
+from rota_demo.loopback import serve_in_thread
 
 EXPECTED: dict[str, dict[str, Any]] = {
     "ember-oak.html": {

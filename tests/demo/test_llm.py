@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from rota.demo.brief import Brief
-from rota.demo.llm import (
+from rota_demo.brief import Brief
+from rota_demo.llm import (
     Completion,
     LanguageModel,
     OfflineModel,
@@ -19,7 +19,7 @@ from rota.demo.llm import (
     score,
     summarize_comments,
 )
-from rota.demo.youtube import Channel, Comment
+from rota_demo.youtube import Channel, Comment
 
 BRIEF = Brief(
     url="https://stridewell.example/",

@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from rota.demo.youtube import (
+from rota_demo.loopback import serve_in_thread
+from rota_demo.youtube import (
     PACIFIC,
     STAND_IN_PREFIX,
     UNIT_COST,
@@ -20,7 +21,6 @@ from rota.demo.youtube import (
     YouTubeTimeout,
     next_reset,
     quota_day,
-    serve_in_thread,
     stand_in_app,
 )
 

@@ -1,4 +1,4 @@
--- The example application's own tables (the post's product), in the app's own schema.
+-- The example application's own tables (an outreach product), in the app's own schema.
 -- The campaign_groups view is the one source of truth rota's claim
 -- reads plan and pause state from: no copy of a plan lives in rota's tables.
 
@@ -10,7 +10,7 @@ CREATE TABLE IF NOT EXISTS {app}.users (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
--- A user without a row here is on the lowest plan (Free), as in the post.
+-- A user without a row here is on the lowest plan (Free).
 CREATE TABLE IF NOT EXISTS {app}.subscriptions (
     user_id text PRIMARY KEY REFERENCES {app}.users (id) ON DELETE CASCADE,
     plan    text NOT NULL

@@ -1,6 +1,6 @@
-"""The demo itself, short profile: it drives the example pipeline through real HTTP calls
-to the cron endpoint (with overlapping calls and a SIGKILLed invocation) and must find
-every invariant holding."""
+"""The demo itself, short profile (``rota-demo --profile short``): it drives the example
+pipeline through real HTTP calls to the cron endpoint (with overlapping calls and a
+SIGKILLed invocation) and must find every invariant holding."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 
 def test_demo_short_profile_keeps_every_invariant(database_url: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "rota.cli", "demo", "--profile", "short",
+        [sys.executable, "-m", "rota_demo", "--profile", "short",
          "--database-url", database_url],
         capture_output=True, text=True, timeout=240,
         env={**os.environ, "COLUMNS": "120"},

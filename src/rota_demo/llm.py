@@ -405,7 +405,7 @@ async def summarize_comments(
 ) -> Completion:
     """Summarize what the channel's audience talks about, in one or two sentences.
 
-    ``comments``: :class:`~rota.demo.youtube.Comment` objects or plain texts; the first
+    ``comments``: :class:`~rota_demo.youtube.Comment` objects or plain texts; the first
     ``max_comments`` are used, each as one ``Comment:`` line (newlines flattened)."""
     lines = _header("summarize_comments", brief, channel)
     for c in list(comments)[:max_comments]:

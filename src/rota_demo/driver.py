@@ -1,4 +1,5 @@
-"""``rota demo``: the example pipeline end to end, driven only through ``GET /api/cron``.
+"""The demo run (``rota-demo``): the example pipeline end to end, driven only through
+``GET /api/cron``.
 
 What it does:
 1. Uses ``DATABASE_URL``, or starts a throwaway embedded PostgreSQL.
@@ -27,7 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,11 +42,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
-from .. import db
-from ..queue import Queue
+from rota import Queue, db
+
 from . import app as demo_app
 from .brief import pages_app
-from .youtube import serve_in_thread, stand_in_app
+from .loopback import serve_in_thread
+from .youtube import stand_in_app
 
 # Wide when not a terminal, so logs (CI, `| tee`) keep whole table cells.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
@@ -116,7 +118,7 @@ class Demo:
             **os.environ,
             "DATABASE_URL": url,
             "ROTA_SCHEMA": self.schema,
-            "ROTA_APP": "rota.demo.app:build_pipeline",
+            "ROTA_APP": "rota_demo.app:build_pipeline",
             "ROTA_DEMO_SCHEMA": self.app_schema,
             "ROTA_DEMO_PROFILE": "fast",
             "ROTA_DEMO_LLM_FAILURE_RATE": str(config.llm_failure_rate),
@@ -480,28 +482,17 @@ async def _main(url: str, config: DemoConfig, seed: int, keep: bool) -> int:
         await demo.cleanup(queue, keep)
 
 
-@click.command()
-@click.option("--profile", type=click.Choice(sorted(PROFILES)), default="default",
-              show_default=True, help="How much to seed (short: for CI).")
-@click.option("--database-url", envvar="DATABASE_URL",
-              help="PostgreSQL URL (default: a throwaway embedded server).")
-@click.option("--seed", type=int, default=1, show_default=True, help="Random seed.")
-@click.option("--keep", is_flag=True, help="Keep the demo's schemas for inspection.")
-def main(profile: str, database_url: str | None, seed: int, keep: bool) -> None:
-    """Run the example pipeline end to end through the cron endpoint and report."""
+def run(database_url: str | None, profile: str, seed: int, keep: bool) -> int:
+    """One demo run with the named profile, on ``database_url`` or a throwaway embedded
+    server. Returns the exit status (1 when an invariant failed).
+
+    Raises:
+        click.ClickException: the database is unreachable, or a server the demo starts
+            did not come up.
+    """
     with _database(database_url) as url:
         try:
             psycopg.connect(url, connect_timeout=5).close()
         except psycopg.OperationalError as exc:
             raise click.ClickException(f"database unreachable: {str(exc).strip()}") from None
-        code = asyncio.run(_main(url, PROFILES[profile], seed, keep))
-    sys.exit(code)
-
-
-def run(argv: Sequence[str] | None = None) -> None:
-    main.main(args=list(argv or []), prog_name="rota demo")
-
-
-if __name__ == "__main__":
-    run()
-
+        return asyncio.run(_main(url, PROFILES[profile], seed, keep))

@@ -6,9 +6,13 @@ returns a :class:`Brief`: brand name, summary, keywords and 1–3 search queries
 matching YouTube creators. Keyword extraction is simple and deterministic: weighted word and
 two-word-phrase counts over the title, descriptions, headings and main text.
 
-Sample brand pages ship in ``rota/demo/pages`` (:data:`PAGES_DIR`, :func:`sample_pages`);
-:func:`pages_app` serves them (use :func:`rota.demo.youtube.serve_in_thread` for loopback).
+Sample brand pages ship in ``rota_demo/pages`` (:data:`PAGES_DIR`, :func:`sample_pages`);
+:func:`pages_app` serves them (use :func:`rota_demo.loopback.serve_in_thread` for loopback).
 """
+
+# One module, about 500 lines, on purpose: fetching, parsing and the sample pages serve one
+# step of the example (a brand's page becomes a brief), and the parser's heuristics read best
+# next to the Brief they fill; each part alone would be a thin file that the others import.
 
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from ..errors import RotaError
+from rota import RotaError
 
 __all__ = [
     "MAX_PAGE_BYTES",
@@ -504,5 +508,5 @@ def sample_pages() -> list[str]:
 
 def pages_app(directory: Path = PAGES_DIR) -> Starlette:
     """A Starlette app serving ``directory`` as static files at ``/`` (``/stridewell.html``
-    …); unknown paths get 404. Serve it with :func:`rota.demo.youtube.serve_in_thread`."""
+    …); unknown paths get 404. Serve it with :func:`rota_demo.loopback.serve_in_thread`."""
     return Starlette(routes=[Mount("/", StaticFiles(directory=directory, html=True))])

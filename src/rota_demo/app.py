@@ -1,4 +1,5 @@
-"""The example application: the post's product as a rota pipeline.
+"""The example application: an outreach product (brand brief to
+creators) as a rota pipeline.
 
 A brand's web page becomes a brief; the brief becomes YouTube searches; each creator
 found is enriched, scored, its comments read, a rationale written, contact details
@@ -12,7 +13,7 @@ Stages in runner order (earlier stages win; the work-generating search is last):
 ``rationale`` (8, 8), ``comments`` (8, 8), ``score`` (1, 1), ``search`` (1, 1).
 
 Configuration comes from the environment, so the CLI (``rota run|worker|serve --app
-rota.demo.app:build_pipeline``) and the demo driver build the same app:
+rota_demo.app:build_pipeline``) and the demo driver build the same app:
 
 - ``ROTA_DEMO_SCHEMA``: the application's schema (default ``nakodo``).
 - ``ROTA_DEMO_YOUTUBE_URL``: base URL of a YouTube Data API stand-in; without it the real
@@ -39,23 +40,30 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from ..errors import InvalidInput
-from ..job import DeferJob, Job
-from ..plans import Plan, Plans
-from ..queue import Queue
-from ..quota import Allowance, Quota
-from ..runner import JobContext, Pipeline, Stage
+from rota import (
+    Allowance,
+    DeferJob,
+    InvalidInput,
+    Job,
+    JobContext,
+    Pipeline,
+    Plan,
+    Plans,
+    Queue,
+    Quota,
+    Stage,
+)
+
 from . import llm
 from .brief import Brief, build_brief, fetch_page
 from .youtube import Channel, QuotaExceeded, YouTubeClient
 
+# Lowest to highest: the claim ranks by this order, and the pricing table's "search
+# queue" row is read from it (rota_demo.pricing).
 PLANS = Plans([
-    Plan("free", "Free", 0, "Standard",
-         {"searches_per_day": 3, "draft_credits_per_month": 40}),
-    Plan("standard", "Standard", 1, "Ahead of Free",
-         {"searches_per_day": 10, "draft_credits_per_month": 200}),
-    Plan("pro", "Pro", 2, "First",
-         {"searches_per_day": 50, "draft_credits_per_month": 1000}),
+    Plan("free", "Free", 0, {"searches_per_day": 3, "draft_credits_per_month": 40}),
+    Plan("standard", "Standard", 1, {"searches_per_day": 10, "draft_credits_per_month": 200}),
+    Plan("pro", "Pro", 2, {"searches_per_day": 50, "draft_credits_per_month": 1000}),
 ])
 
 STAGE_TYPES = ("enrich", "contacts", "draft", "rationale", "comments", "score", "search")
@@ -119,7 +127,7 @@ def queue_settings() -> dict[str, Any]:
 
 async def migrate_app(conn: AsyncConnection[Any], schema: str | None = None) -> None:
     """Create the application's tables and the ``campaign_groups`` view (idempotent)."""
-    text = resources.files("rota.demo").joinpath("schema.sql").read_text("utf-8")
+    text = resources.files("rota_demo").joinpath("schema.sql").read_text("utf-8")
     ident = sql.Identifier(schema or app_schema())
     await conn.execute(sql.SQL(text).format(app=ident).as_string(conn).encode())
 
@@ -163,7 +171,7 @@ class App:
                                   reset_tz="America/Los_Angeles")
 
     def pipeline(self, platform_timeout: timedelta) -> Pipeline:
-        """The seven stages in the post's order."""
+        """The seven stages, in runner order (docs/design.md, "The runner")."""
         return Pipeline(self.queue, [
             Stage("enrich", 25, batch_handler=self.enrich, quota=self.youtube_quota),
             Stage("contacts", 5, 5, self.contacts),
@@ -418,7 +426,7 @@ def build_app(queue: Queue) -> App:
 
 
 def build_pipeline(queue: Queue) -> Pipeline:
-    """The CLI's app entry point (``--app rota.demo.app:build_pipeline``)."""
+    """The CLI's app entry point (``--app rota_demo.app:build_pipeline``)."""
     return build_app(queue).pipeline(profile().platform_timeout)
 
 

@@ -1,0 +1,7 @@
+"""``python -m tools.chaos``: see :mod:`tools.chaos`."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())

@@ -1,0 +1,363 @@
+"""The chaos run's checks, read from the tables once the work is drained (see
+:mod:`tools.chaos`), and the report they print."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from .profile import Profile
+from .workload import STAGES, AnyConn
+
+
+@dataclass
+class Kill:
+    """One SIGKILL: the worker, its pid, and a moment after its death."""
+
+    worker: str
+    pid: int
+    at: datetime
+
+
+@dataclass
+class Outcome:
+    """Everything the checks need from the run, besides the database."""
+
+    kills: list[Kill] = field(default_factory=list)
+    restarts: list[tuple[datetime, datetime]] = field(default_factory=list)
+    crashed: list[str] = field(default_factory=list)
+    forced_stops: list[str] = field(default_factory=list)
+    stopped_starting: list[str] = field(default_factory=list)
+    runs_raised: int = 0
+    seeded: int = 0
+    worker_phase_s: float = 0.0
+    drain_rounds: int = 0
+
+
+
+@dataclass
+class Report:
+    """What the checks found: figures for the summary line, notes that explain them,
+    and violations (any makes the run fail)."""
+
+    jobs: int = 0
+    kills: int = 0
+    restarts: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    hooks_missing: int = 0
+    hooks_doubled: int = 0
+    figures: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"jobs={self.jobs} kills={self.kills} restarts={self.restarts} "
+                f"lost={self.lost} duplicated={self.duplicated} "
+                f"hooks_missing={self.hooks_missing} hooks_doubled={self.hooks_doubled}")
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and self.lost == 0 and self.hooks_missing == 0 \
+            and self.hooks_doubled == 0
+
+
+async def _rows(conn: AnyConn, schema: str, query: str) -> list[dict[str, Any]]:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(sql.SQL(query).format(schema=sql.Identifier(schema)))
+    return await cur.fetchall()
+
+
+async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> Report:
+    """Check the run's invariants from the tables (see the module docstring)."""
+    r = Report(kills=len(out.kills), restarts=len(out.restarts))
+    jobs = {j["id"]: j for j in await _rows(conn, schema, "SELECT * FROM {schema}.jobs")}
+    log_rows = await _rows(conn, schema, "SELECT * FROM {schema}.chaos_log ORDER BY id")
+    handler_runs = await _rows(conn, schema, "SELECT * FROM {schema}.chaos_handler_runs")
+    effects = await _rows(conn, schema, "SELECT * FROM {schema}.chaos_effects")
+    hooks = {h["job_id"]: h
+             for h in await _rows(conn, schema, "SELECT * FROM {schema}.chaos_hooks")}
+    runs = {x["id"]: x for x in await _rows(conn, schema, """
+        SELECT r.*, o.app FROM {schema}.runs r
+        LEFT JOIN {schema}.chaos_run_owner o ON o.run_id = r.id""")}
+    r.jobs = len(jobs)
+    status = Counter(j["status"] for j in jobs.values())
+    r.figures["status"] = dict(status)
+    killed_at: dict[str, datetime] = {f"chaos-{k.worker}": k.at for k in out.kills}
+    kill_of = {k.worker: k for k in out.kills}
+    # A run cut off by the restart was going when the server went down (or started
+    # while the pools were reconnecting); it may record its end seconds later, once
+    # psycopg_pool's reconnect backoff (1 s, 2 s, 4 s...) brings a connection back.
+    restart_window = ((out.restarts[0][0], out.restarts[0][1]
+                       + timedelta(seconds=profile.stale_after)) if out.restarts else None)
+
+    def across_restart(run: dict[str, Any]) -> bool:
+        return (restart_window is not None and run["started_at"] <= restart_window[1]
+                and run["finished_at"] is not None and run["finished_at"] >= restart_window[0])
+
+    # 1. Nothing lost: no job running; pending only with a due time; every done search
+    #    has its two drafts (created in the search's own completing transaction).
+    running = [j for j in jobs.values() if j["status"] == "running"]
+    pending = [j for j in jobs.values() if j["status"] == "pending"]
+    r.figures["pending_with_due_time"] = len(pending)
+    for j in running:
+        r.violations.append(f"job {j['id']} ({j['type']}) is still running after the drain")
+    drafts_of: Counter[int] = Counter(
+        int(j["payload"]["search"]) for j in jobs.values() if j["type"] == "draft")
+    missing_drafts = 0
+    for j in jobs.values():
+        if j["type"] != "search":
+            continue
+        want = 2 if j["status"] == "done" else 0
+        if drafts_of[j["id"]] != want:
+            missing_drafts += abs(want - drafts_of[j["id"]])
+            r.violations.append(f"search {j['id']} is {j['status']} with "
+                                f"{drafts_of[j['id']]} draft jobs (expected {want})")
+    r.lost = len(running) + missing_drafts
+    done_searches = sum(1 for j in jobs.values()
+                        if j["type"] == "search" and j["status"] == "done")
+    if r.jobs != out.seeded + 2 * done_searches:
+        r.violations.append(f"{r.jobs} jobs, expected {out.seeded} seeded + 2 drafts for "
+                            f"each of {done_searches} done searches")
+
+    # 2. Attempts = claims - deferrals, from the trigger's log of every claim.
+    claims: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    deferrals: Counter[int] = Counter()
+    by_token: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for row in log_rows:
+        if row["new_token"] is not None and row["new_token"] != row["old_token"]:
+            claims[row["job_id"]].append(row)
+        if row["deferred"]:
+            deferrals[row["job_id"]] += 1
+        if row["old_token"] is not None:
+            by_token[row["old_token"]].append(row)  # what became of a claim
+    mismatched = 0
+    for j in jobs.values():
+        n_claims, n_defers = len(claims[j["id"]]), deferrals[j["id"]]
+        if j["attempts"] != n_claims - n_defers or j["deferrals"] != n_defers:
+            mismatched += 1
+            if mismatched <= 10:
+                r.violations.append(
+                    f"job {j['id']}: attempts {j['attempts']} != claims {n_claims} - "
+                    f"deferrals {n_defers} (deferrals column {j['deferrals']})")
+    r.figures["claims"] = sum(len(c) for c in claims.values())
+    r.figures["deferrals"] = sum(deferrals.values())
+    if mismatched > 10:
+        r.violations.append(f"... {mismatched} jobs in all with attempts != claims - deferrals")
+
+    # 3. One worker at a time: handler runs of a job never overlap, and every stale
+    #    reclaim took the job from a dead worker or a run that had ended.
+    claim_of = {row["new_token"]: row for rows in claims.values() for row in rows}
+    handler_of = {h["claim_token"]: h for h in handler_runs}
+
+    def holder_gone(token: Any, at: datetime) -> str | None:
+        """Why the claim ``token`` could no longer be running at ``at`` (or None)."""
+        h = handler_of.get(token)
+        c = claim_of.get(token)
+        app = str(c["app"]) if c is not None else None
+        if app in killed_at and killed_at[app] <= at:
+            return f"{app.removeprefix('chaos-')} SIGKILLed"
+        if h is not None and h["ended_at"] is not None and h["ended_at"] <= at:
+            run = runs.get(c["run_id"]) if c is not None else None
+            if run is not None and run["stop_reason"] == "error":
+                return f"its run ended in error ({run['error']})"
+            return "its handler had returned and the release did not land"
+        if c is not None:
+            run = runs.get(c["run_id"])
+            if run is not None and run["finished_at"] is not None \
+                    and run["finished_at"] <= at:
+                return f"its run had ended ({run['stop_reason']}: {run['error']})"
+        return None
+
+    stale_reclaims = 0
+    by_job_handlers: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for h in handler_runs:
+        by_job_handlers[h["job_id"]].append(h)
+        if h["starts"] != 1:
+            r.violations.append(f"job {h['job_id']}: one claim's handler started "
+                                f"{h['starts']} times")
+    for job_id, rows in claims.items():
+        for row in rows:
+            if row["old_status"] != "running":
+                continue
+            stale_reclaims += 1
+            gone = holder_gone(row["old_token"], row["at"])
+            stale_for = row["new_locked"] - row["old_locked"]
+            if stale_for < timedelta(seconds=profile.stale_after):
+                r.violations.append(f"job {job_id}: reclaimed after {stale_for}, inside "
+                                    f"the stale window")
+            if gone is None:
+                r.violations.append(f"job {job_id}: reclaimed from a live holder "
+                                    f"(claim {row['old_token']})")
+    r.figures["stale_reclaims"] = stale_reclaims
+    overlaps = 0
+    for job_id, rows in by_job_handlers.items():
+        rows.sort(key=lambda h: h["started_at"])
+        for a, b in itertools.pairwise(rows):
+            end = a["ended_at"]
+            if end is None:
+                k = kill_of.get(str(a["worker"]))
+                end = k.at if k is not None else None
+            if end is None or end > b["started_at"]:
+                overlaps += 1
+                c = claim_of.get(b["claim_token"])
+                how = ("a stale reclaim" if c is not None and c["old_status"] == "running"
+                       else f"a claim from {c['old_status']}" if c is not None else "?")
+                r.violations.append(
+                    f"job {job_id}: handler of attempt {b['attempt']} ({b['worker']}, "
+                    f"{how}) started at {b['started_at']:%T.%f} while attempt "
+                    f"{a['attempt']} ({a['worker']}, started {a['started_at']:%T.%f}, "
+                    f"outcome {a['outcome']}) had not ended")
+    r.figures["overlaps"] = overlaps
+
+    # 4. Side effects repeated in a later attempt, each explained by the earlier
+    #    attempt's fate: its worker killed, or its run cut off mid-handler.
+    effects_of: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for e in effects:
+        effects_of[e["job_id"]].append(e)
+        if e["same_attempt"]:
+            r.violations.append(f"job {e['job_id']}: attempt {e['attempt']} wrote its "
+                                f"effect {e['same_attempt'] + 1} times")
+    reasons: Counter[str] = Counter()
+    for job_id, es in sorted(effects_of.items()):
+        es.sort(key=lambda e: e["at"])
+        for a, b in itertools.pairwise(es):
+            r.duplicated += 1
+            why = explain_repeat(a, by_token.get(a["claim_token"], []), handler_of, runs,
+                                 killed_at)
+            if a["stage"] != "enrich":
+                r.violations.append(f"job {job_id} ({a['stage']}): a transactional effect "
+                                    f"repeated")
+            if why is None:
+                r.violations.append(f"job {job_id}: effect of attempt {a['attempt']} "
+                                    f"repeated in attempt {b['attempt']}, unexplained")
+                continue
+            reasons[why.split(":")[0]] += 1
+            r.notes.append(f"repeat: job {job_id} ({a['stage']}) attempt {a['attempt']} -> "
+                           f"{b['attempt']}: {why}")
+    r.figures["repeats_by_reason"] = dict(reasons)
+    for j in jobs.values():
+        if j["status"] == "done" and j["type"] in STAGES and not effects_of.get(j["id"]):
+            r.violations.append(f"job {j['id']} is done without its side effect")
+
+    # 5. Give-up hooks: exactly once per failed job, none for any other.
+    for j in jobs.values():
+        hook = hooks.get(j["id"])
+        if j["status"] == "failed":
+            if hook is None or j["give_up_pending"]:
+                r.hooks_missing += 1
+                r.violations.append(f"failed job {j['id']} has no give-up hook run")
+            elif hook["runs"] != 1:
+                r.hooks_doubled += 1
+                r.violations.append(f"job {j['id']}: give-up hook ran {hook['runs']} times")
+        elif hook is not None:
+            r.hooks_doubled += 1
+            r.violations.append(f"job {j['id']} is {j['status']} but its hook ran")
+    fail_reasons = Counter(str(j["last_error"]).split(":")[0] for j in jobs.values()
+                           if j["status"] == "failed")
+    r.figures["failed_by"] = dict(fail_reasons)
+
+    # 6. Runs: every run a killed worker was in ended error/killed; nothing unfinished;
+    #    no live run marked killed; other errors only around the restart.
+    # A killed worker's last run was going when it died (unless it had finished and the
+    # worker was between runs, or it died before its first): that run must be marked
+    # error/killed (ending at its last sign of life), and it is the only one marked.
+    runs_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for x in runs.values():
+        runs_of[str(x["app"])].append(x)
+    killed_runs = 0
+    kills_idle = 0
+    for k in out.kills:
+        mine = sorted(runs_of.get(f"chaos-{k.worker}", []), key=lambda x: x["started_at"])
+        for x in mine[:-1]:
+            if x["error"] == "killed":
+                r.violations.append(f"run {x['id']} of {k.worker} was marked killed, but "
+                                    f"{k.worker} went on to start another run")
+        last = mine[-1] if mine else None
+        if last is not None and last["error"] == "killed":
+            killed_runs += 1
+        elif last is None or (last["finished_at"] is not None
+                              and last["finished_at"] <= k.at):
+            kills_idle += 1  # before its first run, or between two runs
+        else:
+            r.violations.append(f"run {last['id']} of killed {k.worker} ended "
+                                f"{last['stop_reason']} ({last['error']}), not error/killed")
+    r.figures["kills_between_runs"] = kills_idle
+    r.figures["killed_runs"] = killed_runs
+    error_runs: Counter[str] = Counter()
+    for x in runs.values():
+        if x["finished_at"] is None or x["stop_reason"] is None:
+            r.violations.append(f"run {x['id']} ({x['app']}) never finished")
+        elif x["error"] == "killed" and x["app"] not in killed_at:
+            r.violations.append(f"run {x['id']} of live {x['app']} was marked killed")
+        elif x["stop_reason"] == "error" and x["error"] != "killed":
+            error_runs[str(x["error"]).split(":")[0]] += 1
+            if not across_restart(x):
+                r.violations.append(f"run {x['id']} ended in error away from the restart: "
+                                    f"{x['error']}")
+    r.figures["runs"] = len(runs)
+    if out.restarts:  # runs going when PostgreSQL came back up, and how they ended
+        down, up = out.restarts[0]
+        across = Counter("killed" if x["error"] == "killed" else str(x["stop_reason"])
+                         for x in runs.values()
+                         if x["started_at"] <= up and x["finished_at"] is not None
+                         and x["finished_at"] >= up)
+        r.figures["restart_seconds"] = round((up - down).total_seconds(), 2)
+        r.figures["runs_across_restart"] = dict(across)
+    r.figures["runs_ended_error_by_restart"] = dict(error_runs)
+    r.figures["runs_raised"] = out.runs_raised
+    if out.stopped_starting:
+        r.figures["workers_stopped_while_starting"] = len(out.stopped_starting)
+    for crashed in out.crashed:
+        r.violations.append(f"worker {crashed} on its own")
+    for name in out.forced_stops:
+        r.violations.append(f"worker {name} did not stop on SIGTERM")
+    if not out.restarts:
+        r.violations.append("PostgreSQL was never restarted")
+    if not out.kills:
+        r.violations.append("no worker was killed")
+    return r
+
+
+def explain_repeat(effect: dict[str, Any], after: list[dict[str, Any]],
+                   handler_of: dict[Any, dict[str, Any]], runs: dict[Any, dict[str, Any]],
+                   killed_at: dict[str, datetime]) -> str | None:
+    """Why the attempt that wrote ``effect`` did not complete its job, or ``None``.
+    ``after`` is the log of what became of that claim (its next transition)."""
+    token = effect["claim_token"]
+    h = handler_of.get(token)
+    app = f"chaos-{effect['worker']}"
+    nxt = after[0] if after else None
+    if nxt is not None and nxt["new_status"] == "done":
+        return None  # completed: the repeat cannot be explained by this attempt
+    if app in killed_at and killed_at[app] >= effect["at"]:
+        where = "mid-handler" if h is None or h["ended_at"] is None else \
+            "after its handler returned"
+        return (f"killed: {effect['worker']} was SIGKILLed {where}, after the effect and "
+                f"before the completion landed")
+    run = runs.get(h["run_id"]) if h is not None else None
+    if run is not None and run["stop_reason"] == "error" and run["error"] != "killed":
+        return f"restart: its run was cut off by the database restart ({run['error']})"
+    return None
+
+
+
+def print_report(r: Report, *, verbose: bool) -> None:
+    for key, value in r.figures.items():
+        print(f"  {key}: {value}")
+    notes = r.notes if verbose else r.notes[:20]
+    for note in notes:
+        print(f"  {note}")
+    if len(notes) < len(r.notes):
+        print(f"  ... {len(r.notes) - len(notes)} more repeats (--verbose lists them)")
+    for v in r.violations[:50]:
+        print(f"  VIOLATION: {v}")
+    if len(r.violations) > 50:
+        print(f"  ... {len(r.violations) - 50} more violations")
+    print(r.summary(), flush=True)
