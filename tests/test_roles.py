@@ -149,6 +149,17 @@ def test_a_role_that_owns_only_its_schema_migrates_and_runs_everything(roles: Ro
     asyncio.run(works_as(roles.owner_url, roles.schema))
 
 
+def test_a_role_that_owns_only_its_schema_applies_the_rota_schema_script(
+    roles: Roles
+) -> None:
+    script = CliRunner().invoke(cli, ["schema", "--schema", roles.schema])
+    assert script.exit_code == 0
+    with psycopg.connect(roles.owner_url, autocommit=True) as conn:
+        conn.execute(script.stdout.encode())
+    again = rota(roles.owner_url, roles.schema, "migrate")
+    assert (again.exit_code, again.stdout) == (0, "up to date\n"), again.output
+
+
 def test_a_role_that_owns_only_its_schema_cannot_create_another(roles: Roles) -> None:
     other = f"{roles.schema}_other"
     result = rota(roles.owner_url, other, "migrate")
