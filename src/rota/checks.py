@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .errors import InvalidInput, NaiveDatetimeError
+from .redact import redact
 
 # Due times rota stores must load back in any session time zone (UTC-12 to UTC+14), so
 # they keep a day clear of the ends of Python's datetime range.
@@ -106,9 +107,11 @@ def require_zone(value: object, name: str) -> ZoneInfo:
 
 
 def storable_text(text: str) -> str:
-    """Make error text storable in a ``text`` column: NUL characters become ``\\0`` and
-    lone surrogates are replaced."""
-    return text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
+    """Make error text storable in a ``text`` column (``jobs.last_error``,
+    ``runs.error``): connection-string passwords become ``***`` (docs/operations.md,
+    "Secrets"), NUL characters ``\\0``, and lone surrogates are replaced."""
+    return (redact(text).replace("\x00", "\\0")
+            .encode("utf-8", "replace").decode("utf-8"))
 
 
 def positive_int(value: object, name: str, minimum: int = 1) -> int:

@@ -170,8 +170,11 @@ def cron_app(
         ``{"runId", "stopReason", "jobsDone", "jobsFailed", "units"}``; when the run
         stopped with ``error`` (an incident) the same JSON comes with status 500, so the
         scheduler's dashboard shows it; when the run could not start (database down)
-        503 ``{"error": ...}`` naming the exception type only. Without the right secret,
-        401 ``{"error": "unauthorized"}``; any other method, 405.
+        503 ``{"error": ...}`` naming the exception type only. With more than one
+        Authorization header, 400 ``{"error": "more than one Authorization header"}``
+        whatever they hold (exactly one credential: a proxy or framework that reads
+        another of them than this check would disagree about who asked). Without the
+        right secret, 401 ``{"error": "unauthorized"}``; any other method, 405.
         ``GET /healthz``: 200 ``{"status": "ok"}`` (the process is up; no database call).
 
     Args:
@@ -202,6 +205,11 @@ def cron_app(
         if request.method != "GET":
             return JSONResponse({"error": "method not allowed"}, status_code=405,
                                 headers={"Allow": "GET"})
+        authorizations = request.headers.getlist("authorization")
+        if len(authorizations) > 1:
+            log.info("cron request refused: more than one Authorization header")
+            return JSONResponse({"error": "more than one Authorization header"},
+                                status_code=400)
         if not bearer_matches(request.headers.get("authorization"), configured):
             log.info("cron request refused: missing or wrong bearer token")
             return JSONResponse({"error": "unauthorized"}, status_code=401,
