@@ -5,9 +5,11 @@ bench/results/ (JSON, PNG, EXPLAIN); bench/RESULTS.md records a run with its mac
 
 Usage: python -m bench [--quick] [--hosts] (DATABASE_URL, default the local test
 database). --quick stops the claim sizes at 100k (the 1M build takes a minute or two),
-drains 5,000 jobs instead of 20,000 and runs procrastinate's fairness only with its lock.
---hosts adds the multi-host part (bench/hosts.py: namespaced hosts and a private server of
-its own, root only; alone: make bench-hosts)."""
+builds the workload matrix at 100,000 pending jobs instead of 1,000,000, drains 5,000
+jobs instead of 20,000, runs procrastinate's fairness only with its lock, and times the
+dashboard's pages at 100,000 jobs instead of 1,000,000 (bench/dashboard.py). --hosts adds
+the multi-host part (bench/hosts.py: namespaced hosts and a private server of its own,
+root only; alone: make bench-hosts)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-from . import claim_latency, drain, enqueue, fairness
+from . import claim_latency, dashboard, drain, enqueue, fairness, matrix
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -43,22 +45,29 @@ def main() -> None:
     info = machine(url)
     print(json.dumps(info, indent=2))
     claims = claim_latency.main(url, RESULTS, sizes)
-    enq = enqueue.main(url)
     quick = "--quick" in sys.argv
+    cells = matrix.main(url, pending=100_000 if quick else 1_000_000, quick=quick)
+    enq = enqueue.main(url)
     drained = drain.main(url, n=5_000 if quick else 20_000, rounds=3)
     fair = fairness.main(url, quick=quick)
+    pages = dashboard.main(url, 100_000 if quick else 1_000_000)
     (RESULTS / "results.json").write_text(json.dumps(
         {"machine": info, "claim_latency_ms": claims, "enqueue_jobs_per_s": enq,
-         "drain_jobs_per_s": drained, "fairness": fair}, indent=2))
+         "drain_jobs_per_s": drained, "fairness": fair, "dashboard": pages,
+         "matrix": cells}, indent=2))
     print("\nclaim latency (ms):\n" + claim_latency.header())
     for pending, r in sorted(claims["by_pending"].items()):
         print(claim_latency.row(pending, r))
     if claims["clutter"]:
         print(claim_latency.row(1_000_000, claims["clutter"], " + clutter"))
+    print("\nworkload matrix (claim of 25, ms; FIFO in the same cell):\n" + matrix.header())
+    for cell in cells:
+        print(matrix.row(cell))
     print("\nenqueue:\n" + enqueue.report(enq))
     print("\ndrain throughput:\n" + drain.report(drained))
     print("\n" + drain.report_prefetch(drained["rota prefetch"]))
     print("\nfairness:" + fairness.report(fair))
+    print("\n" + dashboard.report(pages["jobs"], pages["median_ms"]))
     if "--hosts" in sys.argv:
         from . import hosts
 

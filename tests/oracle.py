@@ -1,9 +1,9 @@
-"""The post's literal claim query, kept as the oracle for rota's claim.
+"""The naive fair claim query, kept as the oracle for rota's claim.
 
-It is the seed post's select, translated to rota's table names (campaigns -> groups,
-subscriptions.plan -> groups.plan), with one term changed as docs/design.md ("The fair claim") says: the second
-ORDER BY term is ``served + position`` instead of ``served``. It reads only; the test
-compares its first ``limit`` ids with what ``Queue.claim`` hands out.
+It is the naive fair query (the whole order as one ORDER BY over every eligible row),
+on rota's table names, with the batch interleave of docs/design.md ("The fair claim"):
+the second ORDER BY term is ``served + position`` instead of ``served``. It reads only;
+the test compares its first ``limit`` ids with what ``Queue.claim`` hands out.
 """
 
 from __future__ import annotations

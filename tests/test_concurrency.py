@@ -365,3 +365,48 @@ async def test_first_enqueuer_rolls_back_while_five_wait_on_the_key(
         .format(queue.table("jobs")))
     [(payload, status)] = await cur.fetchall()
     assert status == "pending" and payload == {"n": created.index(1) + 1}
+
+
+# -- a claimer whose candidates another claimer holds reads on ------------------------
+
+
+@pytest.mark.parametrize("group", ["g", None], ids=["one group", "group-less"])
+async def test_a_claimer_reads_past_jobs_an_open_claim_holds(
+    make_queue: Any, database_url: str, group: str | None
+) -> None:
+    # docs/design.md#claim: the first claim's transaction is still open and holds jobs 1
+    # and 2; 18 more are due and unlocked, so the second claimer gets the next two in
+    # fair order, and only "nothing" once nothing claimable is left.
+    first, second = await make_queue(), await make_queue()
+    if group:
+        await first.upsert_group(group, plan=None)
+    await first.enqueue_many([{"type": "t", "payload": {"i": i}, "group_id": group}
+                              for i in range(20)])
+    ids = sorted([j.id for j in await first.claim("t", 20, conn=None)])
+    async with first.pool.connection() as c:  # hand them back: all 20 pending again
+        await first.release(await _jobs(first, c, ids), conn=c)
+    async with await psycopg.AsyncConnection.connect(database_url) as held:
+        got1 = await first.claim("t", 2, conn=held)
+        assert [j.id for j in got1] == ids[:2]
+        got2 = await second.claim("t", 2)
+        assert [j.id for j in got2] == ids[2:4]
+        await held.rollback()
+    async with first.pool.connection() as c:
+        await first.release(got2, conn=c)
+    # Every job held by the open claim: "nothing" (a claim that takes none writes no
+    # bookkeeping, so it does not wait on the open claim's served-count rows).
+    async with await psycopg.AsyncConnection.connect(database_url) as held:
+        assert len(await first.claim("t", 20, conn=held)) == 20
+        assert await second.claim("t", 2) == []
+        await held.rollback()
+    again = await second.claim("t", 2)
+    assert [j.id for j in again] == ids[:2]
+
+
+async def _jobs(queue: Queue, conn: Any, ids: list[int]) -> list[Job]:
+    out = []
+    for i in ids:
+        job = await queue.get_job(i, conn=conn)
+        assert job is not None
+        out.append(job)
+    return out

@@ -141,8 +141,9 @@ EDITS = [
      "relation fair_groups"),
     ("constraint", "CHECK (attempts >= 0)", "CHECK (attempts >= 1)",
      "constraint jobs.jobs_attempts_check"),
-    ("function body", "ORDER BY j.created_at, j.id LIMIT 200", "ORDER BY j.created_at LIMIT 200",
-     "function fair_fold(p_type text, p_now timestamp with time zone)"),
+    # A function no later migration replaces (004 replaces fair_fold).
+    ("function body", "WHERE group_id = OLD.group_id AND (plan IS NOT NULL OR NOT active)",
+     "WHERE group_id = OLD.group_id", "function fair_groups_changed()"),
     ("trigger", "AFTER INSERT OR UPDATE OR DELETE ON {schema}.groups",
      "AFTER INSERT OR UPDATE ON {schema}.groups", "trigger groups.groups_fair_changed"),
 ]

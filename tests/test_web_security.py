@@ -128,3 +128,33 @@ def test_the_token_is_compared_in_constant_time_only() -> None:
             assert not names & secret_names, ast.unparse(node)
     assert bearer_matches(f"Bearer {SECRET}", SECRET) is True
     assert bearer_matches(f"Bearer {SECRET[:-1]}!", SECRET) is False
+
+
+@pytest.mark.parametrize("values", [
+    [f"Bearer {SECRET}", "Bearer wrong"],
+    ["Bearer wrong", f"Bearer {SECRET}"],
+    [f"Bearer {SECRET}", f"Bearer {SECRET}"],
+    [f"Bearer {SECRET}", ""],
+], ids=["right-then-wrong", "wrong-then-right", "right-twice", "right-then-empty"])
+async def test_more_than_one_authorization_header_is_refused(
+    queue: Queue, aconn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture,
+    values: list[str],
+) -> None:
+    """Exactly one credential: a proxy or framework in front may read another of the
+    headers than the endpoint does, so two are refused, whatever they hold."""
+    caplog.set_level(logging.DEBUG)
+    async with client(cron_app(build_pipeline(queue), secret=SECRET)) as c:
+        r = await c.get("/api/cron", headers=[("Authorization", v) for v in values])
+    assert (r.status_code, r.json()) == (400, {"error": "more than one Authorization header"})
+    assert SECRET not in r.text and SECRET not in all_logged(caplog)
+    assert await nothing_ran(aconn, queue)
+
+
+async def test_two_credentials_folded_into_one_header_are_refused(
+    queue: Queue, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A proxy may fold repeated headers into one, comma-separated: not a credential."""
+    async with client(cron_app(build_pipeline(queue), secret=SECRET)) as c:
+        r = await c.get("/api/cron", headers={"Authorization": f"Bearer {SECRET}, Bearer x"})
+    assert (r.status_code, r.json()) == (401, {"error": "unauthorized"})
+    assert await nothing_ran(aconn, queue)

@@ -1,5 +1,7 @@
 """rota: fair, crash-safe background pipelines on one PostgreSQL jobs table."""
 
+from typing import TYPE_CHECKING, Any
+
 from .db import EmbeddedServer, schema_sql
 from .errors import (
     ConfigError,
@@ -21,10 +23,24 @@ from .plans import DEFAULT_PLANS, Plan, Plans
 from .queue import Queue
 from .quota import Allowance, Quota, QuotaExhausted
 from .runner import JobContext, Pipeline, RunResult, Stage
+from .schedule import Schedule, Scheduler, scheduled_tick
 from .settings import QueueSettings
 from .sync import SyncQueue
 from .web import cron_app
 from .worker import Worker
+
+if TYPE_CHECKING:
+    from .web import dashboard_app
+
+
+def __getattr__(name: str) -> Any:
+    # The dashboard is imported on first use (see rota.web).
+    if name == "dashboard_app":
+        from .web import dashboard_app
+
+        return dashboard_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_PLANS",
@@ -53,6 +69,8 @@ __all__ = [
     "QuotaExhausted",
     "RotaError",
     "RunResult",
+    "Schedule",
+    "Scheduler",
     "Stage",
     "StuckJobs",
     "SyncQueue",
@@ -61,6 +79,8 @@ __all__ = [
     "UnknownPlan",
     "Worker",
     "cron_app",
+    "dashboard_app",
     "maintain",
+    "scheduled_tick",
     "schema_sql",
 ]

@@ -7,8 +7,10 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .errors import InvalidInput, NaiveDatetimeError
+from .redact import redact
 
 # Due times rota stores must load back in any session time zone (UTC-12 to UTC+14), so
 # they keep a day clear of the ends of Python's datetime range.
@@ -89,10 +91,27 @@ def require_text(value: object, name: str, *, allow_none: bool = False) -> str |
 
 
 
+def require_zone(value: object, name: str) -> ZoneInfo:
+    """Return the IANA time zone named ``value`` (``"Europe/Paris"``).
+
+    Raises:
+        InvalidInput: not a non-empty string, or no such zone in the tz database.
+    """
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{name} must be a time zone name, got {value!r}")
+    try:
+        return ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidInput(f"{name}: unknown time zone {value!r} (use an IANA name such as "
+                           f"'Europe/Paris' or 'UTC')") from None
+
+
 def storable_text(text: str) -> str:
-    """Make error text storable in a ``text`` column: NUL characters become ``\\0`` and
-    lone surrogates are replaced."""
-    return text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
+    """Make error text storable in a ``text`` column (``jobs.last_error``,
+    ``runs.error``): connection-string passwords become ``***`` (docs/operations.md,
+    "Secrets"), NUL characters ``\\0``, and lone surrogates are replaced."""
+    return (redact(text).replace("\x00", "\\0")
+            .encode("utf-8", "replace").decode("utf-8"))
 
 
 def positive_int(value: object, name: str, minimum: int = 1) -> int:

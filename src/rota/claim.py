@@ -52,6 +52,9 @@ class FairClaim:
         self.upkeep = upkeep
         self._probe: dict[str, tuple[int, int]] = {}  # probe sizes that sufficed, per type
         self._probe_calm: dict[str, int] = {}  # claims in a row that needed no retry
+        # Claim statements re-run because the probe could not prove the batch, per type
+        # (tests and bench/ check that ties and locked candidates do not make it grow).
+        self.retries: dict[str, int] = {}
 
     def statement(self) -> Composed:
         """The claim: it walks fair_groups' copy of plan and active for rota's own groups
@@ -72,12 +75,13 @@ class FairClaim:
             InvalidInput: ``limit`` is not an int in 1..2**31-1.
         """
         positive_int(limit, "limit")
+        # Over-fetch fair candidates so a claimer that finds the head locked by a
+        # concurrent claimer usually fills its batch from the next ones in order (when
+        # not, the statement says "cand" and the claim reads on).
+        candidates = limit * 4 + 16
         params = {
             "type": job_type,
             "limit": limit,
-            # Over-fetch fair candidates so a claimer that finds the head locked by a
-            # concurrent claimer still fills its batch from the next ones in order.
-            "candidates": limit * 4 + 16,
             "run_id": run_id,
             "offset": clock_offset,
             "stale_after": stale_after,
@@ -97,19 +101,25 @@ class FairClaim:
                 async with tx, c.pipeline():
                     await c.execute(self.store.sql("claim_settings"), prepare=True)
                     await cur.execute(statement,
-                                      {**params, "probe_groups": groups, "probe_per": per},
+                                      {**params, "probe_groups": groups, "probe_per": per,
+                                       "candidates": candidates},
                                       prepare=True)
                     rows = await cur.fetchall()
                 retry = rows[0][-1] if len(rows) == 1 else None
                 if retry is None:
                     break
-                # The bound did not prove the probed jobs hold the best batch: read more
-                # groups, or more jobs per group, and ask again (nothing was claimed).
+                # The bound did not prove the probed jobs hold the best batch (or a
+                # concurrent claimer holds candidates and more may be claimable): read
+                # more groups, more jobs per group or more candidates, and ask again
+                # (nothing was claimed).
                 if "groups" in retry:
                     groups *= 2
                 if "per" in retry:
                     per *= 2
+                if "cand" in retry:
+                    candidates *= 2
                 retried = True
+                self.retries[job_type] = self.retries.get(job_type, 0) + 1
         self._remember(job_type, limit, groups, per, retried)
         # A claim on the caller's connection asks for upkeep too: an application that
         # always claims inside its own transaction would otherwise never fold.

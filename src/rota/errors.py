@@ -6,6 +6,8 @@ anything is written.
 
 from __future__ import annotations
 
+from .redact import redact
+
 
 class RotaError(Exception):
     """Base class of every error rota raises on purpose."""
@@ -79,7 +81,8 @@ class DatabaseUnavailable(RotaError):
 
 def first_line(exc: BaseException, *, with_type: bool = False) -> str:
     """An exception as one line, for logs and one-line error reports: the first line of
-    its message (stripped), or its type's name when the message is empty.
+    its message (stripped, connection-string passwords replaced by ``***``), or its
+    type's name when the message is empty.
 
     Args:
         exc: the exception.
@@ -88,5 +91,5 @@ def first_line(exc: BaseException, *, with_type: bool = False) -> str:
     lines = str(exc).strip().splitlines()
     if not lines:
         return type(exc).__name__
-    line = lines[0].strip()
+    line = redact(lines[0].strip())
     return f"{type(exc).__name__}: {line}" if with_type else line

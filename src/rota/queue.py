@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import select
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -36,6 +37,7 @@ from .store import AnyConn, Store
 log = logging.getLogger("rota.queue")
 
 GiveUpHook = Callable[[Job, AnyConn], Awaitable[None]]
+ClaimObserver = Callable[[str, float], None]  # (job type, seconds) after each claim
 
 
 def _setting(name: str, doc: str) -> Any:
@@ -83,6 +85,7 @@ class Queue:
     def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], **settings: Any):
         self.settings = QueueSettings(**settings)
         self._give_up_hooks: dict[str, GiveUpHook] = {}
+        self.claim_observers: list[ClaimObserver] = []  # metrics (rota.web.metrics)
         if isinstance(conninfo_or_pool, str):
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 db.with_connection_defaults(conninfo_or_pool),
@@ -339,10 +342,14 @@ class Queue:
                                f"got {limit!r}")
         if conn is None:
             await self.open()
-        return await self.fair_claim.claim(
+        started = time.perf_counter()
+        jobs = await self.fair_claim.claim(
             t, limit, plans=self.plans, clock_offset=self.clock_offset,
             stale_after=self.stale_after, served_window=self.served_window,
             run_id=run_id, conn=conn)
+        for observe in self.claim_observers:
+            observe(t, time.perf_counter() - started)
+        return jobs
 
     async def settle(self) -> None:
         """Run the claim upkeep that is due now and wait for it to finish (tests,

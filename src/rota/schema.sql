@@ -152,11 +152,13 @@ CREATE TRIGGER jobs_notify_inserted
 
 -- Groups of a type that may have pending jobs or a served count, one row each.
 -- Head bounds (docs/fast-claim.md#head-bounds-without-a-hot-row): ready_lb and head_lb
--- are lower bounds of the group's pending jobs' run_after and created_at. Invariant: for
--- every pending job j with a group, a row (j.type, j.group_id) exists with
--- ready_lb <= j.run_after, and head_lb <= j.created_at or head_until <= j.run_after.
--- So while the queue's clock is before head_until, head_lb bounds the created_at of
--- every claimable job of the group; after it, the claim treats the head as unknown (the
+-- are lower bounds of the group's pending jobs' run_after and (created_at, id), the
+-- latter as (head_lb, head_id), compared as a row like the claim's key (so jobs that
+-- share a created_at, as one statement's do, do not tie). Invariant: for every pending
+-- job j with a group, a row (j.type, j.group_id) exists with ready_lb <= j.run_after,
+-- and (head_lb, head_id) <= (j.created_at, j.id) or head_until <= j.run_after.
+-- So while the queue's clock is before head_until, (head_lb, head_id) bounds the
+-- (created_at, id) of every claimable job of the group; after it, the claim treats the head as unknown (the
 -- group is probed) until fair_fold renews it. head_until lets jobs deferred far ahead
 -- (older than the group's ready jobs) stay out of the bound instead of loosening it.
 -- Writers that put a job into pending lower the bounds when needed (rare: a new job is
@@ -182,6 +184,7 @@ CREATE TABLE {schema}.fair_groups (
     served_n   integer NOT NULL DEFAULT 0,
     plan       text,
     active     boolean NOT NULL DEFAULT true,
+    head_id    bigint NOT NULL DEFAULT 0,  -- with head_lb: a bound of (created_at, id)
     PRIMARY KEY (type, group_id)
 ) WITH (fillfactor = 70,  -- room for HOT updates
        -- small and rewritten all the time: vacuum it often, not at 20% dead rows
@@ -189,7 +192,7 @@ CREATE TABLE {schema}.fair_groups (
 
 -- The claim's walk: per type and plan, active groups with pending jobs by served count
 -- and head (a lower bound of each group's first job's key within its plan).
-CREATE INDEX fair_groups_walk_idx ON {schema}.fair_groups (type, plan, served_n, head_lb)
+CREATE INDEX fair_groups_walk_idx ON {schema}.fair_groups (type, plan, served_n, head_lb, head_id)
     WHERE active AND head_lb < 'infinity';
 -- Groups whose head bound has run out (or will): the claim probes them explicitly.
 CREATE INDEX fair_groups_expiry_idx ON {schema}.fair_groups (type, head_until)
@@ -223,19 +226,35 @@ CREATE TABLE {schema}.fair_served (
 -- fair_served count the done jobs finished at or after the edge. The claim adds an
 -- exact correction over [edge, window start) read from jobs_done_idx, so any window and
 -- any clock offset give the exact count; fair_advance keeps the edge near the window
--- start so the correction stays small. Counting writers hold a shared advisory lock on
--- the type (fair_edge_key) while they decide against the edge; fair_advance takes it
--- exclusively (try only), so no completion straddles a move of the edge.
+-- start so the correction stays small. Counting writers lock the type's row FOR SHARE
+-- (fair_lock_edges) while they decide against the edge; fair_advance locks it FOR
+-- UPDATE SKIP LOCKED, so no completion straddles a move of the edge. Row locks, never
+-- advisory locks: a role without access to this schema cannot take them.
 CREATE TABLE {schema}.fair_edge (
     type      text PRIMARY KEY,
     edge      timestamptz NOT NULL
 );
 
--- The advisory lock key of a type's edge in this schema.
-CREATE FUNCTION {schema}.fair_edge_key(p_type text) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT (hashtext('rota.fair_edge:{schema}') :: bigint << 32)
-           | (hashtext(p_type) :: bigint & 4294967295)
+-- Lock the edges of these types (fair_edge rows, FOR SHARE, in type order) for a writer
+-- that decides against them: fair_advance takes a row FOR UPDATE SKIP LOCKED, so no
+-- completion straddles a move of the edge. A type without a row gets one at
+-- '-infinity' first (its first counting writer, once), so there is always a row to lock.
+-- Row locks, not advisory locks: only roles granted rota's schema can take them.
+CREATE FUNCTION {schema}.fair_lock_edges(p_types text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_types) AS t(type)
+               WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_edge e WHERE e.type = t.type))
+    THEN
+        INSERT INTO {schema}.fair_edge (type, edge)
+        SELECT DISTINCT t.type, '-infinity'::timestamptz FROM unnest(p_types) AS t(type)
+        ORDER BY 1
+        ON CONFLICT (type) DO NOTHING;
+    END IF;
+    PERFORM 1 FROM {schema}.fair_edge e WHERE e.type = ANY (p_types)
+    ORDER BY e.type
+    FOR SHARE;
+END
 $$;
 
 -- Keep fair_groups' copy of plan and active. A group missing from the table ranks as an
@@ -270,33 +289,38 @@ CREATE TRIGGER groups_fair_changed
 -- Insert missing fair_groups rows (bounds and served count as given), copying plan and
 -- active from rota's groups table under FOR SHARE of those rows, so a concurrent plan
 -- change either commits first (and is read here) or waits and then updates these rows.
--- Rows that exist are left alone.
+-- Rows that exist are left alone. The head is the first ready job by (created_at, id).
 CREATE FUNCTION {schema}.fair_insert_groups(
-    p_types text[], p_groups text[], p_heads timestamptz[], p_readies timestamptz[],
-    p_served int[]
+    p_types text[], p_groups text[], p_heads timestamptz[], p_ids bigint[],
+    p_readies timestamptz[], p_served int[]
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     WITH want0 AS (
         SELECT t.type, t.group_id,
-               coalesce(min(t.head) FILTER (WHERE t.ready <= now()), 'infinity') AS head,
+               coalesce((array_agg(t.head ORDER BY t.head, t.id)
+                         FILTER (WHERE t.ready <= now()))[1], 'infinity') AS head,
+               coalesce((array_agg(t.id ORDER BY t.head, t.id)
+                         FILTER (WHERE t.ready <= now()))[1], 0) AS head_id,
                min(t.ready) AS ready,
                coalesce(sum(t.served), 0)::int AS served
-        FROM unnest(p_types, p_groups, p_heads, p_readies, p_served)
-             AS t(type, group_id, head, ready, served)
+        FROM unnest(p_types, p_groups, p_heads, p_ids, p_readies, p_served)
+             AS t(type, group_id, head, id, ready, served)
         WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_groups f
                           WHERE f.type = t.type AND f.group_id = t.group_id)
         GROUP BY t.type, t.group_id
     ),
     -- The head covers the jobs ready now; older jobs due later cut its validity.
     want AS (
-        SELECT w.type, w.group_id, w.head, w.ready, w.served,
-               coalesce(min(t.ready) FILTER (WHERE t.ready > now() AND t.head < w.head),
+        SELECT w.type, w.group_id, w.head, w.head_id, w.ready, w.served,
+               coalesce(min(t.ready) FILTER (WHERE t.ready > now()
+                                             AND (t.head, t.id) < (w.head, w.head_id)),
                         'infinity') AS until
         FROM want0 w
-        JOIN unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
+        JOIN unnest(p_types, p_groups, p_heads, p_ids, p_readies)
+             AS t(type, group_id, head, id, ready)
           ON t.type = w.type AND t.group_id = w.group_id
-        GROUP BY w.type, w.group_id, w.head, w.ready, w.served
+        GROUP BY w.type, w.group_id, w.head, w.head_id, w.ready, w.served
     ),
     g AS (
         SELECT g.group_id, g.plan, g.active FROM {schema}.groups g
@@ -305,9 +329,9 @@ BEGIN
         FOR SHARE
     ),
     ins AS (
-        INSERT INTO {schema}.fair_groups AS fg (type, group_id, head_lb, head_until,
+        INSERT INTO {schema}.fair_groups AS fg (type, group_id, head_lb, head_id, head_until,
                                                 ready_lb, served_n, plan, active)
-        SELECT w.type, w.group_id, w.head, w.until, w.ready, w.served, g.plan,
+        SELECT w.type, w.group_id, w.head, w.head_id, w.until, w.ready, w.served, g.plan,
                coalesce(g.active, true)
         FROM want w LEFT JOIN g ON g.group_id = w.group_id
         ORDER BY w.type, w.group_id
@@ -321,13 +345,14 @@ BEGIN
 END
 $$;
 
--- Record pending jobs (type, group, created_at, run_after) in fair_groups, keeping its
--- invariant, one array entry per job as given. Lock first, then lower: fair_fold cannot
--- raise a bound this transaction relies on once the row is locked, and the lowering
--- statement sees its latest value. Called by fair_note_pending, which folds each
--- group's jobs due now into one entry first.
+-- Record pending jobs (type, group, created_at, id, run_after) in fair_groups, keeping
+-- its invariant, one array entry per job as given. Lock first, then lower: fair_fold
+-- cannot raise a bound this transaction relies on once the row is locked, and the
+-- lowering statement sees its latest value. Called by fair_note_pending, which folds
+-- each group's jobs due now into one entry first.
 CREATE FUNCTION {schema}.fair_note_pending_each(
-    p_types text[], p_groups text[], p_heads timestamptz[], p_readies timestamptz[]
+    p_types text[], p_groups text[], p_heads timestamptz[], p_ids bigint[],
+    p_readies timestamptz[]
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -335,7 +360,8 @@ DECLARE
     locked int;
 BEGIN
     LOOP
-        PERFORM {schema}.fair_insert_groups(p_types, p_groups, p_heads, p_readies, NULL);
+        PERFORM {schema}.fair_insert_groups(p_types, p_groups, p_heads, p_ids, p_readies,
+                                            NULL);
 
         SELECT count(DISTINCT (t.type, t.group_id)) INTO wanted
         FROM unnest(p_types, p_groups) AS t(type, group_id);
@@ -350,53 +376,66 @@ BEGIN
         EXIT WHEN locked = wanted;  -- else fair_fold deleted a row in between: again
     END LOOP;
 
-    -- Lower where needed: a job ready now lowers head_lb; an older job due later cuts
-    -- head_until instead. Rows are locked in key order (FOR NO KEY UPDATE, which does
-    -- not conflict with other writers' FOR KEY SHARE), so two writers lowering the same
-    -- groups cannot deadlock. Rare: new jobs are newer than their group's head.
+    -- Lower where needed: a job ready now lowers (head_lb, head_id); an older job due
+    -- later cuts head_until instead. Rows are locked in key order (FOR NO KEY UPDATE,
+    -- which does not conflict with other writers' FOR KEY SHARE), so two writers
+    -- lowering the same groups cannot deadlock. Rare: new jobs come after their group's
+    -- head.
     UPDATE {schema}.fair_groups AS fg
-    SET head_lb = a.head, head_until = a.until, ready_lb = a.ready
+    SET head_lb = a.head, head_id = a.head_id, head_until = a.until, ready_lb = a.ready
     FROM (
-        SELECT l.type, l.group_id, n.head, n.ready, least(l.head_until, m.until) AS until
+        SELECT l.type, l.group_id, n.head, n.head_id, n.ready,
+               least(l.head_until, m.until) AS until
         FROM {schema}.fair_groups l
         JOIN (
-            -- Per group: the oldest job ready now, the first due time, and the first due
-            -- time of a job older than both bounds (the row's head_lb is read again
-            -- below, after the lock; this one only selects which rows to lock).
+            -- Per group: the first job ready now, the first due time, and the jobs due
+            -- later (the row's bounds are read again below, after the lock; this one
+            -- only selects which rows to lock).
             SELECT t.type, t.group_id,
-                   min(t.head) FILTER (WHERE t.ready <= now()) AS ready_head,
+                   (array_agg(t.head ORDER BY t.head, t.id)
+                    FILTER (WHERE t.ready <= now()))[1] AS ready_head,
+                   (array_agg(t.id ORDER BY t.head, t.id)
+                    FILTER (WHERE t.ready <= now()))[1] AS ready_id,
                    min(t.ready) AS min_ready,
                    array_agg(t.head) FILTER (WHERE t.ready > now()) AS due_heads,
+                   array_agg(t.id) FILTER (WHERE t.ready > now()) AS due_ids,
                    array_agg(t.ready) FILTER (WHERE t.ready > now()) AS due_readies
-            FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
+            FROM unnest(p_types, p_groups, p_heads, p_ids, p_readies)
+                 AS t(type, group_id, head, id, ready)
             GROUP BY t.type, t.group_id
         ) m0 ON m0.type = l.type AND m0.group_id = l.group_id
         CROSS JOIN LATERAL (
-            SELECT least(l.head_lb, m0.ready_head) AS head,
+            SELECT CASE WHEN (m0.ready_head, m0.ready_id) < (l.head_lb, l.head_id)
+                        THEN m0.ready_head ELSE l.head_lb END AS head,
+                   CASE WHEN (m0.ready_head, m0.ready_id) < (l.head_lb, l.head_id)
+                        THEN m0.ready_id ELSE l.head_id END AS head_id,
                    least(l.ready_lb, m0.min_ready) AS ready) n
         CROSS JOIN LATERAL (
             SELECT min(d.ready) AS until
-            FROM unnest(m0.due_heads, m0.due_readies) AS d(head, ready)
-            WHERE d.head < n.head) m
+            FROM unnest(m0.due_heads, m0.due_ids, m0.due_readies) AS d(head, id, ready)
+            WHERE (d.head, d.id) < (n.head, n.head_id)) m
         -- Only rows that change are locked: enqueuers of one group never queue here.
-        WHERE n.head < l.head_lb OR n.ready < l.ready_lb OR m.until < l.head_until
+        WHERE (n.head, n.head_id) < (l.head_lb, l.head_id) OR n.ready < l.ready_lb
+           OR m.until < l.head_until
         ORDER BY l.type, l.group_id
         FOR NO KEY UPDATE OF l
     ) a
     WHERE fg.type = a.type AND fg.group_id = a.group_id
-      AND (fg.head_lb <> a.head OR fg.head_until <> a.until OR fg.ready_lb <> a.ready);
+      AND (fg.head_lb <> a.head OR fg.head_id <> a.head_id OR fg.head_until <> a.until
+           OR fg.ready_lb <> a.ready);
 END
 $$;
 
--- Record pending jobs (type, group, created_at, run_after) in fair_groups: the entry
+-- Record pending jobs (type, group, created_at, id, run_after) in fair_groups: the entry
 -- point of the triggers. Only two things about a group's jobs that are due now matter:
--- their oldest created_at and their earliest run_after; jobs due later matter one by
--- one (they may cut the head's validity). So each group's due-now jobs become one entry
--- for fair_note_pending_each and the rest pass through (taking one entry per job cost
--- a 1,000-job batch 2.5 ms); and when the rows already bound the new jobs, only the
--- shared locks are taken.
+-- their first (created_at, id) and their earliest run_after; jobs due later matter one
+-- by one (they may cut the head's validity). So each group's due-now jobs become one
+-- entry for fair_note_pending_each and the rest pass through (taking one entry per job
+-- cost a 1,000-job batch 2.5 ms); and when the rows already bound the new jobs, only
+-- the shared locks are taken.
 CREATE FUNCTION {schema}.fair_note_pending(
-    p_types text[], p_groups text[], p_heads timestamptz[], p_readies timestamptz[]
+    p_types text[], p_groups text[], p_heads timestamptz[], p_ids bigint[],
+    p_readies timestamptz[]
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -406,19 +445,21 @@ DECLARE
     bounded int;
 BEGIN
     -- The usual enqueue: every job due now, into groups whose rows exist and already
-    -- bound them (head_lb <= created_at, ready_lb <= run_after). Then the invariant
-    -- holds as it is, and the shared locks are all there is to take: one statement
-    -- instead of the several below (a one-job enqueue paid 0.15 ms for them).
+    -- bound them ((head_lb, head_id) <= (created_at, id), ready_lb <= run_after). Then
+    -- the invariant holds as it is, and the shared locks are all there is to take: one
+    -- statement instead of the several below (a one-job enqueue paid 0.15 ms for them).
     IF NOT EXISTS (SELECT 1 FROM unnest(p_readies) AS x(ready) WHERE x.ready > now()) THEN
         WITH c AS (
-            SELECT t.type, t.group_id, min(t.head) AS head, min(t.ready) AS ready
-            FROM unnest(p_types, p_groups, p_heads, p_readies)
-                 AS t(type, group_id, head, ready)
+            SELECT t.type, t.group_id, (array_agg(t.head ORDER BY t.head, t.id))[1] AS head,
+                   (array_agg(t.id ORDER BY t.head, t.id))[1] AS id, min(t.ready) AS ready
+            FROM unnest(p_types, p_groups, p_heads, p_ids, p_readies)
+                 AS t(type, group_id, head, id, ready)
             GROUP BY t.type, t.group_id
         )
         SELECT (SELECT count(*) FROM c), count(*), count(*) FILTER (WHERE l.ok)
         INTO wanted, locked, bounded
-        FROM (SELECT fg.head_lb <= c.head AND fg.ready_lb <= c.ready AS ok
+        FROM (SELECT (fg.head_lb, fg.head_id) <= (c.head, c.id)
+                     AND fg.ready_lb <= c.ready AS ok
               FROM {schema}.fair_groups fg
               JOIN c ON c.type = fg.type AND c.group_id = fg.group_id
               ORDER BY fg.type, fg.group_id
@@ -428,37 +469,38 @@ BEGIN
         END IF;
     END IF;
     SELECT array_agg(c.type) AS types, array_agg(c.group_id) AS groups,
-           array_agg(c.head) AS heads, array_agg(c.ready) AS readies
+           array_agg(c.head) AS heads, array_agg(c.id) AS ids, array_agg(c.ready) AS readies
     INTO r
     FROM (
-        SELECT t.type, t.group_id, min(t.head) AS head, min(t.ready) AS ready
-        FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
+        SELECT t.type, t.group_id, (array_agg(t.head ORDER BY t.head, t.id))[1] AS head,
+               (array_agg(t.id ORDER BY t.head, t.id))[1] AS id, min(t.ready) AS ready
+        FROM unnest(p_types, p_groups, p_heads, p_ids, p_readies)
+             AS t(type, group_id, head, id, ready)
         WHERE t.ready <= now()
         GROUP BY t.type, t.group_id
         UNION ALL
-        SELECT t.type, t.group_id, t.head, t.ready
-        FROM unnest(p_types, p_groups, p_heads, p_readies) AS t(type, group_id, head, ready)
+        SELECT t.type, t.group_id, t.head, t.id, t.ready
+        FROM unnest(p_types, p_groups, p_heads, p_ids, p_readies)
+             AS t(type, group_id, head, id, ready)
         WHERE t.ready > now()
     ) c;
     IF r.types IS NOT NULL THEN
-        PERFORM {schema}.fair_note_pending_each(r.types, r.groups, r.heads, r.readies);
+        PERFORM {schema}.fair_note_pending_each(r.types, r.groups, r.heads, r.ids,
+                                                r.readies);
     END IF;
 END
 $$;
 
 -- Add p_delta to fair_served for the served jobs (type, group, id, finished_at) finished
--- at or after their type's edge, under the shared advisory lock of each type. Running
--- jobs are passed with finished_at 'infinity', so they always count.
+-- at or after their type's edge, under a shared lock of each type's edge row
+-- (fair_lock_edges). Running jobs are passed with finished_at 'infinity', so they
+-- always count.
 CREATE FUNCTION {schema}.fair_count_served(
     p_types text[], p_groups text[], p_ids bigint[], p_finished timestamptz[], p_delta int
 ) RETURNS void
 LANGUAGE plpgsql AS $$
-DECLARE
-    t text;
 BEGIN
-    FOR t IN SELECT DISTINCT x FROM unnest(p_types) AS x ORDER BY x LOOP
-        PERFORM pg_advisory_xact_lock_shared({schema}.fair_edge_key(t));
-    END LOOP;
+    PERFORM {schema}.fair_lock_edges(p_types);
     INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
     SELECT d.type, d.group_id, (d.id % 8)::smallint, p_delta * count(*)::int
     FROM unnest(p_types, p_groups, p_ids, p_finished) AS d(type, group_id, id, finished)
@@ -491,8 +533,10 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM inserted i
                    WHERE i.status <> 'pending' AND i.group_id IS NOT NULL) THEN
         WITH c AS (
-            SELECT i.type, i.group_id, min(i.created_at) AS head, min(i.run_after) AS ready,
-                   bool_and(i.run_after <= now()) AS due
+            SELECT i.type, i.group_id,
+                   (array_agg(i.created_at ORDER BY i.created_at, i.id))[1] AS head,
+                   (array_agg(i.id ORDER BY i.created_at, i.id))[1] AS id,
+                   min(i.run_after) AS ready, bool_and(i.run_after <= now()) AS due
             FROM inserted i
             WHERE i.group_id IS NOT NULL
             GROUP BY i.type, i.group_id
@@ -500,7 +544,8 @@ BEGIN
         SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM c WHERE c.due),
                count(*), count(*) FILTER (WHERE l.ok)
         INTO wanted, due, locked, bounded
-        FROM (SELECT fg.head_lb <= c.head AND fg.ready_lb <= c.ready AS ok
+        FROM (SELECT (fg.head_lb, fg.head_id) <= (c.head, c.id)
+                     AND fg.ready_lb <= c.ready AS ok
               FROM {schema}.fair_groups fg
               JOIN c ON c.type = fg.type AND c.group_id = fg.group_id
               ORDER BY fg.type, fg.group_id
@@ -510,10 +555,11 @@ BEGIN
         END IF;
     END IF;
     SELECT array_agg(type) AS types, array_agg(group_id) AS groups,
-           array_agg(created_at) AS heads, array_agg(run_after) AS readies
+           array_agg(created_at) AS heads, array_agg(id) AS ids,
+           array_agg(run_after) AS readies
     INTO r FROM inserted WHERE status = 'pending' AND group_id IS NOT NULL;
     IF r.types IS NOT NULL THEN
-        PERFORM {schema}.fair_note_pending(r.types, r.groups, r.heads, r.readies);
+        PERFORM {schema}.fair_note_pending(r.types, r.groups, r.heads, r.ids, r.readies);
     END IF;
     -- Served counts: done rows at or after the edge, and running rows (counted whatever
     -- their lock's age, as 'infinity' passes any edge).
@@ -544,6 +590,7 @@ CREATE FUNCTION {schema}.fair_jobs_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     r record;
+    edges text[];
 BEGIN
     -- A heartbeat (running rows that stay running in their type and group) changes no
     -- count and notes nothing.
@@ -558,12 +605,14 @@ BEGIN
     -- edge. Each changed row takes its old version's count away and adds its new one's,
     -- netted per (type, group, shard): a completion (running to done, same shard) writes
     -- nothing; a claim adds one per job. Done rows are decided against the edge under
-    -- the types' shared edge locks, as fair_count_served does.
-    PERFORM pg_advisory_xact_lock_shared({schema}.fair_edge_key(x.type))
+    -- the types' edge rows locked FOR SHARE, as fair_count_served does.
+    SELECT array_agg(x.type) INTO edges
     FROM (SELECT o.type FROM old_rows o WHERE o.status = 'done' AND o.group_id IS NOT NULL
           UNION
-          SELECT n.type FROM new_rows n WHERE n.status = 'done' AND n.group_id IS NOT NULL
-          ORDER BY 1) x;
+          SELECT n.type FROM new_rows n WHERE n.status = 'done' AND n.group_id IS NOT NULL) x;
+    IF edges IS NOT NULL THEN
+        PERFORM {schema}.fair_lock_edges(edges);
+    END IF;
     INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
     SELECT d.type, d.group_id, (d.id % 8)::smallint, sum(d.delta)::int
     FROM (
@@ -593,7 +642,8 @@ BEGIN
         RETURN NULL;
     END IF;
     SELECT array_agg(n.type) AS types, array_agg(n.group_id) AS groups,
-           array_agg(n.created_at) AS heads, array_agg(n.run_after) AS readies
+           array_agg(n.created_at) AS heads, array_agg(n.id) AS ids,
+           array_agg(n.run_after) AS readies
     INTO r
     FROM old_rows o JOIN new_rows n ON n.id = o.id
     WHERE n.status = 'pending' AND n.group_id IS NOT NULL
@@ -603,7 +653,7 @@ BEGIN
            OR o.created_at IS DISTINCT FROM n.created_at
            OR o.run_after > n.run_after);
     IF r.types IS NOT NULL THEN
-        PERFORM {schema}.fair_note_pending(r.types, r.groups, r.heads, r.readies);
+        PERFORM {schema}.fair_note_pending(r.types, r.groups, r.heads, r.ids, r.readies);
     END IF;
     RETURN NULL;
 END
@@ -640,21 +690,25 @@ CREATE TRIGGER jobs_fair_delete
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.fair_jobs_delete();
 
 -- Move a type's edge to p_target (either direction), recording the change as deltas in
--- fair_served (folded later like any other). Takes the type's advisory lock
--- exclusively, try only: when a counting writer is open, it does nothing and returns
--- false (the claim stays exact, its correction is just wider). Each statement of a
--- volatile plpgsql function reads a fresh snapshot, so once the lock is held every done
--- job that any counting writer decided on is visible. Only done jobs can sit between two
--- edges: running jobs are counted as finishing at 'infinity'.
-CREATE FUNCTION {schema}.fair_advance(p_type text, p_target timestamptz) RETURNS boolean
+-- fair_served (folded later like any other). Locks the type's edge row FOR UPDATE SKIP
+-- LOCKED: when a counting writer holds it (FOR SHARE, fair_lock_edges), it does nothing
+-- and returns false (the claim stays exact, its correction is just wider). Each
+-- statement of a volatile plpgsql function reads a fresh snapshot, so once the row is
+-- locked every done job that any counting writer decided on is visible. Only done jobs
+-- can sit between two edges: running jobs are counted as finishing at 'infinity'.
+CREATE FUNCTION {schema}.fair_advance(p_type text, p_target timestamptz)
+RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     old_edge timestamptz;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock({schema}.fair_edge_key(p_type)) THEN
+    INSERT INTO {schema}.fair_edge (type, edge) VALUES (p_type, '-infinity')
+    ON CONFLICT (type) DO NOTHING;
+    SELECT e.edge INTO old_edge FROM {schema}.fair_edge e WHERE e.type = p_type
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
         RETURN false;
     END IF;
-    old_edge := coalesce((SELECT edge FROM {schema}.fair_edge WHERE type = p_type), '-infinity');
     IF p_target <> old_edge THEN
         -- Done jobs between the old and the new edge leave (forward) or enter (back).
         INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
@@ -667,8 +721,7 @@ BEGIN
         GROUP BY j.group_id
         ORDER BY j.group_id
         ON CONFLICT (type, group_id, shard) DO UPDATE SET n = fs.n + excluded.n;
-        INSERT INTO {schema}.fair_edge (type, edge) VALUES (p_type, p_target)
-        ON CONFLICT (type) DO UPDATE SET edge = excluded.edge;
+        UPDATE {schema}.fair_edge SET edge = p_target WHERE type = p_type;
     END IF;
     RETURN true;
 END
@@ -676,11 +729,11 @@ $$;
 
 -- Fold a type's fair_served deltas into fair_groups.served_n (creating missing rows)
 -- and, in the same row update, renew those groups' head bounds and those of up to 100
--- groups whose bound ran out, as of p_now (the queue's clock): head_lb the oldest job
--- ready at p_now (looked for among the group's 200 oldest; when all of those are
+-- groups whose bound ran out, as of p_now (the queue's clock): (head_lb, head_id) the
+-- first job ready at p_now (looked for among the group's 200 oldest; when all of those are
 -- deferred, the oldest of all, valid forever), valid until the first job due after
 -- p_now. One new row version per group per round, since every version leaves an entry
--- in the walk index. No advisory lock is needed: deltas and served_n count against the
+-- in the walk index. No edge lock is needed: deltas and served_n count against the
 -- same edge, and a fold moves them in one transaction. It never waits: rows a writer
 -- holds (FOR KEY SHARE or a lowering) and delta rows another fold holds are left for
 -- the next one. Returns the number of groups folded.
@@ -702,6 +755,7 @@ BEGIN
             PERFORM {schema}.fair_insert_groups(
                 array_fill(p_type, ARRAY[cardinality(missing)]), missing,
                 array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]),
+                array_fill(0::bigint, ARRAY[cardinality(missing)]),
                 array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]), NULL);
         END IF;
     END IF;
@@ -739,27 +793,32 @@ BEGIN
                coalesce(sm.n, 0) AS n,
                (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
                   AND j.group_id = g.group_id AND j.status = 'pending') AS ready,
-               -- The first ready job among the 200 oldest: read in index order, the
-               -- scan stops at it (taking the min over all 200 made a fold of 100
-               -- groups of a backlog cost 8 ms).
-               (SELECT o.created_at FROM (
-                    SELECT j.created_at, j.run_after FROM {schema}.jobs j
-                    WHERE j.type = p_type AND j.group_id = g.group_id
-                      AND j.status = 'pending'
-                    ORDER BY j.created_at, j.id LIMIT 200) o
-                WHERE o.run_after <= p_now
-                ORDER BY o.created_at LIMIT 1) AS ready_head,
-               (SELECT min(j.created_at) FROM {schema}.jobs j WHERE j.type = p_type
-                  AND j.group_id = g.group_id AND j.status = 'pending') AS any_head,
+               rh.created_at AS ready_head, rh.id AS ready_id,
+               ah.created_at AS any_head, ah.id AS any_id,
                (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
                   AND j.group_id = g.group_id AND j.status = 'pending'
                   AND j.run_after > p_now) AS next_due
         FROM unnest(gs) AS g(group_id)
         LEFT JOIN sums sm ON sm.group_id = g.group_id
+        -- The first ready job among the 200 oldest: read in index order, the scan stops
+        -- at it (taking the min over all 200 made a fold of 100 groups of a backlog cost
+        -- 8 ms).
+        LEFT JOIN LATERAL (
+            SELECT o.created_at, o.id FROM (
+                SELECT j.created_at, j.id, j.run_after FROM {schema}.jobs j
+                WHERE j.type = p_type AND j.group_id = g.group_id AND j.status = 'pending'
+                ORDER BY j.created_at, j.id LIMIT 200) o
+            WHERE o.run_after <= p_now
+            ORDER BY o.created_at, o.id LIMIT 1) rh ON true
+        LEFT JOIN LATERAL (
+            SELECT j.created_at, j.id FROM {schema}.jobs j
+            WHERE j.type = p_type AND j.group_id = g.group_id AND j.status = 'pending'
+            ORDER BY j.created_at, j.id LIMIT 1) ah ON true
     )
     UPDATE {schema}.fair_groups fg
     SET served_n = fg.served_n + b.n,
         head_lb = coalesce(b.ready_head, b.any_head, 'infinity'),
+        head_id = coalesce(b.ready_id, b.any_id, 0),
         head_until = CASE WHEN b.ready_head IS NULL THEN 'infinity'
                           ELSE coalesce(b.next_due, 'infinity') END,
         ready_lb = coalesce(b.ready, 'infinity')
@@ -774,3 +833,14 @@ BEGIN
     RETURN folded;
 END
 $$;
+
+-- Periodic schedules (docs/design.md, "Schedules"): one row per schedule name, holding
+-- the last tick taken. A tick is enqueued in the transaction that moves last_tick past
+-- it, under this row's lock, so each tick is taken once across every worker on every
+-- host, also after its job has finished (the dedupe index covers open jobs only).
+CREATE TABLE {schema}.schedules (
+    name       text PRIMARY KEY,
+    last_tick  timestamptz,          -- the latest tick taken (enqueued or skipped); null: none yet
+    created_at timestamptz NOT NULL, -- first seen (queue clock): earlier ticks are not owed
+    updated_at timestamptz NOT NULL
+);

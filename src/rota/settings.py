@@ -64,7 +64,7 @@ class QueueSettings:
     ) -> None:
         db.identifier(schema, "schema")
         if groups is not None:
-            db.identifier(groups, "groups relation")
+            db.identifier(groups, "groups relation", qualified=True)
         self.schema = schema
         self.groups = groups
         self.external_groups = groups is not None

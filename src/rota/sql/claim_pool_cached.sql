@@ -11,34 +11,32 @@ levels AS (
     SELECT NULL
 ),
 pool AS (
-    SELECT f.group_id, f.head_lb, f.served_n, f.served_n AS served_lb, l.plan,
+    SELECT f.group_id, f.head_lb, f.head_id, f.served_n, f.served_n AS served_lb, l.plan,
            true AS active
     FROM levels l
     CROSS JOIN clock c
     CROSS JOIN LATERAL (
-        (SELECT f.group_id, f.head_lb, f.served_n FROM {schema}.fair_groups f
+        (SELECT f.group_id, f.head_lb, f.head_id, f.served_n FROM {schema}.fair_groups f
          WHERE l.plan IS NOT NULL AND f.type = %(type)s AND f.plan = l.plan
            AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
            AND f.head_until > c.now
            AND f.group_id NOT IN (SELECT s.group_id FROM special s)
-         ORDER BY f.served_n, f.head_lb
+         ORDER BY f.served_n, f.head_lb, f.head_id
          LIMIT %(probe_groups)s + 1)
         UNION ALL
-        (SELECT f.group_id, f.head_lb, f.served_n FROM {schema}.fair_groups f
+        (SELECT f.group_id, f.head_lb, f.head_id, f.served_n FROM {schema}.fair_groups f
          WHERE l.plan IS NULL AND f.type = %(type)s AND f.plan IS NULL
            AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
            AND f.head_until > c.now
            AND f.group_id NOT IN (SELECT s.group_id FROM special s)
-         ORDER BY f.served_n, f.head_lb
+         ORDER BY f.served_n, f.head_lb, f.head_id
          LIMIT %(probe_groups)s + 1)
     ) f
     UNION ALL
     -- The special groups, with exact served counts. Their rows are fetched one by one
     -- (LATERAL … OFFSET 0 keeps each a parameterized index lookup; joined flat, the
     -- generic plan hashed all of fair_groups and groups: 20 ms at 10,000 groups).
-    SELECT s.group_id,
-           least(CASE WHEN fg.head_until <= c.now THEN '-infinity' ELSE fg.head_lb END,
-                 sh.head),
+    SELECT s.group_id, hd.head, hd.head_id,
            coalesce(fg.served_n, 0),
            coalesce(fg.served_n, 0) + coalesce(dd.n, 0) + coalesce(ef.n, 0)
              - coalesce(ro.n, 0),
@@ -46,22 +44,27 @@ pool AS (
     FROM special s
     CROSS JOIN clock c
     LEFT JOIN LATERAL (
-        SELECT f.head_lb, f.head_until, f.ready_lb, f.served_n FROM {schema}.fair_groups f
+        SELECT f.head_lb, f.head_id, f.head_until, f.ready_lb, f.served_n
+        FROM {schema}.fair_groups f
         WHERE f.type = %(type)s AND f.group_id = s.group_id OFFSET 0) fg ON true
     LEFT JOIN LATERAL (
         SELECT x.plan, x.active FROM {groups} x WHERE x.group_id = s.group_id OFFSET 0
     ) g ON true
     LEFT JOIN stale_head sh ON sh.group_id = s.group_id
+    -- The smaller of the row's bound (none once expired) and the stale head, as a row.
+    CROSS JOIN LATERAL (
+        SELECT x.head, x.head_id FROM (VALUES
+            (CASE WHEN fg.head_until <= c.now THEN '-infinity' ELSE fg.head_lb END,
+             CASE WHEN fg.head_until <= c.now THEN 0 ELSE fg.head_id END),
+            (sh.head, sh.head_id)) x(head, head_id)
+        WHERE x.head IS NOT NULL
+        ORDER BY x.head, x.head_id LIMIT 1) hd
     LEFT JOIN served_delta dd ON dd.group_id = s.group_id
     LEFT JOIN edge_fix ef ON ef.group_id = s.group_id
     LEFT JOIN running_old ro ON ro.group_id = s.group_id
     WHERE sh.head IS NOT NULL OR fg.ready_lb <= c.now
     UNION ALL
     -- The group-less jobs, one group of their own (served 0, the middle plan).
-    SELECT NULL, h.head, 0, 0, NULL, true
-    FROM (SELECT least(
-              (SELECT min(p.created_at) FROM {schema}.jobs p
-               WHERE p.type = %(type)s AND p.group_id IS NULL AND p.status = 'pending'),
-              (SELECT min(s.created_at) FROM stale s WHERE s.group_id IS NULL)) AS head) h
-    WHERE h.head IS NOT NULL
+    SELECT NULL, h.head, h.head_id, 0, 0, NULL, true
+    FROM {groupless_head} h
 )

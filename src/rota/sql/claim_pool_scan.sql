@@ -4,23 +4,28 @@
 -- Correct, but its cost grows with the number of groups (about 20 ms at 10,000 groups
 -- on 2 cores); rota's own groups table uses claim_pool_cached.sql instead.
 pool AS (
-    SELECT fg.group_id,
-           least(CASE WHEN fg.head_until <= c.now THEN '-infinity' ELSE fg.head_lb END,
-                 sh.head) AS head_lb,
-           fg.served_n,
+    SELECT fg.group_id, hd.head AS head_lb, hd.head_id, fg.served_n,
            fg.served_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0)
              AS served_lb,
            g.plan, coalesce(g.active, true) AS active
     FROM {schema}.fair_groups fg
     CROSS JOIN clock c
     LEFT JOIN stale_head sh ON sh.group_id = fg.group_id
+    -- The smaller of the row's bound (none once expired) and the stale head, as a row.
+    CROSS JOIN LATERAL (
+        SELECT x.head, x.head_id FROM (VALUES
+            (CASE WHEN fg.head_until <= c.now THEN '-infinity' ELSE fg.head_lb END,
+             CASE WHEN fg.head_until <= c.now THEN 0 ELSE fg.head_id END),
+            (sh.head, sh.head_id)) x(head, head_id)
+        WHERE x.head IS NOT NULL
+        ORDER BY x.head, x.head_id LIMIT 1) hd
     LEFT JOIN {groups} g ON g.group_id = fg.group_id
     LEFT JOIN served_delta dd ON dd.group_id = fg.group_id
     LEFT JOIN edge_fix ef ON ef.group_id = fg.group_id
     LEFT JOIN running_old ro ON ro.group_id = fg.group_id
     WHERE fg.type = %(type)s AND (fg.ready_lb <= c.now OR sh.head IS NOT NULL)
     UNION ALL
-    SELECT sh.group_id, sh.head, 0,
+    SELECT sh.group_id, sh.head, sh.head_id, 0,
            coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0),
            g.plan, coalesce(g.active, true)
     FROM stale_head sh
@@ -31,10 +36,6 @@ pool AS (
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_groups fg
                       WHERE fg.type = %(type)s AND fg.group_id = sh.group_id)
     UNION ALL
-    SELECT NULL, h.head, 0, 0, NULL, true
-    FROM (SELECT least(
-              (SELECT min(p.created_at) FROM {schema}.jobs p
-               WHERE p.type = %(type)s AND p.group_id IS NULL AND p.status = 'pending'),
-              (SELECT min(s.created_at) FROM stale s WHERE s.group_id IS NULL)) AS head) h
-    WHERE h.head IS NOT NULL
+    SELECT NULL, h.head, h.head_id, 0, 0, NULL, true
+    FROM {groupless_head} h
 )

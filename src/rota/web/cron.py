@@ -1,4 +1,4 @@
-"""The cron endpoint (DESIGN "Ways to run it"): ``GET /api/cron`` runs the pipeline once
+"""The cron endpoint (docs/design.md, "Ways to run it"): ``GET /api/cron`` runs the pipeline once
 within its time budget, for a platform scheduler (Vercel Cron, Cloud Scheduler, a
 Kubernetes CronJob with curl) that calls a URL on a schedule.
 
@@ -16,22 +16,22 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .checks import require_duration
-from .errors import ConfigError, InvalidInput
+from ..checks import require_duration
+from ..errors import ConfigError, InvalidInput
+from ..runner.stage import STOP_REASONS, Trigger
 
 log = logging.getLogger("rota.web")
 
-Trigger: TypeAlias = Literal["cron", "cli", "worker", "manual"]
 
-#: Stop reasons that are not incidents (DESIGN "The runner"); only ``error`` is one.
-HEALTHY_STOP_REASONS = frozenset({"no_work", "time_budget", "quota_reserve", "quota_exhausted"})
+#: Stop reasons that are not incidents (docs/design.md, "The runner"); only ``error`` is.
+HEALTHY_STOP_REASONS = frozenset(STOP_REASONS) - {"error"}
 
 # Tokens that a misconfigured client sends when its secret variable is unset
 # (JavaScript's `${undefined}`, a JSON null): they never authenticate, and a configured
@@ -170,8 +170,11 @@ def cron_app(
         ``{"runId", "stopReason", "jobsDone", "jobsFailed", "units"}``; when the run
         stopped with ``error`` (an incident) the same JSON comes with status 500, so the
         scheduler's dashboard shows it; when the run could not start (database down)
-        503 ``{"error": ...}`` naming the exception type only. Without the right secret,
-        401 ``{"error": "unauthorized"}``; any other method, 405.
+        503 ``{"error": ...}`` naming the exception type only. With more than one
+        Authorization header, 400 ``{"error": "more than one Authorization header"}``
+        whatever they hold (exactly one credential: a proxy or framework that reads
+        another of them than this check would disagree about who asked). Without the
+        right secret, 401 ``{"error": "unauthorized"}``; any other method, 405.
         ``GET /healthz``: 200 ``{"status": "ok"}`` (the process is up; no database call).
 
     Args:
@@ -202,6 +205,11 @@ def cron_app(
         if request.method != "GET":
             return JSONResponse({"error": "method not allowed"}, status_code=405,
                                 headers={"Allow": "GET"})
+        authorizations = request.headers.getlist("authorization")
+        if len(authorizations) > 1:
+            log.info("cron request refused: more than one Authorization header")
+            return JSONResponse({"error": "more than one Authorization header"},
+                                status_code=400)
         if not bearer_matches(request.headers.get("authorization"), configured):
             log.info("cron request refused: missing or wrong bearer token")
             return JSONResponse({"error": "unauthorized"}, status_code=401,

