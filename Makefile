@@ -28,9 +28,9 @@ bench: $(STAMP)
 
 # Jobs/s and claim latency with 1, 2, 4 and 8 workers over 4 namespaced hosts, with 0 and
 # 5 ms added to each round trip (needs root; a private server; a few minutes). The table
-# is bench/RESULTS.md's section 6.
+# is bench/RESULTS.md's section 7.
 bench-hosts: $(STAMP)
-	$(BIN)/python -m bench.hosts $(BENCH_ARGS)
+	$(BIN)/python -m bench.hosts $(BENCH_HOSTS_ARGS)
 
 # 5,000 jobs, 4 workers SIGKILLed at random, one PostgreSQL restart (the embedded server,
 # or the machine's when DATABASE_URL names it); prints the checks and one summary line.
