@@ -46,6 +46,9 @@ class Proc:
 class Harness:
     """Runs one chaos run against ``server`` in a fresh schema."""
 
+    #: Seconds a worker may take to stop on SIGTERM beyond its run's time budget.
+    stop_grace = 20.0
+
     def __init__(self, server: Server, profile: Profile, *, seed: int, quiet: bool,
                  workdir: Path) -> None:
         self.server = server
@@ -136,7 +139,7 @@ class Harness:
     async def stop_workers(self) -> None:
         for proc in self.procs.values():
             proc.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.profile.time_budget + 20
+        deadline = time.monotonic() + self.profile.time_budget + self.stop_grace
         for name, proc in self.procs.items():
             try:
                 await asyncio.to_thread(proc.popen.wait, max(deadline - time.monotonic(), 0.1))

@@ -156,7 +156,17 @@ async def check_hosts(conn: AnyConn, schema: str, chaos: Report, out: HostsOutco
         elif f.kind == "kill":
             r.figures["kill"] = f"{f.workers[0]} on {f.host}"
         elif f.kind == "restart":
-            r.figures["restart"] = f"{f.how}, {span}s"
+            # When each worker alive across the restart started its next run.
+            resumed: dict[str, Any] = {}
+            for x in runs:
+                w = str(x["app"]).removeprefix("chaos-")
+                if w in out.host_of and x["started_at"] >= f.end and (
+                        w not in resumed or x["started_at"] < resumed[w]):
+                    resumed[w] = x["started_at"]
+            waits = sorted(((t - f.end).total_seconds(), w) for w, t in resumed.items())
+            slowest = (f"; each worker's first run after it started {waits[0][0]:.1f}-"
+                       f"{waits[-1][0]:.1f}s later ({waits[-1][1]} last)" if waits else "")
+            r.figures["restart"] = f"{f.how}, {span}s{slowest}"
     for kind in ("long_cut", "short_cut", "slow", "kill", "restart"):
         if not any(f.kind == kind for f in out.faults):
             r.violations.append(f"the {kind.replace('_', ' ')} never happened")

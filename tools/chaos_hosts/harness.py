@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -58,6 +59,10 @@ class HostsHarness(Harness):
     """One multi-host run against ``server`` reached over ``network``'s links."""
 
     server: BridgePostgres
+    # After the restart, a worker whose pool held several connections can spend up to
+    # the pool's 30 s timeout in psycopg_pool's getconn: each dead connection fails
+    # rota's check and the pool waits 1, 2, 4, 8... s before trying the next one.
+    stop_grace = 45.0
 
     def __init__(self, server: BridgePostgres, network: Network, profile: HostsProfile, *,
                  seed: int, quiet: bool, workdir: Path) -> None:
@@ -81,8 +86,6 @@ class HostsHarness(Harness):
         return total
 
     async def connect(self) -> AnyConn:
-        import psycopg
-
         return await psycopg.AsyncConnection.connect(
             make_conninfo(self.server.url, application_name="chaos-harness"), autocommit=True)
 
@@ -147,29 +150,81 @@ class HostsHarness(Harness):
 
     # -- the faults ----------------------------------------------------------------------
 
-    async def cut(self, kind: str, host: str, seconds: float) -> Fault:
-        workers = self.workers_on(host)
-        self.network.cut(host)
-        start = datetime.now(UTC)
-        self.say(f"{kind}: {host} ({', '.join(workers)}) cut off for {seconds:g}s")
-        await asyncio.sleep(seconds)
-        self.network.heal(host)
+    async def held_by(self, host: str) -> set[tuple[int, object]]:
+        """The jobs ``host``'s workers hold now: ``(id, claim_token)``."""
+        apps = [f"chaos-{n}" for n in self.workers_on(host)]
+        async with await self.connect() as conn:
+            cur = await conn.execute(sql.SQL(
+                "SELECT j.id, j.claim_token FROM {s}.jobs j "
+                "JOIN {s}.chaos_run_owner o ON o.run_id = j.run_id "
+                "WHERE j.status = 'running' AND o.app = ANY(%s)").format(
+                    s=sql.Identifier(self.schema)), [apps])
+            return {(int(i), t) for i, t in await cur.fetchall()}
+
+    def _cut_done(self, workers: list[str], start: datetime, seconds: float) -> datetime:
         end = datetime.now(UTC)
         # What was sent during the cut lands at the next retransmission: up to about
         # the cut's length later (exponential backoff), or not at all once the
         # connection gave up (30 s, rota's default).
         slack = timedelta(seconds=seconds + 1)
         self.out.cuts += [Cut(w, start, end, slack) for w in workers]
-        return Fault(kind, host, workers, start, end)
+        return end
+
+    async def cut(self, kind: str, host: str, seconds: float, *,
+                  until_reclaimed: float | None = None) -> Fault:
+        """Cut ``host`` off for ``seconds``, from a moment it holds running jobs (a cut
+        that finds it idle is undone at once and tried again, after another wave). With
+        ``until_reclaimed``, the cut lasts until another host has reclaimed one of the
+        jobs it held, at most that many seconds: behind a backlog, stale jobs wait
+        their turn in the fair order."""
+        for attempt in range(3):
+            await self.wave_until_busy(host)
+            workers = self.workers_on(host)
+            start = datetime.now(UTC)  # before the rule: what it catches is after this
+            self.network.cut(host)
+            held = await self.held_by(host)
+            if held or attempt == 2:
+                break
+            self.network.heal(host)
+            self._cut_done(workers, start, 1.0)
+            self.say(f"{kind}: {host} was idle when cut; again")
+        self.say(f"{kind}: {host} ({', '.join(workers)}) cut off holding {len(held)} jobs")
+        t0 = time.monotonic()
+        await asyncio.sleep(seconds)
+        if until_reclaimed is not None:
+            while time.monotonic() - t0 < until_reclaimed:
+                if not held or await self.still_held(held) != held:
+                    break
+                await asyncio.sleep(0.2)
+        self.network.heal(host)
+        elapsed = time.monotonic() - t0
+        self.say(f"{kind}: {host} back after {elapsed:.1f}s")
+        return Fault(kind, host, workers, start, self._cut_done(workers, start, elapsed))
+
+    async def still_held(self, claims: set[tuple[int, object]]) -> set[tuple[int, object]]:
+        """Which of ``claims`` (``(id, claim_token)``) still hold their running job."""
+        async with await self.connect() as conn:
+            cur = await conn.execute(sql.SQL(
+                "SELECT id, claim_token FROM {}.jobs WHERE status = 'running' "
+                "AND id = ANY(%s)").format(sql.Identifier(self.schema)),
+                [[i for i, _ in claims]])
+            return claims & {(int(i), t) for i, t in await cur.fetchall()}
 
     async def slow(self, host: str) -> Fault:
+        """Slow ``host``'s link, from a moment it holds running jobs (tried again after
+        another wave when it was idle), with jobs arriving all along."""
         p = self.hosts_profile
-        if not self.network.has_netem(host):
-            await asyncio.to_thread(self.network.start_delayer, host, p.slow_delay_ms)
-        await self.wave_until_busy(host)
-        workers = self.workers_on(host)
-        how = self.network.slow(host, p.slow_delay_ms, p.slow_loss)
-        start = datetime.now(UTC)
+        for attempt in range(3):
+            if not self.network.has_netem(host):
+                await asyncio.to_thread(self.network.start_delayer, host, p.slow_delay_ms)
+            await self.wave_until_busy(host)
+            workers = self.workers_on(host)
+            start = datetime.now(UTC)
+            how = self.network.slow(host, p.slow_delay_ms, p.slow_loss)
+            if await self.held_by(host) or attempt == 2:
+                break
+            self.network.heal(host)
+            self.say(f"slow: {host} was idle; again")
         self.say(f"slow: {host} +{p.slow_delay_ms:g} ms, {p.slow_loss:.0%} loss ({how}) "
                  f"for {p.slow_seconds:g}s")
         # Keep a backlog: the other hosts claim faster, and a slow host claims only
@@ -199,6 +254,11 @@ class HostsHarness(Harness):
         """Enqueue waves (at most three) until ``host`` (any host: None) holds at least
         ``at_least`` running jobs, so the fault that follows meets work in flight."""
         workers = [f"chaos-{n}" for n in (self.workers_on(host) if host else self.procs)]
+        # Behind a long backlog the fault would meet the same work everywhere, and a
+        # cut host's stale jobs would wait their turn in the fair order.
+        await self.wait_until("SELECT count(*) < %s FROM {schema}.jobs "
+                              "WHERE status IN ('pending', 'running')",
+                              [self.hosts_profile.wave], 60)
         for _ in range(3):
             await self.add_wave()
             if await self.wait_until(
@@ -222,10 +282,9 @@ class HostsHarness(Harness):
         long_host, short_host, slow_host = self.hosts[0], self.hosts[1], self.hosts[2]
         kill_host = self.hosts[-1] if len(self.hosts) > 3 else slow_host
 
-        await self.wave_until_busy(long_host)
-        faults.append(await self.cut("long_cut", long_host, p.long_cut))
+        faults.append(await self.cut("long_cut", long_host, p.long_cut,
+                                     until_reclaimed=p.long_cut_max))
         await asyncio.sleep(p.pause)
-        await self.wave_until_busy(short_host)
         faults.append(await self.cut("short_cut", short_host, p.short_cut))
         await asyncio.sleep(p.pause)
         faults.append(await self.slow(slow_host))

@@ -24,6 +24,9 @@ class HostsProfile:
         wave: jobs enqueued before each fault, so that every fault finds work running.
         long_cut: seconds a host is cut off, longer than the stale window (its jobs are
             reclaimed; what it sent lands when the link returns, and is fenced).
+        long_cut_max: the long cut goes on past ``long_cut`` until another host has
+            reclaimed one of its jobs, at most this long (under rota's 30 s give-up,
+            so what it sent still lands, and meets the fence).
         short_cut: seconds another host is cut off, well inside the stale window (its
             heartbeats land late but in time: nothing is reclaimed).
         slow_seconds, slow_delay_ms, slow_loss: a third host's link delays what it
@@ -39,6 +42,7 @@ class HostsProfile:
     workers_per_host: int = 2
     wave: int = 60
     long_cut: float = 12.0
+    long_cut_max: float = 24.0
     short_cut: float = 2.0
     slow_seconds: float = 8.0
     slow_delay_ms: float = 200.0
@@ -52,9 +56,10 @@ class HostsProfile:
         if self.hosts < 3:
             raise ConfigError("a multi-host run needs at least 3 hosts (one cut long, one "
                               "cut short, one slowed)")
-        if self.long_cut <= w.stale_after + w.heartbeat_every:
+        if not w.stale_after + w.heartbeat_every < self.long_cut <= self.long_cut_max:
             raise ConfigError(f"long_cut ({self.long_cut}s) must outlast the stale window "
-                              f"({w.stale_after}s) and a heartbeat")
+                              f"({w.stale_after}s) and a heartbeat, and be at most "
+                              f"long_cut_max ({self.long_cut_max}s)")
         # A statement sent during a cut is retransmitted with exponential backoff, so it
         # can land up to about the cut's length after the link returns.
         if 2 * self.short_cut + w.heartbeat_every >= w.stale_after:
