@@ -161,6 +161,11 @@ class Harness:
 
     # -- the worker phase --------------------------------------------------------------
 
+    def progress_query(self) -> sql.Composed:
+        """Job counts by status (the multi-host run counts stuck jobs apart)."""
+        return sql.SQL("SELECT status, count(*) FROM {} GROUP BY 1").format(
+            sql.Identifier(self.schema, "jobs"))
+
     async def progress(self, conn: AnyConn | None) -> tuple[AnyConn | None, dict[str, int]]:
         """Job counts by status (reconnecting after a restart; empty while down)."""
         try:
@@ -168,8 +173,7 @@ class Harness:
                 conn = await psycopg.AsyncConnection.connect(
                     make_conninfo(self.server.url, application_name="chaos-monitor"),
                     autocommit=True, connect_timeout=2)
-            cur = await conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY 1")
-                                     .format(sql.Identifier(self.schema, "jobs")))
+            cur = await conn.execute(self.progress_query())
             return conn, {str(s): int(n) for s, n in await cur.fetchall()}
         except (psycopg.Error, OSError):
             if conn is not None:

@@ -311,6 +311,17 @@ class HostsHarness(Harness):
 
     # -- the worker phase --------------------------------------------------------------
 
+    def progress_query(self) -> sql.Composed:
+        # A job whose last attempt's run was cut off (by the restart, a kill or a cut)
+        # stays running until the stuck-jobs sweep, which `rota worker` runs when it
+        # starts and then daily: counted apart, for the final drain's maintenance.
+        return sql.SQL(
+            "SELECT CASE WHEN status = 'running' AND attempts >= max_attempts "
+            "AND locked_at < now() - {} THEN 'stuck' ELSE status END, count(*) "
+            "FROM {} GROUP BY 1").format(
+                sql.Literal(timedelta(seconds=self.profile.stale_after)),
+                sql.Identifier(self.schema, "jobs"))
+
     async def worker_phase(self, total: int) -> None:
         p = self.hosts_profile
         for host in self.hosts:
@@ -334,7 +345,7 @@ class HostsHarness(Harness):
                 if time.monotonic() - last_report >= 5:
                     last_report = time.monotonic()
                     self.say(f"done={counts.get('done', 0)} failed={counts.get('failed', 0)} "
-                             f"open={open_jobs}")
+                             f"open={open_jobs} stuck={counts.get('stuck', 0)}")
                 if scenario.done() and probe.done() and counts and open_jobs == 0:
                     break
             else:
