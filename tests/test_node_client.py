@@ -22,7 +22,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from rota import Queue
+from rota.settings import QueueSettings
+from rota.store import Statements
 
 from .cli_app import build_pipeline
 
@@ -55,19 +56,23 @@ def wait_for(check: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def test_node_enqueues_in_its_transactions_and_a_worker_runs_the_committed_half(
-    make_queue: Any, database_url: str, enqueue_only_role: Any
+def test_node_enqueues_in_its_transactions_and_a_worker_runs_the_committed_half(
+    database_url: str, migrated: str, enqueue_only_role: Any
 ) -> None:
     node_bin = node()
-    queue: Queue = await make_queue(**build_pipeline.queue_settings)  # type: ignore[attr-defined]
-    role = enqueue_only_role(queue.schema)
-    s = sql.Identifier(queue.schema)
+    s = sql.Identifier(migrated)
 
     def query(text: str) -> list[tuple[Any, ...]]:
         with psycopg.connect(database_url, autocommit=True) as conn:
             return conn.execute(sql.SQL(text).format(s=s)).fetchall()
 
-    env = {**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": queue.schema,
+    # The app's settings (its declared types) are what the SQL functions apply, as
+    # `rota migrate --app` publishes them.
+    settings = QueueSettings(schema=migrated, **build_pipeline.queue_settings)  # type: ignore[attr-defined]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(Statements(migrated).sql("publish_settings"), settings.enqueue_settings())
+    role = enqueue_only_role(migrated)
+    env = {**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": migrated,
            "ROTA_APP": APP, "PYTHONUNBUFFERED": "1"}
     worker = subprocess.Popen(
         [sys.executable, "-m", "rota.cli", "worker", "--idle-poll", "30"],
