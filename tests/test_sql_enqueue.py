@@ -28,9 +28,10 @@ from rota import (
     SyncQueue,
     UnknownGroup,
     UnknownJobType,
+    db,
 )
 from rota.checks import EARLIEST_DUE, LATEST_DUE
-from rota.db import migrate
+from rota.db import migrate, migrations
 from rota.job import DEFAULT_MAX_PAYLOAD_BYTES
 from rota.settings import QueueSettings, enqueue_error
 from rota.store import Statements
@@ -496,3 +497,30 @@ def test_without_the_grant_a_role_cannot_enqueue(database_url: str, migrated: st
                 sql.Literal(migrated))).fetchall()
     assert rows_ == [(name, True, ["search_path=pg_catalog, pg_temp"], False)
                      for name in ("enqueue", "enqueue_many")]
+
+
+async def test_a_released_schema_upgrades_and_keeps_its_jobs(
+    database_url: str, schema: str, make_queue: Any
+) -> None:
+    """A schema as 0.1.0 left it (the baseline alone, with a job) gets migration 003 and
+    the SQL functions; its job is untouched and still claimable."""
+    baseline = migrations()[0]
+    ident = sql.Identifier(schema)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        quoted = ident.as_string(conn)
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+        conn.execute(baseline.text.format(schema=quoted).encode())
+        conn.execute(db._VERSION_TABLE.format(schema=quoted).encode())
+        conn.execute(db._record(baseline, ident))
+        conn.execute(sql.SQL("INSERT INTO {}.jobs (type, payload, max_attempts, run_after, "
+                             "created_at) VALUES ('t', '{{\"old\": true}}', 3, now(), now())")
+                     .format(ident))
+    queue = await make_queue(max_attempts=6)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        versions = conn.execute(sql.SQL("SELECT version FROM {}.rota_migrations ORDER BY 1")
+                                .format(ident)).fetchall()
+        new = sql_enqueue(conn, schema, "t", Jsonb({"new": True}))
+    assert versions == [(m.version,) for m in migrations()]
+    jobs = await queue.claim("t", 5)
+    assert [(j.payload, j.max_attempts) for j in jobs] == [({"old": True}, 3), ({"new": True}, 6)]
+    assert jobs[1].id == new
