@@ -170,7 +170,7 @@ CREATE TABLE {schema}.enqueue_settings (
     max_attempts         integer NOT NULL DEFAULT 3 CHECK (max_attempts > 0),
     max_attempts_by_type jsonb NOT NULL DEFAULT '{{}}'::jsonb,  -- {{"type": attempts}}
     max_payload_bytes    integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes > 0),
-    groups               text,                         -- the groups relation; null: groups
+    groups               text,                 -- the groups relation; null: this schema's
     clock_offset         interval NOT NULL DEFAULT '0',
     published_at         timestamptz
 );

@@ -200,13 +200,8 @@ class QueueSettings:
                     f"item {i}: needs 'type' and 'payload'"
                 )
             try:
-                # A batch repeats a few types and groups: plain strings pass as they are.
-                t = item["type"]
-                if type(t) is not str or "\x00" in t:
-                    t = sendable_text(t, "job type")
-                g = item.get("group_id")
-                if g is not None and (type(g) is not str or "\x00" in g):
-                    g = sendable_text(g, "group_id")
+                t = sendable_text(item["type"], "job type")
+                g = sendable_text(item.get("group_id"), "group_id", allow_none=True)
                 payload = encode_payload(item["payload"])
                 key = item.get("dedupe_key")
                 if key is not None:
