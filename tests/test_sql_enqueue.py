@@ -524,3 +524,16 @@ async def test_a_released_schema_upgrades_and_keeps_its_jobs(
     jobs = await queue.claim("t", 5)
     assert [(j.payload, j.max_attempts) for j in jobs] == [({"old": True}, 3), ({"new": True}, 6)]
     assert jobs[1].id == new
+
+
+async def test_the_sql_path_refuses_an_unqualified_groups_relation(
+    make_queue: Any, database_url: str
+) -> None:
+    """Published before it existed, the name could not be recorded with its schema; the
+    definer functions would look an unqualified name up in the caller's pg_temp too."""
+    queue = await make_queue(groups="campaign_groups_not_yet")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                           match="the groups relation 'campaign_groups_not_yet' in .* is "
+                                 "not schema-qualified: create it, then publish"):
+            sql_enqueue(conn, queue.schema, "t", Jsonb({}), group_id="g")

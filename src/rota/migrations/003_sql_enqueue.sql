@@ -201,6 +201,23 @@ BEGIN
 END
 $$;
 
+-- The groups relation the SQL entry points check groups against: null for rota's own
+-- table, else the published name, which must be schema-qualified: under their fixed
+-- search_path an unqualified name would be looked up in pg_temp too, where a caller could
+-- create a table of its own. (Publishing records the name qualified once it exists.)
+CREATE FUNCTION {schema}.enqueue_groups_relation(p_name text) RETURNS regclass
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_name IS NOT NULL AND cardinality(parse_ident(p_name)) < 2 THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = 'the groups relation ' || quote_literal(p_name) || ' in '
+                      || '{schema}.enqueue_settings is not schema-qualified: create it, '
+                      || 'then publish the queue''s settings again (rota migrate --app)';
+    END IF;
+    RETURN p_name::regclass;
+END
+$$;
+
 -- The SQL entry points: SECURITY DEFINER, so a role granted EXECUTE on them (and USAGE on
 -- the schema) enqueues without any privilege on the tables; the search_path is fixed so
 -- that nothing of the caller's can stand in for a built-in. They run as their owner, the
@@ -226,7 +243,7 @@ BEGIN
         ARRAY[enqueue.type], ARRAY[enqueue.payload], ARRAY[enqueue.group_id],
         ARRAY[enqueue.dedupe_key], ARRAY[enqueue.run_after], ARRAY[enqueue.max_attempts],
         false, s.types, s.max_attempts, s.max_attempts_by_type, s.max_payload_bytes,
-        s.groups::regclass, s.clock_offset) AS e;
+        {schema}.enqueue_groups_relation(s.groups), s.clock_offset) AS e;
     IF r.problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = r.problem ->> 'sqlstate',
             COLUMN = r.problem ->> 'column', MESSAGE = r.problem ->> 'message';
@@ -322,7 +339,8 @@ BEGIN
         FROM {schema}.enqueue_jobs(a.types, a.payloads, a.group_ids, a.dedupe_keys,
                                    a.run_afters, a.max_attempts, true,
                                    s.types, s.max_attempts, s.max_attempts_by_type,
-                                   s.max_payload_bytes, s.groups::regclass,
+                                   s.max_payload_bytes,
+                                   {schema}.enqueue_groups_relation(s.groups),
                                    s.clock_offset) AS e
     LOOP
         IF r.problem IS NOT NULL THEN
