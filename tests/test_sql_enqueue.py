@@ -537,3 +537,26 @@ async def test_the_sql_path_refuses_an_unqualified_groups_relation(
                            match="the groups relation 'campaign_groups_not_yet' in .* is "
                                  "not schema-qualified: create it, then publish"):
             sql_enqueue(conn, queue.schema, "t", Jsonb({}), group_id="g")
+
+
+def test_rota_migrate_with_an_app_publishes_its_settings_and_its_stages(
+    database_url: str, schema: str
+) -> None:
+    from click.testing import CliRunner
+
+    from rota.cli import cli
+
+    def published() -> list[tuple[Any, ...]]:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            return conn.execute(sql.SQL(
+                "SELECT types, max_attempts_by_type FROM {}.enqueue_settings").format(
+                    sql.Identifier(schema))).fetchall()
+
+    args = ["migrate", "--database-url", database_url, "--schema", schema]
+    assert CliRunner().invoke(cli, args, env={"ROTA_APP": None}).exit_code == 0
+    assert published() == [(None, {})]  # without an app: the defaults, untouched
+    result = CliRunner().invoke(cli, [*args, "--app", "tests.cli_app:build_pipeline"],
+                                env={"ROTA_APP": None})
+    assert (result.exit_code, result.stdout) == (0, "up to date\n"), result.stderr
+    # The app's declared types, and Stage("boom", ..., max_attempts=1) from its pipeline.
+    assert published() == [(["boom", "echo"], {"boom": 1})]
