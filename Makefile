@@ -15,8 +15,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/rota-demo
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
+# The Node client's packages (clients/node: pg, from its lock file), for its end-to-end
+# test, installed once with the machine's npm; the test then runs only the local node.
+NODE_CLIENT := clients/node
+NODE_STAMP := $(NODE_CLIENT)/node_modules/.package-lock.json
+
+$(NODE_STAMP): $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
+	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund
+
+test: $(STAMP) $(NODE_STAMP)
+	ROTA_NODE_CLIENT=required $(BIN)/python -m pytest -n 2 -q
 
 # Claim latency vs backlog (rota, the naive fair query, FIFO; builds up to 1M rows,
 # a few minutes), its EXPLAIN at 1M, and enqueue throughput vs procrastinate and
@@ -37,4 +45,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(NODE_CLIENT)/node_modules

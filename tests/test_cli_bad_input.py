@@ -49,7 +49,7 @@ def migrated(database_url: str, schema: str) -> tuple[str, str]:
     (["enqueue", "echo", '{"s": Infinity}'], "error: payload['s'] is inf"),
     (["enqueue", "echo", '{"s": -1e999}'], "error: payload['s'] is -inf"),
     (["enqueue", "echo", '{"s": "' + "x" * (1024 * 1024) + '"}'],
-     "error: payload is 1048584 bytes, larger than the maximum 1048576"),
+     "error: payload is 1048585 bytes, larger than the maximum 1048576"),
     (["enqueue", "echo", "{}", "--run-after", "9999-12-31T23:00:00+00:00"],
      "error: run_after=9999-12-31T23:00:00+00:00 is out of range"),
     (["enqueue", "echo", "{}", "--run-after", "0001-01-01T00:00:00+00:00"],

@@ -106,6 +106,41 @@ def require_zone(value: object, name: str) -> ZoneInfo:
                            f"'Europe/Paris' or 'UTC')") from None
 
 
+def sendable_text(value: object, name: str, *, allow_none: bool = False) -> str | None:
+    """Check what only Python can see about a text argument of enqueue before it goes to
+    the database: that it is a string (a UUID is turned into one) without NUL characters,
+    which PostgreSQL text cannot hold. Whether it is empty or too long is the database's
+    rule, checked once for every caller (docs/design.md, "Enqueue").
+
+    Raises:
+        InvalidInput: not a string, or it holds a NUL character.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if not isinstance(value, str):
+        raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
+    if "\x00" in value:
+        raise InvalidInput(f"{name} {value!r} contains a NUL character")
+    return value
+
+
+def sendable_int(value: object, name: str) -> int:
+    """Check that an integer argument of enqueue is an int (not a bool) that fits the
+    database's integer; whether it is at least 1 is the database's rule (docs/design.md,
+    "Enqueue").
+
+    Raises:
+        InvalidInput: not an int, or outside the 32-bit range.
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < -INT_MAX - 1:
+        raise InvalidInput(f"{name} must be an int >= 1, got {value!r}")
+    if value > INT_MAX:
+        raise InvalidInput(f"{name} must be at most {INT_MAX}, got {value!r}")
+    return value
+
+
 def storable_text(text: str) -> str:
     """Make error text storable in a ``text`` column (``jobs.last_error``,
     ``runs.error``): connection-string passwords become ``***`` (docs/operations.md,

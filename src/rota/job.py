@@ -116,7 +116,7 @@ def _check_strings(value: Any, path: str) -> None:
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
-def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
+def encode_payload(payload: Any) -> str:
     """Serialize a payload to JSON text for the ``jsonb`` column.
 
     Payloads are plain JSON: dicts with string keys, lists (tuples are stored as lists),
@@ -129,8 +129,11 @@ def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> 
       them in the handler;
     - dict keys that are not strings (JSON would turn ``1`` into ``"1"``);
     - NaN and Infinity (not JSON), NUL characters (jsonb cannot store ``\u0000``) and
-      lone surrogates (not UTF-8), in values and in keys;
-    - payloads larger than ``max_bytes``, counted in UTF-8 bytes of the JSON text.
+      lone surrogates (not UTF-8), in values and in keys.
+
+    The queue's limits on what JSON it stores (``max_payload_bytes``, how deeply it may
+    nest) are rules of the database's ``enqueue_jobs``, which every caller goes through
+    (docs/design.md, "Enqueue").
 
     Numbers are stored as jsonb decimals, exactly as JSON prints them: a float written
     with an exponent comes back as that decimal, so ``1e20`` is read back as the int
@@ -140,8 +143,8 @@ def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> 
         The JSON text.
 
     Raises:
-        PayloadError: not JSON-serializable, NaN/Infinity, NUL or lone surrogate, or
-            larger than ``max_bytes`` UTF-8 bytes.
+        PayloadError: not JSON-serializable (or nested past Python's recursion limit),
+            NaN/Infinity, NUL or lone surrogate.
     """
     try:
         _check_strings(payload, "")
@@ -153,7 +156,4 @@ def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> 
         raise PayloadError("payload is nested too deeply (or contains itself)") from None
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not JSON-serializable: {exc}") from None
-    size = len(text.encode("utf-8"))
-    if size > max_bytes:
-        raise PayloadError(f"payload is {size} bytes, larger than the maximum {max_bytes}")
     return text

@@ -31,7 +31,7 @@ from .claim import ClaimUpkeep, FairClaim, UpkeepConfig
 from .errors import ConfigError, InvalidInput
 from .job import FailOutcome, Job
 from .plans import Plans
-from .settings import QueueSettings, unknown_groups
+from .settings import QueueSettings, enqueue_error
 from .store import AnyConn, Store
 
 log = logging.getLogger("rota.queue")
@@ -161,13 +161,17 @@ class Queue:
             yield c
 
     async def migrate(self) -> list[int]:
-        """Apply missing migrations to this queue's schema; see :func:`rota.db.migrate`.
+        """Apply missing migrations to this queue's schema (see :func:`rota.db.migrate`),
+        then publish its enqueue settings for the SQL entry points
+        (:meth:`publish_settings`).
 
         Returns:
             The migration versions applied now (empty when up to date).
         """
         async with self.connection() as conn:
-            return await db.migrate(conn, self.schema)
+            applied = await db.migrate(conn, self.schema)
+            await self.publish_settings(conn=conn)
+        return applied
 
     async def now(self) -> datetime:
         """The queue's clock: database ``now()`` plus ``clock_offset`` (aware, UTC)."""
@@ -230,19 +234,23 @@ class Queue:
         max_attempts: int | None = None,
         conn: AnyConn | None = None,
     ) -> Job | None:
-        """Enqueue one job with a single INSERT … ON CONFLICT DO NOTHING (docs/design.md,
-        "Enqueue").
+        """Enqueue one job through the database's ``enqueue_jobs``, the rules every
+        caller shares, in one statement: checks, group check, INSERT … ON CONFLICT DO
+        NOTHING (docs/design.md, "Enqueue").
 
         Args:
             type: the job type (the stage that runs it).
-            payload: JSON-serializable value (see :func:`rota.job.encode_payload`).
+            payload: JSON-serializable value (see :func:`rota.job.encode_payload`), at
+                most ``max_payload_bytes`` as PostgreSQL prints it and 500 levels deep.
             group_id: the group it belongs to (text or UUID), or ``None``.
             dedupe_key: while a job with this key is pending or running, asking again
                 creates nothing; after it is done or failed, a new job is created.
-            run_after: aware datetime when it becomes claimable (years 1-9999, see
-                :func:`rota.checks.require_due_time`); default now (queue clock).
+            run_after: aware datetime when it becomes claimable (0001-01-02 to
+                9999-12-30 UTC, see :func:`rota.checks.require_due_time`); default now
+                (queue clock).
             max_attempts: override the queue's per-type setting.
             conn: the caller's connection; the job exists iff that transaction commits.
+                Bad input leaves that transaction usable.
 
         Returns:
             The new job, or ``None`` when an open job with ``dedupe_key`` exists.
@@ -257,21 +265,24 @@ class Queue:
             max_attempts=max_attempts)
         async with self.connection(conn) as c:
             row = await self.store.fetch_dict("enqueue", params, conn=c)
-            if row is not None:
-                return Job.from_row(row)
-            if params["group_id"] is not None:
-                await self._check_groups(c, [params["group_id"]])
+        if row is None:
             return None
+        if row["problem"] is not None:
+            raise enqueue_error(row["problem"])
+        return Job.from_row(row)
 
     async def enqueue_many(
         self, items: Iterable[Mapping[str, Any]], *, conn: AnyConn | None = None
     ) -> int:
-        """Enqueue a batch in one INSERT over arrays.
+        """Enqueue a batch in one statement through the database's ``enqueue_jobs`` (the
+        rules of :meth:`enqueue`, item by item, then one group check and one INSERT over
+        arrays).
 
         Args:
             items: mappings with ``type`` and ``payload`` and optionally ``group_id``,
                 ``dedupe_key``, ``run_after``, ``max_attempts`` (as for :meth:`enqueue`).
-            conn: the caller's connection (its transaction decides).
+            conn: the caller's connection (its transaction decides; bad input leaves it
+                usable).
 
         Returns:
             How many jobs were created (duplicates of open jobs, or of each other inside
@@ -289,17 +300,21 @@ class Queue:
             # on a caller's connection, the caller's transaction holds it.
             row = await self.store.fetch_one("enqueue_many", params, conn=c)
         assert row is not None
-        created, missing = row
-        if missing:
-            raise unknown_groups(missing)
+        created, problem = row
+        if problem is not None:
+            raise enqueue_error(problem)
         return int(created)
 
-    async def _check_groups(self, conn: AnyConn, group_ids: Sequence[str]) -> None:
-        rows = await self.store.fetch_all("missing_groups", {"group_ids": list(group_ids)},
-                                          conn=conn)
-        missing = [r[0] for r in rows]
-        if missing:
-            raise unknown_groups(missing)
+    async def publish_settings(self, *, conn: AnyConn | None = None) -> None:
+        """Write this queue's enqueue settings (declared types, max_attempts and its
+        per-type values, including a pipeline's stages', max_payload_bytes, the groups
+        relation, the clock offset) where the SQL entry points ``SCHEMA.enqueue`` and
+        ``SCHEMA.enqueue_many`` read them (docs/enqueue-from-sql.md, "Settings").
+        :meth:`migrate` and ``rota migrate --app`` call it; call it again after changing
+        a setting. Writes nothing when they are already published."""
+        async with self.connection(conn) as c:
+            await self.store.execute("publish_settings", self.settings.enqueue_settings(),
+                                     conn=c)
 
     # -- claim and transitions ---------------------------------------------------------
 

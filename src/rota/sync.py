@@ -12,7 +12,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from .job import Job
-from .settings import QueueSettings, unknown_groups
+from .settings import QueueSettings, enqueue_error
 from .store import Statements
 
 
@@ -62,11 +62,11 @@ class SyncQueue:
         cur = conn.cursor(row_factory=dict_row)
         cur.execute(self.statements.sql("enqueue"), params)
         row = cur.fetchone()
-        if row is not None:
-            return Job.from_row(row)
-        if params["group_id"] is not None:
-            self._check_groups(conn, [params["group_id"]])
-        return None
+        if row is None:
+            return None
+        if row["problem"] is not None:
+            raise enqueue_error(row["problem"])
+        return Job.from_row(row)
 
     def enqueue_many(self, conn: psycopg.Connection[Any],
                      items: Iterable[Mapping[str, Any]]) -> int:
@@ -76,13 +76,7 @@ class SyncQueue:
             return 0
         row = conn.execute(self.statements.sql("enqueue_many"), params).fetchone()
         assert row is not None
-        created, missing = row
-        if missing:
-            raise unknown_groups(missing)
+        created, problem = row
+        if problem is not None:
+            raise enqueue_error(problem)
         return int(created)
-
-    def _check_groups(self, conn: psycopg.Connection[Any], group_ids: list[str]) -> None:
-        rows = conn.execute(self.statements.sql("missing_groups"),
-                            {"group_ids": group_ids}).fetchall()
-        if rows:
-            raise unknown_groups([r[0] for r in rows])
