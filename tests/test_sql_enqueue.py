@@ -534,7 +534,7 @@ async def test_the_sql_path_refuses_an_unqualified_groups_relation(
     queue = await make_queue(groups="campaign_groups_not_yet")
     with psycopg.connect(database_url, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
-                           match="the groups relation 'campaign_groups_not_yet' in .* is "
+                           match="the groups relation '\"campaign_groups_not_yet\"' in .* is "
                                  "not schema-qualified: create it, then publish"):
             sql_enqueue(conn, queue.schema, "t", Jsonb({}), group_id="g")
 

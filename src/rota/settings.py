@@ -72,8 +72,11 @@ class QueueSettings:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         db.identifier(schema, "schema")
-        if groups is not None:
-            db.identifier(groups, "groups relation", qualified=True)
+        # The groups relation as SQL text, quoted ("App"."groups"): the database's
+        # enqueue rules cast it to regclass, which would fold an unquoted name to lower case.
+        self._groups_sql = (None if groups is None else
+                            db.identifier(groups, "groups relation", qualified=True)
+                            .as_string(None))
         self.schema = schema
         self.groups = groups
         self.external_groups = groups is not None
@@ -133,7 +136,7 @@ class QueueSettings:
             "s_max_attempts": self.max_attempts,
             "s_max_attempts_by_type": Jsonb(self.max_attempts_by_type),
             "s_max_payload_bytes": self.max_payload_bytes,
-            "s_groups": self.groups,
+            "s_groups": self._groups_sql,
             "offset": self.clock_offset,
         }
 
