@@ -129,6 +129,12 @@ class Queue:
         """The connection pool statements run on (the queue's own or the caller's)."""
         return self._pool
 
+    @property
+    def owns_pool(self) -> bool:
+        """Whether the pool is the queue's own (opened from a connection string), which
+        a pipeline may grow to what its stages need; a caller's pool is never resized."""
+        return self._owns_pool
+
     async def open(self) -> None:
         """Open the queue's own pool (no-op for a caller's pool) and start the claim's
         upkeep service."""
