@@ -83,7 +83,8 @@ def _parse_payload(ctx: click.Context, param: click.Parameter, value: str) -> An
     except RecursionError:
         raise click.BadParameter("JSON nested too deeply") from None
     except ValueError as exc:  # an integer past Python's 4,300-digit conversion limit
-        raise click.BadParameter(f"cannot read the JSON: {first_line(exc)}") from None
+        reason = first_line(exc).split(";")[0]  # not Python's advice to raise the limit
+        raise click.BadParameter(f"cannot read the JSON: {reason}") from None
 
 
 @click.command()
