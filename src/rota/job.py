@@ -162,6 +162,13 @@ class DeferJob(Exception):
         self.reason = reason
 
 
+def too_deep() -> PayloadError:
+    """The error for a payload nested deeper than :data:`MAX_PAYLOAD_DEPTH` (the CLI
+    raises it too, for JSON text its parser could not even read)."""
+    return PayloadError(f"payload is nested deeper than {MAX_PAYLOAD_DEPTH} levels "
+                        f"(or contains itself), more than can be read back")
+
+
 def _check_value(value: Any, path: str, depth: int) -> bool:
     """Refuse what JSON or jsonb cannot hold exactly; returns whether a Decimal is in it
     (encoded by :func:`_encode_exact`)."""
@@ -176,8 +183,7 @@ def _check_value(value: Any, path: str, depth: int) -> bool:
         return False
     if isinstance(value, dict | list | tuple):
         if depth >= MAX_PAYLOAD_DEPTH:
-            raise PayloadError(f"payload is nested deeper than {MAX_PAYLOAD_DEPTH} levels "
-                               f"(or contains itself), more than can be read back")
+            raise too_deep()
         exact = False
         if isinstance(value, dict):
             for k, v in value.items():
@@ -265,11 +271,11 @@ def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> 
     try:
         exact = _check_value(payload, "", 0)
     except RecursionError:
-        raise PayloadError("payload is nested too deeply (or contains itself)") from None
+        raise too_deep() from None
     try:
         text = _encode_exact(payload) if exact else _ENCODER.encode(payload)
     except RecursionError:
-        raise PayloadError("payload is nested too deeply (or contains itself)") from None
+        raise too_deep() from None
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not JSON-serializable: {exc}") from None
     size = len(text.encode("utf-8"))

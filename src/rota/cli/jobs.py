@@ -16,10 +16,10 @@ from rich.table import Table
 
 from .. import admin
 from ..errors import first_line
-from ..job import Job
+from ..job import Job, too_deep
 from ..plans import Plans
 from .app import Target, build_pipeline, open_queue
-from .errors import CliConfigError, RotaGroup
+from .errors import RotaGroup
 from .options import json_option, make_target, target_options, wants_json
 from .output import add_row, console, emit_json, safe_text, short, utc_time
 
@@ -80,8 +80,8 @@ def _parse_payload(ctx: click.Context, param: click.Parameter, value: str) -> An
         return json.loads(text, parse_float=Decimal)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not valid JSON: {exc}") from None
-    except RecursionError:
-        raise click.BadParameter("JSON nested too deeply") from None
+    except RecursionError:  # deeper than the queue would accept: say it as it does
+        raise too_deep() from None
     except ValueError as exc:  # an integer past Python's 4,300-digit conversion limit
         reason = first_line(exc).split(";")[0]  # not Python's advice to raise the limit
         raise click.BadParameter(f"cannot read the JSON: {reason}") from None
@@ -111,12 +111,9 @@ def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
             if target.app is not None:
                 # The stages' settings (max_attempts) apply to what is enqueued.
                 await build_pipeline(target, queue)
-            try:
-                return await queue.enqueue(job_type, payload, group_id=group_id,
-                                           dedupe_key=dedupe_key, run_after=run_after,
-                                           max_attempts=max_attempts)
-            except RecursionError:
-                raise CliConfigError("payload nested too deeply to store") from None
+            return await queue.enqueue(job_type, payload, group_id=group_id,
+                                       dedupe_key=dedupe_key, run_after=run_after,
+                                       max_attempts=max_attempts)
 
     job = asyncio.run(go())
     if as_json:

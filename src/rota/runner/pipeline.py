@@ -62,9 +62,10 @@ RUNNER_CONNECTIONS = 2
 # (failing them, handing back the unstarted, recording the end): a tenth, at most 30 s.
 _SETTLE_RESERVE_SHARE = 0.1
 _SETTLE_RESERVE_MAX = timedelta(seconds=30)
-# How long a handler cancelled at its deadline gets to stop before the run leaves it
-# behind (a handler that swallows the cancellation).
-_STOP_GRACE_S = 1.0
+
+
+# What a run's summary becomes when the runs row refuses it, so its end is recorded.
+_UNSTORABLE = {"summary_unstorable": 1}
 
 
 class RunOverran(Exception):
@@ -293,36 +294,38 @@ class Pipeline:
             await pool.resize(pool.min_size, self.connections_needed)
 
     async def _within_deadline(self, run: RunState) -> StopReason:
-        """Run the loop, and cut it if it is still busy half a settle reserve after the
-        hard deadline: every handler was cancelled at that deadline, so only a handler
-        that ignores cancellation (or a database that stopped answering) keeps it. What
-        it held is settled here and the run ends in error, before the platform timeout
-        (docs/design.md, "Handler deadlines").
+        """Run the loop, and cut it if it is still busy a quarter of the settle reserve
+        after the hard deadline: every handler was cancelled by that deadline, so only
+        a handler that ignores cancellation (or a database that stopped answering)
+        keeps it. It gets another quarter to stop; then what it held is settled here
+        and the run ends in error, with half the reserve left to record it, before the
+        platform timeout (docs/design.md, "Handler deadlines").
 
         Raises:
             RunOverran: the loop had to be cut.
         """
         task = asyncio.get_running_loop().create_task(self._loop(run))
-        cut_at = run.hard_deadline + self.settle_reserve.total_seconds() / 2
+        grace = self.settle_reserve.total_seconds() / 4
+        cut_at = run.hard_deadline + grace
         try:
             await asyncio.wait({task}, timeout=max(cut_at - time.monotonic(), 0.0))
         except asyncio.CancelledError:
             task.cancel()
-            await asyncio.wait({task}, timeout=_STOP_GRACE_S)
+            await asyncio.wait({task}, timeout=grace)
             if not task.done():
                 await self._abandon(run)
             raise
         if task.done():
             return task.result()
         task.cancel()
-        await asyncio.wait({task}, timeout=_STOP_GRACE_S)
+        await asyncio.wait({task}, timeout=grace)
         if not task.done():
             await self._abandon(run)
         elif not task.cancelled() and task.exception() is None:
             return task.result()
-        raise RunOverran(f"the run was still busy {cut_at - run.hard_deadline:.1f} s "
-                         f"after its hard deadline (a handler ignored its cancellation, "
-                         f"or the database stopped answering): cut")
+        raise RunOverran("the run was still busy after its hard deadline (a handler "
+                         "ignored its cancellation, or the database stopped answering): "
+                         "cut before the platform timeout")
 
     async def _abandon(self, run: RunState) -> None:
         """Settle what a loop left behind when it would not stop: jobs whose handler
@@ -529,9 +532,17 @@ class Pipeline:
         await self._save_progress(run)
 
     async def _save_progress(self, run: RunState) -> None:
-        """Save the run's counters after a batch, at most every ``SAVE_EVERY_S``."""
+        """Save the run's counters after a batch, at most every ``SAVE_EVERY_S``. A
+        save the row refuses is logged, not fatal: the run's end is recorded anyway
+        (:meth:`_save_end`)."""
         if time.monotonic() - run.saved_at >= SAVE_EVERY_S and not run.ended:
-            await self._save(run)
+            try:
+                await self._save(run)
+            except psycopg.Error as exc:
+                if is_connection_failure(exc):
+                    raise
+                log.error("run %s: could not save its progress: %s", run.id,
+                          first_line(exc, with_type=True))
 
     def _limit(self, stage: Stage) -> float:
         """Seconds one handler call of ``stage`` may run."""
@@ -719,10 +730,9 @@ class Pipeline:
                     # "Bad data belongs to its job").
                     log.error("run %s: its summary cannot be stored (%s); recording the "
                               "end without it", run.id, first_line(exc, with_type=True))
-                    run.summary = {"summary_unstorable": 1}
-                    error = error or f"the run's summary could not be stored: {first_line(exc)}"
-                    if delay is None:
+                    if run.summary == _UNSTORABLE or delay is None:
                         raise
+                    run.summary = dict(_UNSTORABLE)
                     continue
                 if delay is None:
                     raise
