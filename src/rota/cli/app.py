@@ -29,7 +29,7 @@ from .errors import CliConfigError, is_database_error
 #: Seconds the CLI waits for a database connection before calling it unreachable.
 CONNECT_TIMEOUT = 10
 #: Seconds tasks still running after a command's work are given to stop when cancelled.
-LEFTOVER_GRACE = 0.5
+LEFTOVER_GRACE = 0.25
 
 T = TypeVar("T")
 

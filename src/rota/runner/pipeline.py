@@ -59,8 +59,10 @@ SAVE_EVERY_S = 1.0
 #: heartbeat and the claim upkeep take turns on them briefly.
 RUNNER_CONNECTIONS = 2
 # The part of the platform timeout kept for settling after the last handlers are cut
-# (failing them, handing back the unstarted, recording the end): a tenth, at most 30 s.
+# (failing them, handing back the unstarted, recording the end): a tenth, at least a
+# second, but never more than a quarter nor more than 30 s (30 s of 300 s).
 _SETTLE_RESERVE_SHARE = 0.1
+_SETTLE_RESERVE_MIN = timedelta(seconds=1)
 _SETTLE_RESERVE_MAX = timedelta(seconds=30)
 
 
@@ -134,8 +136,9 @@ class Pipeline:
         if self.heartbeat_every * 2 > self.platform_timeout:
             raise ConfigError(f"heartbeat_every ({self.heartbeat_every}) must be at most "
                               f"half the platform timeout ({self.platform_timeout})")
-        self.settle_reserve = min(self.platform_timeout * _SETTLE_RESERVE_SHARE,
-                                  _SETTLE_RESERVE_MAX)
+        self.settle_reserve = min(
+            max(self.platform_timeout * _SETTLE_RESERVE_SHARE, _SETTLE_RESERVE_MIN),
+            self.platform_timeout / 4, _SETTLE_RESERVE_MAX)
         self.handler_timeout = require_duration(
             handler_timeout if handler_timeout is not None else self.platform_timeout / 2,
             "handler_timeout")
@@ -269,6 +272,9 @@ class Pipeline:
         except asyncio.CancelledError:
             await self._finish_quietly(run, "error", "cancelled")
             raise
+        except RunOverran as exc:  # said and settled in _within_deadline: no traceback
+            log.error("run %s ended in error: %s", run.id, exc)
+            reason, error = "error", error_text(exc)
         except Exception as exc:
             log.exception("run %s ended in error", run.id)
             reason, error = "error", error_text(exc)
