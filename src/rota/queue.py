@@ -16,7 +16,7 @@ import select
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -178,7 +178,7 @@ class Queue:
         async with self.connection() as c:
             row = await self.store.fetch_one("db_now", {"offset": self.clock_offset}, conn=c)
         assert row is not None
-        return cast(datetime, row[0])
+        return cast(datetime, row[0]).astimezone(UTC)
 
     # -- groups ------------------------------------------------------------------------
 

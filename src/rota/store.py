@@ -14,6 +14,9 @@ decides how values cross the wire, so no call site can forget it:
 - a ``timedelta`` is sent as an exact number of seconds (never days or months, which
   PostgreSQL adds by the calendar of the session's time zone: ``interval '1 day'`` is
   25 hours on the day a DST change ends) (docs/design.md, "Time");
+- a ``timestamptz`` comes back in UTC whatever the session's TimeZone, so Python's
+  arithmetic on it is absolute too (on a Europe/Berlin datetime Python adds by the
+  wall clock);
 - a ``jsonb`` or ``timestamptz`` value that cannot be loaded into Python (a payload
   nested deeper than the decoder goes, a year past 9999) becomes an
   :class:`~rota.job.Unreadable` in its place instead of failing the whole statement,
@@ -26,7 +29,7 @@ import json
 import struct
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from functools import cache
 from typing import Any, TypeVar
 
@@ -101,10 +104,12 @@ class _PayloadJsonbLoader(JsonbLoader):
 
 
 class _GuardedLoader(Loader):
-    """Wraps a loader (``base``): a value it cannot load (psycopg's ``DataError`` for a
-    timestamp after year 9999) becomes an :class:`Unreadable`."""
+    """Wraps a timestamptz loader (``base``): a value it cannot load (psycopg's
+    ``DataError`` for a timestamp after year 9999) becomes an :class:`Unreadable`, and
+    with ``to_utc`` a loaded value is turned to UTC."""
 
     base: type[Loader]
+    to_utc: bool
 
     def __init__(self, oid: int, context: AdaptContext | None = None):
         super().__init__(oid, context)
@@ -112,36 +117,52 @@ class _GuardedLoader(Loader):
 
     def load(self, data: Buffer) -> Any:
         try:
-            return self._load(data)
+            value = self._load(data)
         except (psycopg.DataError, ValueError, OverflowError) as exc:
             return Unreadable(first_line(exc, with_type=True), _start(data))
+        if self.to_utc and isinstance(value, datetime):
+            try:
+                return value.astimezone(UTC)
+            except OverflowError as exc:  # a day from the end of Python's calendar
+                return Unreadable(first_line(exc, with_type=True), _start(data))
+        return value
 
 
 @cache
-def _guarded(base: type[Loader]) -> type[Loader]:
-    return type(f"Guarded{base.__name__}", (_GuardedLoader,), {"base": base})
+def _guarded(base: type[Loader], to_utc: bool) -> type[Loader]:
+    return type(f"Guarded{base.__name__}", (_GuardedLoader,),
+                {"base": base, "to_utc": to_utc})
+
+
+def _is_utc(zone: tzinfo) -> bool:
+    """Whether datetimes in ``zone`` add like UTC ones (no offset, ever)."""
+    return all(zone.utcoffset(datetime(2000, month, 1)) == timedelta(0)
+               for month in (1, 7))
 
 
 def configure_cursor(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any], *,
                      guard_times: bool = True) -> None:
     """Set up a cursor the way every rota statement runs (see the module's docstring):
-    timedeltas sent as exact seconds, and json/jsonb (and, with ``guard_times``,
-    timestamptz) values that cannot be loaded turned into :class:`Unreadable`.
+    timedeltas sent as exact seconds, timestamptz values loaded in UTC, and json/jsonb
+    (and, with ``guard_times``, timestamptz) values that cannot be loaded turned into
+    :class:`Unreadable`.
 
     Args:
         cursor: a sync or async psycopg cursor (its adapters are its own copy).
         guard_times: also guard timestamptz loading (about 0.25 µs a value; the claim's
-            hot path does without and retries with it when a value fails).
+            hot path does without in a UTC session, and retries with it when a value
+            fails).
     """
     adapters = cursor.adapters
     adapters.register_dumper(timedelta, SecondsDumper)
     adapters.register_dumper(timedelta, SecondsBinaryDumper)
     adapters.register_loader("json", _PayloadJsonLoader)
     adapters.register_loader("jsonb", _PayloadJsonbLoader)
-    if guard_times:
+    to_utc = not _is_utc(cursor.connection.info.timezone)
+    if guard_times or to_utc:
         base = adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
         if base is not None and not issubclass(base, _GuardedLoader):
-            adapters.register_loader(_TIMESTAMPTZ_OID, _guarded(base))
+            adapters.register_loader(_TIMESTAMPTZ_OID, _guarded(base, to_utc))
 
 
 def is_connection_failure(exc: BaseException) -> bool:
