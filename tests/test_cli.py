@@ -438,6 +438,9 @@ def test_serve_process_answers_cron_only_with_the_secret(
     assert p.returncode == -signal.SIGTERM, err
     assert "Application shutdown complete." in err
     assert secret not in out + err
+    # rota's own INFO lines are shown by default (they were not).
+    assert "INFO rota.web: cron request refused: missing or wrong bearer token" in err
+    assert "INFO rota.web: cron run " in err and " stopped no_work: 1 done" in err
 
 
 def test_long_work_shows_a_progress_bar_on_a_terminal(
