@@ -31,7 +31,7 @@ from .errors import ConfigError, InvalidInput, UnreadableJob
 from .job import FailOutcome, Job
 from .plans import Plans
 from .settings import QueueSettings, unknown_groups
-from .store import AnyConn, Store
+from .store import AnyConn, Store, configure_connection
 
 log = logging.getLogger("rota.queue")
 
@@ -87,6 +87,7 @@ class Queue:
                 db.check_conninfo(conninfo_or_pool),
                 open=False, min_size=1, max_size=10,
                 kwargs={"autocommit": True}, check=check_idle_connection,
+                configure=configure_connection,
             )
             self._owns_pool = True
         elif isinstance(conninfo_or_pool, AsyncConnectionPool):
