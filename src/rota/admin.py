@@ -230,7 +230,7 @@ async def retry_job(queue: Queue, job_id: int, *, conn: AnyConn | None = None) -
         except psycopg.errors.UniqueViolation:  # an open duplicate appeared meanwhile
             row = None
         if row is not None:
-            # Written: the answer must not fail now (docs/design.md, "Bad data…").
+            # Written: the answer must not fail now (docs/design.md, "Bad data belongs to its job").
             return RetryResult(Job.from_row(row, lenient=True), bool(row["hook_cancelled"]))
         if c.info.transaction_status == TransactionStatus.INERROR:  # cannot read it back
             raise InvalidTransition(f"job {job_id}: another open job holds its dedupe key",

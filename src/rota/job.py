@@ -1,4 +1,5 @@
-"""The job row, the deferral signal and the payload encoding (docs/design.md, "Jobs")."""
+"""The job row, the deferral signal and the payload encoding (docs/design.md,
+"Vocabulary" and "Bad data belongs to its job")."""
 
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ def _json_rows(page: admin.JobPage) -> list[dict[str, Any]]:
         "give_up_pending": j.give_up_pending,
     } for j in page.jobs]
     # A row that cannot be read is listed by id with what could not be read, in its
-    # place: one bad row never hides the page (docs/design.md, "Bad data…").
+    # place: one bad row never hides the page (docs/design.md, "Bad data belongs to its job").
     rows += [{"id": u.job_id, "unreadable": u.problems} for u in page.unreadable]
     return sorted(rows, key=lambda r: -r["id"])
 
