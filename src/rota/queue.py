@@ -422,6 +422,10 @@ class Queue:
         ``failed``: how it was settled). A job missing from the answer was lost by its
         claim.
 
+        Args:
+            jobs: claimed jobs (those without a ``claim_token`` are left out).
+            conn: the caller's connection.
+
         Returns:
             Job id -> status, for the jobs this claim still answers for.
         """

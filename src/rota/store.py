@@ -267,7 +267,19 @@ class Store(Statements):
     def cursor(conn: AnyConn, row_factory: AsyncRowFactory[Row], *,
                guard_times: bool = True) -> psycopg.AsyncCursor[Row]:
         """A cursor on ``conn`` set up by :func:`configure_cursor`: every statement rota
-        runs goes through one."""
+        runs goes through one (docs/design.md, "Time" and "Bad data belongs to its
+        job").
+
+        Args:
+            conn: the connection (rota's pooled one, or a caller's: only the cursor is
+                set up, never the connection).
+            row_factory: psycopg's row factory (``tuple_row``, ``dict_row``).
+            guard_times: also turn timestamptz values that cannot be loaded into
+                :class:`~rota.job.Unreadable` (for rows of ``jobs``).
+
+        Returns:
+            The cursor.
+        """
         cur = conn.cursor(row_factory=row_factory)
         configure_cursor(cur, guard_times=guard_times)
         return cur
