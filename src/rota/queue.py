@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -26,13 +26,13 @@ from psycopg.sql import Composed, Identifier
 from psycopg_pool import AsyncConnectionPool
 
 from . import db
-from .checks import INT_MAX, require_due_time, require_text, storable_text
+from .checks import INT_MAX, LATEST_DUE, require_due_time, require_text, storable_text
 from .claim import ClaimUpkeep, FairClaim, UpkeepConfig
-from .errors import ConfigError, InvalidInput
+from .errors import ConfigError, InvalidInput, UnreadableJob
 from .job import FailOutcome, Job
 from .plans import Plans
 from .settings import QueueSettings, enqueue_error
-from .store import AnyConn, Store
+from .store import AnyConn, Store, configure_connection
 
 log = logging.getLogger("rota.queue")
 
@@ -54,7 +54,7 @@ class Queue:
             ``psycopg_pool.AsyncConnectionPool`` the caller owns (autocommit or not).
         **settings: see :class:`rota.settings.QueueSettings` (schema, plans, groups,
             types, max_attempts, max_attempts_by_type, stale_after, served_window,
-            backoff_base, max_deferrals, max_payload_bytes); an application ``groups``
+            backoff_base, max_backoff, max_deferrals, max_payload_bytes); an application ``groups``
             relation needs columns ``group_id text``, ``owner_id text``, ``plan text``,
             ``active boolean``.
 
@@ -77,6 +77,7 @@ class Queue:
     served_window: timedelta = _setting("served_window",
                                         "How far back the fair order counts work.")
     backoff_base: timedelta = _setting("backoff_base", "The failure backoff's base.")
+    max_backoff: timedelta = _setting("max_backoff", "The failure backoff's ceiling.")
     max_deferrals = _setting("max_deferrals", "Deferrals before a job gives up, or None.")
     max_payload_bytes = _setting("max_payload_bytes", "Largest payload, UTF-8 bytes.")
 
@@ -89,6 +90,7 @@ class Queue:
                 db.check_conninfo(conninfo_or_pool),
                 open=False, min_size=1, max_size=10,
                 kwargs={"autocommit": True}, check=check_idle_connection,
+                configure=configure_connection,
             )
             self._owns_pool = True
         elif isinstance(conninfo_or_pool, AsyncConnectionPool):
@@ -130,6 +132,12 @@ class Queue:
     def pool(self) -> AsyncConnectionPool[Any]:
         """The connection pool statements run on (the queue's own or the caller's)."""
         return self._pool
+
+    @property
+    def owns_pool(self) -> bool:
+        """Whether the pool is the queue's own (opened from a connection string), which
+        a pipeline may grow to what its stages need; a caller's pool is never resized."""
+        return self._owns_pool
 
     async def open(self) -> None:
         """Open the queue's own pool (no-op for a caller's pool) and start the claim's
@@ -178,7 +186,7 @@ class Queue:
         async with self.connection() as c:
             row = await self.store.fetch_one("db_now", {"offset": self.clock_offset}, conn=c)
         assert row is not None
-        return cast(datetime, row[0])
+        return cast(datetime, row[0]).astimezone(UTC)
 
     # -- groups ------------------------------------------------------------------------
 
@@ -269,7 +277,7 @@ class Queue:
             return None
         if row["problem"] is not None:
             raise enqueue_error(row["problem"])
-        return Job.from_row(row)
+        return Job.from_row(row, lenient=True)  # written: never an error after that
 
     async def enqueue_many(
         self, items: Iterable[Mapping[str, Any]], *, conn: AnyConn | None = None
@@ -342,11 +350,40 @@ class Queue:
             run_id: the ``runs`` row this claim belongs to, if any.
             conn: the caller's connection (the claim commits with its transaction).
 
+        A claimed job whose row cannot be turned into a :class:`Job` (a payload nested
+        deeper than the decoder goes, a time past year 9999: rows from before the
+        checks, or written by hand) is not returned: it gives up at once through the
+        usual path (``failed``, the error text naming what could not be read, its
+        give-up hook owed), and the claim goes on with the others (docs/design.md,
+        "Bad data belongs to its job"). On the caller's connection its give-up
+        commits with the caller's transaction and the hook runs later (maintenance).
+
         Returns:
             The claimed jobs in fair order (possibly fewer than ``limit``, or none).
 
         Raises:
             InvalidInput: ``limit`` not in 1..2**31-1, or an unknown type.
+        """
+        jobs, _ = await self.claim_checked(type, limit, run_id=run_id, conn=conn)
+        return jobs
+
+    async def claim_checked(
+        self,
+        type: str,
+        limit: int,
+        *,
+        run_id: uuid.UUID | None = None,
+        conn: AnyConn | None = None,
+    ) -> tuple[list[Job], list[UnreadableJob]]:
+        """:meth:`claim`, also telling which claimed rows could not be read (and were
+        given up, as :meth:`claim` describes); the runner counts them.
+
+        Returns:
+            The readable jobs in fair order, and one :class:`UnreadableJob` per job
+            given up (its ``job_id`` and ``problems``).
+
+        Raises:
+            InvalidInput: as :meth:`claim`.
         """
         t = self.check_type(type)
         if (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0
@@ -356,13 +393,24 @@ class Queue:
         if conn is None:
             await self.open()
         started = time.perf_counter()
-        jobs = await self.fair_claim.claim(
+        claimed = await self.fair_claim.claim(
             t, limit, plans=self.plans, clock_offset=self.clock_offset,
             stale_after=self.stale_after, served_window=self.served_window,
             run_id=run_id, conn=conn)
         for observe in self.claim_observers:
             observe(t, time.perf_counter() - started)
-        return jobs
+        jobs: list[Job] = []
+        unreadable: list[UnreadableJob] = []
+        for job in claimed:
+            problems = job.problems
+            if not problems:
+                jobs.append(job)
+                continue
+            error = UnreadableJob(job.id, problems)
+            log.error("%s; it gives up", error)
+            await self._fail(job, str(error), give_up=True, conn=conn)
+            unreadable.append(error)
+        return jobs, unreadable
 
     async def settle(self) -> None:
         """Run the claim upkeep that is due now and wait for it to finish (tests,
@@ -372,12 +420,43 @@ class Queue:
     async def complete(self, job: Job, *, conn: AnyConn | None = None) -> bool:
         """Mark a claimed job done, under its claim.
 
+        Repeating it under the same claim is harmless and answers the same: a complete
+        whose reply was lost with the connection, asked again, finds the job "already
+        done by this claim" (docs/design.md, "Settling twice").
+
         Returns:
-            ``True`` when done; ``False`` when this claim lost the job (it was reclaimed
-            after a stale lock, failed as stuck, or is not running), and nothing changed.
+            ``True`` when done by this claim (now or before); ``False`` when this claim
+            lost the job (it was reclaimed after a stale lock, failed as stuck, or
+            settled otherwise), and nothing changed.
         """
         async with self.connection(conn) as c:
-            return await self.store.execute("complete", self._fence(job), conn=c) == 1
+            if await self.store.execute("complete", self._fence(job), conn=c) == 1:
+                return True
+            states = await self.claim_states([job], conn=c)
+        return states.get(job.id) == "done"
+
+    async def claim_states(self, jobs: Sequence[Job], *,
+                           conn: AnyConn | None = None) -> dict[int, str]:
+        """What became of jobs under the claims that handed them out (docs/design.md,
+        "Settling twice"): for each job whose row still carries its claim's token, the
+        status that claim left it in (``running``: still held; ``done``, ``pending``,
+        ``failed``: how it was settled). A job missing from the answer was lost by its
+        claim.
+
+        Args:
+            jobs: claimed jobs (those without a ``claim_token`` are left out).
+            conn: the caller's connection.
+
+        Returns:
+            Job id -> status, for the jobs this claim still answers for.
+        """
+        fenced = [j for j in jobs if j.claim_token is not None]
+        if not fenced:
+            return {}
+        rows = await self.store.fetch_all("claim_states", {
+            "ids": [j.id for j in fenced],
+            "claim_tokens": [j.claim_token for j in fenced]}, conn=conn)
+        return {r[0]: r[1] for r in rows}
 
     async def complete_many(self, jobs: Sequence[Job], *,
                             conn: AnyConn | None = None) -> list[bool]:
@@ -406,6 +485,11 @@ class Queue:
             async with self.connection(conn) as c:
                 done = {r[0] for r in await self.store.fetch_all("complete_many", params,
                                                                  conn=c)}
+                if len(done) < len({j.id for j in fenced}):
+                    # Lost, or done by this very claim before (a repeat): say which.
+                    states = await self.claim_states(
+                        [j for j in fenced if j.id not in done], conn=c)
+                    done |= {i for i, status in states.items() if status == "done"}
         except psycopg.errors.DeadlockDetected:
             if conn is not None:
                 raise
@@ -421,19 +505,29 @@ class Queue:
         "Fail and backoff").
 
         With attempts left the job goes back to pending with
-        ``run_after = now + backoff_base * 2**attempts``; with attempts used up it becomes
-        ``failed`` (``finished_at`` set) and its give-up hook runs. The error text is kept
-        in ``last_error`` (NUL characters escaped).
+        ``run_after = now + min(backoff_base * 2**attempts, max_backoff)``; with attempts
+        used up it becomes ``failed`` (``finished_at`` set) and its give-up hook runs.
+        The error text is kept in ``last_error`` (NUL characters escaped). Repeated
+        under the same claim (a reply lost with the connection), it answers what the
+        first one did (docs/design.md, "Settling twice").
 
         Returns:
             ``"retry"``, ``"failed"``, or ``"lost"`` when this claim no longer holds the
-            job (nothing changed).
+            job (nothing changed; also when this claim completed or deferred it).
         """
+        return await self._fail(job, error, conn=conn)
+
+    async def _fail(self, job: Job, error: BaseException | str, *, give_up: bool = False,
+                    conn: AnyConn | None = None) -> FailOutcome:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        params = {**self._fence(job), "error": storable_text(text),
-                  "backoff_base": self.backoff_base}
+        params = {**self._fence(job), "error": storable_text(text), "give_up": give_up,
+                  "backoff_base": self.backoff_base, "max_backoff": self.max_backoff,
+                  "latest_due": LATEST_DUE}
         async with self.connection(conn) as c:
             row = await self.store.fetch_one("fail", params, conn=c)
+            if row is None:  # lost, or a repeat under this claim: say which
+                status = (await self.claim_states([job], conn=c)).get(job.id)
+                row = (status,) if status in ("pending", "failed") else None
         if row is None:
             return "lost"
         if row[0] == "failed":
@@ -453,7 +547,9 @@ class Queue:
         cleared, ``attempts`` decreased by one (undoing the claim) and ``deferrals``
         increased by one; ``last_error`` is untouched. Jobs this caller's claim no longer
         holds (never claimed, done, failed, reclaimed by another run) are left alone.
-        With ``max_deferrals`` set, a job past it gives up instead.
+        With ``max_deferrals`` set, a job past it gives up instead. Repeated under the
+        same claims, it counts the jobs those claims deferred (docs/design.md,
+        "Settling twice").
 
         Returns:
             How many jobs were deferred.
@@ -477,34 +573,52 @@ class Queue:
         }
         async with self.connection(conn) as c:
             rows = await self.store.fetch_all("defer", params, conn=c)
+            if len(rows) < len({j.id for j in fenced}):
+                # Lost, or deferred by this very claim before (a repeat): say which.
+                seen = {r[0] for r in rows}
+                states = await self.claim_states([j for j in fenced if j.id not in seen],
+                                                 conn=c)
+                rows += [(i, status) for i, status in states.items()
+                         if status in ("pending", "failed")]
         gave_up = [r[0] for r in rows if r[1] == "failed"]
         if gave_up and conn is None:
             await self.run_give_up_hooks(gave_up)
         return sum(1 for r in rows if r[1] == "pending")
 
-    async def release(self, jobs: Iterable[Job], *, conn: AnyConn | None = None) -> int:
+    async def release(self, jobs: Iterable[Job], *, not_before: datetime | None = None,
+                      conn: AnyConn | None = None) -> int:
         """Hand claimed jobs back as if they had never been claimed: pending again, the
-        claim's attempt returned, the due time kept, no deferral counted (what a
-        runner does with a prefetched batch its run ends before starting). Jobs this
-        caller's claim no longer holds are left alone.
+        claim's attempt returned, no deferral counted, the due time kept (what a runner
+        does with jobs its run ends before starting: docs/design.md, "Defer"). Jobs
+        this caller's claim no longer holds are left alone.
+
+        Args:
+            jobs: the claimed jobs.
+            not_before: an aware instant the jobs are not due before (a due time
+                already later is kept); ``None`` keeps each job's due time.
+            conn: the caller's connection.
 
         Returns:
             How many jobs were released.
 
         Raises:
-            InvalidInput: an item is not a :class:`rota.Job`.
+            InvalidInput: an item is not a :class:`rota.Job`, or ``not_before`` is not
+                an aware datetime in range.
         """
         batch = list(jobs)
         for j in batch:
             if not isinstance(j, Job):
                 raise InvalidInput(f"expected a rota.Job, got {type(j).__name__}")
+        if not_before is not None:
+            require_due_time(not_before, "not_before")
         fenced = [j for j in batch if j.claim_token is not None]
         if not fenced:
             return 0
         async with self.connection(conn) as c:
             return await self.store.execute("release", {
                 "ids": [j.id for j in fenced],
-                "claim_tokens": [j.claim_token for j in fenced]}, conn=c)
+                "claim_tokens": [j.claim_token for j in fenced],
+                "not_before": not_before}, conn=c)
 
     async def fail_stuck_jobs(self) -> list[Job]:
         """Fail running jobs whose lock is stale and whose attempts are used up (docs/design.md,
@@ -516,12 +630,18 @@ class Queue:
         async with self.connection() as c:
             rows = await self.store.fetch_dicts("fail_stuck", {
                 "offset": self.clock_offset, "stale_after": self.stale_after}, conn=c)
-        stuck = sorted((Job.from_row(r) for r in rows), key=lambda j: j.id)
+        stuck = sorted((Job.from_row(r, lenient=True) for r in rows), key=lambda j: j.id)
         await self.run_give_up_hooks()
         return stuck
 
     async def get_job(self, job_id: int, *, conn: AnyConn | None = None) -> Job | None:
-        """Read one job by id, or ``None``."""
+        """Read one job by id, or ``None``.
+
+        Raises:
+            UnreadableJob: the row holds a value that cannot be loaded; the error names
+                the job and each such column (docs/design.md, "Bad data belongs to its
+                job").
+        """
         async with self.connection(conn) as c:
             row = await self.store.fetch_dict("get_job", {"id": job_id}, conn=c)
         return None if row is None else Job.from_row(row)
@@ -576,7 +696,9 @@ class Queue:
             row = await self.store.fetch_dict("give_up_lock", {"id": job_id}, conn=c)
             if row is None:  # already handled, or a concurrent sweeper has it
                 return False
-            job = Job.from_row(row)
+            # A row that cannot be read still gave up: its hook runs with the
+            # Unreadable values in the job (docs/design.md, "Give-up hooks").
+            job = Job.from_row(row, lenient=True)
             await self._give_up_hooks[job.type](job, c)
             await self.store.execute("give_up_done", {"id": job_id}, conn=c)
         return True

@@ -28,6 +28,9 @@ from .plans import DEFAULT_PLANS, Plans
 # invocation after DEFAULT_PLATFORM_TIMEOUT; a run stops claiming after its budget.
 DEFAULT_PLATFORM_TIMEOUT = timedelta(seconds=300)
 DEFAULT_TIME_BUDGET = timedelta(seconds=220)
+# The failure backoff's ceiling (docs/design.md, "Fail and backoff"): River caps its
+# retry backoff too; an hour keeps a job with many attempts retrying within the day.
+DEFAULT_MAX_BACKOFF = timedelta(hours=1)
 
 
 class QueueSettings:
@@ -49,6 +52,9 @@ class QueueSettings:
             (docs/design.md, "The fair claim").
         backoff_base: failure backoff is ``backoff_base * 2**attempts`` (docs/design.md,
             "Fail and backoff").
+        max_backoff: the longest failure backoff (default 1 hour): the doubling stops
+            there, so a job with many attempts is retried hourly instead of in year
+            10193. At least ``backoff_base``.
         max_deferrals: when set, a job deferred more often than this gives up.
         max_payload_bytes: largest payload accepted, in UTF-8 bytes of JSON.
 
@@ -68,6 +74,7 @@ class QueueSettings:
         stale_after: timedelta = timedelta(minutes=15),
         served_window: timedelta = timedelta(days=1),
         backoff_base: timedelta = timedelta(minutes=1),
+        max_backoff: timedelta = DEFAULT_MAX_BACKOFF,
         max_deferrals: int | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
@@ -93,6 +100,12 @@ class QueueSettings:
         self.stale_after = require_duration(stale_after, "stale_after")
         self.served_window = require_duration(served_window, "served_window")
         self.backoff_base = require_duration(backoff_base, "backoff_base", positive=False)
+        if self.backoff_base < timedelta(0):
+            raise InvalidInput(f"backoff_base must not be negative, got {backoff_base}")
+        self.max_backoff = require_duration(max_backoff, "max_backoff")
+        if self.max_backoff < self.backoff_base:
+            raise InvalidInput(f"max_backoff ({max_backoff}) must not be shorter than "
+                               f"backoff_base ({backoff_base})")
         self.max_deferrals = (
             None if max_deferrals is None else positive_int(max_deferrals, "max_deferrals", 0)
         )

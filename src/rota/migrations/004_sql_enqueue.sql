@@ -74,21 +74,21 @@ BEGIN
     SELECT x.* INTO bad
     FROM (
         SELECT t.*, CASE
-            -- Short names (rota.checks.require_text): at most 512 characters keeps every
+            -- Short names (rota.checks.require_text): at most 512 UTF-8 bytes keeps every
             -- key well inside a btree index row.
             WHEN t.type IS NULL OR t.type = '' THEN 'type:empty'
-            WHEN length(t.type) > 512 THEN 'type:long'
+            WHEN octet_length(t.type) > 512 THEN 'type:long'
             WHEN NOT t.type = ANY (s_types) THEN 'type:undeclared'
             WHEN t.payload IS NULL THEN 'payload:null'
             -- The size of the payload's JSON text as PostgreSQL prints it.
             WHEN octet_length(t.payload::text) > s_max_payload_bytes THEN 'payload:large'
             -- Workers decode payloads recursively (Python's json stops near 1,000
-            -- levels): no value may lie more than 500 arrays and objects down.
-            WHEN jsonb_path_exists(t.payload, 'strict $.**{{501}}') THEN 'payload:deep'
+            -- levels): no value may lie more than 256 arrays and objects down.
+            WHEN jsonb_path_exists(t.payload, 'strict $.**{{257}}') THEN 'payload:deep'
             WHEN t.group_id = '' THEN 'group_id:empty'
-            WHEN length(t.group_id) > 512 THEN 'group_id:long'
+            WHEN octet_length(t.group_id) > 512 THEN 'group_id:long'
             WHEN t.dedupe_key = '' THEN 'dedupe_key:empty'
-            WHEN length(t.dedupe_key) > 512 THEN 'dedupe_key:long'
+            WHEN octet_length(t.dedupe_key) > 512 THEN 'dedupe_key:long'
             -- Due times must load back in any session time zone
             -- (rota.checks.require_due_time).
             WHEN NOT t.run_after BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
@@ -116,8 +116,9 @@ BEGIN
             || CASE bad.rule
                 WHEN 'type:empty' THEN 'job type must be a non-empty string, got '
                                        || coalesce(quote_literal(bad.type), 'NULL')
-                WHEN 'type:long' THEN 'job type is ' || length(bad.type)
-                                      || ' characters long; at most 512 are allowed'
+                WHEN 'type:long' THEN 'job type is ' || octet_length(bad.type)
+                                      || ' bytes long in UTF-8 (' || length(bad.type)
+                                      || ' characters); at most 512 bytes are allowed'
                 WHEN 'type:undeclared' THEN
                     'unknown job type ' || quote_literal(bad.type) || '; declared types: '
                     || array_to_string(ARRAY(SELECT d FROM unnest(s_types) AS d
@@ -128,13 +129,15 @@ BEGIN
                     'payload is ' || octet_length(bad.payload::text)
                     || ' bytes, larger than the maximum ' || s_max_payload_bytes
                 WHEN 'payload:deep' THEN
-                    'payload is nested too deeply: more than 500 levels of arrays and objects'
+                    'payload is nested deeper than 256 levels (or contains itself), more than can be read back'
                 WHEN 'group_id:empty' THEN 'group_id must be a non-empty string, got '''''
-                WHEN 'group_id:long' THEN 'group_id is ' || length(bad.group_id)
-                                          || ' characters long; at most 512 are allowed'
+                WHEN 'group_id:long' THEN 'group_id is ' || octet_length(bad.group_id)
+                                          || ' bytes long in UTF-8 (' || length(bad.group_id)
+                                          || ' characters); at most 512 bytes are allowed'
                 WHEN 'dedupe_key:empty' THEN 'dedupe_key must be a non-empty string, got '''''
-                WHEN 'dedupe_key:long' THEN 'dedupe_key is ' || length(bad.dedupe_key)
-                                            || ' characters long; at most 512 are allowed'
+                WHEN 'dedupe_key:long' THEN 'dedupe_key is ' || octet_length(bad.dedupe_key)
+                                            || ' bytes long in UTF-8 (' || length(bad.dedupe_key)
+                                            || ' characters); at most 512 bytes are allowed'
                 WHEN 'run_after:range' THEN
                     'run_after='
                     || coalesce(to_char(bad.run_after AT TIME ZONE 'UTC',
