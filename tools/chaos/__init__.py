@@ -30,8 +30,8 @@ What happens::
    - no job's handler ran in two workers at once, and every stale reclaim took a job
      from a worker that was dead or whose run had ended;
    - every give-up hook ran exactly once (``hooks_missing``, ``hooks_doubled``);
-   - each job's attempts equal its claims minus its deferrals (claims and deferrals are
-     logged by a trigger in the claiming transaction itself);
+   - each job's attempts equal its claims minus its deferrals and releases (claims,
+     deferrals and releases are logged by a trigger in the transaction that made them);
    - every run a killed worker was in is in ``runs`` ended ``error``/``killed``, no run
      is left unfinished, no live run was marked killed, and runs that ended in another
      error did so because of the restart;

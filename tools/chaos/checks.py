@@ -126,30 +126,39 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
         r.violations.append(f"{r.jobs} jobs, expected {out.seeded} seeded + 2 drafts for "
                             f"each of {done_searches} done searches")
 
-    # 2. Attempts = claims - deferrals, from the trigger's log of every claim.
+    # 2. Attempts = claims - deferrals - releases (a job handed back unstarted gets its
+    #    attempt back, docs/design.md "Defer"), from the trigger's log of every claim.
     claims: dict[int, list[dict[str, Any]]] = defaultdict(list)
     deferrals: Counter[int] = Counter()
+    releases: Counter[int] = Counter()
     by_token: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for row in log_rows:
         if row["new_token"] is not None and row["new_token"] != row["old_token"]:
             claims[row["job_id"]].append(row)
         if row["deferred"]:
             deferrals[row["job_id"]] += 1
+        if row["released"]:
+            releases[row["job_id"]] += 1
         if row["old_token"] is not None:
             by_token[row["old_token"]].append(row)  # what became of a claim
     mismatched = 0
     for j in jobs.values():
         n_claims, n_defers = len(claims[j["id"]]), deferrals[j["id"]]
-        if j["attempts"] != n_claims - n_defers or j["deferrals"] != n_defers:
+        n_released = releases[j["id"]]
+        if (j["attempts"] != n_claims - n_defers - n_released
+                or j["deferrals"] != n_defers):
             mismatched += 1
             if mismatched <= 10:
                 r.violations.append(
                     f"job {j['id']}: attempts {j['attempts']} != claims {n_claims} - "
-                    f"deferrals {n_defers} (deferrals column {j['deferrals']})")
+                    f"deferrals {n_defers} - releases {n_released} (deferrals column "
+                    f"{j['deferrals']})")
     r.figures["claims"] = sum(len(c) for c in claims.values())
     r.figures["deferrals"] = sum(deferrals.values())
+    r.figures["releases"] = sum(releases.values())
     if mismatched > 10:
-        r.violations.append(f"... {mismatched} jobs in all with attempts != claims - deferrals")
+        r.violations.append(f"... {mismatched} jobs in all with attempts != claims - "
+                            "deferrals - releases")
 
     # 3. One worker at a time: handler runs of a job never overlap, and every stale
     #    reclaim took the job from a dead worker or a run that had ended.
