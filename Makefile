@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench chaos clean
+.PHONY: demo demo-dashboard test lint bench chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/rota-demo
+
+# The demo, then rota's dashboard on its data (http://127.0.0.1:8080/) until Ctrl-C.
+demo-dashboard: $(STAMP)
+	$(BIN)/rota-demo --dashboard
 
 # The Node client's packages (clients/node: pg, from its lock file), for its end-to-end
 # test, installed once with the machine's npm; the test then runs only the local node.
