@@ -475,7 +475,7 @@ async def _serve_dashboard(queue: Queue, port: int) -> None:
 
     from rota import dashboard_app
 
-    app = dashboard_app(queue, read_only=True, pipeline=demo_app.build_pipeline(queue))
+    app = dashboard_app(queue, read_only=True, quotas=demo_app.QUOTAS)
     console.print(f"dashboard on this demo's data: http://127.0.0.1:{port}/ "
                   f"(read-only; Ctrl-C ends it and cleans up)")
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
