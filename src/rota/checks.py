@@ -134,12 +134,12 @@ def require_zone(value: object, name: str) -> ZoneInfo:
 
 def sendable_text(value: object, name: str, *, allow_none: bool = False) -> str | None:
     """Check what only Python can see about a text argument of enqueue before it goes to
-    the database: that it is a string (a UUID is turned into one) without NUL characters,
-    which PostgreSQL text cannot hold. Whether it is empty or too long is the database's
+    the database: that it is a string (a UUID is turned into one) without NUL characters
+    or lone surrogates, which PostgreSQL text cannot hold. Whether it is empty or too long is the database's
     rule, checked once for every caller (docs/design.md, "Enqueue").
 
     Raises:
-        InvalidInput: not a string, or it holds a NUL character.
+        InvalidInput: not a string, or it holds a NUL character or a lone surrogate.
     """
     if value is None and allow_none:
         return None
@@ -149,6 +149,11 @@ def sendable_text(value: object, name: str, *, allow_none: bool = False) -> str 
         raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
     if "\x00" in value:
         raise InvalidInput(f"{name} {value!r} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{name} {value!r} contains a lone surrogate, which is not "
+                           f"UTF-8 text") from None
     return value
 
 

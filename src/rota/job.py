@@ -183,8 +183,9 @@ def _check_value(value: Any, path: str, depth: int) -> bool:
             raise PayloadError(f"payload{path} contains a lone surrogate") from None
         return False
     if isinstance(value, dict | list | tuple):
-        if depth >= MAX_PAYLOAD_DEPTH:
-            raise too_deep()
+        # The depth limit (MAX_PAYLOAD_DEPTH) is enqueue_jobs' rule, checked in the
+        # database for every caller in one order with the others (docs/design.md,
+        # "Enqueue"); here only Python's own recursion limit can stop the walk.
         exact = False
         if isinstance(value, dict):
             for k, v in value.items():
@@ -252,13 +253,12 @@ def encode_payload(payload: Any) -> str:
     - dict keys that are not strings (JSON would turn ``1`` into ``"1"``);
     - NaN and Infinity (float or Decimal: not JSON), NUL characters (jsonb cannot store
       ``\u0000``) and lone surrogates (not UTF-8), in values and in keys;
-    - nesting deeper than :data:`MAX_PAYLOAD_DEPTH` lists and objects (what enqueue
-      accepts, the claim can read back), and Decimals with more than 4,300 digits
-      before the point or 16,383 after it.
+    - Decimals with more than 4,300 digits before the point or 16,383 after it.
 
-    The queue's size limit (``max_payload_bytes``) and the same depth limit are rules of
-    the database's ``enqueue_jobs`` too, which every caller goes through (docs/design.md,
-    "Enqueue").
+    The queue's size limit (``max_payload_bytes``) and its depth limit
+    (:data:`MAX_PAYLOAD_DEPTH` lists and objects: what enqueue accepts, the claim can
+    read back) are rules of the database's ``enqueue_jobs``, which every caller goes
+    through (docs/design.md, "Enqueue").
 
     Reading a payload back gives Python's JSON types: a stored decimal comes back as a
     float (``str(amount)`` in the payload keeps it exact end to end), and a float
