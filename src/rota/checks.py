@@ -135,8 +135,9 @@ def require_zone(value: object, name: str) -> ZoneInfo:
 def sendable_text(value: object, name: str, *, allow_none: bool = False) -> str | None:
     """Check what only Python can see about a text argument of enqueue before it goes to
     the database: that it is a string (a UUID is turned into one) without NUL characters
-    or lone surrogates, which PostgreSQL text cannot hold. Whether it is empty or too long is the database's
-    rule, checked once for every caller (docs/design.md, "Enqueue").
+    or lone surrogates, which PostgreSQL text cannot hold. Whether it is empty or too
+    long is the database's rule, checked once for every caller (docs/design.md,
+    "Enqueue").
 
     Raises:
         InvalidInput: not a string, or it holds a NUL character or a lone surrogate.
