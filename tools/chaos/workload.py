@@ -72,6 +72,7 @@ CREATE TABLE {schema}.chaos_log (
     deferred   boolean NOT NULL,
     released   boolean NOT NULL,  -- handed back unstarted: the claim's attempt returned
     run_id     uuid,
+    last_error text,
     app        text NOT NULL,
     at         timestamptz NOT NULL DEFAULT clock_timestamp()
 );
@@ -85,12 +86,13 @@ BEGIN
        OR NEW.claim_token IS DISTINCT FROM OLD.claim_token
        OR NEW.deferrals <> OLD.deferrals THEN
         INSERT INTO {schema}.chaos_log (job_id, old_status, new_status, old_token,
-            new_token, old_locked, new_locked, attempts, deferred, released, run_id, app)
+            new_token, old_locked, new_locked, attempts, deferred, released, run_id,
+            last_error, app)
         VALUES (NEW.id, OLD.status, NEW.status, OLD.claim_token, NEW.claim_token,
             OLD.locked_at, NEW.locked_at, NEW.attempts, NEW.deferrals > OLD.deferrals,
             OLD.status = 'running' AND NEW.status = 'pending'
                 AND NEW.attempts < OLD.attempts AND NEW.deferrals = OLD.deferrals,
-            NEW.run_id, current_setting('application_name'));
+            NEW.run_id, NEW.last_error, current_setting('application_name'));
     END IF;
     RETURN NULL;
 END
