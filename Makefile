@@ -38,7 +38,8 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
-# 5,000 jobs, 4 workers SIGKILLed at random, one PostgreSQL restart (the embedded server,
+# 5,000 jobs (runaway handlers and 5 unreadable poison rows among them), 4 workers
+# SIGKILLed at random, one PostgreSQL restart (the embedded server,
 # or the machine's when DATABASE_URL names it); prints the checks and one summary line.
 # tools/chaos is not shipped: it runs from the repository's root.
 chaos: $(STAMP)
