@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-hosts chaos chaos-hosts clean
+.PHONY: demo demo-dashboard test lint bench bench-hosts chaos chaos-hosts clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,8 +15,20 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/rota-demo
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
+# The demo, then rota's dashboard on its data (http://127.0.0.1:8080/) until Ctrl-C.
+demo-dashboard: $(STAMP)
+	$(BIN)/rota-demo --dashboard
+
+# The Node client's packages (clients/node: pg, from its lock file), for its end-to-end
+# test, installed once with the machine's npm; the test then runs only the local node.
+NODE_CLIENT := clients/node
+NODE_STAMP := $(NODE_CLIENT)/node_modules/.package-lock.json
+
+$(NODE_STAMP): $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
+	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund
+
+test: $(STAMP) $(NODE_STAMP)
+	ROTA_NODE_CLIENT=required $(BIN)/python -m pytest -n 2 -q
 
 # Claim latency vs backlog (rota, the naive fair query, FIFO; builds up to 1M rows,
 # a few minutes), its EXPLAIN at 1M, and enqueue throughput vs procrastinate and
@@ -32,7 +44,8 @@ bench: $(STAMP)
 bench-hosts: $(STAMP)
 	$(BIN)/python -m bench.hosts $(BENCH_HOSTS_ARGS)
 
-# 5,000 jobs, 4 workers SIGKILLed at random, one PostgreSQL restart (the embedded server,
+# 5,000 jobs (runaway handlers and 5 unreadable poison rows among them), 4 workers
+# SIGKILLed at random, one PostgreSQL restart (the embedded server,
 # or the machine's when DATABASE_URL names it); prints the checks and one summary line.
 # tools/chaos is not shipped: it runs from the repository's root.
 chaos: $(STAMP)
@@ -49,4 +62,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(NODE_CLIENT)/node_modules

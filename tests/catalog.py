@@ -70,6 +70,8 @@ QUERIES: dict[str, str] = {
     "function": """
         SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
                pg_get_functiondef(p.oid)
+               -- who may call it: a SECURITY DEFINER entry point revokes PUBLIC's EXECUTE
+               || E'\n-- acl ' || coalesce(p.proacl::text, 'default')
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
         WHERE n.nspname = %(schema)s
     """,

@@ -82,3 +82,35 @@ async def aconn(database_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]
     """A separate autocommit connection for assertions straight from the tables."""
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
         yield c
+
+
+# The GRANTs docs/enqueue-from-sql.md gives a role that may only enqueue.
+ENQUEUE_ONLY_GRANTS = (
+    "GRANT USAGE ON SCHEMA {schema} TO {role}",
+    "GRANT EXECUTE ON FUNCTION {schema}.enqueue(text, jsonb, text, text, timestamptz,"
+    " integer), {schema}.enqueue_many(jsonb) TO {role}",
+)
+
+
+@pytest.fixture
+def enqueue_only_role(database_url: str) -> Iterator[Any]:
+    """Factory: a new role (no login) granted only what enqueueing into a schema needs;
+    every role made is dropped afterwards (roles belong to the cluster, not the test's
+    schema)."""
+    made: list[str] = []
+
+    def make(schema: str) -> str:
+        role = f"rota_enq_{uuid.uuid4().hex[:10]}"
+        made.append(role)
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+            for grant in ENQUEUE_ONLY_GRANTS:
+                conn.execute(sql.SQL(grant).format(schema=sql.Identifier(schema),
+                                                   role=sql.Identifier(role)))
+        return role
+
+    yield make
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for role in made:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -2,7 +2,8 @@
 processes SIGKILLed at random about every second, one PostgreSQL restart, then the
 checks of tools.chaos (nothing lost, repeats only where a run was killed mid-handler,
 no job in two workers at once, every give-up hook once, attempts = claims - deferrals,
-every killed run visible). ``make chaos`` runs the default profile (5,000 jobs).
+every killed run visible, runaway handlers cut at their deadline, poison rows failed
+alone). ``make chaos`` runs the default profile (5,000 jobs).
 
 It always runs on a private embedded server: restarting the server DATABASE_URL names
 would break the tests running beside it.
@@ -34,5 +35,7 @@ def test_short_chaos_run_loses_nothing_and_doubles_nothing() -> None:
     assert jobs >= 590 and restarts == 1 and kills >= 3
     assert (lost, missing, doubled) == (0, 0, 0)
     assert not any("VIOLATION" in line for line in lines)
+    figures = {line.split(":")[0].strip() for line in lines if line.startswith("  ")}
+    assert {"timed_out", "runaway_handlers", "runs_overran", "unreadable"} <= figures
     repeats = [line for line in lines if line.strip().startswith("repeat:")]
     assert len(repeats) == min(duplicated, 20)  # each repeat is listed with its reason

@@ -285,7 +285,8 @@ def test_run_once_then_runs_lists_it(rota: Rota) -> None:
 def test_maintain_prints_counters(rota: Rota) -> None:
     assert rota.json("maintain") == {
         "stuck_jobs.failed": 0, "stuck_jobs.hooks_run": 0, "killed_runs.marked": 0,
-        "prune.jobs_deleted": 0, "prune.quota_rows_deleted": 0}
+        "prune.jobs_deleted": 0, "prune.quota_rows_deleted": 0,
+        "prune.runs_deleted": 0}
     assert "killed_runs.marked" in rota("maintain").stdout
 
 
@@ -398,7 +399,10 @@ def test_worker_process_runs_jobs_and_stops_on_sigterm(
     assert p.returncode == 0, err
     assert "worker stopped" in err
     lines = out.splitlines()
-    assert len(lines) == 2 and all(" stopped no_work: " in line for line in lines)
+    assert len(lines) == 2 and " stopped no_work: " in lines[0]
+    # The signal may land while the second run looks for more work: it then stops
+    # claiming at once, its budget cut short (time_budget).
+    assert " stopped no_work: " in lines[1] or " stopped time_budget: " in lines[1]
     assert lines[1].endswith("done=1 failed=0 deferred=0 units=0")
 
 
@@ -435,6 +439,9 @@ def test_serve_process_answers_cron_only_with_the_secret(
     assert p.returncode == -signal.SIGTERM, err
     assert "Application shutdown complete." in err
     assert secret not in out + err
+    # rota's own INFO lines are shown by default (they were not).
+    assert "INFO rota.web: cron request refused: missing or wrong bearer token" in err
+    assert "INFO rota.web: cron run " in err and " stopped no_work: 1 done" in err
 
 
 def test_long_work_shows_a_progress_bar_on_a_terminal(
@@ -715,8 +722,7 @@ def test_an_app_module_with_a_syntax_error_is_one_line(rota: Rota, write_app: An
 def test_a_deeply_nested_payload_is_refused_in_one_line(rota: Rota) -> None:
     deep = "[" * 5000 + "]" * 5000
     result = rota("enqueue", "echo", deep, ok=False)
-    assert result.exit_code == 2 and "Traceback" not in result.stderr
-    assert "JSON nested too deeply" in result.stderr
+    one_line_error(result, "error: payload is nested deeper than 256 levels")
     assert rota.sql("SELECT count(*) FROM {s}.jobs") == [(0,)]
 
 

@@ -47,9 +47,11 @@ def migrated(database_url: str, schema: str) -> tuple[str, str]:
      "error: payload['s'] contains a NUL character (\\u0000), which PostgreSQL jsonb"),
     (["enqueue", "echo", '{"s": "\\ud800"}'], "error: payload['s'] contains a lone surrogate"),
     (["enqueue", "echo", '{"s": Infinity}'], "error: payload['s'] is inf"),
-    (["enqueue", "echo", '{"s": -1e999}'], "error: payload['s'] is -inf"),
+    (["enqueue", "echo", '{"s": -1e99999}'],
+     "error: payload['s'] is a Decimal with 100000 digits before the point; at most 4300"),
+
     (["enqueue", "echo", '{"s": "' + "x" * (1024 * 1024) + '"}'],
-     "error: payload is 1048584 bytes, larger than the maximum 1048576"),
+     "error: payload is 1048585 bytes, larger than the maximum 1048576"),
     (["enqueue", "echo", "{}", "--run-after", "9999-12-31T23:00:00+00:00"],
      "error: run_after=9999-12-31T23:00:00+00:00 is out of range"),
     (["enqueue", "echo", "{}", "--run-after", "0001-01-01T00:00:00+00:00"],
@@ -60,7 +62,7 @@ def migrated(database_url: str, schema: str) -> tuple[str, str]:
     (["enqueue", "echo", "{}", "--dedupe-key", ""], "error: dedupe_key must be a non-empty"),
     (["enqueue", "echo", "{}", "--group", ""], "error: group_id must be a non-empty string"),
     (["jobs", "--schema", "x; drop table jobs"], "error: schema 'x; drop table jobs' is not"),
-], ids=["nul", "surrogate", "infinity", "overflow-to-inf", "oversize", "year-9999",
+], ids=["nul", "surrogate", "infinity", "huge-exponent", "oversize", "year-9999",
         "year-1", "max-attempts-overflow", "empty-type", "empty-dedupe-key", "empty-group",
         "schema-injection"])
 def test_bad_values_are_one_line_exit_2_and_nothing_written(
@@ -68,6 +70,19 @@ def test_bad_values_are_one_line_exit_2_and_nothing_written(
 ) -> None:
     url, schema = migrated
     one_line_error(rota(url, schema, *args), starts)
+    assert job_count(url, schema) == 0
+
+
+def test_an_integer_python_cannot_read_is_refused_as_a_flag_value(
+    migrated: tuple[str, str]
+) -> None:
+    url, schema = migrated
+    result = rota(url, schema, "enqueue", "echo", '{"n": ' + "9" * 5000 + "}")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert ("Invalid value for 'PAYLOAD_JSON': cannot read the JSON: Exceeds the limit "
+            "(4300 digits) for integer string conversion: value has 5000 digits"
+            in result.stderr), result.stderr
+    assert "set_int_max_str_digits" not in result.stderr
     assert job_count(url, schema) == 0
 
 

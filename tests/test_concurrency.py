@@ -107,7 +107,8 @@ async def test_lost_complete_holding_the_row_wins_and_the_claimer_gets_nothing(
         assert await claimer.claim("t", 1) == []  # skipped, not blocked
         await tx.commit()
     assert await claimer.claim("t", 1) == []
-    assert await status_of(aconn, claimer, lost.id) == ("done", 1, None)
+    # The token of the claim that completed it stays (docs/design.md, "Settling twice").
+    assert await status_of(aconn, claimer, lost.id) == ("done", 1, lost.claim_token)
 
 
 @pytest.mark.parametrize("late", ["complete", "fail", "defer"])
@@ -176,7 +177,7 @@ async def test_lost_complete_holding_the_row_beats_the_sweeper(
         assert await sweeper.fail_stuck_jobs() == []
         await tx.commit()
     assert await sweeper.fail_stuck_jobs() == []
-    assert await status_of(aconn, sweeper, lost.id) == ("done", 1, None)
+    assert await status_of(aconn, sweeper, lost.id) == ("done", 1, lost.claim_token)
     assert await refunds(aconn, sweeper) == []
 
 

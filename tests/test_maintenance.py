@@ -28,7 +28,8 @@ from rota import (
 AConn = psycopg.AsyncConnection[Any]
 
 QUIET = {"stuck_jobs.failed": 0, "stuck_jobs.hooks_run": 0, "killed_runs.marked": 0,
-         "prune.jobs_deleted": 0, "prune.quota_rows_deleted": 0}
+         "prune.jobs_deleted": 0, "prune.quota_rows_deleted": 0,
+         "prune.runs_deleted": 0}
 
 
 async def start_run(queue: Queue) -> uuid.UUID:
@@ -173,7 +174,8 @@ async def test_pruning_deletes_only_done_jobs_older_than_the_retention(
     await Quota("api", 100).spend(queue, 7)
 
     prune = PruneDoneJobs(queue, retention=timedelta(days=7), batch_size=2)
-    assert await prune.run_once() == {"jobs_deleted": 3, "quota_rows_deleted": 1}
+    assert await prune.run_once() == {"jobs_deleted": 3, "quota_rows_deleted": 1,
+                                     "runs_deleted": 0}
     for i in old:
         assert await queue.get_job(i) is None
     for i in (recent, fresh, pending.id, failed.id):
@@ -182,7 +184,8 @@ async def test_pruning_deletes_only_done_jobs_older_than_the_retention(
 
     # The shortest retention allowed is the served window: the fresh job stays.
     prune = PruneDoneJobs(queue, retention=queue.served_window)
-    assert await prune.run_once() == {"jobs_deleted": 1, "quota_rows_deleted": 0}
+    assert await prune.run_once() == {"jobs_deleted": 1, "quota_rows_deleted": 0,
+                                     "runs_deleted": 0}
     assert await queue.get_job(recent) is None
     assert await queue.get_job(fresh) is not None
 
@@ -215,6 +218,7 @@ async def test_maintenance_counters_land_in_the_run_summary(queue: Queue,
         "maintenance.stuck_jobs.failed": 0, "maintenance.stuck_jobs.hooks_run": 0,
         "maintenance.killed_runs.marked": 1, "maintenance.prune.jobs_deleted": 1,
         "maintenance.prune.quota_rows_deleted": 0,
+        "maintenance.prune.runs_deleted": 0,
     }
     rows = await runs(aconn, queue)
     assert rows[result.run_id]["summary"] == result.summary

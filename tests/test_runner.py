@@ -100,9 +100,10 @@ async def test_a_stage_runs_at_most_concurrency_jobs_at_a_time(queue: Queue) -> 
     assert (result.stop_reason, result.jobs_done) == ("no_work", 7)
 
 
-async def test_budget_stop_finishes_in_flight_and_defers_unstarted(queue: Queue) -> None:
+async def test_budget_stop_finishes_in_flight_and_releases_unstarted(queue: Queue) -> None:
     """After the budget no batch is claimed, what is in flight finishes, and claimed jobs
-    not yet started go back pending with their attempt handed back."""
+    not yet started go back as they were: attempt handed back, no deferral counted
+    (docs/design.md, "Defer")."""
     started: list[int] = []
 
     async def slow(ctx: JobContext) -> None:
@@ -115,14 +116,14 @@ async def test_budget_stop_finishes_in_flight_and_defers_unstarted(queue: Queue)
     pipeline = Pipeline(queue, [Stage("slow", 4, 2, slow)])
     result = await pipeline.run(trigger="cli", time_budget=timedelta(milliseconds=200))
 
-    assert (result.stop_reason, result.jobs_done, result.jobs_deferred) == ("time_budget", 2, 2)
-    assert result.summary == {"finished": 2}
+    assert (result.stop_reason, result.jobs_done, result.jobs_deferred) == ("time_budget", 2, 0)
+    assert result.summary == {"finished": 2, "released": 2}
     assert started == ids[:2]
     for i in ids[:2]:
         assert (await job(queue, i)).status == "done"
     for i in ids[2:4]:  # claimed, never started
         j = await job(queue, i)
-        assert (j.status, j.attempts, j.deferrals, j.locked_at) == ("pending", 0, 1, None)
+        assert (j.status, j.attempts, j.deferrals, j.locked_at) == ("pending", 0, 0, None)
         assert j.run_after <= await queue.now()
     for i in ids[4:]:  # never claimed: no second batch after the budget
         j = await job(queue, i)
@@ -373,7 +374,8 @@ async def test_a_dead_runs_stale_job_of_a_quota_blocked_stage_waits_for_the_rese
 
 async def test_stop_reason_quota_exhausted(queue: Queue, aconn: AConn) -> None:
     """Handlers spend 100 units of 250: two searches run, the third cannot get its units
-    and goes back to wait for the reset, and so does the claimed one behind it."""
+    and is deferred to the reset; the claimed one behind it goes back as it was and
+    waits for the reset too (postponed, no deferral counted)."""
     api = Quota("api", 250, reset_tz="America/Los_Angeles")
 
     async def search(ctx: JobContext) -> None:
@@ -384,9 +386,9 @@ async def test_stop_reason_quota_exhausted(queue: Queue, aconn: AConn) -> None:
     pipeline = Pipeline(queue, [Stage("search", 4, 1, search, quota=api, quota_cost=1)])
     result = await pipeline.run()
     assert (result.stop_reason, result.jobs_done, result.jobs_deferred,
-            result.quota_units) == ("quota_exhausted", 2, 2, 200)
-    assert result.summary == {"searches": 2, "quota.api": 200, "quota_deferred": 2,
-                              "postponed": 1}
+            result.quota_units) == ("quota_exhausted", 2, 1, 200)
+    assert result.summary == {"searches": 2, "quota.api": 200, "quota_deferred": 1,
+                              "released": 1, "postponed": 2}
     reset = api.next_reset(await queue.now())
     for i in ids[2:]:
         j = await job(queue, i)
@@ -460,11 +462,12 @@ async def test_a_cancelled_run_records_its_end_and_hands_back_its_jobs(
     cur = aconn.cursor(row_factory=dict_row)
     await cur.execute(sql.SQL("SELECT * FROM {}").format(queue.table("runs")))
     [row] = await cur.fetchall()
-    assert (row["stop_reason"], row["error"], row["jobs_deferred"]) == ("error", "cancelled", 1)
+    assert (row["stop_reason"], row["error"], row["jobs_deferred"]) == ("error", "cancelled", 0)
+    assert row["summary"] == {"released": 1, "retries": 1}
     first, second = await job(queue, ids[0]), await job(queue, ids[1])
     assert (first.status, first.attempts, first.last_error) == \
         ("pending", 1, "the run stopped while the job was running")
-    assert (second.status, second.attempts, second.deferrals) == ("pending", 0, 1)
+    assert (second.status, second.attempts, second.deferrals) == ("pending", 0, 0)
 
 
 async def test_heartbeat_keeps_a_live_runs_jobs_from_looking_stale(make_queue: Any) -> None:
@@ -533,8 +536,9 @@ async def test_a_run_cut_off_by_dropped_connections_records_its_error(
     """What a database restart does mid-run, on a caller's pool with no connection
     check: every session is terminated while a handler runs, so the runner's next
     statements fail one after another. The run still records its end ("error") once a
-    fresh connection answers, instead of raising and being marked "killed" later; the
-    next run proceeds and finishes the job it could not release."""
+    fresh connection answers, instead of raising and being marked "killed" later. The
+    completion of the job that ran is sent again on a fresh connection (docs/design.md,
+    "Settling twice"), so the job is done and the next run finds nothing to do."""
     app = f"rota-test-{schema}"
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         make_conninfo(database_url, application_name=app), min_size=4, max_size=4,
@@ -562,13 +566,12 @@ async def test_a_run_cut_off_by_dropped_connections_records_its_error(
         row = await run_row(aconn, queue, cut)
         assert (row["stop_reason"], row["error"]) == ("error", cut.error)
         assert row["finished_at"] == cut.finished_at
-        j = await job(queue, jid)  # neither completed nor released: the sessions were gone
-        assert (j.status, j.attempts, j.run_id) == ("running", 1, cut.run_id)
+        assert cut.jobs_done == 1
+        j = await job(queue, jid)  # completed on a fresh connection
+        assert (j.status, j.attempts, j.run_id) == ("done", 1, cut.run_id)
         queue.clock_offset = timedelta(minutes=16)
         after = await pipeline.run(trigger="worker")
-        assert (after.stop_reason, after.jobs_done, calls) == ("no_work", 1, 2)
-        j = await job(queue, jid)
-        assert (j.status, j.attempts) == ("done", 2)
+        assert (after.stop_reason, after.jobs_done, calls) == ("no_work", 0, 1)
     finally:
         await pool.close()
 

@@ -164,7 +164,8 @@ async def test_worker_runs_maintenance_into_a_run_summary(
     await stop_worker(stop, task)
     assert worker.last_maintenance == {
         "stuck_jobs.failed": 0, "stuck_jobs.hooks_run": 0, "killed_runs.marked": 0,
-        "prune.jobs_deleted": 0, "prune.quota_rows_deleted": 0}
+        "prune.jobs_deleted": 0, "prune.quota_rows_deleted": 0,
+        "prune.runs_deleted": 0}
     assert len(seen) == 1 and seen[0].summary == {
         f"maintenance.{k}": 0 for k in worker.last_maintenance}
     cur = await aconn.execute(sql.SQL("SELECT trigger, stop_reason FROM {}.runs").format(

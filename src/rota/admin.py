@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -23,7 +23,7 @@ from psycopg.pq import TransactionStatus
 
 from .checks import require_aware, require_text
 from .db import migrations
-from .errors import InvalidInput, InvalidTransition, JobNotFound
+from .errors import InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
 from .job import Job, JobStatus
 
 if TYPE_CHECKING:
@@ -50,11 +50,16 @@ class JobPage:
             ``None`` when this page is the last.
         group_plans: the plan id of each listed job's group, by group id; ``None`` for a
             group with no owner, or one the groups relation does not contain.
+        unreadable: the rows of this page that could not be turned into a job (a value
+            that cannot be loaded), by id descending, each naming the job and what
+            could not be read; the rest of the page is listed as usual
+            (docs/design.md, "Bad data belongs to its job").
     """
 
     jobs: list[Job]
     next_before_id: int | None
     group_plans: Mapping[str, str | None]
+    unreadable: list[UnreadableJob] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -162,7 +167,8 @@ async def list_jobs(
         conn: the caller's connection.
 
     Returns:
-        A :class:`JobPage`: the jobs (with their payloads) and the next page's cursor.
+        A :class:`JobPage`: the jobs (with their payloads) and the next page's cursor;
+        rows that cannot be read are named in its ``unreadable``.
 
     Raises:
         InvalidInput: an unknown status, an empty or over-long type or group id, an id
@@ -181,10 +187,18 @@ async def list_jobs(
     async with queue.connection(conn) as c:
         rows = await queue.store.fetch_dicts("list_jobs", params, conn=c)
     rows, more = rows[:limit], len(rows) > limit
+    jobs: list[Job] = []
+    unreadable: list[UnreadableJob] = []
+    for r in rows:
+        try:
+            jobs.append(Job.from_row(r))
+        except UnreadableJob as exc:
+            unreadable.append(exc)
     return JobPage(
-        jobs=[Job.from_row(r) for r in rows],
+        jobs=jobs,
         next_before_id=rows[-1]["id"] if more else None,
         group_plans={r["group_id"]: r["plan"] for r in rows if r["group_id"] is not None},
+        unreadable=unreadable,
     )
 
 
@@ -216,11 +230,12 @@ async def retry_job(queue: Queue, job_id: int, *, conn: AnyConn | None = None) -
         except psycopg.errors.UniqueViolation:  # an open duplicate appeared meanwhile
             row = None
         if row is not None:
-            return RetryResult(Job.from_row(row), bool(row["hook_cancelled"]))
+            # Written: the answer must not fail now (docs/design.md, "Bad data belongs to its job").
+            return RetryResult(Job.from_row(row, lenient=True), bool(row["hook_cancelled"]))
         if c.info.transaction_status == TransactionStatus.INERROR:  # cannot read it back
             raise InvalidTransition(f"job {job_id}: another open job holds its dedupe key",
                                     job_id=job_id, status="failed")
-        job = await queue.get_job(job_id, conn=c)
+        job = await _lenient_job(queue, job_id, c)
     if job is None:
         raise JobNotFound(job_id)
     if job.status != "failed":
@@ -256,8 +271,8 @@ async def cancel_job(queue: Queue, job_id: int, *, conn: AnyConn | None = None) 
         row = await queue.store.fetch_dict("cancel_job", {
             "id": job_id, "offset": queue.clock_offset}, conn=c)
         if row is not None:
-            return Job.from_row(row)
-        job = await queue.get_job(job_id, conn=c)
+            return Job.from_row(row, lenient=True)  # written: the answer must not fail
+        job = await _lenient_job(queue, job_id, c)
     if job is None:
         raise JobNotFound(job_id)
     raise InvalidTransition(f"job {job_id} is {job.status}; only a pending job can be cancelled",
@@ -341,6 +356,13 @@ async def missing_migrations(queue: Queue, *, conn: AnyConn | None = None) -> li
         applied = {row[0] for row in await queue.store.fetch_all("applied_migrations", {},
                                                                  conn=c)}
     return sorted({version for version, _, _ in migrations()} - applied)
+
+
+async def _lenient_job(queue: Queue, job_id: int, conn: AnyConn) -> Job | None:
+    """One job as it is, values that cannot be loaded left as ``Unreadable`` (for an
+    admin action's error message, which only needs its status and dedupe key)."""
+    row = await queue.store.fetch_dict("get_job", {"id": job_id}, conn=conn)
+    return None if row is None else Job.from_row(row, lenient=True)
 
 
 def _claim_priority(plans: Plans, plan_id: str | None) -> int:

@@ -21,6 +21,11 @@ LATEST_DUE = datetime(9999, 12, 30, tzinfo=UTC)
 # claim sizes: a larger value is refused up front instead of failing in the database.
 INT_MAX = 2**31 - 1
 
+# The longest duration rota accepts (settings, the clock offset, budgets): now plus or
+# minus it stays inside PostgreSQL's and Python's calendars (years 1026-3026 today), so
+# no computed time leaves their range (docs/design.md, "Time").
+MAX_DURATION = timedelta(days=365_250)
+
 def require_aware(value: datetime, name: str) -> datetime:
     """Return ``value`` if it is a timezone-aware datetime.
 
@@ -57,20 +62,36 @@ def require_due_time(value: datetime, name: str) -> datetime:
 
 
 def require_duration(value: timedelta, name: str, *, positive: bool = True) -> timedelta:
-    """Return ``value`` if it is a ``timedelta`` (strictly positive when ``positive``)."""
+    """Return ``value`` if it is a ``timedelta`` (strictly positive when ``positive``)
+    no longer than :data:`MAX_DURATION` either way.
+
+    Raises:
+        InvalidInput: not a timedelta, not positive when it must be, or too long.
+    """
     if not isinstance(value, timedelta):
         raise InvalidInput(f"{name} must be a datetime.timedelta, got {type(value).__name__}")
     if positive and value <= timedelta(0):
         raise InvalidInput(f"{name} must be positive, got {value}")
+    if abs(value) > MAX_DURATION:
+        raise InvalidInput(f"{name} must be at most {MAX_DURATION.days} days either way "
+                           f"(1000 years), got {value}")
     return value
 
 
-MAX_NAME_LENGTH = 512  # characters; keeps every key well inside a btree index row
+# UTF-8 bytes, not characters: a job type and a group id share index rows
+# (jobs_pending_idx, the claim's bookkeeping), whose btree entries hold at most about
+# 2,700 bytes; 512 four-byte characters each overflowed them (ProgramLimitExceeded).
+MAX_NAME_BYTES = 512
 
 
 def require_text(value: object, name: str, *, allow_none: bool = False) -> str | None:
-    """Validate a short text value (job type, dedupe key, group id): non-empty, at most
-    ``MAX_NAME_LENGTH`` characters, no NUL.
+    """Validate a short text value (job type, dedupe key, group id, owner id, counter
+    and quota names): a non-empty ``str`` (or a UUID, as text) of at most
+    :data:`MAX_NAME_BYTES` UTF-8 bytes, with no NUL and no lone surrogate (neither can
+    be stored in a ``text`` column) (docs/design.md, "Bad input").
+
+    Returns:
+        The text, or ``None`` when ``value`` is ``None`` and ``allow_none``.
 
     Raises:
         InvalidInput: what was wrong with it.
@@ -83,9 +104,14 @@ def require_text(value: object, name: str, *, allow_none: bool = False) -> str |
         raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
     if "\x00" in value:
         raise InvalidInput(f"{name} {value!r} contains a NUL character")
-    if len(value) > MAX_NAME_LENGTH:
-        raise InvalidInput(f"{name} is {len(value)} characters long; at most "
-                           f"{MAX_NAME_LENGTH} are allowed")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{name} {value!r} contains a lone surrogate, which is not "
+                           f"UTF-8 text") from None
+    if size > MAX_NAME_BYTES:
+        raise InvalidInput(f"{name} is {size} bytes long in UTF-8 ({len(value)} "
+                           f"characters); at most {MAX_NAME_BYTES} bytes are allowed")
     return value
 
 
@@ -104,6 +130,47 @@ def require_zone(value: object, name: str) -> ZoneInfo:
     except (ZoneInfoNotFoundError, ValueError):
         raise InvalidInput(f"{name}: unknown time zone {value!r} (use an IANA name such as "
                            f"'Europe/Paris' or 'UTC')") from None
+
+
+def sendable_text(value: object, name: str, *, allow_none: bool = False) -> str | None:
+    """Check what only Python can see about a text argument of enqueue before it goes to
+    the database: that it is a string (a UUID is turned into one) without NUL characters
+    or lone surrogates, which PostgreSQL text cannot hold. Whether it is empty or too
+    long is the database's rule, checked once for every caller (docs/design.md,
+    "Enqueue").
+
+    Raises:
+        InvalidInput: not a string, or it holds a NUL character or a lone surrogate.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if not isinstance(value, str):
+        raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
+    if "\x00" in value:
+        raise InvalidInput(f"{name} {value!r} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{name} {value!r} contains a lone surrogate, which is not "
+                           f"UTF-8 text") from None
+    return value
+
+
+def sendable_int(value: object, name: str) -> int:
+    """Check that an integer argument of enqueue is an int (not a bool) that fits the
+    database's integer; whether it is at least 1 is the database's rule (docs/design.md,
+    "Enqueue").
+
+    Raises:
+        InvalidInput: not an int, or outside the 32-bit range.
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < -INT_MAX - 1:
+        raise InvalidInput(f"{name} must be an int >= 1, got {value!r}")
+    if value > INT_MAX:
+        raise InvalidInput(f"{name} must be at most {INT_MAX}, got {value!r}")
+    return value
 
 
 def storable_text(text: str) -> str:

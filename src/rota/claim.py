@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 from psycopg.rows import tuple_row
 from psycopg.sql import Composed
 
@@ -69,7 +70,9 @@ class FairClaim:
         """Claim up to ``limit`` jobs of ``job_type``; see :meth:`rota.Queue.claim`.
 
         Returns:
-            The claimed jobs in fair order.
+            The claimed jobs in fair order, made leniently: a row holding a value that
+            could not be loaded is claimed like the others and has it as an
+            :class:`~rota.job.Unreadable` (see :attr:`rota.Job.problems`).
 
         Raises:
             InvalidInput: ``limit`` is not an int in 1..2**31-1.
@@ -92,19 +95,29 @@ class FairClaim:
         retried = False
         statement = self.statement()
         async with self.store.connection(conn) as c:
-            cur = c.cursor(row_factory=tuple_row)  # whatever the caller's conn uses
+            # Times are loaded unguarded on our own transaction (the hot path); a value
+            # that fails (a year past 9999) rolls it back and the claim runs again,
+            # guarded. A caller's transaction cannot be run again: guarded from the start.
+            guard = not c.autocommit
             while True:
+                cur = self.store.cursor(c, tuple_row, guard_times=guard)
                 # Settings and claim in one transaction, pipelined into one round trip:
                 # our own on an autocommit connection; otherwise the caller's (psycopg
                 # opens it if needed and the caller commits, as for every `conn=` call).
                 tx = c.transaction() if c.autocommit else nullcontext()
-                async with tx, c.pipeline():
-                    await c.execute(self.store.sql("claim_settings"), prepare=True)
-                    await cur.execute(statement,
-                                      {**params, "probe_groups": groups, "probe_per": per,
-                                       "candidates": candidates},
-                                      prepare=True)
-                    rows = await cur.fetchall()
+                try:
+                    async with tx, c.pipeline():
+                        await c.execute(self.store.sql("claim_settings"), prepare=True)
+                        await cur.execute(statement,
+                                          {**params, "probe_groups": groups,
+                                           "probe_per": per, "candidates": candidates},
+                                          prepare=True)
+                        rows = await cur.fetchall()
+                except psycopg.DataError:
+                    if guard:
+                        raise
+                    guard = True
+                    continue
                 retry = rows[0][-1] if len(rows) == 1 else None
                 if retry is None:
                     break
@@ -128,7 +141,7 @@ class FairClaim:
             return []
         # Tuple rows: the job's columns, then claim_order, then retry.
         assert cur.description is not None
-        make = Job.row_maker([col.name for col in cur.description])
+        make = Job.row_maker([col.name for col in cur.description], lenient=True)
         rows.sort(key=operator.itemgetter(-2))
         return [make(r) for r in rows]
 

@@ -66,6 +66,25 @@ class InvalidTransition(InvalidInput):
         self.status = status
 
 
+class UnreadableJob(RotaError):
+    """A stored job row that cannot be turned into a :class:`rota.Job`: a payload nested
+    deeper than the JSON decoder goes or holding a number too long to convert, a time
+    outside Python's years 1-9999 (rows written by older versions or by hand). The row
+    is named, never skipped silently; the claim gives such a job up on its own
+    (docs/design.md, "Bad data belongs to its job").
+
+    Attributes:
+        job_id: the row's id.
+        problems: column name -> what went wrong reading it (one line each).
+    """
+
+    def __init__(self, job_id: int, problems: dict[str, str]) -> None:
+        detail = "; ".join(f"{column}: {error}" for column, error in problems.items())
+        super().__init__(f"job {job_id} cannot be read: {detail}")
+        self.job_id = job_id
+        self.problems = problems
+
+
 class ConfigError(RotaError):
     """The queue's settings are inconsistent (for example a stale window not longer
     than the platform timeout)."""

@@ -1,4 +1,5 @@
-"""The job row, the deferral signal and the payload encoding (docs/design.md, "Jobs")."""
+"""The job row, the deferral signal and the payload encoding (docs/design.md,
+"Vocabulary" and "Bad data belongs to its job")."""
 
 from __future__ import annotations
 
@@ -6,18 +7,48 @@ import json
 import math
 import operator
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Literal
 
 from .checks import require_due_time
-from .errors import PayloadError
+from .errors import PayloadError, UnreadableJob
 
 JobStatus = Literal["pending", "running", "done", "failed"]
 FailOutcome = Literal["retry", "failed", "lost"]
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+#: The deepest nesting of lists and objects a payload may have. Reading a payload back
+#: (at the claim, in listings) recurses once per level inside whatever stack the reader
+#: already has: 973 levels passed enqueue and failed every claim with RecursionError.
+#: 256 leaves the decoder three quarters of Python's default recursion limit
+#: (docs/design.md, "Bad data belongs to its job").
+MAX_PAYLOAD_DEPTH = 256
+
+#: Digits before the decimal point of a number Python reads back as an int (its
+#: int-to-string conversion limit) and digits after it that PostgreSQL's numeric holds.
+MAX_INT_DIGITS = 4300
+MAX_FRACTION_DIGITS = 16383
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A stored value rota could not load into Python, in place of the value: a payload
+    nested deeper than the JSON decoder goes or with a number too long to convert, a
+    time outside Python's years 1-9999. Rows holding one are named, never skipped
+    (:class:`rota.errors.UnreadableJob`).
+
+    Attributes:
+        error: what went wrong, one line (``RecursionError: ...``).
+        stored: the start of the stored text (at most 80 characters).
+    """
+
+    error: str
+    stored: str
+
 
 @dataclass(frozen=True)
 class Job:
@@ -48,24 +79,68 @@ class Job:
     give_up_pending: bool
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Job:
-        """A job from a row of ``jobs`` (a mapping with at least every field's column)."""
-        return cls(**{name: row[name] for name in _JOB_FIELDS})
+    def from_row(cls, row: Mapping[str, Any], *, lenient: bool = False) -> Job:
+        """A job from a row of ``jobs`` (a mapping with at least every field's column).
+
+        Args:
+            row: the row, as read through :class:`rota.store.Store` (whose loaders put
+                an :class:`Unreadable` where a value could not be loaded).
+            lenient: keep :class:`Unreadable` values in the job instead of raising (for
+                a row already written, such as a give-up hook's job, which must still
+                run; the hook sees ``job.payload`` as an ``Unreadable``).
+
+        Raises:
+            UnreadableJob: a value could not be loaded (not with ``lenient``).
+        """
+        job = cls(**{name: row[name] for name in _JOB_FIELDS})
+        if not lenient:
+            _check_readable(job.id, [row[name] for name in _LOADED_FIELDS])
+        return job
 
     @classmethod
-    def row_maker(cls, columns: Sequence[str]) -> Callable[[Sequence[Any]], Job]:
+    def row_maker(cls, columns: Sequence[str], *,
+                  lenient: bool = False) -> Callable[[Sequence[Any]], Job]:
         """A fast maker of jobs from tuple rows whose columns are named ``columns`` (a
-        cursor's description); the columns must include every field of Job.
+        cursor's description); the columns must include every field of Job. The maker
+        raises :class:`~rota.errors.UnreadableJob` for a row holding an
+        :class:`Unreadable` value, unless ``lenient`` (then see :attr:`problems`).
 
         Raises:
             KeyError: a field's column is missing.
         """
         where = {name: i for i, name in enumerate(columns)}
         picks = operator.itemgetter(*(where[name] for name in _JOB_FIELDS))
-        return lambda row: cls(*picks(row))
+        if lenient:
+            return lambda row: cls(*picks(row))
+        loaded = operator.itemgetter(*(where[name] for name in _LOADED_FIELDS))
+        id_at = where["id"]
+
+        def make(row: Sequence[Any]) -> Job:
+            _check_readable(row[id_at], loaded(row))
+            return cls(*picks(row))
+
+        return make
+
+    @property
+    def problems(self) -> dict[str, str]:
+        """The fields that could not be loaded (a job made with ``lenient``), by name,
+        with what went wrong; empty for a readable job."""
+        return {name: v.error for name in _LOADED_FIELDS
+                if type(v := getattr(self, name)) is Unreadable}
 
 
 _JOB_FIELDS = tuple(f.name for f in fields(Job))
+# The columns whose loading can fail (jsonb and timestamptz); the rest are ids, text,
+# integers and booleans, which always load.
+_LOADED_FIELDS = ("payload", "run_after", "locked_at", "created_at", "finished_at")
+
+
+def _check_readable(job_id: int, values: Sequence[Any]) -> None:
+    for v in values:
+        if type(v) is Unreadable:
+            raise UnreadableJob(job_id, {
+                name: u.error for name, u in zip(_LOADED_FIELDS, values, strict=True)
+                if type(u) is Unreadable})
 
 
 class DeferJob(Exception):
@@ -88,7 +163,16 @@ class DeferJob(Exception):
         self.reason = reason
 
 
-def _check_strings(value: Any, path: str) -> None:
+def too_deep() -> PayloadError:
+    """The error for a payload nested deeper than :data:`MAX_PAYLOAD_DEPTH` (the CLI
+    raises it too, for JSON text its parser could not even read)."""
+    return PayloadError(f"payload is nested deeper than {MAX_PAYLOAD_DEPTH} levels "
+                        f"(or contains itself), more than can be read back")
+
+
+def _check_value(value: Any, path: str, depth: int) -> bool:
+    """Refuse what JSON or jsonb cannot hold exactly; returns whether a Decimal is in it
+    (encoded by :func:`_encode_exact`)."""
     if isinstance(value, str):
         if "\x00" in value:
             raise PayloadError(f"payload{path} contains a NUL character (\\u0000), "
@@ -97,63 +181,105 @@ def _check_strings(value: Any, path: str) -> None:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise PayloadError(f"payload{path} contains a lone surrogate") from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise PayloadError(
-                    f"payload{path} has the {type(k).__name__} key {k!r}; JSON object keys "
-                    f"are strings (JSON would turn it into {str(k)!r} silently)")
-            _check_strings(k, f"{path} key")
-            _check_strings(v, f"{path}[{k!r}]")
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            _check_strings(v, f"{path}[{i}]")
-    elif isinstance(value, float) and not math.isfinite(value):
+        return False
+    if isinstance(value, dict | list | tuple):
+        # The depth limit (MAX_PAYLOAD_DEPTH) is enqueue_jobs' rule, checked in the
+        # database for every caller in one order with the others (docs/design.md,
+        # "Enqueue"); here only Python's own recursion limit can stop the walk.
+        exact = False
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise PayloadError(
+                        f"payload{path} has the {type(k).__name__} key {k!r}; JSON object "
+                        f"keys are strings (JSON would turn it into {str(k)!r} silently)")
+                _check_value(k, f"{path} key", depth + 1)
+                exact |= _check_value(v, f"{path}[{k!r}]", depth + 1)
+        else:
+            for i, v in enumerate(value):
+                exact |= _check_value(v, f"{path}[{i}]", depth + 1)
+        return exact
+    if isinstance(value, float) and not math.isfinite(value):
         raise PayloadError(f"payload{path} is {value}, which JSON cannot represent")
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise PayloadError(f"payload{path} is Decimal({str(value)!r}), which JSON "
+                               f"cannot represent")
+        exponent = value.as_tuple().exponent
+        assert isinstance(exponent, int)
+        if value and value.adjusted() >= MAX_INT_DIGITS:
+            raise PayloadError(f"payload{path} is a Decimal with {value.adjusted() + 1} "
+                               f"digits before the point; at most {MAX_INT_DIGITS} can be "
+                               f"read back")
+        if -exponent > MAX_FRACTION_DIGITS:
+            raise PayloadError(f"payload{path} is a Decimal with {-exponent} digits after "
+                               f"the point; PostgreSQL stores at most {MAX_FRACTION_DIGITS}")
+        return True
+    return False
 
 
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
-def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
+def _encode_exact(value: Any) -> str:
+    """JSON text for a payload holding Decimals (checked by :func:`_check_value`), each
+    written digit for digit (``str(Decimal)`` is a JSON number for a finite Decimal),
+    which the C encoder cannot do."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_ENCODER.encode(k)}:{_encode_exact(v)}"
+                              for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_encode_exact(v) for v in value) + "]"
+    return _ENCODER.encode(value)
+
+
+def encode_payload(payload: Any) -> str:
     """Serialize a payload to JSON text for the ``jsonb`` column.
 
     Payloads are plain JSON: dicts with string keys, lists (tuples are stored as lists),
-    strings, finite numbers (ints of any size), booleans and None. Everything else is
-    refused with :class:`~rota.errors.PayloadError` rather than silently converted:
+    strings, finite numbers, booleans and None. Numbers are stored exactly as given:
+    ints of any size (up to Python's 4,300 digits), floats as Python prints them, and
+    ``Decimal`` values digit for digit (``Decimal("12345678901234567.89")`` is stored
+    as that number; the CLI reads JSON numbers as Decimals for this reason). Everything
+    else is refused with :class:`~rota.errors.PayloadError` rather than silently
+    converted:
 
-    - ``Decimal`` and ``datetime``/``date`` values (and sets, bytes, UUIDs, other
-      objects): encode them yourself, for example ``str(amount)`` for a Decimal (exact;
-      a float would round it) and ``when.isoformat()`` for an aware datetime, and decode
-      them in the handler;
+    - ``datetime``/``date`` values (and sets, bytes, UUIDs, other objects): encode them
+      yourself, for example ``when.isoformat()`` for an aware datetime, and decode them
+      in the handler;
     - dict keys that are not strings (JSON would turn ``1`` into ``"1"``);
-    - NaN and Infinity (not JSON), NUL characters (jsonb cannot store ``\u0000``) and
-      lone surrogates (not UTF-8), in values and in keys;
-    - payloads larger than ``max_bytes``, counted in UTF-8 bytes of the JSON text.
+    - NaN and Infinity (float or Decimal: not JSON), NUL characters (jsonb cannot store
+      ``\u0000``) and lone surrogates (not UTF-8), in values and in keys;
+    - Decimals with more than 4,300 digits before the point or 16,383 after it.
 
-    Numbers are stored as jsonb decimals, exactly as JSON prints them: a float written
-    with an exponent comes back as that decimal, so ``1e20`` is read back as the int
-    ``100000000000000000000`` (equal in value).
+    The queue's size limit (``max_payload_bytes``) and its depth limit
+    (:data:`MAX_PAYLOAD_DEPTH` lists and objects: what enqueue accepts, the claim can
+    read back) are rules of the database's ``enqueue_jobs``, which every caller goes
+    through (docs/design.md, "Enqueue").
+
+    Reading a payload back gives Python's JSON types: a stored decimal comes back as a
+    float (``str(amount)`` in the payload keeps it exact end to end), and a float
+    written with an exponent comes back as that decimal, so ``1e20`` is read back as
+    the int ``100000000000000000000`` (equal in value).
 
     Returns:
         The JSON text.
 
     Raises:
         PayloadError: not JSON-serializable, NaN/Infinity, NUL or lone surrogate, or
-            larger than ``max_bytes`` UTF-8 bytes.
+            nested too deeply.
     """
     try:
-        _check_strings(payload, "")
+        exact = _check_value(payload, "", 0)
     except RecursionError:
-        raise PayloadError("payload is nested too deeply (or contains itself)") from None
+        raise too_deep() from None
     try:
-        text = _ENCODER.encode(payload)
+        text = _encode_exact(payload) if exact else _ENCODER.encode(payload)
     except RecursionError:
-        raise PayloadError("payload is nested too deeply (or contains itself)") from None
+        raise too_deep() from None
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not JSON-serializable: {exc}") from None
-    size = len(text.encode("utf-8"))
-    if size > max_bytes:
-        raise PayloadError(f"payload is {size} bytes, larger than the maximum {max_bytes}")
     return text

@@ -13,12 +13,13 @@ Tasks:
 - :class:`KilledRuns`: runs silent for longer than the platform timeout are marked
   ended with stop reason ``error`` and error ``killed``.
 - :class:`PruneDoneJobs`: done jobs older than the retention period are deleted (never
-  inside the served window, which the fair claim still counts), and quota usage of
-  periods older than it.
+  inside the served window, which the fair claim still counts), quota usage of periods
+  older than it, and finished runs older than the runs' retention.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Protocol
 
@@ -28,6 +29,8 @@ from .queue import Queue
 from .settings import DEFAULT_PLATFORM_TIMEOUT
 
 DEFAULT_RETENTION = timedelta(days=7)
+#: How long finished runs are kept: a month of history for ``rota runs``.
+DEFAULT_RUNS_RETENTION = timedelta(days=30)
 
 
 class Maintainer(Protocol):
@@ -100,25 +103,29 @@ class KilledRuns:
 
 class PruneDoneJobs:
     """Delete done jobs finished longer ago than ``retention`` (docs/design.md, "Maintenance"),
-    in batches of ``batch_size`` (each its own short transaction), and quota usage rows
-    of periods that began before it. Pending, running and failed jobs are never pruned.
+    in batches of ``batch_size`` (each its own short transaction), quota usage rows
+    of periods that began before it, and finished runs started longer ago than
+    ``runs_retention`` (in batches too). Pending, running and failed jobs, and
+    unfinished runs, are never pruned.
 
     Args:
         queue: the queue.
         retention: how long done jobs are kept (default 7 days); at least
             ``queue.served_window``, since the fair claim counts done jobs in it.
-        batch_size: jobs deleted per statement, > 0.
+        batch_size: jobs (or runs) deleted per statement, > 0.
+        runs_retention: how long finished runs are kept (default 30 days).
 
     Raises:
         ConfigError: ``retention`` shorter than the queue's served window.
 
-    Counters: ``jobs_deleted``, ``quota_rows_deleted``.
+    Counters: ``jobs_deleted``, ``quota_rows_deleted``, ``runs_deleted``.
     """
 
     name = "prune"
 
     def __init__(self, queue: Queue, *, retention: timedelta = DEFAULT_RETENTION,
-                 batch_size: int = 10_000) -> None:
+                 batch_size: int = 10_000,
+                 runs_retention: timedelta = DEFAULT_RUNS_RETENTION) -> None:
         self.queue = _check_queue(queue)
         self.retention = require_duration(retention, "retention")
         if self.retention < queue.served_window:
@@ -126,21 +133,29 @@ class PruneDoneJobs:
                 f"retention ({self.retention}) must not be shorter than the served window "
                 f"({queue.served_window}): the fair claim still counts those done jobs")
         self.batch_size = positive_int(batch_size, "batch_size")
+        self.runs_retention = require_duration(runs_retention, "runs_retention")
 
     async def run_once(self) -> dict[str, int]:
         q = self.queue
         params = {"retention": self.retention, "offset": q.clock_offset}
+        deleted = await self._in_batches("prune_done", params)
+        async with q.connection() as c:
+            quota_rows = await q.store.execute("prune_quota_usage", params, conn=c)
+        runs = await self._in_batches("prune_runs", {
+            "retention": self.runs_retention, "offset": q.clock_offset})
+        return {"jobs_deleted": deleted, "quota_rows_deleted": quota_rows,
+                "runs_deleted": runs}
+
+    async def _in_batches(self, statement: str, params: Mapping[str, object]) -> int:
+        q = self.queue
         deleted = 0
         while True:
             async with q.connection() as c:
-                n = await q.store.execute("prune_done",
+                n = await q.store.execute(statement,
                                           {**params, "batch_size": self.batch_size}, conn=c)
             deleted += n
             if n < self.batch_size:
-                break
-        async with q.connection() as c:
-            quota_rows = await q.store.execute("prune_quota_usage", params, conn=c)
-        return {"jobs_deleted": deleted, "quota_rows_deleted": quota_rows}
+                return deleted
 
 
 class Maintenance:
@@ -151,6 +166,7 @@ class Maintenance:
         platform_timeout: see :class:`KilledRuns` (default 300 s).
         retention: see :class:`PruneDoneJobs` (default 7 days).
         prune_batch_size: see :class:`PruneDoneJobs`.
+        runs_retention: see :class:`PruneDoneJobs` (default 30 days).
 
     Raises:
         ConfigError, InvalidInput: a task's settings are invalid.
@@ -161,11 +177,13 @@ class Maintenance:
     def __init__(self, queue: Queue, *,
                  platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT,
                  retention: timedelta = DEFAULT_RETENTION,
-                 prune_batch_size: int = 10_000) -> None:
+                 prune_batch_size: int = 10_000,
+                 runs_retention: timedelta = DEFAULT_RUNS_RETENTION) -> None:
         self.tasks: tuple[Maintainer, ...] = (
             StuckJobs(queue),
             KilledRuns(queue, platform_timeout=platform_timeout),
-            PruneDoneJobs(queue, retention=retention, batch_size=prune_batch_size),
+            PruneDoneJobs(queue, retention=retention, batch_size=prune_batch_size,
+                          runs_retention=runs_retention),
         )
 
     async def run_once(self) -> dict[str, int]:
@@ -174,7 +192,7 @@ class Maintenance:
         Returns:
             Counters as ``"TASK.COUNTER"``: ``stuck_jobs.failed``,
             ``stuck_jobs.hooks_run``, ``killed_runs.marked``, ``prune.jobs_deleted``,
-            ``prune.quota_rows_deleted``.
+            ``prune.quota_rows_deleted``, ``prune.runs_deleted``.
         """
         out: dict[str, int] = {}
         for task in self.tasks:
@@ -200,6 +218,7 @@ def _check_queue(queue: object) -> Queue:
 
 __all__ = [
     "DEFAULT_RETENTION",
+    "DEFAULT_RUNS_RETENTION",
     "KilledRuns",
     "Maintainer",
     "Maintenance",

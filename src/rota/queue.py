@@ -4,7 +4,7 @@ hooks (docs/design.md, "The queue's rules"). A :class:`Queue` holds validated se
 (:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.claim`), and
 the admin operations (:mod:`rota.admin`).
 
-One piece (about 600 lines): every method is one transition of the job state machine
+One piece (about 760 lines): every method is one transition of the job state machine
 (docs/state-machine.md) under one claim fence, and they share the fence and the give-up
 path; split, each part would import the rest.
 """
@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -26,13 +26,13 @@ from psycopg.sql import Composed, Identifier
 from psycopg_pool import AsyncConnectionPool
 
 from . import db
-from .checks import INT_MAX, require_due_time, require_text, storable_text
+from .checks import INT_MAX, LATEST_DUE, require_due_time, require_text, storable_text
 from .claim import ClaimUpkeep, FairClaim, UpkeepConfig
-from .errors import ConfigError, InvalidInput
+from .errors import ConfigError, InvalidInput, UnreadableJob
 from .job import FailOutcome, Job
 from .plans import Plans
-from .settings import QueueSettings, unknown_groups
-from .store import AnyConn, Store
+from .settings import QueueSettings, enqueue_error
+from .store import AnyConn, Store, configure_connection
 
 log = logging.getLogger("rota.queue")
 
@@ -56,7 +56,7 @@ class Queue:
             (:func:`rota.db.with_connection_defaults`).
         **settings: see :class:`rota.settings.QueueSettings` (schema, plans, groups,
             types, max_attempts, max_attempts_by_type, stale_after, served_window,
-            backoff_base, max_deferrals, max_payload_bytes); an application ``groups``
+            backoff_base, max_backoff, max_deferrals, max_payload_bytes); an application ``groups``
             relation needs columns ``group_id text``, ``owner_id text``, ``plan text``,
             ``active boolean``.
 
@@ -79,6 +79,7 @@ class Queue:
     served_window: timedelta = _setting("served_window",
                                         "How far back the fair order counts work.")
     backoff_base: timedelta = _setting("backoff_base", "The failure backoff's base.")
+    max_backoff: timedelta = _setting("max_backoff", "The failure backoff's ceiling.")
     max_deferrals = _setting("max_deferrals", "Deferrals before a job gives up, or None.")
     max_payload_bytes = _setting("max_payload_bytes", "Largest payload, UTF-8 bytes.")
 
@@ -91,6 +92,7 @@ class Queue:
                 db.with_connection_defaults(conninfo_or_pool),
                 open=False, min_size=1, max_size=10,
                 kwargs={"autocommit": True}, check=check_idle_connection,
+                configure=configure_connection,
             )
             self._owns_pool = True
         elif isinstance(conninfo_or_pool, AsyncConnectionPool):
@@ -133,6 +135,12 @@ class Queue:
         """The connection pool statements run on (the queue's own or the caller's)."""
         return self._pool
 
+    @property
+    def owns_pool(self) -> bool:
+        """Whether the pool is the queue's own (opened from a connection string), which
+        a pipeline may grow to what its stages need; a caller's pool is never resized."""
+        return self._owns_pool
+
     async def open(self) -> None:
         """Open the queue's own pool (no-op for a caller's pool) and start the claim's
         upkeep service."""
@@ -163,20 +171,24 @@ class Queue:
             yield c
 
     async def migrate(self) -> list[int]:
-        """Apply missing migrations to this queue's schema; see :func:`rota.db.migrate`.
+        """Apply missing migrations to this queue's schema (see :func:`rota.db.migrate`),
+        then publish its enqueue settings for the SQL entry points
+        (:meth:`publish_settings`).
 
         Returns:
             The migration versions applied now (empty when up to date).
         """
         async with self.connection() as conn:
-            return await db.migrate(conn, self.schema)
+            applied = await db.migrate(conn, self.schema)
+            await self.publish_settings(conn=conn)
+        return applied
 
     async def now(self) -> datetime:
         """The queue's clock: database ``now()`` plus ``clock_offset`` (aware, UTC)."""
         async with self.connection() as c:
             row = await self.store.fetch_one("db_now", {"offset": self.clock_offset}, conn=c)
         assert row is not None
-        return cast(datetime, row[0])
+        return cast(datetime, row[0]).astimezone(UTC)
 
     # -- groups ------------------------------------------------------------------------
 
@@ -232,19 +244,23 @@ class Queue:
         max_attempts: int | None = None,
         conn: AnyConn | None = None,
     ) -> Job | None:
-        """Enqueue one job with a single INSERT … ON CONFLICT DO NOTHING (docs/design.md,
-        "Enqueue").
+        """Enqueue one job through the database's ``enqueue_jobs``, the rules every
+        caller shares, in one statement: checks, group check, INSERT … ON CONFLICT DO
+        NOTHING (docs/design.md, "Enqueue").
 
         Args:
             type: the job type (the stage that runs it).
-            payload: JSON-serializable value (see :func:`rota.job.encode_payload`).
+            payload: JSON-serializable value (see :func:`rota.job.encode_payload`), at
+                most ``max_payload_bytes`` as PostgreSQL prints it and 500 levels deep.
             group_id: the group it belongs to (text or UUID), or ``None``.
             dedupe_key: while a job with this key is pending or running, asking again
                 creates nothing; after it is done or failed, a new job is created.
-            run_after: aware datetime when it becomes claimable (years 1-9999, see
-                :func:`rota.checks.require_due_time`); default now (queue clock).
+            run_after: aware datetime when it becomes claimable (0001-01-02 to
+                9999-12-30 UTC, see :func:`rota.checks.require_due_time`); default now
+                (queue clock).
             max_attempts: override the queue's per-type setting.
             conn: the caller's connection; the job exists iff that transaction commits.
+                Bad input leaves that transaction usable.
 
         Returns:
             The new job, or ``None`` when an open job with ``dedupe_key`` exists.
@@ -259,21 +275,24 @@ class Queue:
             max_attempts=max_attempts)
         async with self.connection(conn) as c:
             row = await self.store.fetch_dict("enqueue", params, conn=c)
-            if row is not None:
-                return Job.from_row(row)
-            if params["group_id"] is not None:
-                await self._check_groups(c, [params["group_id"]])
+        if row is None:
             return None
+        if row["problem"] is not None:
+            raise enqueue_error(row["problem"])
+        return Job.from_row(row, lenient=True)  # written: never an error after that
 
     async def enqueue_many(
         self, items: Iterable[Mapping[str, Any]], *, conn: AnyConn | None = None
     ) -> int:
-        """Enqueue a batch in one INSERT over arrays.
+        """Enqueue a batch in one statement through the database's ``enqueue_jobs`` (the
+        rules of :meth:`enqueue`, item by item, then one group check and one INSERT over
+        arrays).
 
         Args:
             items: mappings with ``type`` and ``payload`` and optionally ``group_id``,
                 ``dedupe_key``, ``run_after``, ``max_attempts`` (as for :meth:`enqueue`).
-            conn: the caller's connection (its transaction decides).
+            conn: the caller's connection (its transaction decides; bad input leaves it
+                usable).
 
         Returns:
             How many jobs were created (duplicates of open jobs, or of each other inside
@@ -291,17 +310,21 @@ class Queue:
             # on a caller's connection, the caller's transaction holds it.
             row = await self.store.fetch_one("enqueue_many", params, conn=c)
         assert row is not None
-        created, missing = row
-        if missing:
-            raise unknown_groups(missing)
+        created, problem = row
+        if problem is not None:
+            raise enqueue_error(problem)
         return int(created)
 
-    async def _check_groups(self, conn: AnyConn, group_ids: Sequence[str]) -> None:
-        rows = await self.store.fetch_all("missing_groups", {"group_ids": list(group_ids)},
-                                          conn=conn)
-        missing = [r[0] for r in rows]
-        if missing:
-            raise unknown_groups(missing)
+    async def publish_settings(self, *, conn: AnyConn | None = None) -> None:
+        """Write this queue's enqueue settings (declared types, max_attempts and its
+        per-type values, including a pipeline's stages', max_payload_bytes, the groups
+        relation, the clock offset) where the SQL entry points ``SCHEMA.enqueue`` and
+        ``SCHEMA.enqueue_many`` read them (docs/enqueue-from-sql.md, "Settings").
+        :meth:`migrate` and ``rota migrate --app`` call it; call it again after changing
+        a setting. Writes nothing when they are already published."""
+        async with self.connection(conn) as c:
+            await self.store.execute("publish_settings", self.settings.enqueue_settings(),
+                                     conn=c)
 
     # -- claim and transitions ---------------------------------------------------------
 
@@ -329,11 +352,40 @@ class Queue:
             run_id: the ``runs`` row this claim belongs to, if any.
             conn: the caller's connection (the claim commits with its transaction).
 
+        A claimed job whose row cannot be turned into a :class:`Job` (a payload nested
+        deeper than the decoder goes, a time past year 9999: rows from before the
+        checks, or written by hand) is not returned: it gives up at once through the
+        usual path (``failed``, the error text naming what could not be read, its
+        give-up hook owed), and the claim goes on with the others (docs/design.md,
+        "Bad data belongs to its job"). On the caller's connection its give-up
+        commits with the caller's transaction and the hook runs later (maintenance).
+
         Returns:
             The claimed jobs in fair order (possibly fewer than ``limit``, or none).
 
         Raises:
             InvalidInput: ``limit`` not in 1..2**31-1, or an unknown type.
+        """
+        jobs, _ = await self.claim_checked(type, limit, run_id=run_id, conn=conn)
+        return jobs
+
+    async def claim_checked(
+        self,
+        type: str,
+        limit: int,
+        *,
+        run_id: uuid.UUID | None = None,
+        conn: AnyConn | None = None,
+    ) -> tuple[list[Job], list[UnreadableJob]]:
+        """:meth:`claim`, also telling which claimed rows could not be read (and were
+        given up, as :meth:`claim` describes); the runner counts them.
+
+        Returns:
+            The readable jobs in fair order, and one :class:`UnreadableJob` per job
+            given up (its ``job_id`` and ``problems``).
+
+        Raises:
+            InvalidInput: as :meth:`claim`.
         """
         t = self.check_type(type)
         if (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0
@@ -343,13 +395,24 @@ class Queue:
         if conn is None:
             await self.open()
         started = time.perf_counter()
-        jobs = await self.fair_claim.claim(
+        claimed = await self.fair_claim.claim(
             t, limit, plans=self.plans, clock_offset=self.clock_offset,
             stale_after=self.stale_after, served_window=self.served_window,
             run_id=run_id, conn=conn)
         for observe in self.claim_observers:
             observe(t, time.perf_counter() - started)
-        return jobs
+        jobs: list[Job] = []
+        unreadable: list[UnreadableJob] = []
+        for job in claimed:
+            problems = job.problems
+            if not problems:
+                jobs.append(job)
+                continue
+            error = UnreadableJob(job.id, problems)
+            log.error("%s; it gives up", error)
+            await self._fail(job, str(error), give_up=True, conn=conn)
+            unreadable.append(error)
+        return jobs, unreadable
 
     async def settle(self) -> None:
         """Run the claim upkeep that is due now and wait for it to finish (tests,
@@ -359,12 +422,43 @@ class Queue:
     async def complete(self, job: Job, *, conn: AnyConn | None = None) -> bool:
         """Mark a claimed job done, under its claim.
 
+        Repeating it under the same claim is harmless and answers the same: a complete
+        whose reply was lost with the connection, asked again, finds the job "already
+        done by this claim" (docs/design.md, "Settling twice").
+
         Returns:
-            ``True`` when done; ``False`` when this claim lost the job (it was reclaimed
-            after a stale lock, failed as stuck, or is not running), and nothing changed.
+            ``True`` when done by this claim (now or before); ``False`` when this claim
+            lost the job (it was reclaimed after a stale lock, failed as stuck, or
+            settled otherwise), and nothing changed.
         """
         async with self.connection(conn) as c:
-            return await self.store.execute("complete", self._fence(job), conn=c) == 1
+            if await self.store.execute("complete", self._fence(job), conn=c) == 1:
+                return True
+            states = await self.claim_states([job], conn=c)
+        return states.get(job.id) == "done"
+
+    async def claim_states(self, jobs: Sequence[Job], *,
+                           conn: AnyConn | None = None) -> dict[int, str]:
+        """What became of jobs under the claims that handed them out (docs/design.md,
+        "Settling twice"): for each job whose row still carries its claim's token, the
+        status that claim left it in (``running``: still held; ``done``, ``pending``,
+        ``failed``: how it was settled). A job missing from the answer was lost by its
+        claim.
+
+        Args:
+            jobs: claimed jobs (those without a ``claim_token`` are left out).
+            conn: the caller's connection.
+
+        Returns:
+            Job id -> status, for the jobs this claim still answers for.
+        """
+        fenced = [j for j in jobs if j.claim_token is not None]
+        if not fenced:
+            return {}
+        rows = await self.store.fetch_all("claim_states", {
+            "ids": [j.id for j in fenced],
+            "claim_tokens": [j.claim_token for j in fenced]}, conn=conn)
+        return {r[0]: r[1] for r in rows}
 
     async def complete_many(self, jobs: Sequence[Job], *,
                             conn: AnyConn | None = None) -> list[bool]:
@@ -393,6 +487,11 @@ class Queue:
             async with self.connection(conn) as c:
                 done = {r[0] for r in await self.store.fetch_all("complete_many", params,
                                                                  conn=c)}
+                if len(done) < len({j.id for j in fenced}):
+                    # Lost, or done by this very claim before (a repeat): say which.
+                    states = await self.claim_states(
+                        [j for j in fenced if j.id not in done], conn=c)
+                    done |= {i for i, status in states.items() if status == "done"}
         except psycopg.errors.DeadlockDetected:
             if conn is not None:
                 raise
@@ -408,19 +507,29 @@ class Queue:
         "Fail and backoff").
 
         With attempts left the job goes back to pending with
-        ``run_after = now + backoff_base * 2**attempts``; with attempts used up it becomes
-        ``failed`` (``finished_at`` set) and its give-up hook runs. The error text is kept
-        in ``last_error`` (NUL characters escaped).
+        ``run_after = now + min(backoff_base * 2**attempts, max_backoff)``; with attempts
+        used up it becomes ``failed`` (``finished_at`` set) and its give-up hook runs.
+        The error text is kept in ``last_error`` (NUL characters escaped). Repeated
+        under the same claim (a reply lost with the connection), it answers what the
+        first one did (docs/design.md, "Settling twice").
 
         Returns:
             ``"retry"``, ``"failed"``, or ``"lost"`` when this claim no longer holds the
-            job (nothing changed).
+            job (nothing changed; also when this claim completed or deferred it).
         """
+        return await self._fail(job, error, conn=conn)
+
+    async def _fail(self, job: Job, error: BaseException | str, *, give_up: bool = False,
+                    conn: AnyConn | None = None) -> FailOutcome:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        params = {**self._fence(job), "error": storable_text(text),
-                  "backoff_base": self.backoff_base}
+        params = {**self._fence(job), "error": storable_text(text), "give_up": give_up,
+                  "backoff_base": self.backoff_base, "max_backoff": self.max_backoff,
+                  "latest_due": LATEST_DUE}
         async with self.connection(conn) as c:
             row = await self.store.fetch_one("fail", params, conn=c)
+            if row is None:  # lost, or a repeat under this claim: say which
+                status = (await self.claim_states([job], conn=c)).get(job.id)
+                row = (status,) if status in ("pending", "failed") else None
         if row is None:
             return "lost"
         if row[0] == "failed":
@@ -440,7 +549,9 @@ class Queue:
         cleared, ``attempts`` decreased by one (undoing the claim) and ``deferrals``
         increased by one; ``last_error`` is untouched. Jobs this caller's claim no longer
         holds (never claimed, done, failed, reclaimed by another run) are left alone.
-        With ``max_deferrals`` set, a job past it gives up instead.
+        With ``max_deferrals`` set, a job past it gives up instead. Repeated under the
+        same claims, it counts the jobs those claims deferred (docs/design.md,
+        "Settling twice").
 
         Returns:
             How many jobs were deferred.
@@ -464,34 +575,52 @@ class Queue:
         }
         async with self.connection(conn) as c:
             rows = await self.store.fetch_all("defer", params, conn=c)
+            if len(rows) < len({j.id for j in fenced}):
+                # Lost, or deferred by this very claim before (a repeat): say which.
+                seen = {r[0] for r in rows}
+                states = await self.claim_states([j for j in fenced if j.id not in seen],
+                                                 conn=c)
+                rows += [(i, status) for i, status in states.items()
+                         if status in ("pending", "failed")]
         gave_up = [r[0] for r in rows if r[1] == "failed"]
         if gave_up and conn is None:
             await self.run_give_up_hooks(gave_up)
         return sum(1 for r in rows if r[1] == "pending")
 
-    async def release(self, jobs: Iterable[Job], *, conn: AnyConn | None = None) -> int:
+    async def release(self, jobs: Iterable[Job], *, not_before: datetime | None = None,
+                      conn: AnyConn | None = None) -> int:
         """Hand claimed jobs back as if they had never been claimed: pending again, the
-        claim's attempt returned, the due time kept, no deferral counted (what a
-        runner does with a prefetched batch its run ends before starting). Jobs this
-        caller's claim no longer holds are left alone.
+        claim's attempt returned, no deferral counted, the due time kept (what a runner
+        does with jobs its run ends before starting: docs/design.md, "Defer"). Jobs
+        this caller's claim no longer holds are left alone.
+
+        Args:
+            jobs: the claimed jobs.
+            not_before: an aware instant the jobs are not due before (a due time
+                already later is kept); ``None`` keeps each job's due time.
+            conn: the caller's connection.
 
         Returns:
             How many jobs were released.
 
         Raises:
-            InvalidInput: an item is not a :class:`rota.Job`.
+            InvalidInput: an item is not a :class:`rota.Job`, or ``not_before`` is not
+                an aware datetime in range.
         """
         batch = list(jobs)
         for j in batch:
             if not isinstance(j, Job):
                 raise InvalidInput(f"expected a rota.Job, got {type(j).__name__}")
+        if not_before is not None:
+            require_due_time(not_before, "not_before")
         fenced = [j for j in batch if j.claim_token is not None]
         if not fenced:
             return 0
         async with self.connection(conn) as c:
             return await self.store.execute("release", {
                 "ids": [j.id for j in fenced],
-                "claim_tokens": [j.claim_token for j in fenced]}, conn=c)
+                "claim_tokens": [j.claim_token for j in fenced],
+                "not_before": not_before}, conn=c)
 
     async def fail_stuck_jobs(self) -> list[Job]:
         """Fail running jobs whose lock is stale and whose attempts are used up (docs/design.md,
@@ -503,12 +632,18 @@ class Queue:
         async with self.connection() as c:
             rows = await self.store.fetch_dicts("fail_stuck", {
                 "offset": self.clock_offset, "stale_after": self.stale_after}, conn=c)
-        stuck = sorted((Job.from_row(r) for r in rows), key=lambda j: j.id)
+        stuck = sorted((Job.from_row(r, lenient=True) for r in rows), key=lambda j: j.id)
         await self.run_give_up_hooks()
         return stuck
 
     async def get_job(self, job_id: int, *, conn: AnyConn | None = None) -> Job | None:
-        """Read one job by id, or ``None``."""
+        """Read one job by id, or ``None``.
+
+        Raises:
+            UnreadableJob: the row holds a value that cannot be loaded; the error names
+                the job and each such column (docs/design.md, "Bad data belongs to its
+                job").
+        """
         async with self.connection(conn) as c:
             row = await self.store.fetch_dict("get_job", {"id": job_id}, conn=c)
         return None if row is None else Job.from_row(row)
@@ -563,7 +698,9 @@ class Queue:
             row = await self.store.fetch_dict("give_up_lock", {"id": job_id}, conn=c)
             if row is None:  # already handled, or a concurrent sweeper has it
                 return False
-            job = Job.from_row(row)
+            # A row that cannot be read still gave up: its hook runs with the
+            # Unreadable values in the job (docs/design.md, "Give-up hooks").
+            job = Job.from_row(row, lenient=True)
             await self._give_up_hooks[job.type](job, c)
             await self.store.execute("give_up_done", {"id": job_id}, conn=c)
         return True

@@ -364,9 +364,15 @@ async def _queue_now(queue: Queue, conn: AnyConn) -> datetime:
     return now
 
 
+# Usage rows count units in a bigint.
+_MAX_UNITS = 2**63 - 1
+
+
 def _check_int(value: object, name: str, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise InvalidInput(f"{name} must be an int >= {minimum}, got {value!r}")
+    if value > _MAX_UNITS:
+        raise InvalidInput(f"{name} must be at most {_MAX_UNITS}, got {value!r}")
 
 
 def _check_units(units: object) -> None:

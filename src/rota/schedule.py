@@ -31,7 +31,7 @@ from zoneinfo import ZoneInfo
 from cronsim import CronSim, CronSimError
 
 from .checks import positive_int, require_aware, require_duration, require_text, require_zone
-from .errors import ConfigError, InvalidInput
+from .errors import ConfigError, InvalidInput, PayloadError
 from .job import Job, encode_payload
 from .queue import Queue
 
@@ -295,9 +295,12 @@ class Scheduler:
                 raise ConfigError(f"two schedules are named {s.name!r}")
             queue.check_type(s.type)
             try:
-                encode_payload(s.payload, queue.max_payload_bytes)
+                size = len(encode_payload(s.payload).encode("utf-8"))
             except InvalidInput as exc:
                 raise type(exc)(f"schedule {s.name!r}: {exc}") from None
+            if size > queue.max_payload_bytes:  # the exact limit is enqueue's, at each tick
+                raise PayloadError(f"schedule {s.name!r}: payload is about {size} bytes, "
+                                   f"larger than the maximum {queue.max_payload_bytes}")
 
     async def run_once(self) -> dict[str, int]:
         """Take every due tick: one statement when none is due (the pipeline calls this

@@ -37,6 +37,23 @@ CREATE INDEX runs_started_idx ON {schema}.runs (started_at DESC);
 -- Killed-run sweep: only unfinished runs.
 CREATE INDEX runs_unfinished_idx ON {schema}.runs (started_at) WHERE finished_at IS NULL;
 
+-- A plain INSERT of a type and a payload would skip the rules and the defaults of
+-- enqueue ("Enqueue" below): the columns only enqueue_jobs fills default to this,
+-- which refuses it, naming the function, instead of a bare NOT NULL error. A statement
+-- that gives every column (a migration, a test fixture) works.
+CREATE FUNCTION {schema}.jobs_insert_refused(p_column anyelement) RETURNS anyelement
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING
+        ERRCODE = '0A000',
+        MESSAGE = 'jobs are enqueued with {schema}.enqueue(type, payload, ...) or '
+                  '{schema}.enqueue_many(jobs), which apply the queue''s checks and '
+                  'defaults; a plain INSERT INTO {schema}.jobs must give max_attempts, '
+                  'run_after and created_at itself',
+        HINT = 'SELECT {schema}.enqueue(''my_type'', ''{{"key": "value"}}'');';
+END
+$$;
+
 CREATE TABLE {schema}.jobs (
     id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     type             text NOT NULL CHECK (type <> ''),
@@ -46,9 +63,11 @@ CREATE TABLE {schema}.jobs (
     status           text NOT NULL DEFAULT 'pending'
                        CHECK (status IN ('pending', 'running', 'done', 'failed')),
     attempts         integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
-    max_attempts     integer NOT NULL CHECK (max_attempts > 0),
+    max_attempts     integer NOT NULL CHECK (max_attempts > 0)
+                       DEFAULT {schema}.jobs_insert_refused(NULL::integer),
     deferrals        integer NOT NULL DEFAULT 0,
-    run_after        timestamptz NOT NULL,
+    run_after        timestamptz NOT NULL
+                       DEFAULT {schema}.jobs_insert_refused(NULL::timestamptz),
     locked_at        timestamptz,
     claim_token      uuid,                         -- fences every transition after a claim
     last_error       text,
@@ -57,7 +76,8 @@ CREATE TABLE {schema}.jobs (
     -- checked nothing, since runs are never deleted and a runner only claims under the
     -- run it has just written.
     run_id           uuid,
-    created_at       timestamptz NOT NULL,
+    created_at       timestamptz NOT NULL
+                       DEFAULT {schema}.jobs_insert_refused(NULL::timestamptz),
     finished_at      timestamptz,
     give_up_pending  boolean NOT NULL DEFAULT false -- failed, give-up hook not yet run
 );
@@ -135,6 +155,347 @@ CREATE TRIGGER jobs_notify_inserted
     AFTER INSERT ON {schema}.jobs
     REFERENCING NEW TABLE AS inserted
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.notify_jobs_inserted();
+
+-- == Enqueue (docs/enqueue-from-sql.md) ================================================
+
+-- enqueue_jobs holds the rules of enqueue once; Python's Queue.enqueue and enqueue_many
+-- call it with their own settings, the SQL entry points enqueue and enqueue_many with
+-- the settings published in enqueue_settings (docs/design.md, "Enqueue").
+
+-- The settings the SQL entry points apply: those of the Python queue that last published
+-- them (Queue.migrate, rota migrate --app, Queue.publish_settings). One row.
+CREATE TABLE {schema}.enqueue_settings (
+    one                  boolean PRIMARY KEY DEFAULT true CHECK (one),
+    types                text[],                       -- the declared types; null: any
+    max_attempts         integer NOT NULL DEFAULT 3 CHECK (max_attempts > 0),
+    max_attempts_by_type jsonb NOT NULL DEFAULT '{{}}'::jsonb,  -- {{"type": attempts}}
+    max_payload_bytes    integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes > 0),
+    groups               text,                 -- the groups relation; null: this schema's
+    clock_offset         interval NOT NULL DEFAULT '0',
+    published_at         timestamptz
+);
+INSERT INTO {schema}.enqueue_settings DEFAULT VALUES;
+
+-- The rules of enqueue, once (docs/design.md, "Enqueue"), for a batch given as parallel
+-- arrays, with the queue's settings as arguments (s_*): each job checked, then its group
+-- against the groups relation (s_groups; null for rota's groups table), then every job
+-- inserted in the order given with the defaults (max_attempts by type, then the
+-- queue's; run_after and created_at on the queue's clock, now() + s_clock_offset). A
+-- duplicate of an open job (or of an earlier one in the batch) is skipped by the partial
+-- unique index on dedupe_key, so it returns no row. Bad input raises nothing: nothing is
+-- written and one row comes back whose problem ({{sqlstate, column, message[, item]}})
+-- says what was wrong, so a Python caller's transaction stays usable; the SQL entry
+-- points raise it. Otherwise it returns the jobs created; the statement triggers on jobs
+-- keep the claim's bookkeeping and NOTIFY the workers.
+CREATE FUNCTION {schema}.enqueue_jobs(
+    p_types text[], p_payloads jsonb[], p_group_ids text[], p_dedupe_keys text[],
+    p_run_afters timestamptz[], p_max_attempts integer[],
+    p_name_items boolean,  -- prefix problems with "item N: " (N from 0)
+    s_types text[], s_max_attempts integer, s_max_attempts_by_type jsonb,
+    s_max_payload_bytes integer, s_groups regclass, s_clock_offset interval,
+    OUT job {schema}.jobs, OUT problem jsonb
+) RETURNS SETOF record
+-- Its statements take arrays: a custom plan per call (the planner's default while one
+-- looks cheaper than the generic plan) re-planned them at every enqueue, which took a
+-- one-job enqueue's function twice the time of a generic plan.
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    bad record;
+    missing text[];
+BEGIN
+    -- The first job that breaks a rule, in the order given, in one pass: each job's
+    -- first broken rule, in the order Python checks its arguments, as column:rule. Only
+    -- a bad job's message is built, below: building messages here, in the expression
+    -- the executor sets up at every call, made a one-job enqueue cost a third more.
+    SELECT x.* INTO bad
+    FROM (
+        SELECT t.*, CASE
+            -- Short names (rota.checks.require_text): at most 512 UTF-8 bytes keeps every
+            -- key well inside a btree index row.
+            WHEN t.type IS NULL OR t.type = '' THEN 'type:empty'
+            WHEN octet_length(t.type) > 512 THEN 'type:long'
+            WHEN NOT t.type = ANY (s_types) THEN 'type:undeclared'
+            WHEN t.payload IS NULL THEN 'payload:null'
+            -- The size of the payload's JSON text as PostgreSQL prints it.
+            WHEN octet_length(t.payload::text) > s_max_payload_bytes THEN 'payload:large'
+            -- Workers decode payloads recursively (Python's json stops near 1,000
+            -- levels): no value may lie more than 256 arrays and objects down.
+            WHEN jsonb_path_exists(t.payload, 'strict $.**{{257}}') THEN 'payload:deep'
+            WHEN t.group_id = '' THEN 'group_id:empty'
+            WHEN octet_length(t.group_id) > 512 THEN 'group_id:long'
+            WHEN t.dedupe_key = '' THEN 'dedupe_key:empty'
+            WHEN octet_length(t.dedupe_key) > 512 THEN 'dedupe_key:long'
+            -- Due times must load back in any session time zone
+            -- (rota.checks.require_due_time).
+            WHEN NOT t.run_after BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+                THEN 'run_after:range'
+            WHEN t.max_attempts < 1 THEN 'max_attempts:low'
+        END AS rule
+        FROM unnest(p_types, p_payloads, p_group_ids, p_dedupe_keys, p_run_afters,
+                    p_max_attempts)
+             WITH ORDINALITY AS t(type, payload, group_id, dedupe_key, run_after,
+                                  max_attempts, n)
+        OFFSET 0  -- the CASE once a job, not again in the filter
+    ) x
+    WHERE x.rule IS NOT NULL
+    ORDER BY x.n
+    LIMIT 1;
+    IF FOUND THEN
+        -- Python's texts (rota.checks, rota.settings).
+        problem := jsonb_build_object(
+            'sqlstate', CASE bad.rule WHEN 'type:undeclared' THEN '42704'
+                                      WHEN 'payload:large' THEN '54000'
+                                      WHEN 'payload:deep' THEN '54000'
+                                      ELSE '22023' END,
+            'column', split_part(bad.rule, ':', 1),
+            'message', CASE WHEN p_name_items THEN 'item ' || bad.n - 1 || ': ' ELSE '' END
+            || CASE bad.rule
+                WHEN 'type:empty' THEN 'job type must be a non-empty string, got '
+                                       || coalesce(quote_literal(bad.type), 'NULL')
+                WHEN 'type:long' THEN 'job type is ' || octet_length(bad.type)
+                                      || ' bytes long in UTF-8 (' || length(bad.type)
+                                      || ' characters); at most 512 bytes are allowed'
+                WHEN 'type:undeclared' THEN
+                    'unknown job type ' || quote_literal(bad.type) || '; declared types: '
+                    || array_to_string(ARRAY(SELECT d FROM unnest(s_types) AS d
+                                             ORDER BY d COLLATE "C"), ', ')
+                WHEN 'payload:null' THEN
+                    'payload must be a JSON value, got NULL (a JSON null is ''null''::jsonb)'
+                WHEN 'payload:large' THEN
+                    'payload is ' || octet_length(bad.payload::text)
+                    || ' bytes, larger than the maximum ' || s_max_payload_bytes
+                WHEN 'payload:deep' THEN
+                    'payload is nested deeper than 256 levels (or contains itself), more than can be read back'
+                WHEN 'group_id:empty' THEN 'group_id must be a non-empty string, got '''''
+                WHEN 'group_id:long' THEN 'group_id is ' || octet_length(bad.group_id)
+                                          || ' bytes long in UTF-8 (' || length(bad.group_id)
+                                          || ' characters); at most 512 bytes are allowed'
+                WHEN 'dedupe_key:empty' THEN 'dedupe_key must be a non-empty string, got '''''
+                WHEN 'dedupe_key:long' THEN 'dedupe_key is ' || octet_length(bad.dedupe_key)
+                                            || ' bytes long in UTF-8 (' || length(bad.dedupe_key)
+                                            || ' characters); at most 512 bytes are allowed'
+                WHEN 'run_after:range' THEN
+                    'run_after='
+                    || coalesce(to_char(bad.run_after AT TIME ZONE 'UTC',
+                                        CASE WHEN date_part('microseconds', bad.run_after)
+                                                  ::bigint % 1000000 = 0
+                                             THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"'
+                                             ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END),
+                                bad.run_after::text)
+                    || ' is out of range: due times must lie between 0001-01-02 and '
+                    || '9999-12-30 (UTC)'
+                WHEN 'max_attempts:low' THEN
+                    'max_attempts must be an int >= 1, got ' || bad.max_attempts
+            END);
+        IF p_name_items THEN
+            problem := problem || jsonb_build_object('item', bad.n - 1);
+        END IF;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- The groups the groups relation does not know: then nothing is written.
+    IF s_groups IS NULL THEN
+        SELECT array_agg(d.group_id ORDER BY d.group_id) INTO missing
+        FROM (SELECT DISTINCT x.group_id FROM unnest(p_group_ids) AS x(group_id)
+              WHERE x.group_id IS NOT NULL) d
+        WHERE NOT EXISTS (SELECT 1 FROM {schema}.groups g WHERE g.group_id = d.group_id);
+    ELSE  -- an application's relation, named at run time
+        EXECUTE format(
+            'SELECT array_agg(d.group_id ORDER BY d.group_id) '
+            'FROM (SELECT DISTINCT x.group_id FROM unnest($1) AS x(group_id) '
+            '      WHERE x.group_id IS NOT NULL) d '
+            'WHERE NOT EXISTS (SELECT 1 FROM %s g WHERE g.group_id = d.group_id)',
+            s_groups)
+        INTO missing USING p_group_ids;
+    END IF;
+    IF missing IS NOT NULL THEN
+        problem := jsonb_build_object(
+            'sqlstate', '23503', 'column', 'group_id', 'message',
+            'unknown group' || CASE WHEN cardinality(missing) > 1 THEN 's' ELSE '' END
+            || ' ' || array_to_string(ARRAY(SELECT quote_literal(m)
+                                            FROM unnest(missing[1:5]) AS m), ', ')
+            || CASE WHEN cardinality(missing) > 5 THEN ' …' ELSE '' END
+            || ': create it first (a row of the groups relation; queue.upsert_group in '
+            || 'Python) or enqueue without a group');
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    INSERT INTO {schema}.jobs AS j (type, group_id, payload, dedupe_key, max_attempts,
+                                    run_after, created_at)
+    SELECT t.type, t.group_id, t.payload, t.dedupe_key,
+           coalesce(t.max_attempts, (s_max_attempts_by_type ->> t.type)::integer,
+                    s_max_attempts),
+           coalesce(t.run_after, now() + s_clock_offset),
+           now() + s_clock_offset
+    FROM unnest(p_types, p_payloads, p_group_ids, p_dedupe_keys, p_run_afters,
+                p_max_attempts)
+         WITH ORDINALITY AS t(type, payload, group_id, dedupe_key, run_after,
+                              max_attempts, n)
+    ORDER BY t.n
+    ON CONFLICT DO NOTHING
+    RETURNING j, NULL::jsonb;
+END
+$$;
+
+-- The groups relation the SQL entry points check groups against: null for rota's own
+-- table, else the published name, which must be schema-qualified: under their fixed
+-- search_path an unqualified name would be looked up in pg_temp too, where a caller could
+-- create a table of its own. (Publishing records the name qualified once it exists.)
+CREATE FUNCTION {schema}.enqueue_groups_relation(p_name text) RETURNS regclass
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_name IS NOT NULL AND cardinality(parse_ident(p_name)) < 2 THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = 'the groups relation ' || quote_literal(p_name) || ' in '
+                      || '{schema}.enqueue_settings is not schema-qualified: create it, '
+                      || 'then publish the queue''s settings again (rota migrate --app)';
+    END IF;
+    RETURN p_name::regclass;
+END
+$$;
+
+-- The SQL entry points: SECURITY DEFINER, so a role granted EXECUTE on them (and USAGE on
+-- the schema) enqueues without any privilege on the tables; the search_path is fixed so
+-- that nothing of the caller's can stand in for a built-in. They run as their owner, the
+-- role that migrated the schema.
+
+-- Enqueue one job; returns its id, or null when an open job has the same dedupe key.
+CREATE FUNCTION {schema}.enqueue(
+    type text, payload jsonb, group_id text DEFAULT NULL, dedupe_key text DEFAULT NULL,
+    run_after timestamptz DEFAULT NULL, max_attempts integer DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    s {schema}.enqueue_settings;
+    r record;
+BEGIN
+    SELECT * INTO s FROM {schema}.enqueue_settings;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = '{schema}.enqueue_settings has no row: run rota migrate';
+    END IF;
+    SELECT e.job, e.problem INTO r
+    FROM {schema}.enqueue_jobs(
+        ARRAY[enqueue.type], ARRAY[enqueue.payload], ARRAY[enqueue.group_id],
+        ARRAY[enqueue.dedupe_key], ARRAY[enqueue.run_after], ARRAY[enqueue.max_attempts],
+        false, s.types, s.max_attempts, s.max_attempts_by_type, s.max_payload_bytes,
+        {schema}.enqueue_groups_relation(s.groups), s.clock_offset) AS e;
+    IF r.problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = r.problem ->> 'sqlstate',
+            COLUMN = r.problem ->> 'column', MESSAGE = r.problem ->> 'message';
+    END IF;
+    RETURN (r.job).id;
+END
+$$;
+
+-- Enqueue a batch, a JSON array of objects with the arguments of enqueue as keys
+-- (type and payload required; run_after an ISO 8601 text with its offset). Returns the
+-- ids of the jobs created, in the order given; duplicates of open jobs, or of earlier
+-- items, return none. A bad item or unknown group raises, naming it; nothing is written.
+CREATE FUNCTION {schema}.enqueue_many(jobs jsonb) RETURNS SETOF bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    s {schema}.enqueue_settings;
+    bad record;
+    a record;
+    r record;
+BEGIN
+    IF jsonb_typeof(enqueue_many.jobs) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'jobs',
+            MESSAGE = 'jobs must be a JSON array of objects (one per job), got '
+                      || coalesce(jsonb_typeof(enqueue_many.jobs), 'NULL');
+    END IF;
+    -- The first item that is not a job object with fields of the right JSON types (their
+    -- values are enqueue_jobs' to check), in one pass.
+    SELECT x.n - 1 AS i, x.message INTO bad
+    FROM (
+        SELECT e.n, CASE
+            WHEN jsonb_typeof(e.item) <> 'object' THEN
+                'expected an object, got ' || jsonb_typeof(e.item)
+            WHEN e.item - ARRAY['type', 'payload', 'group_id', 'dedupe_key', 'run_after',
+                                'max_attempts'] <> '{{}}'::jsonb THEN
+                'needs ''type'' and ''payload'', may have ''group_id'', ''dedupe_key'', '
+                '''run_after'', ''max_attempts''; unexpected ['
+                || (SELECT string_agg(quote_literal(k), ', ' ORDER BY k COLLATE "C")
+                    FROM jsonb_object_keys(e.item - ARRAY['type', 'payload', 'group_id',
+                                                          'dedupe_key', 'run_after',
+                                                          'max_attempts']) AS k)
+                || ']'
+            WHEN NOT e.item ? 'type' OR NOT e.item ? 'payload' THEN
+                'needs ''type'' and ''payload'''
+            WHEN jsonb_typeof(e.item -> 'type') <> 'string' THEN
+                'job type must be a non-empty string, got ' || (e.item -> 'type')::text
+            WHEN jsonb_typeof(e.item -> 'group_id') NOT IN ('string', 'null') THEN
+                'group_id must be a non-empty string, got ' || (e.item -> 'group_id')::text
+            WHEN jsonb_typeof(e.item -> 'dedupe_key') NOT IN ('string', 'null') THEN
+                'dedupe_key must be a non-empty string, got '
+                || (e.item -> 'dedupe_key')::text
+            -- An instant needs its offset: a time without one is refused, never guessed.
+            WHEN jsonb_typeof(e.item -> 'run_after') <> 'null'
+                 AND coalesce(e.item ->> 'run_after', '') !~
+                     '^\d{{4}}-\d\d-\d\d[T ]\d\d:\d\d(:\d\d(\.\d{{1,6}})?)?(Z|z|[+-]\d\d(:?\d\d)?)$'
+            THEN
+                'run_after must be an ISO 8601 time with its UTC offset '
+                '(2030-01-01T09:00:00Z), got ' || (e.item -> 'run_after')::text
+            -- (A CASE, so that only a number is read as one.)
+            WHEN CASE jsonb_typeof(e.item -> 'max_attempts')
+                     WHEN 'null' THEN false
+                     WHEN 'number' THEN (e.item ->> 'max_attempts')::numeric
+                                        <> trunc((e.item ->> 'max_attempts')::numeric)
+                                        OR NOT (e.item ->> 'max_attempts')::numeric
+                                               BETWEEN -2147483648 AND 2147483647
+                     ELSE true END THEN
+                'max_attempts must be an int >= 1, got ' || (e.item -> 'max_attempts')::text
+        END AS message
+        FROM jsonb_array_elements(enqueue_many.jobs) WITH ORDINALITY AS e(item, n)
+    ) x
+    WHERE x.message IS NOT NULL
+    ORDER BY x.n
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'jobs',
+            MESSAGE = 'item ' || bad.i || ': ' || bad.message;
+    END IF;
+    SELECT * INTO s FROM {schema}.enqueue_settings;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = '{schema}.enqueue_settings has no row: run rota migrate';
+    END IF;
+    SELECT array_agg(e.item ->> 'type' ORDER BY e.n) AS types,
+           array_agg(e.item -> 'payload' ORDER BY e.n) AS payloads,
+           array_agg(e.item ->> 'group_id' ORDER BY e.n) AS group_ids,
+           array_agg(e.item ->> 'dedupe_key' ORDER BY e.n) AS dedupe_keys,
+           array_agg((e.item ->> 'run_after')::timestamptz ORDER BY e.n) AS run_afters,
+           array_agg((e.item ->> 'max_attempts')::numeric::integer ORDER BY e.n)
+               AS max_attempts
+    INTO a
+    FROM jsonb_array_elements(enqueue_many.jobs) WITH ORDINALITY AS e(item, n);
+    FOR r IN
+        SELECT e.job, e.problem
+        FROM {schema}.enqueue_jobs(a.types, a.payloads, a.group_ids, a.dedupe_keys,
+                                   a.run_afters, a.max_attempts, true,
+                                   s.types, s.max_attempts, s.max_attempts_by_type,
+                                   s.max_payload_bytes,
+                                   {schema}.enqueue_groups_relation(s.groups),
+                                   s.clock_offset) AS e
+    LOOP
+        IF r.problem IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = r.problem ->> 'sqlstate',
+                COLUMN = r.problem ->> 'column', MESSAGE = r.problem ->> 'message';
+        END IF;
+        RETURN NEXT (r.job).id;
+    END LOOP;
+END
+$$;
+
+-- Functions are executable by PUBLIC by default: these two run as their owner, so only
+-- the roles granted EXECUTE may call them (docs/enqueue-from-sql.md, "Privileges").
+REVOKE ALL ON FUNCTION {schema}.enqueue(text, jsonb, text, text, timestamptz, integer)
+    FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.enqueue_many(jsonb) FROM PUBLIC;
 
 -- == The fair claim's bookkeeping (docs/fast-claim.md) ===================================
 --

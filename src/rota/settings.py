@@ -5,13 +5,22 @@ apply the same rules (docs/design.md, "Enqueue" and "Settings")."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from psycopg.types.json import Jsonb
+
 from . import db
-from .checks import positive_int, require_due_time, require_duration, require_text
-from .errors import InvalidInput, UnknownGroup, UnknownJobType
+from .checks import (
+    positive_int,
+    require_aware,
+    require_duration,
+    require_text,
+    sendable_int,
+    sendable_text,
+)
+from .errors import InvalidInput, PayloadError, UnknownGroup, UnknownJobType
 from .job import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
 from .plans import DEFAULT_PLANS, Plans
 
@@ -19,6 +28,9 @@ from .plans import DEFAULT_PLANS, Plans
 # invocation after DEFAULT_PLATFORM_TIMEOUT; a run stops claiming after its budget.
 DEFAULT_PLATFORM_TIMEOUT = timedelta(seconds=300)
 DEFAULT_TIME_BUDGET = timedelta(seconds=220)
+# The failure backoff's ceiling (docs/design.md, "Fail and backoff"): River caps its
+# retry backoff too; an hour keeps a job with many attempts retrying within the day.
+DEFAULT_MAX_BACKOFF = timedelta(hours=1)
 
 
 class QueueSettings:
@@ -40,6 +52,9 @@ class QueueSettings:
             (docs/design.md, "The fair claim").
         backoff_base: failure backoff is ``backoff_base * 2**attempts`` (docs/design.md,
             "Fail and backoff").
+        max_backoff: the longest failure backoff (default 1 hour): the doubling stops
+            there, so a job with many attempts is retried hourly instead of in year
+            10193. At least ``backoff_base``.
         max_deferrals: when set, a job deferred more often than this gives up.
         max_payload_bytes: largest payload accepted, in UTF-8 bytes of JSON.
 
@@ -59,12 +74,16 @@ class QueueSettings:
         stale_after: timedelta = timedelta(minutes=15),
         served_window: timedelta = timedelta(days=1),
         backoff_base: timedelta = timedelta(minutes=1),
+        max_backoff: timedelta = DEFAULT_MAX_BACKOFF,
         max_deferrals: int | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         db.identifier(schema, "schema")
-        if groups is not None:
-            db.identifier(groups, "groups relation", qualified=True)
+        # The groups relation as SQL text, quoted ("App"."groups"): the database's
+        # enqueue rules cast it to regclass, which would fold an unquoted name to lower case.
+        self._groups_sql = (None if groups is None else
+                            db.identifier(groups, "groups relation", qualified=True)
+                            .as_string(None))
         self.schema = schema
         self.groups = groups
         self.external_groups = groups is not None
@@ -72,6 +91,7 @@ class QueueSettings:
             raise InvalidInput("plans must be a rota.Plans")
         self.plans = plans
         self.types = frozenset(require_text(t, "job type") or "" for t in types) if types else None
+        self._sorted_types = sorted(self.types) if self.types is not None else None
         self.max_attempts = positive_int(max_attempts, "max_attempts")
         self.max_attempts_by_type = {
             self.check_type(t): positive_int(n, f"max_attempts for {t!r}")
@@ -80,6 +100,12 @@ class QueueSettings:
         self.stale_after = require_duration(stale_after, "stale_after")
         self.served_window = require_duration(served_window, "served_window")
         self.backoff_base = require_duration(backoff_base, "backoff_base", positive=False)
+        if self.backoff_base < timedelta(0):
+            raise InvalidInput(f"backoff_base must not be negative, got {backoff_base}")
+        self.max_backoff = require_duration(max_backoff, "max_backoff")
+        if self.max_backoff < self.backoff_base:
+            raise InvalidInput(f"max_backoff ({max_backoff}) must not be shorter than "
+                               f"backoff_base ({backoff_base})")
         self.max_deferrals = (
             None if max_deferrals is None else positive_int(max_deferrals, "max_deferrals", 0)
         )
@@ -112,6 +138,21 @@ class QueueSettings:
             )
         return t
 
+    def enqueue_settings(self) -> dict[str, Any]:
+        """The settings enqueue applies, as the ``s_*`` parameters of the database's
+        ``enqueue_jobs`` (and of ``sql/publish_settings.sql``, which writes them for the
+        SQL entry points): declared types (sorted), default and per-type max_attempts,
+        max_payload_bytes, the groups relation (``None``: rota's own) and the clock
+        offset. Read at each call: a pipeline adds its stages' max_attempts."""
+        return {
+            "s_types": self._sorted_types,
+            "s_max_attempts": self.max_attempts,
+            "s_max_attempts_by_type": Jsonb(self.max_attempts_by_type),
+            "s_max_payload_bytes": self.max_payload_bytes,
+            "s_groups": self._groups_sql,
+            "offset": self.clock_offset,
+        }
+
     def enqueue_params(
         self,
         job_type: str,
@@ -122,26 +163,32 @@ class QueueSettings:
         run_after: datetime | None = None,
         max_attempts: int | None = None,
     ) -> dict[str, Any]:
-        """Check one job's fields and return the statement parameters."""
-        t = self.check_type(job_type)
+        """One job's statement parameters, with the queue's settings.
+
+        Only what Python alone can see is checked here (a payload JSON cannot hold, a
+        naive datetime, a value of the wrong Python type or with a NUL character); the
+        rules themselves (lengths, limits, due-time range, declared types, groups,
+        defaults) are the database's ``enqueue_jobs``, which SQL callers go through
+        too (docs/design.md, "Enqueue").
+
+        Raises:
+            InvalidInput and subclasses: naming the argument; nothing was sent.
+        """
         return {
-            "type": t,
-            "payload": encode_payload(payload, self.max_payload_bytes),
-            "group_id": require_text(group_id, "group_id", allow_none=True),
-            "dedupe_key": require_text(dedupe_key, "dedupe_key", allow_none=True),
-            "run_after": None if run_after is None else require_due_time(run_after,
-                                                                         "run_after"),
-            "max_attempts": (
-                positive_int(max_attempts, "max_attempts")
-                if max_attempts is not None
-                else self.max_attempts_by_type.get(t, self.max_attempts)
-            ),
-            "offset": self.clock_offset,
+            "type": sendable_text(job_type, "job type"),
+            "payload": encode_payload(payload),
+            "group_id": sendable_text(group_id, "group_id", allow_none=True),
+            "dedupe_key": sendable_text(dedupe_key, "dedupe_key", allow_none=True),
+            "run_after": None if run_after is None else require_aware(run_after,
+                                                                      "run_after"),
+            "max_attempts": (None if max_attempts is None
+                             else sendable_int(max_attempts, "max_attempts")),
+            **self.enqueue_settings(),
         }
 
     def enqueue_many_params(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-        """Check a batch and return the statement's parallel arrays (the same checks
-        as :meth:`enqueue_params`, item by item).
+        """A batch's statement parameters: parallel arrays, one entry per job, checked as
+        :meth:`enqueue_params` checks one job, and the queue's settings.
 
         Raises:
             InvalidInput and subclasses: naming the first bad item (``item 3: ...``), or
@@ -150,16 +197,13 @@ class QueueSettings:
         if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
             raise InvalidInput(f"items must be an iterable of mappings (one per job), "
                                f"got {type(items).__name__}")
-        types: list[str] = []
+        types: list[str | None] = []
         payloads: list[str] = []
         group_ids: list[str | None] = []
         dedupe_keys: list[str | None] = []
         run_afters: list[datetime | None] = []
-        max_attempts: list[int] = []
+        max_attempts: list[int | None] = []
         allowed = _ITEM_KEYS
-        max_bytes = self.max_payload_bytes
-        known_types: dict[object, str] = {}  # a batch repeats a few types and groups
-        known_groups: dict[object, str | None] = {None: None}
         for i, item in enumerate(items):
             if not isinstance(item, Mapping):
                 raise InvalidInput(f"item {i}: expected a mapping, got {type(item).__name__}")
@@ -172,27 +216,18 @@ class QueueSettings:
                     f"item {i}: needs 'type' and 'payload'"
                 )
             try:
-                raw_type = item["type"]
-                t = known_types.get(raw_type) if isinstance(raw_type, str) else None
-                if t is None:
-                    t = known_types[raw_type] = self.check_type(raw_type)
-                raw_group = item.get("group_id")
-                if isinstance(raw_group, str) and raw_group in known_groups:
-                    g = known_groups[raw_group]
-                else:
-                    g = require_text(raw_group, "group_id", allow_none=True)
-                    if isinstance(raw_group, str):
-                        known_groups[raw_group] = g
-                payload = encode_payload(item["payload"], max_bytes)
+                t = sendable_text(item["type"], "job type")
+                g = sendable_text(item.get("group_id"), "group_id", allow_none=True)
+                payload = encode_payload(item["payload"])
                 key = item.get("dedupe_key")
                 if key is not None:
-                    key = require_text(key, "dedupe_key")
+                    key = sendable_text(key, "dedupe_key")
                 due = item.get("run_after")
                 if due is not None:
-                    due = require_due_time(due, "run_after")
+                    due = require_aware(due, "run_after")
                 attempts = item.get("max_attempts")
-                attempts = (positive_int(attempts, "max_attempts") if attempts is not None
-                            else self.max_attempts_by_type.get(t, self.max_attempts))
+                if attempts is not None:
+                    attempts = sendable_int(attempts, "max_attempts")
             except InvalidInput as exc:
                 raise type(exc)(f"item {i}: {exc}") from None
             types.append(t)
@@ -208,18 +243,22 @@ class QueueSettings:
             "dedupe_keys": dedupe_keys,
             "run_afters": run_afters,
             "max_attempts": max_attempts,
-            "offset": self.clock_offset,
+            **self.enqueue_settings(),
         }
 
 
-def unknown_groups(missing: Sequence[str]) -> UnknownGroup:
-    """The error for enqueueing into groups the groups relation does not know."""
-    shown = ", ".join(repr(g) for g in missing[:5])
-    return UnknownGroup(
-        f"unknown group{'s' if len(missing) > 1 else ''} {shown}"
-        f"{' …' if len(missing) > 5 else ''}: "
-        f"create it first (queue.upsert_group) or enqueue without a group"
-    )
+def enqueue_error(problem: Mapping[str, Any]) -> InvalidInput:
+    """The exception for what the database's ``enqueue_jobs`` found wrong with the input
+    (``{sqlstate, column, message}``; the SQL entry points raise the same SQLSTATE and
+    message, docs/enqueue-from-sql.md, "Errors")."""
+    sqlstate, message = problem.get("sqlstate"), str(problem.get("message"))
+    if sqlstate == "23503":
+        return UnknownGroup(message)
+    if sqlstate == "42704":
+        return UnknownJobType(message)
+    if problem.get("column") == "payload":
+        return PayloadError(message)
+    return InvalidInput(message)
 
 
 _ITEM_KEYS = frozenset({"type", "payload", "group_id", "dedupe_key", "run_after",

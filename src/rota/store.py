@@ -7,23 +7,208 @@ a pooled connection or on the caller's (``conn=``, inside the caller's transacti
 The queue, the claim, the runner, quotas, maintenance, the worker, the admin
 operations and the web apps all call it; none of them holds SQL text
 (docs/design.md, "Where things live").
+
+Every cursor the store opens is set up by :func:`configure_cursor`, the one place that
+decides how values cross the wire, so no call site can forget it:
+
+- a ``timedelta`` is sent as an exact number of seconds (never days or months, which
+  PostgreSQL adds by the calendar of the session's time zone: ``interval '1 day'`` is
+  25 hours on the day a DST change ends) (docs/design.md, "Time");
+- a ``timestamptz`` comes back in UTC whatever the session's TimeZone, so Python's
+  arithmetic on it is absolute too (on a Europe/Berlin datetime Python adds by the
+  wall clock);
+- a ``jsonb`` or ``timestamptz`` value that cannot be loaded into Python (a payload
+  nested deeper than the decoder goes, a year past 9999) becomes an
+  :class:`~rota.job.Unreadable` in its place instead of failing the whole statement,
+  so one bad row is named, not fatal (docs/design.md, "Bad data belongs to its job").
 """
 
 from __future__ import annotations
 
+import json
+import struct
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from datetime import UTC, datetime, timedelta, tzinfo
+from functools import cache
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row, tuple_row
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import Dumper, Loader
+from psycopg.pq import Format
+from psycopg.rows import AsyncRowFactory, dict_row, tuple_row
 from psycopg.sql import Composed, Identifier
-from psycopg_pool import AsyncConnectionPool
+from psycopg.types.json import JsonbLoader, JsonLoader
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import db
+from .errors import first_line
+from .job import Unreadable
 
 AnyConn = psycopg.AsyncConnection[Any]
 Params = Mapping[str, Any]
+Row = TypeVar("Row")
+
+_INTERVAL_OID = psycopg.postgres.types["interval"].oid
+_TIMESTAMPTZ_OID = psycopg.postgres.types["timestamptz"].oid
+_MICROSECOND = timedelta(microseconds=1)
+
+
+class SecondsDumper(Dumper):
+    """Sends a ``timedelta`` as an interval of seconds only (text format):
+    ``timedelta(days=1)`` is ``86400.000000 seconds``, 24 hours in every time zone,
+    where psycopg's default sends ``1 day``, which PostgreSQL adds by the calendar."""
+
+    oid = _INTERVAL_OID
+
+    def dump(self, obj: timedelta) -> Buffer:
+        micros = obj // _MICROSECOND
+        sign = "-" if micros < 0 else ""
+        whole, fraction = divmod(abs(micros), 1_000_000)
+        return f"{sign}{whole}.{fraction:06d} seconds".encode()
+
+
+class SecondsBinaryDumper(Dumper):
+    """The binary form of :class:`SecondsDumper`: microseconds, zero days, zero months."""
+
+    oid = _INTERVAL_OID
+    format = Format.BINARY
+
+    def dump(self, obj: timedelta) -> Buffer:
+        return struct.pack("!qii", obj // _MICROSECOND, 0, 0)
+
+
+def _load_json(data: str | bytes) -> Any:
+    """``json.loads``, or an :class:`Unreadable` for text Python cannot load (nested
+    past the recursion limit, a number past the int conversion limit)."""
+    try:
+        return json.loads(data)
+    except (RecursionError, ValueError) as exc:
+        return Unreadable(first_line(exc, with_type=True),
+                          _start(data))
+
+
+def _start(data: str | bytes | Buffer) -> str:
+    """The first 80 characters of a stored value, for naming it."""
+    text = data if isinstance(data, str) else bytes(data[:320]).decode("utf-8", "replace")
+    return text[:80]
+
+
+class _PayloadJsonLoader(JsonLoader):
+    _loads = staticmethod(_load_json)
+
+
+class _PayloadJsonbLoader(JsonbLoader):
+    _loads = staticmethod(_load_json)
+
+
+class _GuardedLoader(Loader):
+    """Wraps a timestamptz loader (``base``): a value it cannot load (psycopg's
+    ``DataError`` for a timestamp after year 9999) becomes an :class:`Unreadable`, and
+    with ``to_utc`` a loaded value is turned to UTC."""
+
+    base: type[Loader]
+    to_utc: bool
+
+    def __init__(self, oid: int, context: AdaptContext | None = None):
+        super().__init__(oid, context)
+        self._load = self.base(oid, context).load
+
+    def load(self, data: Buffer) -> Any:
+        try:
+            value = self._load(data)
+        except (psycopg.DataError, ValueError, OverflowError) as exc:
+            return Unreadable(first_line(exc, with_type=True), _start(data))
+        if self.to_utc and isinstance(value, datetime):
+            try:
+                return value.astimezone(UTC)
+            except OverflowError as exc:  # a day from the end of Python's calendar
+                return Unreadable(first_line(exc, with_type=True), _start(data))
+        return value
+
+
+@cache
+def _guarded(base: type[Loader], to_utc: bool) -> type[Loader]:
+    return type(f"Guarded{base.__name__}", (_GuardedLoader,),
+                {"base": base, "to_utc": to_utc})
+
+
+# The sessions' TimeZone settings seen, and whether each adds like UTC.
+_UTC_ZONES: dict[bytes, bool] = {}
+
+
+def _is_utc(zone: tzinfo) -> bool:
+    """Whether datetimes in ``zone`` add like UTC ones (no offset, ever)."""
+    return all(zone.utcoffset(datetime(2000, month, 1)) == timedelta(0)
+               for month in (1, 7))
+
+
+# Connections of rota's own pools, set up once when made (configure_connection): their
+# cursors inherit the setup instead of paying for it (about 40 µs a cursor).
+_CONFIGURED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _register(adapters: Any) -> None:
+    adapters.register_dumper(timedelta, SecondsDumper)
+    adapters.register_dumper(timedelta, SecondsBinaryDumper)
+    adapters.register_loader("json", _PayloadJsonLoader)
+    adapters.register_loader("jsonb", _PayloadJsonbLoader)
+
+
+async def configure_connection(conn: AnyConn) -> None:
+    """Set up a connection of rota's own pool (its ``configure`` callback) the way
+    :func:`configure_cursor` sets up each cursor, once for all its cursors. A caller's
+    connections are never changed: their cursors are set up one by one."""
+    _register(conn.adapters)
+    _CONFIGURED.add(conn)
+
+
+def configure_cursor(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any], *,
+                     guard_times: bool = True) -> None:
+    """Set up a cursor the way every rota statement runs (see the module's docstring):
+    timedeltas sent as exact seconds, timestamptz values loaded in UTC, and json/jsonb
+    (and, with ``guard_times``, timestamptz) values that cannot be loaded turned into
+    :class:`Unreadable`. Only the cursor is changed, never its connection.
+
+    Args:
+        cursor: a sync or async psycopg cursor (its adapters are its own copy).
+        guard_times: also guard timestamptz loading (about 0.25 µs a value; the claim's
+            hot path does without in a UTC session, and retries with it when a value
+            fails).
+    """
+    conn = cursor.connection
+    adapters = cursor.adapters
+    if conn not in _CONFIGURED:
+        _register(adapters)
+    zone = conn.pgconn.parameter_status(b"TimeZone") or b"UTC"
+    utc = _UTC_ZONES.get(zone)
+    if utc is None:
+        utc = _UTC_ZONES[zone] = _is_utc(conn.info.timezone)
+    to_utc = not utc
+    if guard_times or to_utc:
+        base = adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
+        if base is not None and not issubclass(base, _GuardedLoader):
+            adapters.register_loader(_TIMESTAMPTZ_OID, _guarded(base, to_utc))
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """Whether a database error means no connection could be had or it was lost (the
+    server went away, a pool timeout), as opposed to the database refusing a statement
+    (a value too large for an index is an ``OperationalError`` in psycopg too). A
+    statement that met a connection failure may or may not have committed."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in _CONNECTION_SQLSTATES
+
+
+#: SQLSTATEs (besides class 08, "connection exception") that mean the server went away
+#: or would not take the connection: shutdown, crash, starting up, too many connections.
+_CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 
 
 class Statements:
@@ -79,34 +264,58 @@ class Store(Statements):
         async with self.pool.connection() as c:
             yield c
 
+    @staticmethod
+    def cursor(conn: AnyConn, row_factory: AsyncRowFactory[Row], *,
+               guard_times: bool = True) -> psycopg.AsyncCursor[Row]:
+        """A cursor on ``conn`` set up by :func:`configure_cursor`: every statement rota
+        runs goes through one (docs/design.md, "Time" and "Bad data belongs to its
+        job").
+
+        Args:
+            conn: the connection (rota's pooled one, or a caller's: only the cursor is
+                set up, never the connection).
+            row_factory: psycopg's row factory (``tuple_row``, ``dict_row``).
+            guard_times: also turn timestamptz values that cannot be loaded into
+                :class:`~rota.job.Unreadable` (for rows of ``jobs``).
+
+        Returns:
+            The cursor.
+        """
+        cur = conn.cursor(row_factory=row_factory)
+        configure_cursor(cur, guard_times=guard_times)
+        return cur
+
     async def execute(self, name: str, params: Params, *, conn: AnyConn | None = None,
                       prepare: bool | None = None) -> int:
         """Run the statement; return its row count (rows written, or -1)."""
         async with self.connection(conn) as c:
-            cur = await c.execute(self.sql(name), params, prepare=prepare)
+            cur = self.cursor(c, tuple_row, guard_times=False)
+            await cur.execute(self.sql(name), params, prepare=prepare)
             return cur.rowcount
 
     async def fetch_one(self, name: str, params: Params, *,
                         conn: AnyConn | None = None) -> tuple[Any, ...] | None:
-        """Run the statement; return its first row as a tuple, or ``None``."""
+        """Run the statement; return its first row as a tuple, or ``None`` (for
+        statements whose times are the clock's: see :meth:`fetch_dicts` for rows)."""
         async with self.connection(conn) as c:
-            cur = c.cursor(row_factory=tuple_row)
+            cur = self.cursor(c, tuple_row, guard_times=False)
             await cur.execute(self.sql(name), params)
             return await cur.fetchone()
 
     async def fetch_all(self, name: str, params: Params, *,
                         conn: AnyConn | None = None) -> list[tuple[Any, ...]]:
-        """Run the statement; return every row as a tuple."""
+        """Run the statement; return every row as a tuple (ids, statuses, counts)."""
         async with self.connection(conn) as c:
-            cur = c.cursor(row_factory=tuple_row)
+            cur = self.cursor(c, tuple_row, guard_times=False)
             await cur.execute(self.sql(name), params)
             return await cur.fetchall()
 
     async def fetch_dicts(self, name: str, params: Params, *,
                           conn: AnyConn | None = None) -> list[dict[str, Any]]:
-        """Run the statement; return every row as a dict keyed by column name."""
+        """Run the statement; return every row as a dict keyed by column name (a value
+        that could not be loaded is an :class:`~rota.job.Unreadable`)."""
         async with self.connection(conn) as c:
-            cur = c.cursor(row_factory=dict_row)
+            cur = self.cursor(c, dict_row)
             await cur.execute(self.sql(name), params)
             return await cur.fetchall()
 
@@ -117,4 +326,5 @@ class Store(Statements):
         return rows[0] if rows else None
 
 
-__all__ = ["AnyConn", "Statements", "Store"]
+__all__ = ["AnyConn", "SecondsBinaryDumper", "SecondsDumper", "Statements", "Store",
+           "configure_connection", "configure_cursor", "is_connection_failure"]

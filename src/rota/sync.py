@@ -9,11 +9,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from .job import Job
-from .settings import QueueSettings, unknown_groups
-from .store import Statements
+from .settings import QueueSettings, enqueue_error
+from .store import Statements, configure_cursor
 
 
 class SyncQueue:
@@ -60,13 +60,14 @@ class SyncQueue:
             type, payload, group_id=group_id, dedupe_key=dedupe_key, run_after=run_after,
             max_attempts=max_attempts)
         cur = conn.cursor(row_factory=dict_row)
+        configure_cursor(cur)
         cur.execute(self.statements.sql("enqueue"), params)
         row = cur.fetchone()
-        if row is not None:
-            return Job.from_row(row)
-        if params["group_id"] is not None:
-            self._check_groups(conn, [params["group_id"]])
-        return None
+        if row is None:
+            return None
+        if row["problem"] is not None:
+            raise enqueue_error(row["problem"])
+        return Job.from_row(row, lenient=True)  # written: never an error after that
 
     def enqueue_many(self, conn: psycopg.Connection[Any],
                      items: Iterable[Mapping[str, Any]]) -> int:
@@ -74,15 +75,11 @@ class SyncQueue:
         params = self.settings.enqueue_many_params(items)
         if not params["types"]:
             return 0
-        row = conn.execute(self.statements.sql("enqueue_many"), params).fetchone()
+        cur = conn.cursor(row_factory=tuple_row)
+        configure_cursor(cur)
+        row = cur.execute(self.statements.sql("enqueue_many"), params).fetchone()
         assert row is not None
-        created, missing = row
-        if missing:
-            raise unknown_groups(missing)
+        created, problem = row
+        if problem is not None:
+            raise enqueue_error(problem)
         return int(created)
-
-    def _check_groups(self, conn: psycopg.Connection[Any], group_ids: list[str]) -> None:
-        rows = conn.execute(self.statements.sql("missing_groups"),
-                            {"group_ids": group_ids}).fetchall()
-        if rows:
-            raise unknown_groups([r[0] for r in rows])

@@ -38,13 +38,16 @@ from psycopg import sql
 
 from .checks import require_duration
 from .errors import InvalidInput, first_line
-from .maintenance import Maintainer, Maintenance
+from .maintenance import Maintainer, Maintenance, StuckJobs
 from .queue import Queue
 from .schedule import Scheduler
 from .settings import DEFAULT_PLATFORM_TIMEOUT
 from .web import PipelineSource, check_time_budget, resolve_pipeline
 
 log = logging.getLogger("rota.worker")
+
+#: How often the worker fails stuck jobs between daily maintenance runs.
+DEFAULT_RESCUE_EVERY = timedelta(minutes=1)
 
 #: Errors that no retry fixes: rota's tables or schema are missing (``rota migrate``).
 _FATAL_DB_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
@@ -67,6 +70,12 @@ class Worker:
             jobs, killed runs, pruning). Runs when the worker starts and then every
             ``maintain_every``, as the start of a run so its counters land in the run's
             summary; ``maintain_every=None`` turns it off.
+        rescue_every: how often stuck jobs are failed and owed give-up hooks run
+            (:class:`rota.StuckJobs`, an index read), between the daily maintenance
+            runs: every minute by default (River's rescuer runs every 30 s), so a job
+            whose last attempt died is failed and refunded within minutes, not a day
+            (docs/design.md, "Maintenance"). Its counters are logged, not written as a
+            run; ``None`` turns it off.
         reconnect_delay: first wait before reconnecting the listening connection; it
             doubles on each failure up to ``idle_poll``.
         keepalive: how long the listening connection may stay silent before the worker
@@ -89,6 +98,7 @@ class Worker:
         time_budget: timedelta = timedelta(seconds=220),
         maintenance: Maintainer | None = None,
         maintain_every: timedelta | None = timedelta(days=1),
+        rescue_every: timedelta | None = DEFAULT_RESCUE_EVERY,
         reconnect_delay: timedelta = timedelta(seconds=0.5),
         keepalive: timedelta = timedelta(seconds=30),
         wake_interval: timedelta = timedelta(seconds=0.2),
@@ -100,6 +110,9 @@ class Worker:
         self.time_budget = require_duration(time_budget, "time_budget")
         self.maintain_every = (
             None if maintain_every is None else require_duration(maintain_every, "maintain_every")
+        )
+        self.rescue_every = (
+            None if rescue_every is None else require_duration(rescue_every, "rescue_every")
         )
         self.reconnect_delay = require_duration(reconnect_delay, "reconnect_delay")
         self.keepalive = require_duration(keepalive, "keepalive")
@@ -114,15 +127,19 @@ class Worker:
         self.runs = 0
         self.last_result: Any = None
         self.last_maintenance: Mapping[str, int] | None = None
+        self.last_rescue: Mapping[str, int] | None = None
+        self._stop: asyncio.Event | None = None
 
     # -- the loop ----------------------------------------------------------------------
 
     async def run_forever(self, stop_event: asyncio.Event) -> None:
         """Run until ``stop_event`` is set, then return.
 
-        A run in progress when the event is set finishes first (within its time budget:
-        no new batch after it, unstarted jobs deferred back); after it no new run or
-        maintenance starts. An idle worker returns at once. Database errors are logged
+        A run in progress when the event is set stops claiming at once (a pipeline whose
+        ``run`` takes ``stop``), lets what is in flight finish within its handler
+        deadlines (so within the platform timeout), and hands unstarted jobs back as
+        they were; after it no new run or maintenance starts. An idle worker returns at
+        once. Database errors are logged
         and retried with a backoff (from ``reconnect_delay``, doubling up to
         ``idle_poll``), except rota's tables or schema missing, which no retry fixes.
 
@@ -142,18 +159,25 @@ class Worker:
         scheduler = getattr(pipeline, "scheduler", None)
         if not isinstance(scheduler, Scheduler):
             scheduler = None
+        self._stop = stop_event
         listener = asyncio.create_task(self._listen(queue, stop_event), name="rota-listen")
         next_maintenance = time.monotonic()
         maintainer = (None if self.maintain_every is None
                       else self._maintainer(pipeline, queue))
+        rescuer = None if self.rescue_every is None else StuckJobs(queue)
+        next_rescue = time.monotonic() + (self.rescue_every or timedelta(0)).total_seconds()
         backoff = self.reconnect_delay.total_seconds()
         try:
             while not stop_event.is_set():
                 if maintainer is not None and time.monotonic() >= next_maintenance:
                     next_maintenance = time.monotonic() + await self._maintain(
                         pipeline, maintainer)
+                    next_rescue = time.monotonic() + (
+                        self.rescue_every or timedelta(0)).total_seconds()
                     if stop_event.is_set():  # asked to stop during the maintenance run
                         break
+                if rescuer is not None and time.monotonic() >= next_rescue:
+                    next_rescue = time.monotonic() + await self._rescue(rescuer)
                 # Cleared before asking, so an enqueue committed after the question was
                 # asked still wakes the wait below.
                 self._wake.clear()
@@ -186,10 +210,13 @@ class Worker:
                     continue
                 backoff = self.reconnect_delay.total_seconds()
                 # Idle, or due work the run could not touch (its stage is blocked by a
-                # quota reserve, say): sleep until the next job is due, at most idle_poll.
+                # quota reserve, say): sleep until the next job is due, at most idle_poll,
+                # and no later than the next rescue.
                 timeout = self.idle_poll.total_seconds()
                 if due_in is not None and due_in > 0:
                     timeout = min(timeout, due_in)
+                if rescuer is not None:
+                    timeout = min(timeout, max(next_rescue - time.monotonic(), 0.0))
                 await self._sleep(stop_event, timeout, asked_at)
         finally:
             listener.cancel()
@@ -212,7 +239,8 @@ class Worker:
         there is more), ``"stalled"`` when it touched none, ``"error"`` when it raised or
         stopped with ``error``."""
         try:
-            result = await pipeline.run(trigger="worker", time_budget=self.time_budget)
+            result = await pipeline.run(trigger="worker", time_budget=self.time_budget,
+                                        **self._stop_arg(pipeline))
         except Exception as exc:
             log.error("run failed: %s", first_line(exc, with_type=True))
             return "error"
@@ -222,6 +250,28 @@ class Worker:
             return "error"
         touched = result.jobs_done + result.jobs_failed + result.jobs_deferred
         return "progress" if touched or result.stop_reason == "time_budget" else "stalled"
+
+    def _stop_arg(self, pipeline: Any) -> dict[str, Any]:
+        """``stop=`` for a pipeline whose ``run`` takes it: a stop request then ends the
+        run's budget at once instead of after it."""
+        if self._stop is not None and "stop" in inspect.signature(pipeline.run).parameters:
+            return {"stop": self._stop}
+        return {}
+
+    async def _rescue(self, rescuer: StuckJobs) -> float:
+        """Fail stuck jobs and run owed give-up hooks; returns seconds until the next
+        time (sooner after a failure is not needed: the interval is short)."""
+        assert self.rescue_every is not None
+        try:
+            counters = await rescuer.run_once()
+        except Exception as exc:
+            log.error("stuck-job rescue failed: %s", first_line(exc, with_type=True))
+        else:
+            self.last_rescue = counters
+            if any(counters.values()):
+                log.info("stuck jobs: %s",
+                         ", ".join(f"{k}={v}" for k, v in counters.items()))
+        return self.rescue_every.total_seconds()
 
     async def _next_due(self, queue: Queue, types: Sequence[str] | None) -> float | None:
         async with queue.connection() as conn:
@@ -249,7 +299,8 @@ class Worker:
         try:
             if "maintenance" in inspect.signature(pipeline.run).parameters:
                 result = await pipeline.run(trigger="worker", time_budget=self.time_budget,
-                                            maintenance=maintainer)
+                                            maintenance=maintainer,
+                                            **self._stop_arg(pipeline))
                 self._record(result)
                 if result.stop_reason == "error":
                     raise RuntimeError(result.error or "the maintenance run ended in error")

@@ -72,6 +72,10 @@ SCORE_THRESHOLD = 35  # creators scoring below this are not worth a message
 # The YouTube Data API's daily quota: 10,000 units, reset at midnight Pacific time; runs
 # keep 1,000 in reserve for interactive use.
 YOUTUBE_QUOTA = Quota("youtube", 10_000, reserve=1_000, reset_tz="America/Los_Angeles")
+#: Each owner's daily searches, the limit read from the owner's plan.
+SEARCHES = Allowance("searches", "searches_per_day", reset_tz="America/Los_Angeles")
+#: The quotas and allowances the pipeline spends (the dashboard shows them).
+QUOTAS = (YOUTUBE_QUOTA, SEARCHES)
 
 
 @dataclass(frozen=True)
@@ -167,8 +171,7 @@ class App:
         self.schema = schema
         self.t = sql.Identifier(schema)
         self.youtube_quota = YOUTUBE_QUOTA
-        self.searches = Allowance("searches", "searches_per_day",
-                                  reset_tz="America/Los_Angeles")
+        self.searches = SEARCHES
 
     def pipeline(self, platform_timeout: timedelta) -> Pipeline:
         """The seven stages, in runner order (docs/design.md, "The runner")."""

@@ -23,13 +23,16 @@ from .pricing import pricing_rows
               help="PostgreSQL URL (default: a throwaway embedded server).")
 @click.option("--seed", type=int, default=1, show_default=True, help="Random seed.")
 @click.option("--keep", is_flag=True, help="Keep the demo's schemas for inspection.")
+@click.option("--dashboard", is_flag=True,
+              help="After the report, serve rota's dashboard on the demo's data "
+                   "(read-only, http://127.0.0.1:8080/) until Ctrl-C.")
 @click.pass_context
 def cli(ctx: click.Context, profile: str, database_url: str | None, seed: int,
-        keep: bool) -> None:
+        keep: bool, dashboard: bool) -> None:
     """Run the example pipeline end to end through the cron endpoint and report
     (exit status 1 when an invariant failed)."""
     if ctx.invoked_subcommand is None:
-        sys.exit(driver.run(database_url, profile, seed, keep))
+        sys.exit(driver.run(database_url, profile, seed, keep, dashboard))
 
 
 @cli.command()

@@ -465,7 +465,26 @@ class Demo:
         await queue.close()
 
 
-async def _main(url: str, config: DemoConfig, seed: int, keep: bool) -> int:
+DASHBOARD_PORT = 8080
+
+
+async def _serve_dashboard(queue: Queue, port: int) -> None:
+    """Serve rota's dashboard on the demo's data, read-only on loopback (no secret
+    needed there), until Ctrl-C."""
+    import uvicorn
+
+    from rota import dashboard_app
+
+    app = dashboard_app(queue, read_only=True, quotas=demo_app.QUOTAS)
+    console.print(f"dashboard on this demo's data: http://127.0.0.1:{port}/ "
+                  f"(read-only; Ctrl-C ends it and cleans up)")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    await server.serve()
+
+
+async def _main(url: str, config: DemoConfig, seed: int, keep: bool,
+                dashboard: bool = False) -> int:
     demo = Demo(url, config, seed)
     started = time.monotonic()
     queue = Queue(url, schema=demo.schema)
@@ -477,14 +496,24 @@ async def _main(url: str, config: DemoConfig, seed: int, keep: bool) -> int:
         maintained = demo.maintain()
         code = await demo.report(queue, maintained)
         console.print(f"demo took {time.monotonic() - started:.0f} s")
+        if dashboard:
+            await _serve_dashboard(queue, DASHBOARD_PORT)
+        else:
+            console.print(
+                f"dashboard: http://127.0.0.1:{DASHBOARD_PORT}/ on a demo's data: "
+                f"`make demo-dashboard` (.venv/bin/rota-demo --dashboard) runs the demo, "
+                f"then serves it there until Ctrl-C")
         return code
     finally:
         await demo.cleanup(queue, keep)
 
 
-def run(database_url: str | None, profile: str, seed: int, keep: bool) -> int:
+def run(database_url: str | None, profile: str, seed: int, keep: bool,
+        dashboard: bool = False) -> int:
     """One demo run with the named profile, on ``database_url`` or a throwaway embedded
-    server. Returns the exit status (1 when an invariant failed).
+    server; with ``dashboard``, then rota's dashboard on its data (read-only, port
+    8080 on loopback) until Ctrl-C. Returns the exit status (1 when an invariant
+    failed).
 
     Raises:
         click.ClickException: the database is unreachable, or a server the demo starts
@@ -495,4 +524,4 @@ def run(database_url: str | None, profile: str, seed: int, keep: bool) -> int:
             psycopg.connect(url, connect_timeout=5).close()
         except psycopg.OperationalError as exc:
             raise click.ClickException(f"database unreachable: {str(exc).strip()}") from None
-        return asyncio.run(_main(url, PROFILES[profile], seed, keep))
+        return asyncio.run(_main(url, PROFILES[profile], seed, keep, dashboard))

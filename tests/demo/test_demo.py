@@ -30,3 +30,6 @@ def test_demo_short_profile_keeps_every_invariant(database_url: str) -> None:
     ):
         assert line in text, text[-3000:]
     assert "quota_reserve" in text and "time_budget" in text
+    # It ends by saying where the dashboard shows a demo's data, and how to get there.
+    assert text.strip().splitlines()[-1].startswith(
+        "dashboard: http://127.0.0.1:8080/ on a demo's data: `make demo-dashboard`"), text[-500:]

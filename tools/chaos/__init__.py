@@ -8,12 +8,20 @@ What happens::
 
 1. A fresh schema gets rota's tables, 9 groups over the three default plans, and the
    seed jobs; a few tables of the harness's own record what happens (see ``SETUP``).
+   Five poison rows are inserted by SQL, bypassing enqueue (every column given): three
+   payloads nested 3,000 deep (valid jsonb that Python's json will not load) and two
+   created in year 10193 (valid timestamptz, past Python's datetime; their run_after is
+   now, as one in 10193 would never be due).
 2. ``workers`` OS processes (``python -m tools.chaos worker``) each run a
    :class:`rota.Pipeline` back to back (``pipeline.run(trigger="worker")``), with
    maintenance every few seconds. Durations are compressed by settings: a stale window
    of seconds, backoff of half a second, a platform timeout shorter than the stale
    window (as the Pipeline requires). Handlers sleep a random few milliseconds, raise
-   an error about 5% of the time and ``DeferJob`` about 3% of the time.
+   an error about 5% of the time and ``DeferJob`` about 3% of the time. A fourth stage,
+   ``runaway`` (5% of the seeds), has a 0.5 s timeout: about 2% of its calls sleep an
+   hour and 1% swallow their cancellation in a loop (bounded, so the process can stop),
+   which keeps the run busy until its hard deadline cuts it (the short profile makes
+   both three times likelier, so a short run sees some).
 3. A killer SIGKILLs a random worker every few seconds and starts a new one; once, a
    third of the way through, PostgreSQL itself is restarted (the embedded server with
    ``pg_ctl restart``; the machine's with ``pg_ctlcluster``).
@@ -28,16 +36,29 @@ What happens::
      killed or interrupted mid-handler; each repeat is explained (``duplicated``);
      the two stages that complete inside their own transaction never repeat;
    - no job's handler ran in two workers at once, and every stale reclaim took a job
-     from a worker that was dead or whose run had ended;
+     from a worker that was dead or whose run had ended (a handler cut at its deadline
+     ends at the cut, outcome ``timed_out``; one that ignored the cut ends when the
+     runner abandoned its job, outcome ``ignored_cancel``);
+   - handler deadlines: a cut handler's claim never completed its job (it failed and
+     was retried, or gave up with its hook run once); a job's "timed out" error is
+     "timed out after N s" within its stage's timeout or the runner's "did not stop
+     when cancelled"; every run lasted under the platform timeout; a run ended in
+     error only killed, around the restart, or ``RunOverran`` when one of its handlers
+     ignored its cut (``timed_out``, ``runaway_handlers``, ``runs_overran``);
+   - poison rows: each ended ``failed`` with "job N cannot be read: ...", its give-up
+     hook ran once, no run that failed one ended in error for it, and the runs'
+     ``unreadable`` counters add up to the poison count, less any counted by a run
+     SIGKILLed before it saved (``unreadable``: counted/inserted);
    - every give-up hook ran exactly once (``hooks_missing``, ``hooks_doubled``);
-   - each job's attempts equal its claims minus its deferrals (claims and deferrals are
-     logged by a trigger in the claiming transaction itself);
+   - each job's attempts equal its claims minus its deferrals and releases (claims,
+     deferrals and releases are logged by a trigger in the transaction that made them);
    - every run a killed worker was in is in ``runs`` ended ``error``/``killed``, no run
      is left unfinished, no live run was marked killed, and runs that ended in another
-     error did so because of the restart;
+     error did so because of the restart (or overran, above);
    - no worker process died on its own.
 
-The last line is the summary::
+The figures come first, one a line (``timed_out``, ``unreadable``... among them); the
+last line is the summary, in this format whatever else is added::
 
     jobs=5000 kills=41 restarts=1 lost=0 duplicated=9 hooks_missing=0 hooks_doubled=0
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class Outcome:
     stopped_starting: list[str] = field(default_factory=list)
     runs_raised: int = 0
     seeded: int = 0
+    poison: list[int] = field(default_factory=list)  # ids of the unreadable rows
     worker_phase_s: float = 0.0
     drain_rounds: int = 0
 
@@ -90,6 +92,10 @@ class Report:
             and self.hooks_doubled == 0
 
 
+TIMED_OUT = re.compile(r"^timed out after (\d+(?:\.\d+)?) s$")
+IGNORED_CUT = "timed out: the handler did not stop when cancelled"
+
+
 async def _rows(conn: AnyConn, schema: str, query: str) -> list[dict[str, Any]]:
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(sql.SQL(query).format(schema=sql.Identifier(schema)))
@@ -99,7 +105,12 @@ async def _rows(conn: AnyConn, schema: str, query: str) -> list[dict[str, Any]]:
 async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> Report:
     """Check the run's invariants from the tables (see the module docstring)."""
     r = Report(kills=len(out.kills), restarts=len(out.restarts))
-    jobs = {j["id"]: j for j in await _rows(conn, schema, "SELECT * FROM {schema}.jobs")}
+    # The poison rows' payloads and created_at cannot be loaded in Python: only the
+    # columns the checks read, and a payload only when it is an object (every seed's).
+    jobs = {j["id"]: j for j in await _rows(conn, schema, """
+        SELECT id, type, status, attempts, deferrals, last_error, give_up_pending,
+               CASE WHEN jsonb_typeof(payload) = 'object' THEN payload END AS payload
+        FROM {schema}.jobs""")}
     log_rows = await _rows(conn, schema, "SELECT * FROM {schema}.chaos_log ORDER BY id")
     handler_runs = await _rows(conn, schema, "SELECT * FROM {schema}.chaos_handler_runs")
     effects = await _rows(conn, schema, "SELECT * FROM {schema}.chaos_effects")
@@ -162,30 +173,39 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
         r.violations.append(f"{workload_jobs} jobs, expected {out.seeded} seeded + 2 drafts "
                             f"for each of {done_searches} done searches")
 
-    # 2. Attempts = claims - deferrals, from the trigger's log of every claim.
+    # 2. Attempts = claims - deferrals - releases (a job handed back unstarted gets its
+    #    attempt back, docs/design.md "Defer"), from the trigger's log of every claim.
     claims: dict[int, list[dict[str, Any]]] = defaultdict(list)
     deferrals: Counter[int] = Counter()
+    releases: Counter[int] = Counter()
     by_token: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for row in log_rows:
         if row["new_token"] is not None and row["new_token"] != row["old_token"]:
             claims[row["job_id"]].append(row)
         if row["deferred"]:
             deferrals[row["job_id"]] += 1
+        if row["released"]:
+            releases[row["job_id"]] += 1
         if row["old_token"] is not None:
             by_token[row["old_token"]].append(row)  # what became of a claim
     mismatched = 0
     for j in jobs.values():
         n_claims, n_defers = len(claims[j["id"]]), deferrals[j["id"]]
-        if j["attempts"] != n_claims - n_defers or j["deferrals"] != n_defers:
+        n_released = releases[j["id"]]
+        if (j["attempts"] != n_claims - n_defers - n_released
+                or j["deferrals"] != n_defers):
             mismatched += 1
             if mismatched <= 10:
                 r.violations.append(
                     f"job {j['id']}: attempts {j['attempts']} != claims {n_claims} - "
-                    f"deferrals {n_defers} (deferrals column {j['deferrals']})")
+                    f"deferrals {n_defers} - releases {n_released} (deferrals column "
+                    f"{j['deferrals']})")
     r.figures["claims"] = sum(len(c) for c in claims.values())
     r.figures["deferrals"] = sum(deferrals.values())
+    r.figures["releases"] = sum(releases.values())
     if mismatched > 10:
-        r.violations.append(f"... {mismatched} jobs in all with attempts != claims - deferrals")
+        r.violations.append(f"... {mismatched} jobs in all with attempts != claims - "
+                            "deferrals - releases")
 
     # 3. One worker at a time: handler runs of a job never overlap, and every stale
     #    reclaim took the job from a dead worker or a run that had ended.
@@ -247,6 +267,13 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
         rows.sort(key=claim_order)
         for a, b in itertools.pairwise(rows):
             end = a["ended_at"]
+            if a["outcome"] == "ignored_cancel":
+                # It ignored its cut and went on in the background until the runner
+                # abandoned it at its run's hard deadline (its late settlement fenced):
+                # its end is the claim's end, the abandon (or its worker's death).
+                after = by_token.get(a["claim_token"], [])
+                k = kill_of.get(str(a["worker"]))
+                end = after[0]["at"] if after else (k.at if k is not None else None)
             if end is None:
                 k = kill_of.get(str(a["worker"]))
                 end = k.at if k is not None else None
@@ -290,7 +317,7 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
             r.duplicated += 1
             why = explain_repeat(a, by_token.get(a["claim_token"], []), handler_of, runs,
                                  killed_at, cut_at)
-            if a["stage"] != "enrich":
+            if a["stage"] not in ("enrich", "runaway"):
                 r.violations.append(f"job {job_id} ({a['stage']}): a transactional effect "
                                     f"repeated")
             if why is None:
@@ -318,9 +345,99 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
         elif hook is not None:
             r.hooks_doubled += 1
             r.violations.append(f"job {j['id']} is {j['status']} but its hook ran")
-    fail_reasons = Counter(str(j["last_error"]).split(":")[0] for j in jobs.values()
-                           if j["status"] == "failed")
+    fail_reasons = Counter(re.sub(r"^job \d+ ", "", str(j["last_error"])).split(":")[0]
+                           for j in jobs.values() if j["status"] == "failed")
     r.figures["failed_by"] = dict(fail_reasons)
+
+    # 5b. Handler deadlines: a handler cut at its deadline ("timed_out"), or abandoned
+    #     after ignoring the cut ("ignored_cancel"), never completed its job under that
+    #     claim (it failed and was retried, or its worker died); a job's "timed out"
+    #     error is one of the runner's two texts, within the stage's timeout.
+    cut_handlers = [h for h in handler_runs if h["outcome"] in ("timed_out", "ignored_cancel")]
+    for h in cut_handlers:
+        after = by_token.get(h["claim_token"], [])
+        if after and after[0]["new_status"] == "done":
+            r.violations.append(f"job {h['job_id']}: its handler was cut at its deadline "
+                                f"({h['outcome']}) but the claim completed it")
+    limits = {"runaway": profile.runaway_timeout}
+    timed_out_errors: Counter[str] = Counter()
+    for j in jobs.values():
+        text = str(j["last_error"] or "")
+        if not text.startswith("timed out"):
+            continue
+        timed_out_errors[str(j["type"])] += 1
+        m = TIMED_OUT.match(text)
+        limit = limits.get(str(j["type"]), profile.platform_timeout / 2)
+        if not (m and float(m.group(1)) <= limit + 0.05) and not text.startswith(IGNORED_CUT):
+            r.violations.append(f"job {j['id']} ({j['type']}): last_error {text!r} is not "
+                                f"'timed out after N s' (N <= {limit:g}) nor the abandon")
+    r.figures["timed_out_fails"] = sum(
+        1 for row in log_rows if row["old_status"] == "running"
+        and row["new_status"] in ("pending", "failed") and not row["deferred"]
+        and not row["released"] and str(row["last_error"] or "").startswith("timed out"))
+    runaway_outcomes = Counter(str(h["outcome"]) for h in handler_runs
+                               if h["stage"] == "runaway")
+    timed_out_runs = sum(int(x["summary"].get("timed_out", 0)) for x in runs.values())
+    r.figures["timed_out"] = timed_out_runs
+    r.figures["runaway_handlers"] = dict(runaway_outcomes)
+    r.figures["last_error_timed_out_by_type"] = dict(timed_out_errors)
+    ignorer_runs = {h["run_id"] for h in handler_runs if h["outcome"] == "ignored_cancel"}
+    overran = 0
+    platform = timedelta(seconds=profile.platform_timeout)
+    for x in runs.values():
+        lasted = (x["finished_at"] - x["started_at"]
+                  if x["finished_at"] is not None else timedelta(0))
+        # A run whose worker was cut off, or that the restart ended in error, records
+        # its end only once the database answers again (psycopg_pool waits 1, 2, 4 s...
+        # between the dead connections it finds after a restart).
+        if lasted >= platform and not across_cut(x) and not (
+                x["stop_reason"] == "error" and across_restart(x)):
+            r.violations.append(f"run {x['id']} ({x['app']}) lasted "
+                                f"{lasted.total_seconds():.2f} s, not under the platform "
+                                f"timeout")
+        if str(x["error"]).startswith("RunOverran"):
+            overran += 1
+            if x["id"] not in ignorer_runs and not across_restart(x) and not across_cut(x):
+                r.violations.append(f"run {x['id']} ({x['app']}) overran without a handler "
+                                    f"that ignored its cut, away from the restart")
+    r.figures["runs_overran"] = overran
+
+    # 5c. Poison rows: each failed alone ("job N cannot be read: ..."), its hook once
+    #     (checked in 5), no run ended in error for it, and the runs' ``unreadable``
+    #     counters add up to them (less any counted by a run SIGKILLed before it saved).
+    poison_runs: set[Any] = set()
+    for pid in out.poison:
+        pj = jobs.get(pid)
+        if pj is None:
+            r.violations.append(f"poison job {pid} is gone")
+            continue
+        if pj["status"] != "failed" or not str(pj["last_error"]).startswith(
+                f"job {pid} cannot be read:"):
+            r.violations.append(f"poison job {pid} is {pj['status']} "
+                                f"({pj['last_error']!r}), not failed as unreadable")
+        fails = [row for row in log_rows
+                 if row["job_id"] == pid and row["new_status"] == "failed"]
+        poison_runs.update(row["run_id"] for row in fails)
+        hook = hooks.get(pid)
+        if hook is None or hook["runs"] != 1:
+            r.violations.append(f"poison job {pid}: give-up hook ran "
+                                f"{0 if hook is None else hook['runs']} times")
+    unreadable = sum(int(x["summary"].get("unreadable", 0)) for x in runs.values())
+    uncounted = sum(1 for pid in out.poison
+                    if any(runs.get(row["run_id"], {}).get("error") == "killed"
+                           for row in log_rows
+                           if row["job_id"] == pid and row["new_status"] == "failed"))
+    r.figures["unreadable"] = f"{unreadable}/{len(out.poison)}"
+    if not len(out.poison) - uncounted <= unreadable <= len(out.poison):
+        r.violations.append(f"runs counted {unreadable} unreadable jobs; {len(out.poison)} "
+                            f"poison rows were inserted ({uncounted} failed in killed runs)")
+    for rid in poison_runs:
+        pr = runs.get(rid)
+        if pr is not None and pr["stop_reason"] == "error" and pr["error"] != "killed" \
+                and not across_restart(pr) and not across_cut(pr) \
+                and pr["id"] not in ignorer_runs:
+            r.violations.append(f"run {rid} failed a poison job and ended in error: "
+                                f"{pr['error']}")
 
     # 6. Runs: every run a killed worker was in ended error/killed; nothing unfinished;
     #    no live run marked killed; other errors only around the restart.
@@ -358,7 +475,8 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
                 r.violations.append(f"run {x['id']} of live {x['app']} was marked killed")
         elif x["stop_reason"] == "error" and x["error"] != "killed":
             error_runs[str(x["error"]).split(":")[0]] += 1
-            if not across_restart(x) and not across_cut(x):
+            if not across_restart(x) and not across_cut(x) and not (
+                    str(x["error"]).startswith("RunOverran") and x["id"] in ignorer_runs):
                 r.violations.append(f"run {x['id']} ended in error away from the restart: "
                                     f"{x['error']}")
     r.figures["runs"] = len(runs)
@@ -370,7 +488,7 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
                          and x["finished_at"] >= up)
         r.figures["restart_seconds"] = round((up - down).total_seconds(), 2)
         r.figures["runs_across_restart"] = dict(across)
-    r.figures["runs_ended_error_by_restart"] = dict(error_runs)
+    r.figures["runs_ended_error"] = dict(error_runs)
     r.figures["runs_raised"] = out.runs_raised
     if out.stopped_starting:
         r.figures["workers_stopped_while_starting"] = len(out.stopped_starting)
@@ -409,6 +527,14 @@ def explain_repeat(effect: dict[str, Any], after: list[dict[str, Any]],
         if cut is not None:  # reclaimed while the holder could not reach the database
             return (f"partition: {cut}; its claim went stale and was reclaimed, and its "
                     f"completion was fenced")
+    if (h is not None and h["outcome"] in ("timed_out", "ignored_cancel")) or (
+            nxt is not None and nxt["new_status"] in ("pending", "failed")
+            and not nxt["deferred"] and not nxt["released"]
+            and str(nxt["last_error"] or "").startswith("timed out")):
+        # Cut at its deadline after the effect (a slow database can push even the
+        # handler's own bookkeeping past a 0.5 s timeout): the job failed and retried.
+        return (f"timed out: its handler was cut at its deadline "
+                f"({h['outcome'] if h is not None else '?'}) after the effect")
     run = runs.get(h["run_id"]) if h is not None else None
     if run is not None and run["stop_reason"] == "error" and run["error"] != "killed":
         return f"restart: its run was cut off by the database restart ({run['error']})"

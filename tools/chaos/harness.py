@@ -87,8 +87,9 @@ class Harness:
                 await queue.upsert_group(f"g{i}", plan=plans[i % len(plans)],
                                          owner_id=f"owner{i % 5}")
             searches = p.jobs // 5
-            enriches = p.jobs - 3 * searches
-            kinds = ["search"] * searches + ["enrich"] * enriches
+            runaways = round(p.jobs * p.runaway_share)
+            enriches = p.jobs - 3 * searches - runaways
+            kinds = ["search"] * searches + ["enrich"] * enriches + ["runaway"] * runaways
             self.rng.shuffle(kinds)
             items = [{"type": kind, "payload": {"i": i},
                       "group_id": None if i % 10 == 7 else f"g{self.rng.randrange(9)}"}
@@ -96,7 +97,34 @@ class Harness:
             self.out.seeded = len(items)
             for start in range(0, len(items), 1000):
                 await queue.enqueue_many(items[start:start + 1000])
-        return enriches + searches + 2 * searches
+            async with queue.connection() as conn:
+                self.out.poison = await self.poison(conn)
+            self.out.seeded += len(self.out.poison)
+        return enriches + runaways + searches + 2 * searches + len(self.out.poison)
+
+    async def poison(self, conn: AnyConn) -> list[int]:
+        """Rows no Job can be made of, inserted by SQL (bypassing enqueue, so every
+        column is given): payloads nested 3,000 deep (valid jsonb, deeper than Python's
+        json will go) and created_at in year 10193 (valid timestamptz, past Python's
+        datetime). Each must fail alone ("job N cannot be read: ...")."""
+        deep = "[" * 3000 + "1" + "]" * 3000
+        rows: list[tuple[str, str]] = []
+        for n in range(self.profile.poison):
+            if n % 2 == 0:
+                rows.append((deep, "now()"))
+            else:  # run_after stays now(): a run_after in 10193 would never be due
+                rows.append(('{"poison": "year 10193"}', "'10193-06-01 00:00:00+00'"))
+        ids: list[int] = []
+        for n, (payload, created) in enumerate(rows):
+            cur = await conn.execute(sql.SQL(
+                "INSERT INTO {} (type, group_id, payload, max_attempts, run_after, created_at)"
+                " VALUES (%s, %s, %s::jsonb, 3, now(), " + created + ") RETURNING id"
+            ).format(sql.Identifier(self.schema, "jobs")),
+                ("runaway" if n == 3 else "enrich", f"g{n % 9}", payload))
+            row = await cur.fetchone()
+            assert row is not None
+            ids.append(int(row[0]))
+        return ids
 
     # -- workers -----------------------------------------------------------------------
 

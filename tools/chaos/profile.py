@@ -24,6 +24,13 @@ class Profile:
         stale_after, platform_timeout, heartbeat_every, time_budget, backoff_base:
             the compressed durations (seconds).
         maintain_every: seconds between a worker's maintenance passes (jittered).
+        runaway_share: fraction of the seeded jobs of the ``runaway`` stage.
+        runaway_timeout: the ``runaway`` stage's handler timeout (seconds), well below
+            the platform timeout.
+        hang_rate, ignore_cancel_rate: chance a ``runaway`` call sleeps an hour / swallows
+            its cancellation in a loop (bounded, so the process can still stop).
+        poison: rows inserted by SQL, bypassing enqueue, that cannot be read (a payload
+            nested 3,000 deep; a created_at in year 10193).
     """
 
     jobs: int
@@ -41,6 +48,11 @@ class Profile:
     time_budget: float = 2.0
     backoff_base: float = 0.5
     maintain_every: float = 3.0
+    runaway_share: float = 0.05
+    runaway_timeout: float = 0.5
+    hang_rate: float = 0.02
+    ignore_cancel_rate: float = 0.01
+    poison: int = 5
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -54,4 +66,6 @@ class Profile:
 
 
 DEFAULT_PROFILE = Profile(jobs=5000)
-SHORT_PROFILE = Profile(jobs=600, kill_every=(0.5, 1.0), latency_ms=(5.0, 60.0), deadline=40.0)
+# The short profile has few runaway jobs, so they misbehave more often (a few per run).
+SHORT_PROFILE = Profile(jobs=600, kill_every=(0.5, 1.0), latency_ms=(5.0, 60.0), deadline=40.0,
+                        hang_rate=0.06, ignore_cancel_rate=0.04)

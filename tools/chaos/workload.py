@@ -1,6 +1,7 @@
-"""The chaos pipeline: three stages whose handlers fail, defer and write side effects
-at random, and the harness's own tables and triggers that record every claim,
-settle, deferral, handler run and give-up hook as it happens."""
+"""The chaos pipeline: four stages whose handlers fail, defer and write side effects
+at random (one, ``runaway``, also overruns its deadline or ignores its cancellation),
+and the harness's own tables and triggers that record every claim, settle, deferral,
+handler run and give-up hook as it happens."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from .profile import Profile
 
 AnyConn = psycopg.AsyncConnection[Any]
 
-STAGES = ("draft", "enrich", "search")  # runner order: the work-generating stage last
+STAGES = ("draft", "enrich", "runaway", "search")  # runner order: the work-generating stage last
 
 
 # The harness's own tables, in the chaos schema next to rota's. Triggers log every
@@ -69,7 +70,9 @@ CREATE TABLE {schema}.chaos_log (
     new_locked timestamptz,
     attempts   int NOT NULL,
     deferred   boolean NOT NULL,
+    released   boolean NOT NULL,  -- handed back unstarted: the claim's attempt returned
     run_id     uuid,
+    last_error text,
     app        text NOT NULL,
     at         timestamptz NOT NULL DEFAULT clock_timestamp()
 );
@@ -83,10 +86,13 @@ BEGIN
        OR NEW.claim_token IS DISTINCT FROM OLD.claim_token
        OR NEW.deferrals <> OLD.deferrals THEN
         INSERT INTO {schema}.chaos_log (job_id, old_status, new_status, old_token,
-            new_token, old_locked, new_locked, attempts, deferred, run_id, app)
+            new_token, old_locked, new_locked, attempts, deferred, released, run_id,
+            last_error, app)
         VALUES (NEW.id, OLD.status, NEW.status, OLD.claim_token, NEW.claim_token,
             OLD.locked_at, NEW.locked_at, NEW.attempts, NEW.deferrals > OLD.deferrals,
-            NEW.run_id, current_setting('application_name'));
+            OLD.status = 'running' AND NEW.status = 'pending'
+                AND NEW.attempts < OLD.attempts AND NEW.deferrals = OLD.deferrals,
+            NEW.run_id, NEW.last_error, current_setting('application_name'));
     END IF;
     RETURN NULL;
 END
@@ -137,6 +143,13 @@ class LostJob(Exception):
     """A transactional handler found its claim lost: roll its writes back."""
 
 
+def cut_at_deadline(ctx: JobContext) -> bool:
+    """Whether a handler cancelled now was cut at its deadline (the stage's timeout or
+    the run's hard deadline, on the event loop's monotonic clock) rather than cancelled
+    by its run ending in error around it."""
+    return ctx.deadline is not None and time.monotonic() >= ctx.deadline - 0.05
+
+
 # -- the application the workers run ------------------------------------------------
 
 
@@ -152,6 +165,13 @@ class Handlers:
       (``ctx.complete(conn=...)``): exactly once, whatever is killed.
     - ``search`` enqueues two draft jobs, writes its effect and completes, in one
       transaction: the drafts exist if and only if the search is done.
+    - ``runaway`` is ``enrich`` with a short timeout (``profile.runaway_timeout``), but
+      about ``hang_rate`` of its calls sleep an hour and ``ignore_cancel_rate`` swallow
+      their cancellation in a loop (bounded: they give up a second after the platform
+      timeout, so the worker can still stop), both before the effect. A handler cut at
+      its deadline records the outcome ``timed_out`` at the cut; one that ignores the
+      cut records ``ignored_cancel`` at the first cancellation (the runner abandons it
+      at the run's hard deadline; the checks take that as its end).
     """
 
     def __init__(self, schema: str, worker: str, profile: Profile, seed: int) -> None:
@@ -160,6 +180,7 @@ class Handlers:
         self.profile = profile
         self.rng = random.Random(seed)
         self._pending: set[asyncio.Future[None]] = set()  # end records being written
+        self._ended_early: set[Any] = set()  # claims whose end a runaway recorded itself
 
     def q(self, text: str) -> sql.Composed:
         return sql.SQL(text).format(schema=self.schema)
@@ -169,6 +190,9 @@ class Handlers:
             Stage("draft", 5, 3, self.tracked(self._draft), max_attempts=2,
                   on_give_up=self.refund),
             Stage("enrich", 10, 4, self.tracked(self._enrich), on_give_up=self.refund),
+            Stage("runaway", 4, 2, self.tracked(self._runaway), max_attempts=3,
+                  on_give_up=self.refund,
+                  timeout=timedelta(seconds=self.profile.runaway_timeout)),
             Stage("search", 2, 2, self.tracked(self._search), on_give_up=self.refund),
         ]
 
@@ -196,20 +220,29 @@ class Handlers:
             except LostJob:
                 outcome = "lost"
                 raise
-            except asyncio.CancelledError:  # the run ended in error around it
-                outcome = "cancelled"
+            except asyncio.CancelledError:
+                # Cut at its deadline: a legitimate end, at the cut. Otherwise the run
+                # ended in error around it.
+                outcome = "timed_out" if cut_at_deadline(ctx) else "cancelled"
                 raise
             finally:
-                # The moment it stopped, written when the database can take it: a run
-                # cut off by the restart cancels its handlers, and the write must
-                # neither be lost to that cancellation nor make the end look later.
-                ended = datetime.now(UTC)
-                end = asyncio.ensure_future(self._record_end(ctx, key, outcome, ended))
-                self._pending.add(end)
-                end.add_done_callback(self._pending.discard)
-                await asyncio.shield(end)
+                if job.claim_token in self._ended_early:  # a runaway said when it was cut
+                    self._ended_early.discard(job.claim_token)
+                else:
+                    # The moment it stopped, written when the database can take it: a
+                    # run cut off by the restart cancels its handlers, and the write must
+                    # neither be lost to that cancellation nor make the end look later.
+                    await asyncio.shield(self._end(ctx, key, outcome))
 
         return handler
+
+    def _end(self, ctx: JobContext, key: dict[str, Any], outcome: str) -> asyncio.Future[None]:
+        """Record a handler's end as of now, in a task of its own (kept referenced)."""
+        ended = datetime.now(UTC)
+        end = asyncio.ensure_future(self._record_end(ctx, key, outcome, ended))
+        self._pending.add(end)
+        end.add_done_callback(self._pending.discard)
+        return end
 
     async def _record_end(self, ctx: JobContext, key: dict[str, Any], outcome: str,
                           ended: datetime) -> None:
@@ -241,6 +274,34 @@ class Handlers:
             await conn.execute(self.q(EFFECT), self._effect_params(ctx))
         await self._sleep()
         ctx.count("channels_enriched")
+
+    async def _runaway(self, ctx: JobContext) -> None:
+        roll = self.rng.random()
+        if roll < self.profile.hang_rate:
+            await asyncio.sleep(3600)  # cut at the stage's timeout
+        elif roll < self.profile.hang_rate + self.profile.ignore_cancel_rate:
+            await self._ignore_cancellation(ctx)
+        await self._enrich(ctx)
+
+    async def _ignore_cancellation(self, ctx: JobContext) -> None:
+        """Swallow every cancellation until a second after the platform timeout (the
+        runner abandons the job at its run's hard deadline; asyncio.run's cancellation
+        at the worker's exit is swallowed too, so the bound lets the process stop), then
+        let the last one through. The end is recorded at the first cancellation."""
+        job = ctx.job
+        key = {"job_id": job.id, "claim_token": job.claim_token}
+        until = time.monotonic() + self.profile.platform_timeout + 1
+        cancelled = False
+        while (left := until - time.monotonic()) > 0:
+            try:
+                await asyncio.sleep(left)
+            except asyncio.CancelledError:
+                if not cancelled:
+                    cancelled = True
+                    self._ended_early.add(job.claim_token)
+                    self._end(ctx, key, "ignored_cancel")
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _draft(self, ctx: JobContext) -> None:
         async with ctx.connection() as conn, conn.transaction():

@@ -52,7 +52,9 @@ class HostsReport:
 async def check_hosts(conn: AnyConn, schema: str, chaos: Report, out: HostsOutcome,
                       hosts: int) -> HostsReport:
     r = HostsReport(chaos, hosts=hosts)
-    jobs = {j["id"]: j for j in await _rows(conn, schema, "SELECT * FROM {schema}.jobs")}
+    # Only readable columns: the chaos run's poison rows hold a created_at in year 10193.
+    jobs = {j["id"]: j for j in await _rows(
+        conn, schema, "SELECT id, status, last_error FROM {schema}.jobs")}
     log = await _rows(conn, schema, "SELECT * FROM {schema}.chaos_log ORDER BY id")
     handler_of = {h["claim_token"]: h for h in await _rows(
         conn, schema, "SELECT * FROM {schema}.chaos_handler_runs")}
@@ -61,7 +63,9 @@ async def check_hosts(conn: AnyConn, schema: str, chaos: Report, out: HostsOutco
         LEFT JOIN {schema}.chaos_run_owner o ON o.run_id = r.id""")
     claims = [x for x in log if x["new_token"] is not None and x["new_token"] != x["old_token"]]
     claim_of = {x["new_token"]: x for x in claims}
-    settles = [x for x in log if x["old_token"] is not None and x["new_token"] is None]
+    # A claim ends when its job leaves `running` (its token stays on the row).
+    settles = [x for x in log if x["old_status"] == "running"
+               and x["new_status"] != "running" and x["old_token"] is not None]
     settle_of = {x["old_token"]: x for x in settles}
     reclaims = [x for x in claims if x["old_status"] == "running"]
 

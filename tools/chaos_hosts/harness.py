@@ -313,8 +313,8 @@ class HostsHarness(Harness):
 
     def progress_query(self) -> sql.Composed:
         # A job whose last attempt's run was cut off (by the restart, a kill or a cut)
-        # stays running until the stuck-jobs sweep, which `rota worker` runs when it
-        # starts and then daily: counted apart, for the final drain's maintenance.
+        # stays running until the stuck-jobs sweep (`rota worker` runs it every
+        # minute): counted apart, so the phase can end; the final drain sweeps it.
         return sql.SQL(
             "SELECT CASE WHEN status = 'running' AND attempts >= max_attempts "
             "AND locked_at < now() - {} THEN 'stuck' ELSE status END, count(*) "

@@ -4,16 +4,17 @@ app's pipeline, and the checks long-running modes make before they start."""
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import importlib
 import inspect
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -27,6 +28,41 @@ from .errors import CliConfigError, is_database_error
 
 #: Seconds the CLI waits for a database connection before calling it unreachable.
 CONNECT_TIMEOUT = 10
+#: Seconds tasks still running after a command's work are given to stop when cancelled.
+LEFTOVER_GRACE = 0.25
+
+T = TypeVar("T")
+
+
+def run_async(main: Coroutine[Any, Any, T], *, grace: float = LEFTOVER_GRACE) -> T:
+    """Run a long-running command's coroutine (``rota run``, ``rota worker``) like
+    ``asyncio.run``, except at the end: tasks still running are cancelled and given
+    ``grace`` seconds, then left behind, so the process exits. ``asyncio.run`` waits for
+    them without limit, and a handler that ignores its cancellation (which the run
+    already cut and settled: docs/design.md, "Handler deadlines") would hold the
+    process past its platform timeout.
+
+    Returns:
+        What ``main`` returned.
+
+    Raises:
+        What ``main`` raised (``asyncio.CancelledError`` when it was cancelled).
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            leftover = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in leftover:
+                task.cancel()
+            if leftover:
+                loop.run_until_complete(asyncio.wait(leftover, timeout=grace))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 def load_app(spec: str) -> Callable[..., Any]:

@@ -20,6 +20,7 @@ from ..errors import (
     first_line,
 )
 from ..redact import redact
+from ..store import is_connection_failure
 from .output import safe_text
 
 
@@ -43,24 +44,8 @@ class CliConfigError(CliError):
     exit_code = 2
 
 
-#: SQLSTATEs (besides class 08, "connection exception") that mean the server went away
-#: or would not take the connection: shutdown, crash, starting up, too many connections.
-_CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
-
 #: SQLSTATE classes of values the database cannot store: a bad flag value (exit 2).
 _INPUT_SQLSTATE_CLASSES = ("22", "54")
-
-
-def is_connection_failure(exc: BaseException) -> bool:
-    """Whether a database error means no connection could be made or it was lost (as
-    opposed to the database refusing a statement, for example a value too large for an
-    index, which is an ``OperationalError`` in psycopg too)."""
-    if isinstance(exc, PoolTimeout):
-        return True
-    if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        return False
-    state = exc.sqlstate
-    return state is None or state.startswith("08") or state in _CONNECTION_SQLSTATES
 
 
 def as_cli_error(exc: Exception) -> CliError | None:

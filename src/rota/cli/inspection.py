@@ -12,7 +12,7 @@ import psycopg
 from rich.table import Table
 
 from .. import admin, db
-from .app import CONNECT_TIMEOUT, load_pipeline, open_queue
+from .app import CONNECT_TIMEOUT, build_pipeline, load_pipeline, open_queue
 from .options import json_option, make_target, target_options
 from .output import (
     add_row,
@@ -32,7 +32,9 @@ from .output import (
 @json_option
 def migrate(database_url: str | None, schema: str | None, app_spec: str | None,
             as_json: bool) -> None:
-    """Apply missing migrations (safe to run concurrently)."""
+    """Apply missing migrations (safe to run concurrently). With an app, then publish
+    its queue settings (its stages' max_attempts included) for the SQL functions
+    enqueue and enqueue_many."""
     target = make_target(database_url, schema, app_spec)
 
     async def go() -> list[int]:
@@ -40,7 +42,12 @@ def migrate(database_url: str | None, schema: str | None, app_spec: str | None,
         settings = target.settings()
         async with await psycopg.AsyncConnection.connect(
                 url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
-            return await with_progress(db.migrate(conn, settings.schema), "migrating")
+            applied = await with_progress(db.migrate(conn, settings.schema), "migrating")
+        if target.app is not None:
+            async with open_queue(target) as queue:
+                await build_pipeline(target, queue)  # registers its stages' max_attempts
+                await queue.publish_settings()
+        return applied
 
     applied = asyncio.run(go())
     if as_json:

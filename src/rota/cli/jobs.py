@@ -8,16 +8,18 @@ import json
 import sys
 from collections.abc import Callable
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, TypeVar
 
 import click
 from rich.table import Table
 
 from .. import admin
-from ..job import Job
+from ..errors import first_line
+from ..job import Job, too_deep
 from ..plans import Plans
 from .app import Target, build_pipeline, open_queue
-from .errors import CliConfigError, RotaGroup
+from .errors import RotaGroup
 from .options import json_option, make_target, target_options, wants_json
 from .output import add_row, console, emit_json, safe_text, short, utc_time
 
@@ -70,13 +72,19 @@ def _read_payload_text(value: str) -> str:
 
 
 def _parse_payload(ctx: click.Context, param: click.Parameter, value: str) -> Any:
+    """The payload as typed: numbers with a fraction or an exponent are read as Decimals
+    (a float would round ``12345678901234567.89``), which the queue stores digit for
+    digit (docs/design.md, "Enqueue")."""
     text = _read_payload_text(value)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_float=Decimal)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not valid JSON: {exc}") from None
-    except RecursionError:
-        raise click.BadParameter("JSON nested too deeply") from None
+    except RecursionError:  # deeper than the queue would accept: say it as it does
+        raise too_deep() from None
+    except ValueError as exc:  # an integer past Python's 4,300-digit conversion limit
+        reason = first_line(exc).split(";")[0]  # not Python's advice to raise the limit
+        raise click.BadParameter(f"cannot read the JSON: {reason}") from None
 
 
 @click.command()
@@ -103,12 +111,9 @@ def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
             if target.app is not None:
                 # The stages' settings (max_attempts) apply to what is enqueued.
                 await build_pipeline(target, queue)
-            try:
-                return await queue.enqueue(job_type, payload, group_id=group_id,
-                                           dedupe_key=dedupe_key, run_after=run_after,
-                                           max_attempts=max_attempts)
-            except RecursionError:
-                raise CliConfigError("payload nested too deeply to store") from None
+            return await queue.enqueue(job_type, payload, group_id=group_id,
+                                       dedupe_key=dedupe_key, run_after=run_after,
+                                       max_attempts=max_attempts)
 
     job = asyncio.run(go())
     if as_json:
@@ -130,7 +135,7 @@ async def _page(target: Target, **filters: Any) -> admin.JobPage:
 
 
 def _json_rows(page: admin.JobPage) -> list[dict[str, Any]]:
-    return [{
+    rows: list[dict[str, Any]] = [{
         "id": j.id, "type": j.type, "group_id": j.group_id, "plan": _plan_of(page, j),
         "status": j.status, "attempts": j.attempts, "max_attempts": j.max_attempts,
         "deferrals": j.deferrals, "run_after": j.run_after, "locked_at": j.locked_at,
@@ -138,6 +143,17 @@ def _json_rows(page: admin.JobPage) -> list[dict[str, Any]]:
         "last_error": j.last_error, "dedupe_key": j.dedupe_key,
         "give_up_pending": j.give_up_pending,
     } for j in page.jobs]
+    # A row that cannot be read is listed by id with what could not be read, in its
+    # place: one bad row never hides the page (docs/design.md, "Bad data belongs to its job").
+    rows += [{"id": u.job_id, "unreadable": u.problems} for u in page.unreadable]
+    return sorted(rows, key=lambda r: -r["id"])
+
+
+def _unreadable_rows(table: Table, page: admin.JobPage, columns: int) -> None:
+    for u in page.unreadable:
+        detail = "; ".join(f"{k}: {v}" for k, v in u.problems.items())
+        add_row(table, u.job_id, *(["?"] * (columns - 2)), f"unreadable: {detail}",
+                style="red")
 
 
 def _plan_of(page: admin.JobPage, job: Job) -> str | None:
@@ -191,7 +207,7 @@ def jobs(ctx: click.Context, database_url: str | None, schema: str | None,
         _next_page(page, as_json)
         return
     plans = target.plans()
-    table = Table(title=f"jobs ({len(page.jobs)} shown)")
+    table = Table(title=f"jobs ({len(page.jobs) + len(page.unreadable)} shown)")
     for col in ("id", "type", "group", "plan", "status", "attempts", "deferrals",
                 "run after (UTC)", "last error"):
         table.add_column(col, overflow="fold")
@@ -200,6 +216,7 @@ def jobs(ctx: click.Context, database_url: str | None, schema: str | None,
                 _plan_name(plans, _plan_of(page, j), j.group_id), j.status,
                 f"{j.attempts}/{j.max_attempts}", j.deferrals, utc_time(j.run_after),
                 short(j.last_error))
+    _unreadable_rows(table, page, 9)
     console().print(table)
     _next_page(page, as_json)
 
@@ -220,7 +237,7 @@ def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | No
         emit_json(_json_rows(page))
         _next_page(page, as_json)
         return
-    table = Table(title=f"failed jobs ({len(page.jobs)} shown)")
+    table = Table(title=f"failed jobs ({len(page.jobs) + len(page.unreadable)} shown)")
     for col in ("id", "type", "group", "attempts", "finished (UTC)", "give-up hook",
                 "last error"):
         table.add_column(col, overflow="fold")
@@ -228,6 +245,7 @@ def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | No
         add_row(table, j.id, j.type, j.group_id or "—", f"{j.attempts}/{j.max_attempts}",
                 utc_time(j.finished_at), "owed" if j.give_up_pending else "ran",
                 j.last_error or "")
+    _unreadable_rows(table, page, 7)
     console().print(table)
     _next_page(page, as_json)
 

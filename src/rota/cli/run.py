@@ -15,8 +15,16 @@ import psycopg
 from rich.table import Table
 
 from ..queue import Queue
+from ..settings import DEFAULT_PLATFORM_TIMEOUT
 from ..web import HEALTHY_STOP_REASONS
-from .app import CONNECT_TIMEOUT, check_budget, load_pipeline, open_queue, require_migrated
+from .app import (
+    CONNECT_TIMEOUT,
+    check_budget,
+    load_pipeline,
+    open_queue,
+    require_migrated,
+    run_async,
+)
 from .options import POSITIVE_SECONDS, json_option, make_target, target_options
 from .output import (
     add_row,
@@ -53,8 +61,9 @@ def run(database_url: str | None, schema: str | None, app_spec: str | None,
         budget: float, as_json: bool) -> None:
     """Run the pipeline once within the budget (for a CronJob or a systemd timer).
 
-    Exits 1 when the run stopped with `error`; 2 when it could not start (bad app or
-    budget, database unreachable)."""
+    The run ends before the app's platform timeout whatever its handlers do (each is
+    cancelled at its deadline). Exits 1 when the run stopped with `error`; 2 when it
+    could not start (bad app or budget, database unreachable)."""
     target = make_target(database_url, schema, app_spec)
     target.require_app()
 
@@ -66,7 +75,7 @@ def run(database_url: str | None, schema: str | None, app_spec: str | None,
                 pipeline.run(trigger="cli", time_budget=timedelta(seconds=budget)),
                 "running the pipeline", budget)
 
-    result = asyncio.run(go())
+    result = run_async(go())
     row = _run_row(result)
     if as_json:
         emit_json(row)
@@ -89,16 +98,23 @@ def run(database_url: str | None, schema: str | None, app_spec: str | None,
                                       "platform timeout).")
 @click.option("--idle-poll", type=POSITIVE_SECONDS, default=5.0, show_default=True,
               metavar="SECONDS", help="Longest sleep without asking the database.")
-@click.option("--no-maintenance", is_flag=True, help="Do not run daily maintenance.")
+@click.option("--no-maintenance", is_flag=True,
+              help="Do not run maintenance: neither the daily run nor the stuck-job "
+                   "rescue every minute.")
 def worker(database_url: str | None, schema: str | None, app_spec: str | None,
            budget: float, idle_poll: float, no_maintenance: bool) -> None:
     """Run the pipeline back to back; sleep until the next job is due, wake on enqueue.
 
-    On SIGINT or SIGTERM it lets the current run finish (at most its budget, plus the
-    jobs in flight) and then exits 0, starting no new run or maintenance. A second
-    signal stops at once (exit 130): the current run's unstarted jobs are deferred
-    back, and its jobs in flight are failed (the claim already counted the attempt),
-    so they are retried after their backoff, or give up if it was their last attempt.
+    On SIGINT or SIGTERM the current run claims nothing more, lets the jobs in flight
+    finish (each within its handler deadline, so within the platform timeout), hands
+    its unstarted jobs back as they were, and the worker exits 0, starting no new run
+    or maintenance. A second signal stops at once (exit 130): the current run's
+    unstarted jobs are handed back, and its jobs in flight are failed (the claim
+    already counted the attempt), so they are retried after their backoff, or give up
+    if it was their last attempt.
+
+    Between runs it fails stuck jobs every minute; full maintenance (killed runs,
+    pruning) runs daily.
 
     Exits 2 at start, before looping, when the app or its settings are wrong, the
     budget is not below the app's platform timeout, the database is unreachable or its
@@ -138,6 +154,7 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
             w = Worker(pipeline, queue=queue, idle_poll=timedelta(seconds=idle_poll),
                        time_budget=timedelta(seconds=budget),
                        maintain_every=None if no_maintenance else timedelta(days=1),
+                       rescue_every=None if no_maintenance else timedelta(minutes=1),
                        on_run=report)
             if stop.is_set():
                 return
@@ -145,7 +162,7 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
             await w.run_forever(stop)
 
     try:
-        asyncio.run(go())
+        run_async(go())
     except asyncio.CancelledError:
         sys.exit(130)
     click.echo("worker stopped", err=True)
@@ -164,6 +181,10 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
           host: str, port: int, budget: float, metrics: bool) -> None:
     """Serve GET /api/cron under uvicorn (the secret comes from CRON_SECRET).
 
+    rota's own log lines (refused requests, run outcomes) go to stderr with uvicorn's.
+    On SIGTERM it stops taking requests and exits once the run in flight has ended,
+    which it does before the app's platform timeout.
+
     Exits 2 at start when the app or its settings are wrong, the budget is not below
     the app's platform timeout, the database is unreachable or its schema is not
     migrated."""
@@ -176,7 +197,7 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
     url = target.url()
     queue = Queue(url, **target.queue_settings())
 
-    async def check() -> Any:
+    async def check() -> tuple[Any, Any]:
         async with await psycopg.AsyncConnection.connect(
                 url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
             await require_migrated(queue, conn)
@@ -184,9 +205,10 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
         # on every cron request.
         made, pipeline = await load_pipeline(target, queue)
         check_budget(pipeline, budget)
-        return made
+        return made, pipeline
 
-    made = asyncio.run(check())
+    made, pipeline = asyncio.run(check())
+    log_to_stderr()
     secret = os.environ.get("CRON_SECRET")
     if usable_secret(secret) is None:
         click.echo("warning: CRON_SECRET is not set: /api/cron will refuse every request",
@@ -196,4 +218,7 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
         from ..web.metrics import mount_metrics
         mount_metrics(app, queue, pipeline=made, host=host,
                       secret=os.environ.get("ROTA_DASHBOARD_SECRET"))
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    platform_timeout = getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT)
+    # A run in flight ends before its platform timeout; uvicorn waits no longer for it.
+    uvicorn.run(app, host=host, port=port, log_level="info",
+                timeout_graceful_shutdown=max(1, int(platform_timeout.total_seconds())))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 
 from ..checks import storable_text
 from ..queue import Queue
-from .context import JobContext
+from .context import JobContext, RunState, retrying
 
 
 class Completer:
@@ -15,10 +16,12 @@ class Completer:
     ``complete_many`` statement for whatever has finished since the previous one was
     sent (group commit). A lone job is completed at once, as before; jobs that finish
     while a statement is in flight go together in the next one, so a batch of fast
-    handlers costs one or two statements instead of one per job."""
+    handlers costs one or two statements instead of one per job. A statement whose
+    connection fails is sent again (docs/design.md, "Settling twice")."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue, run: RunState) -> None:
         self.queue = queue
+        self.run = run
         self.pending: list[JobContext] = []
         self.task: asyncio.Task[None] | None = None
 
@@ -35,7 +38,9 @@ class Completer:
     async def _flush(self) -> None:
         while self.pending:
             batch, self.pending = self.pending, []
-            oks = await self.queue.complete_many([c.job for c in batch])
+            oks = await retrying(
+                functools.partial(self.queue.complete_many, [c.job for c in batch]),
+                self.run, "complete")
             for c, ok in zip(batch, oks, strict=True):
                 c._settle("done" if ok else "lost")
 

@@ -5,32 +5,58 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
+import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from ..checks import require_text
-from ..errors import InvalidInput
+from psycopg_pool import PoolTimeout
+
+from ..checks import INT_MAX, require_text, storable_text
+from ..errors import InvalidInput, first_line
 from ..job import DeferJob, FailOutcome, Job
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
+from ..store import is_connection_failure
 from .stage import Outcome, Stage
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
 
+log = logging.getLogger("rota.runner")
+T = TypeVar("T")
+
+# Waits between attempts of a settlement (complete, fail, defer, release) whose
+# connection failed: repeated under the same claim it answers what the first one did
+# (docs/design.md, "Settling twice"), so retrying is safe. About 3.5 s in all.
+_SETTLE_RETRY_DELAYS = (0.1, 0.4, 1.0, 2.0)
+# A counter saturates here instead of growing into a value JSON or jsonb cannot hold
+# (an int past 4,300 digits, a float past 1.8e308).
+_COUNTER_MAX = float(sys.float_info.max)
+_INT_COUNTER_MAX = 2**63 - 1
+
 
 class RunState:
-    """One run's mutable state: counters, the claims it holds, skipped stages."""
+    """One run's mutable state: counters, the claims it holds, skipped stages, and its
+    two deadlines on the event loop's clock: ``deadline`` (the budget: no claim after
+    it) and ``hard_deadline`` (every handler is cut by then, so the run ends before
+    the platform timeout: docs/design.md, "Handler deadlines")."""
 
-    def __init__(self, run_id: uuid.UUID, trigger: str, budget: timedelta) -> None:
+    def __init__(self, run_id: uuid.UUID, trigger: str, budget: timedelta,
+                 hard_limit: timedelta | None = None,
+                 stop: asyncio.Event | None = None) -> None:
         self.id = run_id
         self.trigger = trigger
-        self.deadline = time.monotonic() + budget.total_seconds()
+        now = time.monotonic()
+        self.deadline = now + budget.total_seconds()
+        self.hard_deadline = now + (hard_limit or budget).total_seconds()
+        self.stop = stop
+        self.ended = False  # the end is recorded: nothing else saves the row
         self.jobs_done = 0
         self.jobs_failed = 0
         self.jobs_deferred = 0
@@ -44,18 +70,67 @@ class RunState:
         self.saved_at = -1e9  # monotonic time of the last save of the runs row
 
     def time_left(self) -> float:
+        """Seconds left in the budget (0 once it is spent or a stop was asked for)."""
+        if self.stop is not None and self.stop.is_set():
+            return 0.0
         return max(self.deadline - time.monotonic(), 0.0)
 
     def out_of_time(self) -> bool:
-        return time.monotonic() >= self.deadline
+        """Whether no more batches may be claimed: the budget is spent, or the run was
+        asked to stop (a worker's SIGTERM)."""
+        return (time.monotonic() >= self.deadline
+                or (self.stop is not None and self.stop.is_set()))
+
+    def past_hard_deadline(self) -> bool:
+        return time.monotonic() >= self.hard_deadline
 
     def add(self, name: str, n: int | float = 1) -> None:
-        self.summary[name] = self.summary.get(name, 0) + n
+        """Add to a summary counter, saturating (see :func:`saturated`)."""
+        self.summary[name] = saturated(self.summary.get(name, 0) + n)
 
     def save_params(self) -> dict[str, Any]:
-        return {"id": self.id, "jobs_done": self.jobs_done, "jobs_failed": self.jobs_failed,
-                "jobs_deferred": self.jobs_deferred, "quota_units": self.quota_units,
-                "summary": json.dumps(self.summary, sort_keys=True)}
+        """The runs row's values as the statement takes them. Whatever a handler
+        counted, they are storable: integer columns capped at their ceiling, the
+        summary's names made valid text and its numbers finite (docs/design.md, "Bad
+        data belongs to its job": a counter must not leave the run unfinished)."""
+        summary = {storable_text(str(k)): saturated(v) for k, v in self.summary.items()}
+        return {"id": self.id, "jobs_done": min(self.jobs_done, INT_MAX),
+                "jobs_failed": min(self.jobs_failed, INT_MAX),
+                "jobs_deferred": min(self.jobs_deferred, INT_MAX),
+                "quota_units": min(self.quota_units, INT_MAX),
+                "summary": json.dumps(summary, sort_keys=True, allow_nan=False)}
+
+
+def saturated(value: int | float) -> int | float:
+    """A counter's value kept storable in the runs row's jsonb: ints within ±(2**63-1),
+    floats finite (an overflow to infinity stops at the largest float; NaN, which only
+    infinities make, counts as 0)."""
+    if isinstance(value, int):
+        return max(-_INT_COUNTER_MAX, min(value, _INT_COUNTER_MAX))
+    if math.isnan(value):
+        return 0.0
+    return max(-_COUNTER_MAX, min(value, _COUNTER_MAX))
+
+
+async def retrying(call: Callable[[], Awaitable[T]], run: RunState, what: str) -> T:
+    """Run a settlement, again after a failed connection (its reply may have been lost
+    after the server committed: repeated under the same claim it answers what the first
+    did, docs/design.md, "Settling twice"), within about 3.5 s and the run's hard
+    deadline.
+
+    Raises:
+        What the last attempt raised; at once for anything but a connection failure.
+    """
+    for delay in (*_SETTLE_RETRY_DELAYS, None):
+        try:
+            return await call()
+        except Exception as exc:
+            if delay is None or not is_connection_failure(exc) or run.past_hard_deadline():
+                raise
+            log.warning("run %s: %s: %s; retrying", run.id, what,
+                        first_line(exc, with_type=True))
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 class JobContext:
@@ -78,6 +153,12 @@ class JobContext:
         self._pipeline = pipeline
         self.started = False
         self.outcome: Outcome | None = None
+        #: When the handler must be done (event loop clock); None until it starts.
+        self.deadline: float | None = None
+        #: Completed on the handler's own connection: done only once that commits.
+        self.in_caller_tx = False
+        #: The handler could not get a connection from rota's pool (not its failure).
+        self.pool_timed_out = False
 
     @property
     def settled(self) -> bool:
@@ -93,8 +174,12 @@ class JobContext:
         """Add ``n`` to the run summary's counter ``name`` (``"drafts_written"``,
         ``"tokens"``…), saved in the ``runs`` row.
 
+        Counters saturate (an int at ±(2**63-1), a float at the largest finite float)
+        rather than grow past what the runs row can store.
+
         Raises:
-            InvalidInput: empty name, or ``n`` not a finite int/float.
+            InvalidInput: an empty, over-long (512 UTF-8 bytes) or unstorable name (NUL,
+                lone surrogate), or ``n`` not a finite int/float.
         """
         require_text(name, "counter name")
         if (not isinstance(n, int | float) or isinstance(n, bool)
@@ -106,9 +191,25 @@ class JobContext:
     async def connection(self) -> AsyncIterator[AnyConn]:
         """A connection from the queue's pool for the handler's own queries (committed
         on exit for a pool that is not autocommit). Do not hold it across slow calls:
-        connections are shared by all jobs in flight."""
-        async with self.queue.connection() as conn:
+        connections are shared by all jobs in flight.
+
+        When none can be had in the pool's timeout, ``psycopg_pool.PoolTimeout`` is
+        raised; let it propagate: the runner hands the job back as it was (no attempt
+        burned), since a missing connection is rota's failure, not the job's
+        (docs/design.md, "Connections")."""
+        try:
+            cm = self.queue.connection()
+            conn = await cm.__aenter__()
+        except PoolTimeout:
+            self.pool_timed_out = True
+            raise
+        try:
             yield conn
+        except BaseException as exc:
+            if not await cm.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await cm.__aexit__(None, None, None)
 
     async def spend(self, quota: Quota | Allowance | str, units: int = 1) -> int | None:
         """Spend units of a shared quota, or of the job's owner's allowance, atomically
@@ -161,15 +262,26 @@ class JobContext:
 
         Args:
             conn: complete inside the handler's own transaction, so the job is done
-                if and only if the handler's writes commit. If that transaction rolls
-                back, the job stays running under this claim until its lock goes
-                stale; prefer raising in that case.
+                if and only if the handler's writes commit. The run counts it done only
+                once the handler has returned and the runner has read it done under
+                this claim; if that transaction did not commit (a deferred constraint
+                failed at COMMIT, a rollback), the job fails with the error the handler
+                raised (or "the transaction that completed the job did not commit"), and
+                retries with backoff (docs/design.md, "Counters show what committed").
 
         Returns:
-            ``False`` when this run lost the job (reclaimed after a stale lock).
+            ``False`` when this run lost the job (reclaimed after a stale lock); with
+            ``conn``, ``True`` means the statement matched in that transaction.
         """
         self._check_unsettled()
-        ok = await self.queue.complete(self.job, conn=conn)
+        if conn is not None:
+            ok = await self.queue.complete(self.job, conn=conn)
+            if ok:
+                self.in_caller_tx = True
+            else:
+                self._settle("lost")
+            return ok
+        ok = await retrying(lambda: self.queue.complete(self.job), self._run, "complete")
         self._settle("done" if ok else "lost")
         return ok
 
@@ -177,7 +289,7 @@ class JobContext:
         """Record a failed attempt now (retry with backoff, or failed with give-up
         hook); see :meth:`rota.Queue.fail`."""
         self._check_unsettled()
-        outcome = await self.queue.fail(self.job, error)
+        outcome = await retrying(lambda: self.queue.fail(self.job, error), self._run, "fail")
         self._settle(outcome)
         return outcome
 
@@ -193,14 +305,15 @@ class JobContext:
             NaiveDatetimeError: ``until`` has no time zone.
         """
         self._check_unsettled()
-        ok = await self.queue.defer(self.job, await self._after_this_run(until)) == 1
+        when = await self._after_this_run(until)
+        ok = await retrying(lambda: self.queue.defer(self.job, when), self._run,
+                            "defer") == 1
         if ok:
             self._settle("deferred")
         else:
-            now = await self.queue.get_job(self.job.id)
-            gave_up = (now is not None and now.status == "failed"
-                       and now.run_id == self.run_id)
-            self._settle("failed" if gave_up else "lost")
+            states = await retrying(lambda: self.queue.claim_states([self.job]),
+                                    self._run, "defer")
+            self._settle("failed" if states.get(self.job.id) == "failed" else "lost")
         return ok
 
     async def _after_this_run(self, until: datetime | None) -> datetime | None:
@@ -215,6 +328,9 @@ class JobContext:
     def _check_unsettled(self) -> None:
         if self.outcome is not None:
             raise InvalidInput(f"job {self.job.id} is already settled ({self.outcome})")
+        if self.in_caller_tx:
+            raise InvalidInput(f"job {self.job.id} is already completed in the handler's "
+                               f"transaction")
 
     def _settle(self, outcome: Outcome) -> None:
         self.outcome = outcome
@@ -228,6 +344,8 @@ class JobContext:
             run.jobs_deferred += 1
         elif outcome == "retry":
             run.add("retries")
+        elif outcome == "released":
+            run.add("released")
         else:
             run.add("lost")
 

@@ -7,10 +7,11 @@ first stage that has work, runs it with the stage's concurrency, and starts agai
 the top, until there is no work, the time budget is spent, or only quota-blocked work is
 left. Handlers get a :class:`JobContext`.
 
-One piece (about 530 lines): the loop, the prefetch, the heartbeat, the quota skip and
-the runs-row saves all read and write one :class:`RunState` under one time budget, and
-their order is the run's correctness (a batch is claimed only after the previous
-completion was handed over; unstarted jobs go back before the end is recorded).
+One piece (about 750 lines): the loop, the prefetch, the heartbeat, the handler
+deadlines, the quota skip and the runs-row saves all read and write one
+:class:`RunState` under one time budget, and their order is the run's correctness (a
+batch is claimed only after the previous completion was handed over; unstarted jobs go
+back before the end is recorded; nothing outlives the hard deadline).
 """
 
 from __future__ import annotations
@@ -25,17 +26,19 @@ from collections.abc import Awaitable, Iterable, Sequence
 from datetime import datetime, timedelta
 
 import psycopg
+from psycopg_pool import PoolTimeout
 
 from ..checks import require_duration
-from ..errors import ConfigError, InvalidInput
+from ..errors import ConfigError, InvalidInput, first_line
 from ..job import DeferJob, Job
 from ..maintenance import Maintainer
 from ..queue import AnyConn, Queue
 from ..quota import SHARED_SCOPE, Allowance, Quota, QuotaExhausted
 from ..schedule import Schedule, Scheduler
 from ..settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET
+from ..store import is_connection_failure
 from .completer import Completer, error_text, settle_all
-from .context import JobContext, RunState
+from .context import JobContext, RunState, retrying
 from .stage import (
     TRIGGERS,
     RunResult,
@@ -52,6 +55,26 @@ _END_RETRY_DELAYS = (0.1, 0.4, 1.0, 2.0, 4.0)
 # Between batches the runs row is saved at most this often (seconds); the heartbeat and
 # the end of the run save it too. A save per batch cost a commit per 25 jobs.
 SAVE_EVERY_S = 1.0
+#: Connections the runner itself needs beside its handlers' (docs/design.md,
+#: "Connections"): the claim (or the prefetch) and the completions it overlaps; the
+#: heartbeat and the claim upkeep take turns on them briefly.
+RUNNER_CONNECTIONS = 2
+# The part of the platform timeout kept for settling after the last handlers are cut
+# (failing them, handing back the unstarted, recording the end): a tenth, at least a
+# second, but never more than a quarter nor more than 30 s (30 s of 300 s).
+_SETTLE_RESERVE_SHARE = 0.1
+_SETTLE_RESERVE_MIN = timedelta(seconds=1)
+_SETTLE_RESERVE_MAX = timedelta(seconds=30)
+
+
+# What a run's summary becomes when the runs row refuses it, so its end is recorded.
+_UNSTORABLE = {"summary_unstorable": 1}
+
+
+class RunOverran(Exception):
+    """The run was still busy at its hard deadline (a handler ignored its cancellation,
+    or the database stopped answering): it was cut, its jobs settled, and it ended in
+    error."""
 
 
 class Pipeline:
@@ -72,13 +95,22 @@ class Pipeline:
             due ticks, once across every worker (docs/design.md, "Schedules"); a
             :class:`rota.Worker` wakes in time for the next one. Each one's type must be
             one of the stages'.
+        handler_timeout: how long one handler call may run in stages that set no
+            ``timeout`` (default half the platform timeout); shorter than the platform
+            timeout (docs/design.md, "Handler deadlines").
+
+    The pipeline's pool must hold a connection per concurrent handler plus
+    ``RUNNER_CONNECTIONS`` for the runner (docs/design.md, "Connections"): the queue's
+    own pool is grown to that at the start of a run; a caller's pool that is smaller is
+    refused here.
 
     Raises:
         ConfigError: ``queue.stale_after <= platform_timeout`` ("the stale window is safe
             by construction"), duplicate stage types or quota names, a stage's
             ``max_attempts`` that conflicts with the queue's per-type setting, a bad
-            heartbeat interval, two schedules with one name, or a schedule whose type no
-            stage runs.
+            heartbeat interval, two schedules with one name, a schedule whose type no
+            stage runs, a handler timeout not shorter than the platform timeout, or a
+            caller's pool too small for the stages' concurrency.
         UnknownJobType: a stage's type is not among the queue's declared types.
     """
 
@@ -91,6 +123,7 @@ class Pipeline:
         platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT,
         heartbeat_every: timedelta | None = None,
         schedules: Iterable[Schedule] = (),
+        handler_timeout: timedelta | None = None,
     ) -> None:
         if not isinstance(queue, Queue):
             raise InvalidInput("Pipeline needs a rota.Queue")
@@ -110,6 +143,18 @@ class Pipeline:
         if self.heartbeat_every * 2 > self.platform_timeout:
             raise ConfigError(f"heartbeat_every ({self.heartbeat_every}) must be at most "
                               f"half the platform timeout ({self.platform_timeout})")
+        self.settle_reserve = min(
+            max(self.platform_timeout * _SETTLE_RESERVE_SHARE, _SETTLE_RESERVE_MIN),
+            self.platform_timeout / 4, _SETTLE_RESERVE_MAX)
+        self.handler_timeout = require_duration(
+            handler_timeout if handler_timeout is not None else self.platform_timeout / 2,
+            "handler_timeout")
+        for name, limit in [("handler_timeout", self.handler_timeout),
+                            *((f"stage {s.type!r}: timeout", s.timeout)
+                              for s in self.stages if s.timeout is not None)]:
+            if limit >= self.platform_timeout:
+                raise ConfigError(f"{name} ({limit}) must be shorter than the platform "
+                                  f"timeout ({self.platform_timeout})")
         types = [queue.check_type(s.type) for s in self.stages]
         if len(set(types)) != len(types):
             raise ConfigError(f"duplicate stage types in {types}")
@@ -119,13 +164,18 @@ class Pipeline:
                 raise InvalidInput(f"quotas must be rota.Quota or rota.Allowance, got {q!r}")
             if self._quotas.setdefault(q.name, q) != q:
                 raise ConfigError(f"two different quotas are named {q.name!r}")
+        # Handlers holding a connection while the runner needs one to settle their jobs
+        # would wait on each other until the pool times out, and each timeout cost a
+        # job an attempt (6 of 8 jobs at concurrency = pool size).
+        widest = max(self.stages, key=_handler_slots)
+        self.connections_needed = _handler_slots(widest) + RUNNER_CONNECTIONS
+        if not queue.owns_pool and queue.pool.max_size < self.connections_needed:
+            raise ConfigError(
+                f"stage {widest.type!r}: concurrency {_handler_slots(widest)} needs a pool "
+                f"of at least {self.connections_needed} connections (one per handler and "
+                f"{RUNNER_CONNECTIONS} for the runner); the queue's pool has max_size "
+                f"{queue.pool.max_size}: raise it or lower the concurrency")
         for s in self.stages:
-            if s.concurrency >= queue.pool.max_size:
-                # Handlers holding a connection while the runner needs one to settle
-                # their jobs could wait on each other until the pool times out.
-                log.warning("stage %r: concurrency %d is not below the pool's max_size "
-                            "%d; handlers that hold a connection can starve the runner",
-                            s.type, s.concurrency, queue.pool.max_size)
             if s.max_attempts is not None:
                 current = queue.max_attempts_by_type.get(s.type)
                 if current is not None and current != s.max_attempts:
@@ -163,14 +213,19 @@ class Pipeline:
         time_budget: timedelta = DEFAULT_TIME_BUDGET,
         *,
         maintenance: Maintainer | None = None,
+        stop: asyncio.Event | None = None,
     ) -> RunResult:
         """Run the pipeline once, inside ``time_budget`` (docs/design.md, "The runner").
 
         The loop claims one batch from the first stage that has work (and is not
         blocked by its quota), runs it with the stage's concurrency, then starts again
-        from the top. After the budget no batch is claimed; jobs in flight finish;
-        claimed jobs not yet started are deferred back without burning an attempt. No
-        database transaction is open while a handler runs. Jobs whose handlers return
+        from the top. After the budget (or once ``stop`` is set) no batch is claimed;
+        jobs in flight finish within their handler timeout; claimed jobs not yet
+        started are handed back as they were (attempts and deferrals unchanged). No
+        database transaction is open while a handler runs. Every handler is cancelled
+        by the run's hard deadline, the platform timeout less a reserve for settling,
+        so the run ends before the platform timeout (docs/design.md, "Handler
+        deadlines"). Jobs whose handlers return
         are completed in batches, and a batch's completions are written while the next
         batch is being claimed (the claim counts them as served either way: running
         and done jobs both count).
@@ -185,6 +240,8 @@ class Pipeline:
                 (default 220 s of 300 s; the gap is for finishing what is in flight).
             maintenance: run this first (for example a :class:`rota.Maintenance`); its
                 counters land in the summary as ``maintenance.*``.
+            stop: an event that ends the budget early when set (a worker's SIGTERM):
+                nothing more is claimed, what is in flight finishes.
 
         After maintenance, the pipeline's schedules enqueue their due ticks
         (:meth:`rota.schedule.Scheduler.run_once`; non-zero counters land in the summary
@@ -211,15 +268,17 @@ class Pipeline:
         if time_budget >= self.platform_timeout:
             raise ConfigError(f"time_budget ({time_budget}) must be shorter than the "
                               f"platform timeout ({self.platform_timeout})")
-        run = RunState(uuid.uuid4(), trigger, time_budget)
+        run = RunState(uuid.uuid4(), trigger, time_budget,
+                       self.platform_timeout - self.settle_reserve, stop)
         q = self.queue
         async with q.connection() as c:
             row = await q.store.fetch_one("run_start", {
                 "id": run.id, "trigger": trigger, "offset": q.clock_offset}, conn=c)
         assert row is not None
         started_at: datetime = row[0]
+        await self._size_pool()
         heartbeat = asyncio.create_task(self._heartbeat(run))
-        stop: StopReason
+        reason: StopReason
         error: str | None = None
         try:
             if maintenance is not None:
@@ -229,20 +288,89 @@ class Pipeline:
                 for k, v in (await self.scheduler.run_once()).items():
                     if v:
                         run.add(f"schedules.{k}", v)
-            stop = await self._loop(run)
+            reason = await self._within_deadline(run)
         except asyncio.CancelledError:
             await self._finish_quietly(run, "error", "cancelled")
             raise
+        except RunOverran as exc:  # said and settled in _within_deadline: no traceback
+            log.error("run %s ended in error: %s", run.id, exc)
+            reason, error = "error", error_text(exc)
         except Exception as exc:
             log.exception("run %s ended in error", run.id)
-            stop, error = "error", error_text(exc)
+            reason, error = "error", error_text(exc)
         finally:
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
-        finished_at = await self._save_end(run, stop, error)
-        return RunResult(run.id, trigger, stop, run.jobs_done, run.jobs_failed,
+        finished_at = await self._save_end(run, reason, error)
+        log.info("run %s (%s) stopped %s: %d done, %d failed, %d deferred%s", run.id,
+                 trigger, reason, run.jobs_done, run.jobs_failed, run.jobs_deferred,
+                 f": {error}" if error else "")
+        return RunResult(run.id, trigger, reason, run.jobs_done, run.jobs_failed,
                          run.jobs_deferred, run.quota_units, dict(run.summary), error,
                          started_at, finished_at)
+
+    async def _size_pool(self) -> None:
+        """Grow the queue's own pool to what the stages need (docs/design.md,
+        "Connections"); a caller's pool was checked at construction."""
+        pool = self.queue.pool
+        if self.queue.owns_pool and pool.max_size < self.connections_needed:
+            log.info("growing the queue's pool from %d to %d connections for %s",
+                     pool.max_size, self.connections_needed,
+                     ", ".join(s.type for s in self.stages))
+            await pool.resize(pool.min_size, self.connections_needed)
+
+    async def _within_deadline(self, run: RunState) -> StopReason:
+        """Run the loop, and cut it if it is still busy a quarter of the settle reserve
+        after the hard deadline: every handler was cancelled by that deadline, so only
+        a handler that ignores cancellation (or a database that stopped answering)
+        keeps it. It gets another quarter to stop; then what it held is settled here
+        and the run ends in error, with half the reserve left to record it, before the
+        platform timeout (docs/design.md, "Handler deadlines").
+
+        Raises:
+            RunOverran: the loop had to be cut.
+        """
+        task = asyncio.get_running_loop().create_task(self._loop(run))
+        grace = self.settle_reserve.total_seconds() / 4
+        cut_at = run.hard_deadline + grace
+        try:
+            await asyncio.wait({task}, timeout=max(cut_at - time.monotonic(), 0.0))
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.wait({task}, timeout=grace)
+            if not task.done():
+                await self._abandon(run)
+            raise
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.wait({task}, timeout=grace)
+        if not task.done():
+            await self._abandon(run)
+        elif not task.cancelled() and task.exception() is None:
+            return task.result()
+        raise RunOverran("the run was still busy after its hard deadline (a handler "
+                         "ignored its cancellation, or the database stopped answering): "
+                         "cut before the platform timeout")
+
+    async def _abandon(self, run: RunState) -> None:
+        """Settle what a loop left behind when it would not stop: jobs whose handler
+        did not stop when cancelled fail (retried with backoff), jobs never started go
+        back as they were. The handler may go on in the background; fencing makes its
+        late settlement a no-op."""
+        held = [c for c in list(run.held.values()) if not c.settled]
+        log.error("run %s: cut at its hard deadline; settling %d jobs it left behind",
+                  run.id, len(held))
+        unstarted = [c for c in held if not c.started]
+        if unstarted:
+            with contextlib.suppress(Exception):
+                await self._hand_back(run, unstarted, None)
+        for c in held:
+            if c.started and not c.settled:
+                with contextlib.suppress(Exception):
+                    run.add("timed_out")
+                    await c.fail("timed out: the handler did not stop when cancelled at "
+                                 "the run's hard deadline")
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -279,7 +407,7 @@ class Pipeline:
                     run.prefetched = None
                     jobs = await task
                 else:
-                    jobs = await self.queue.claim(stage.type, stage.batch, run_id=run.id)
+                    jobs = await self._claim(run, stage)
                 # The previous batch's completion went on while this claim ran. If it
                 # failed (or the run is cancelled here), this batch was never started:
                 # hand it back untouched rather than leave it locked until stale.
@@ -295,7 +423,7 @@ class Pipeline:
                 if (stage.prefetch and stage.quota is None
                         and all(s.type in run.skipped for s in self.stages[:i])):
                     run.prefetched = (stage, asyncio.get_running_loop().create_task(
-                        self.queue.claim(stage.type, stage.batch, run_id=run.id)))
+                        self._claim(run, stage)))
                 run.finishing = await self._run_batch(run, stage, jobs)
                 if run.finishing is None:
                     await self._save_progress(run)
@@ -305,6 +433,17 @@ class Pipeline:
                     return ("quota_exhausted" if "exhausted" in run.blocked
                             else "quota_reserve")
                 return "no_work"
+
+    async def _claim(self, run: RunState, stage: Stage) -> list[Job]:
+        """Claim a batch of ``stage``; rows that cannot be read were given up by the
+        claim and count as failed here (docs/design.md, "Bad data belongs to its
+        job")."""
+        jobs, unreadable = await self.queue.claim_checked(stage.type, stage.batch,
+                                                          run_id=run.id)
+        if unreadable:
+            run.jobs_failed += len(unreadable)
+            run.add("unreadable", len(unreadable))
+        return jobs
 
     async def _release_prefetched(self, run: RunState) -> None:
         """Hand back a prefetched batch the run ends without starting.
@@ -372,12 +511,13 @@ class Pipeline:
             run.held[ctx.job.id] = ctx
         todo = deque(ctxs)
         blocked: list[QuotaExhausted] = []
-        completer = Completer(self.queue)
+        completer = Completer(self.queue, run)
         handed_over = False
         try:
             if stage.batch_handler is not None:
                 todo.clear()
-                await self._call(stage.batch_handler(ctxs), ctxs, run, blocked, completer)
+                await self._call(stage.batch_handler(ctxs), ctxs, run, stage, blocked,
+                                 completer)
             else:
                 handler = stage.handler
                 assert handler is not None
@@ -387,7 +527,8 @@ class Pipeline:
                     # started stay in `todo` and are deferred back below.
                     while todo and not run.out_of_time() and not blocked:
                         ctx = todo.popleft()
-                        await self._call(handler(ctx), [ctx], run, blocked, completer)
+                        await self._call(handler(ctx), [ctx], run, stage, blocked,
+                                         completer)
 
                 async with asyncio.TaskGroup() as tg:
                     for _ in range(min(stage.concurrency, len(ctxs))):
@@ -417,58 +558,136 @@ class Pipeline:
         await self._save_progress(run)
 
     async def _save_progress(self, run: RunState) -> None:
-        """Save the run's counters after a batch, at most every ``SAVE_EVERY_S``."""
-        if time.monotonic() - run.saved_at >= SAVE_EVERY_S:
-            await self._save(run)
+        """Save the run's counters after a batch, at most every ``SAVE_EVERY_S``. A
+        save the row refuses is logged, not fatal: the run's end is recorded anyway
+        (:meth:`_save_end`)."""
+        if time.monotonic() - run.saved_at >= SAVE_EVERY_S and not run.ended:
+            try:
+                await self._save(run)
+            except psycopg.Error as exc:
+                if is_connection_failure(exc):
+                    raise
+                log.error("run %s: could not save its progress: %s", run.id,
+                          first_line(exc, with_type=True))
+
+    def _limit(self, stage: Stage) -> float:
+        """Seconds one handler call of ``stage`` may run."""
+        return (stage.timeout or self.handler_timeout).total_seconds()
 
     async def _call(self, work: Awaitable[None], ctxs: list[JobContext], run: RunState,
-                    blocked: list[QuotaExhausted], completer: Completer) -> None:
-        """Run one handler call and settle what it left unsettled (jobs it returned
-        normally from are handed to ``completer``, which completes them in batches)."""
+                    stage: Stage, blocked: list[QuotaExhausted],
+                    completer: Completer) -> None:
+        """Run one handler call within its deadline and settle what it left unsettled
+        (jobs it returned normally from are handed to ``completer``, which completes
+        them in batches).
+
+        The deadline is the stage's timeout from now, or the run's hard deadline when
+        that comes first; at it the handler is cancelled and its jobs fail ("timed out
+        after N s") and are retried with backoff (docs/design.md, "Handler
+        deadlines")."""
+        started = time.monotonic()
+        deadline = min(started + self._limit(stage), run.hard_deadline)
         for ctx in ctxs:
             ctx.started = True
+            ctx.deadline = deadline
+        loop = asyncio.get_running_loop()
+        timer = asyncio.timeout_at(loop.time() + (deadline - started))
+        failure: Exception | None = None
         try:
-            await work
-        except DeferJob as exc:
-            until = exc.until
+            async with timer:
+                await work
+        except Exception as exc:  # DeferJob and QuotaExhausted included
+            failure = exc
+        # A job completed in the handler's own transaction is done only if that
+        # transaction committed (docs/design.md, "Counters show what committed").
+        await self._confirm_commits(run, ctxs, failure)
+        if timer.expired():
+            text = f"timed out after {round(deadline - started, 1):g} s"
+            log.warning("job(s) %s: %s", [c.job.id for c in ctxs], text)
+            run.add("timed_out", sum(1 for c in ctxs if not c.settled))
+            await settle_all(ctxs, lambda c: c.fail(text))
+        elif failure is None:
+            completer.add([c for c in ctxs if not c.settled])
+        elif isinstance(failure, DeferJob):
+            until = failure.until
             await settle_all(ctxs, lambda c: c.defer(until))
-        except QuotaExhausted as exc:
-            if exc.scope_key == SHARED_SCOPE:
-                blocked.append(exc)
-            resets_at = exc.resets_at
+        elif isinstance(failure, QuotaExhausted):
+            if failure.scope_key == SHARED_SCOPE:
+                blocked.append(failure)
+            resets_at = failure.resets_at
             n = await settle_all(ctxs, lambda c: c.defer(resets_at))
             run.add("quota_deferred", n)
-        except Exception as exc:
-            log.info("job(s) %s raised %s", [c.job.id for c in ctxs], error_text(exc))
-            error = exc
-            await settle_all(ctxs, lambda c: c.fail(error))
+        elif isinstance(failure, PoolTimeout) and any(c.pool_timed_out for c in ctxs):
+            # rota's pool had no connection for the handler: not the job's failure.
+            # Handed back as it was, due after this run (docs/design.md, "Connections").
+            log.warning("job(s) %s: no connection within the pool's timeout; handed back",
+                        [c.job.id for c in ctxs])
+            unsettled = [c for c in ctxs if not c.settled]
+            run.add("pool_timeouts", len(unsettled))
+            await self._hand_back(run, unsettled, None, after_run=True)
         else:
-            completer.add([c for c in ctxs if not c.settled])
+            log.info("job(s) %s raised %s", [c.job.id for c in ctxs], error_text(failure))
+            error = failure
+            await settle_all(ctxs, lambda c: c.fail(error))
+
+    async def _confirm_commits(self, run: RunState, ctxs: list[JobContext],
+                               failure: Exception | None) -> None:
+        """Settle the jobs a handler completed in its own transaction by what the
+        database says now: done under this claim (it committed), still running under it
+        (it did not: the job fails with the handler's error and its backoff), or lost."""
+        waiting = [c for c in ctxs if c.in_caller_tx]
+        if not waiting:
+            return
+        jobs = [c.job for c in waiting]
+        states = await retrying(lambda: self.queue.claim_states(jobs), run, "confirm")
+        for c in waiting:
+            c.in_caller_tx = False
+            state = states.get(c.job.id)
+            if state == "done":
+                c._settle("done")
+            elif state == "running":
+                reason: Exception | str = (
+                    failure if failure is not None
+                    else "the transaction that completed the job did not commit")
+                log.info("job %s: completed in a transaction that did not commit: %s",
+                         c.job.id, reason)
+                await c.fail(reason)
+            else:
+                c._settle("lost")
+
+    async def _hand_back(self, run: RunState, ctxs: list[JobContext],
+                         blocked: QuotaExhausted | None, *, after_run: bool = False) -> None:
+        """Release claimed jobs as they were: attempts and deferrals unchanged, the due
+        time kept (or, ``after_run``, not before this run's budget ends, so it does not
+        claim them again) (docs/design.md, "Defer")."""
+        not_before = None
+        if after_run and run.time_left() > 0:
+            not_before = await self.queue.now() + timedelta(seconds=run.time_left())
+        jobs = [c.job for c in ctxs]
+        n = await retrying(lambda: self.queue.release(jobs, not_before=not_before), run,
+                           "release")
+        for c in ctxs:
+            c.outcome = "released"
+            run.held.pop(c.job.id, None)
+        run.add("released", n)
+        if n < len(ctxs):  # reclaimed by another run meanwhile
+            run.add("lost", len(ctxs) - n)
 
     async def _release(self, run: RunState, ctxs: list[JobContext],
                        blocked: QuotaExhausted | None) -> None:
-        """Hand back what a batch still holds: jobs never started are deferred (no
-        attempt burned): to the quota's reset when it is gone, else due now. Jobs
-        started but unsettled (the run is ending in error or cancelled) are failed,
-        so they are retried after backoff rather than waiting for the stale window."""
+        """Hand back what a batch still holds: jobs never started go back as they were
+        (attempts and deferrals unchanged: docs/design.md, "Defer"); when the stage's
+        quota is gone, the skip that follows moves them to its reset. Jobs started but
+        unsettled (the run is ending in error or cancelled) are failed, so they are
+        retried after backoff rather than waiting for the stale window."""
         unstarted = [c for c in ctxs if not c.settled and not c.started]
         if unstarted:
-            until = blocked.resets_at if blocked is not None else None
             try:
-                n = await self.queue.defer([c.job for c in unstarted], until)
+                await self._hand_back(run, unstarted, blocked)
             except Exception:
-                log.exception("run %s: could not defer unstarted jobs", run.id)
-            else:
-                for c in unstarted:
-                    c.outcome = "deferred"
-                    run.held.pop(c.job.id, None)
-                run.jobs_deferred += n
-                if n < len(unstarted):  # reclaimed by another run meanwhile
-                    run.add("lost", len(unstarted) - n)
-                if blocked is not None:
-                    run.add("quota_deferred", n)
+                log.exception("run %s: could not hand back unstarted jobs", run.id)
         for c in ctxs:
-            if not c.settled:
+            if not c.settled and not c.in_caller_tx:
                 try:
                     await c.fail("the run stopped while the job was running")
                 except Exception:
@@ -483,7 +702,12 @@ class Pipeline:
         while True:
             await asyncio.sleep(self.heartbeat_every.total_seconds())
             try:
-                held = [c.job for c in list(run.held.values())]
+                # A handler past its deadline is not covered: if it ignores its
+                # cancellation, its job goes stale like a dead run's (docs/design.md,
+                # "Handler deadlines").
+                now = time.monotonic()
+                held = [c.job for c in list(run.held.values())
+                        if c.deadline is None or now < c.deadline]
                 if run.prefetched is not None and run.prefetched[1].done() \
                         and not run.prefetched[1].cancelled() \
                         and run.prefetched[1].exception() is None:
@@ -525,21 +749,38 @@ class Pipeline:
             try:
                 finished_at = await self._save(run, final=True, stop_reason=stop,
                                                error=error)
-            except psycopg.OperationalError:
+            except psycopg.Error as exc:
+                if not is_connection_failure(exc):
+                    # The row refuses what the run reports: record the end without the
+                    # summary rather than leave the run unfinished (docs/design.md,
+                    # "Bad data belongs to its job").
+                    log.error("run %s: its summary cannot be stored (%s); recording the "
+                              "end without it", run.id, first_line(exc, with_type=True))
+                    if run.summary == _UNSTORABLE or delay is None:
+                        raise
+                    run.summary = dict(_UNSTORABLE)
+                    continue
                 if delay is None:
                     raise
                 log.warning("run %s: could not record its end yet; retrying", run.id)
                 await asyncio.sleep(delay)
             else:
                 assert finished_at is not None, "the run's row disappeared"
+                run.ended = True
                 return finished_at
         raise AssertionError("unreachable")
 
     async def _finish_quietly(self, run: RunState, stop: StopReason, error: str) -> None:
         try:
             await self._save(run, final=True, stop_reason=stop, error=error)
+            run.ended = True
         except Exception:
             log.exception("run %s: could not record its end", run.id)
+
+
+def _handler_slots(stage: Stage) -> int:
+    """Handler calls of ``stage`` that may hold a connection at once."""
+    return 1 if stage.batch_handler is not None else stage.concurrency
 
 
 async def _no_give_up_hook(job: Job, conn: AnyConn) -> None:

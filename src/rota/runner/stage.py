@@ -6,10 +6,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal, get_args
 
-from ..checks import positive_int, require_text
+from ..checks import positive_int, require_duration, require_text
 from ..errors import InvalidInput
 from ..queue import GiveUpHook
 from ..quota import Quota
@@ -24,7 +24,7 @@ STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 
 Handler = Callable[["JobContext"], Awaitable[None]]
 BatchHandler = Callable[[list["JobContext"]], Awaitable[None]]
-Outcome = Literal["done", "retry", "failed", "deferred", "lost"]
+Outcome = Literal["done", "retry", "failed", "deferred", "released", "lost"]
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,17 @@ class Stage:
             handed back untouched (:meth:`rota.Queue.release`). Leave it off when
             several workers share a stage of long handlers: a prefetched batch waits,
             held, while another worker could run it.
+        timeout: how long one handler call (one ``batch_handler`` call) may run, a
+            positive ``timedelta`` shorter than the pipeline's platform timeout;
+            ``None`` for the pipeline's ``handler_timeout`` (by default half the
+            platform timeout). At it the handler is cancelled and its jobs fail
+            ("timed out after N s"), retried with backoff; the run's own end (the
+            platform timeout less a reserve for settling) cuts it shorter when it comes
+            first (docs/design.md, "Handler deadlines").
 
     Raises:
-        InvalidInput: bad sizes, not exactly one of ``handler`` and ``batch_handler``.
+        InvalidInput: bad sizes, not exactly one of ``handler`` and ``batch_handler``,
+            a timeout that is not a positive ``timedelta``.
     """
 
     type: str
@@ -86,6 +94,7 @@ class Stage:
     quota_cost: int = 1
     on_give_up: GiveUpHook | None = None
     prefetch: bool = False
+    timeout: timedelta | None = None
 
     def __post_init__(self) -> None:
         require_text(self.type, "stage type")
@@ -99,6 +108,8 @@ class Stage:
         if not isinstance(self.prefetch, bool):
             raise InvalidInput(f"stage {self.type!r}: prefetch must be True or False, "
                                f"got {self.prefetch!r}")
+        if self.timeout is not None:
+            require_duration(self.timeout, f"stage {self.type!r}: timeout")
         if self.quota is not None and not isinstance(self.quota, Quota):
             raise InvalidInput(f"stage {self.type!r}: quota must be a rota.Quota "
                                f"(per-owner allowances are spent by handlers)")
@@ -116,12 +127,15 @@ class RunResult:
         jobs_done: jobs completed.
         jobs_failed: jobs that ended ``failed`` (gave up) in this run; failed attempts
             that will be retried are counted in ``summary["retries"]``.
-        jobs_deferred: jobs put back without burning an attempt (``DeferJob``, quota
-            resets, claimed-but-unstarted jobs at the end of the budget).
+        jobs_deferred: jobs deferred without burning an attempt (``DeferJob``, quota
+            resets). Claimed jobs the run ends before starting are handed back as they
+            were, counted in ``summary["released"]``, not here.
         quota_units: units of shared quotas spent through ``ctx.spend``.
         summary: counters: the handlers' (``ctx.count``), ``quota.NAME`` and
             ``allowance.NAME`` units, the runner's (``retries``, ``lost``,
-            ``postponed``, ``quota_deferred``) and ``maintenance.*`` when it ran.
+            ``released``, ``timed_out``, ``unreadable``, ``pool_timeouts``,
+            ``postponed``, ``quota_deferred``, ``prefetch_released``) and
+            ``maintenance.*`` when it ran. Every count is of what committed.
         error: the error text when ``stop_reason == "error"``.
         started_at, finished_at: aware instants on the queue's clock.
     """

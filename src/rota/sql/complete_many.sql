@@ -1,11 +1,11 @@
 -- Complete a batch of jobs, each only under the claim that holds it (a lost one matches
--- nothing). Rows are visited in the order given (the caller sorts by type, group and
--- fair_served shard, so concurrent batches take fair_served's rows in one order).
+-- nothing); the claims' tokens stay on the done rows, as in complete.sql. Rows are
+-- visited in the order given (the caller sorts by type, group and fair_served shard, so
+-- concurrent batches take fair_served's rows in one order).
 UPDATE {schema}.jobs j
 SET status = 'done',
     finished_at = now() + %(offset)s::interval,
-    locked_at = NULL,
-    claim_token = NULL
+    locked_at = NULL
 FROM (SELECT c.id, c.claim_token
       FROM unnest(%(ids)s::bigint[], %(claim_tokens)s::uuid[]) WITH ORDINALITY
            AS c(id, claim_token, n)

@@ -2,6 +2,7 @@
 -- cleared, and the claim's attempt handed back (greatest(attempts - 1, 0)), so days of
 -- quota pressure never retire a job that was never tried. last_error is untouched.
 -- Each deferral is counted; past max_deferrals (when set) the job gives up instead.
+-- The claim's token stays on the row, as in complete.sql, so a repeat is recognised.
 -- Rows are locked in id order so batch deferrals cannot deadlock with sweepers.
 WITH target AS (
 {fenced_claims}
@@ -18,8 +19,7 @@ SET status = CASE WHEN u.deferrals + 1 > %(max_deferrals)s::int THEN 'failed'
     run_after = coalesce(%(until)s::timestamptz, now() + %(offset)s::interval),
     attempts = greatest(u.attempts - 1, 0),
     deferrals = u.deferrals + 1,
-    locked_at = NULL,
-    claim_token = NULL
+    locked_at = NULL
 FROM target
 WHERE u.id = target.id
 RETURNING u.id, u.status

@@ -1,12 +1,12 @@
--- Enqueue one job (docs/design.md, "Enqueue"): the partial unique index on open jobs' dedupe_key
--- decides what a duplicate is, so a conflict is skipped, never queried for beforehand.
--- A job for a group the groups relation does not know is not inserted (the caller
--- tells that apart from a duplicate with MISSING_GROUPS).
-INSERT INTO {schema}.jobs (type, group_id, payload, dedupe_key, max_attempts, run_after, created_at)
-SELECT %(type)s, %(group_id)s::text, %(payload)s::jsonb, %(dedupe_key)s, %(max_attempts)s,
-       coalesce(%(run_after)s::timestamptz, now() + %(offset)s::interval),
-       now() + %(offset)s::interval
-WHERE %(group_id)s::text IS NULL
-   OR EXISTS (SELECT 1 FROM {groups} g WHERE g.group_id = %(group_id)s::text)
-ON CONFLICT DO NOTHING
-RETURNING *
+-- Enqueue one job through the rules of enqueue_jobs (docs/design.md, "Enqueue") with this
+-- queue's settings (s_*): the job created; no row for a duplicate of an open job (the
+-- partial unique index on dedupe_key decides, ON CONFLICT DO NOTHING); or, with nothing
+-- written, a row whose problem says what was wrong (the caller raises it, and its
+-- transaction stays usable).
+SELECT e.problem, (e.job).*
+FROM {schema}.enqueue_jobs(
+    ARRAY[%(type)s::text], ARRAY[%(payload)s::jsonb], ARRAY[%(group_id)s::text],
+    ARRAY[%(dedupe_key)s::text], ARRAY[%(run_after)s::timestamptz],
+    ARRAY[%(max_attempts)s::integer], false,
+    %(s_types)s::text[], %(s_max_attempts)s::integer, %(s_max_attempts_by_type)s::jsonb,
+    %(s_max_payload_bytes)s::integer, %(s_groups)s::regclass, %(offset)s::interval) AS e

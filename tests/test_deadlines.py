@@ -1,0 +1,375 @@
+"""Every handler has a deadline (docs/design.md, "Handler deadlines"): at its stage's
+timeout (default half the platform timeout) it is cancelled and its job fails "timed out
+after N s", retried with backoff; the run's hard deadline (the platform timeout less a
+reserve for settling) cuts every handler, so a run always ends before the platform
+timeout, its work settled; heartbeats only cover handlers within their deadline; one
+SIGTERM stops `rota serve` and `rota worker` within the platform timeout; `rota run`
+exits non-zero when its run stopped with error."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from psycopg import sql
+
+from rota import ConfigError, InvalidInput, JobContext, Pipeline, Queue, Stage
+from rota.web import cron_app
+
+AConn = psycopg.AsyncConnection[Any]
+
+
+async def forever(ctx: JobContext) -> None:
+    await asyncio.sleep(3600)
+
+
+async def job_state(aconn: AConn, queue: Queue, job_id: int) -> tuple[Any, ...]:
+    cur = await aconn.execute(sql.SQL(
+        "SELECT status, attempts, last_error, run_after - now() FROM {} WHERE id = %s")
+        .format(queue.table("jobs")), [job_id])
+    row = await cur.fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+# -- the stage's timeout and its default -------------------------------------------------
+
+
+async def test_a_handler_that_never_returns_fails_at_its_timeout_and_retries(
+    queue: Queue, aconn: AConn
+) -> None:
+    job = await queue.enqueue("t", {})
+    other = await queue.enqueue("t", {})
+    assert job and other
+    pipeline = Pipeline(queue, [Stage("t", 2, 1, forever, timeout=timedelta(seconds=0.3))])
+    t0 = time.monotonic()
+    result = await pipeline.run(time_budget=timedelta(seconds=5))
+    elapsed = time.monotonic() - t0
+    assert (result.stop_reason, result.jobs_done, result.jobs_failed) == ("no_work", 0, 0)
+    assert result.summary == {"timed_out": 2, "retries": 2}
+    assert elapsed < 1.5, elapsed  # two handlers of 0.3 s each, one after the other
+    status, attempts, error, due_in = await job_state(aconn, queue, job.id)
+    assert (status, attempts, error) == ("pending", 1, "timed out after 0.3 s")
+    # The usual backoff: 1 minute * 2**1, from the failure.
+    assert timedelta(seconds=119) < due_in <= timedelta(minutes=2)
+
+
+async def test_the_default_handler_timeout_is_half_the_platform_timeout(
+    queue: Queue, aconn: AConn
+) -> None:
+    pipeline = Pipeline(queue, [Stage("t", 1, 1, forever)],
+                        platform_timeout=timedelta(seconds=2))
+    assert pipeline.handler_timeout == timedelta(seconds=1)
+    assert Pipeline(queue, [Stage("t", 1, 1, forever)]).handler_timeout == \
+        timedelta(seconds=150)
+    job = await queue.enqueue("t", {})
+    assert job
+    result = await pipeline.run(time_budget=timedelta(seconds=0.5))
+    assert result.summary == {"timed_out": 1, "retries": 1}
+    assert (await job_state(aconn, queue, job.id))[2] == "timed out after 1 s"
+
+
+def test_handler_timeouts_must_be_shorter_than_the_platform_timeout(queue: Queue) -> None:
+    with pytest.raises(ConfigError, match="handler_timeout \\(0:05:00\\) must be shorter "
+                                          "than the platform timeout \\(0:05:00\\)"):
+        Pipeline(queue, [Stage("t", 1, 1, forever)], handler_timeout=timedelta(minutes=5))
+    with pytest.raises(ConfigError, match="stage 't': timeout \\(0:06:00\\) must be shorter"):
+        Pipeline(queue, [Stage("t", 1, 1, forever, timeout=timedelta(minutes=6))])
+    with pytest.raises(InvalidInput, match="stage 't': timeout must be positive"):
+        Stage("t", 1, 1, forever, timeout=timedelta(0))
+
+
+# -- the run's hard deadline -----------------------------------------------------------
+
+
+async def test_the_hard_deadline_cuts_a_handler_started_late_in_the_budget(
+    queue: Queue, aconn: AConn
+) -> None:
+    """Platform timeout 3 s: the hard deadline is 2.25 s after the start (a tenth is kept
+    for settling, at least a second, at most a quarter). A handler starting 0.6 s into a
+    1 s budget with a 2.5 s timeout is cut at 2.25 s, not 3.1 s, so the run ends before
+    3 s, its job failed and retried."""
+    first = await queue.enqueue("t", {"n": 1})
+    second = await queue.enqueue("t", {"n": 2})
+    assert first and second
+
+    async def handler(ctx: JobContext) -> None:
+        if ctx.job.payload["n"] == 1:
+            await asyncio.sleep(0.6)  # the second starts 0.6 s in
+        else:
+            await asyncio.sleep(3600)
+
+    pipeline = Pipeline(queue, [Stage("t", 1, 1, handler, timeout=timedelta(seconds=2.5))],
+                        platform_timeout=timedelta(seconds=3))
+    t0 = time.monotonic()
+    result = await pipeline.run(time_budget=timedelta(seconds=1))
+    elapsed = time.monotonic() - t0
+    assert elapsed < 3.0, elapsed
+    assert (result.stop_reason, result.jobs_done, result.summary) == (
+        "time_budget", 1, {"timed_out": 1, "retries": 1})
+    status, attempts, error, _ = await job_state(aconn, queue, second.id)
+    assert (status, attempts) == ("pending", 1)
+    # Cut at 2.25 s, less the 0.6 s (and the claims) before it started: under 1.7 s.
+    assert error.startswith("timed out after ") and error.endswith(" s")
+    assert 1.0 < float(error.split()[3]) < 1.7, error
+
+
+async def test_a_handler_that_ignores_cancellation_cannot_hold_the_run(
+    queue: Queue, aconn: AConn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It is left behind: its job fails, the unstarted one goes back as it was, and the
+    run ends in error before the platform timeout. Its heartbeat stops covering it at
+    its deadline."""
+    caplog.set_level(logging.CRITICAL)
+    release = asyncio.Event()
+    holders: list[asyncio.Task[Any]] = []
+    claimed_at: dict[int, Any] = {}
+
+    async def stubborn(ctx: JobContext) -> None:
+        holders.append(asyncio.current_task())  # type: ignore[arg-type]
+        claimed_at[ctx.job.id] = ctx.job.locked_at
+        while not release.is_set():
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass  # ignores it
+
+    first = await queue.enqueue("t", {})
+    second = await queue.enqueue("t", {})
+    assert first and second
+    # Platform timeout 4 s: the hard deadline is 3 s in (a 1 s reserve), the loop is
+    # cut 0.25 s after it, left behind 0.25 s later, and settled in the last 0.5 s.
+    pipeline = Pipeline(queue, [Stage("t", 2, 1, stubborn, timeout=timedelta(seconds=0.2))],
+                        platform_timeout=timedelta(seconds=4),
+                        heartbeat_every=timedelta(seconds=0.3))
+    try:
+        t0 = time.monotonic()
+        task = asyncio.create_task(pipeline.run(time_budget=timedelta(seconds=1)))
+        await asyncio.sleep(1.2)  # heartbeats at 0.3, 0.6, 0.9 and 1.2 s have run
+        cur = await aconn.execute(sql.SQL(
+            "SELECT j.locked_at, r.heartbeat_at > r.started_at FROM {} j, {} r "
+            "WHERE j.id = %s").format(queue.table("jobs"), queue.table("runs")), [first.id])
+        # The run is alive (its row's heartbeat moves on) but the job past its deadline is
+        # no longer refreshed: it would go stale like a dead run's.
+        assert await cur.fetchone() == (claimed_at[first.id], True)
+        result = await task
+        elapsed = time.monotonic() - t0
+        assert 3.0 < elapsed < 4.0, elapsed
+        assert result.stop_reason == "error"
+        assert result.error is not None and result.error.startswith(
+            "RunOverran: the run was still busy after its hard deadline")
+        status, attempts, error, _ = await job_state(aconn, queue, first.id)
+        assert (status, attempts, error) == (
+            "pending", 1, "timed out: the handler did not stop when cancelled at the run's "
+                          "hard deadline")
+        status, attempts, _, _ = await job_state(aconn, queue, second.id)
+        assert (status, attempts) == ("pending", 0)
+    finally:
+        release.set()  # let it go, or the test's event loop could never close
+        for t in holders:
+            t.cancel()
+        await asyncio.sleep(0.05)
+
+
+async def test_the_cron_endpoint_answers_before_the_platform_timeout(
+    queue: Queue
+) -> None:
+    """Before: /api/cron did not answer within 30 s while a handler never returned."""
+    await queue.enqueue("t", {})
+    pipeline = Pipeline(queue, [Stage("t", 1, 1, forever)],
+                        platform_timeout=timedelta(seconds=3))
+    app = cron_app(pipeline, secret="s3cret-for-deadlines",
+                   time_budget=timedelta(seconds=1))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://cron") as client:
+        t0 = time.monotonic()
+        r = await client.get("/api/cron",
+                             headers={"Authorization": "Bearer s3cret-for-deadlines"},
+                             timeout=30)
+        elapsed = time.monotonic() - t0
+    assert elapsed < 3.0, elapsed
+    assert r.status_code == 200
+    assert {k: v for k, v in r.json().items() if k != "runId"} == {
+        "stopReason": "time_budget", "jobsDone": 0, "jobsFailed": 0, "units": 0}
+
+
+# -- the commands ---------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RUNAWAY_APP = """
+import asyncio
+from datetime import timedelta
+from rota import Pipeline, Stage
+
+async def forever(ctx):
+    await asyncio.sleep(3600)
+
+async def stubborn(ctx):
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+def build(queue):
+    return Pipeline(queue, [Stage("forever", 1, 1, forever), Stage("stubborn", 1, 1, stubborn)],
+                    platform_timeout=timedelta(seconds={platform}))
+
+build.queue_settings = {{"types": ["forever", "stubborn"], "stale_after": timedelta(minutes=5)}}
+"""
+
+
+@pytest.fixture
+def runaway(tmp_path: Path, database_url: str, migrated: str) -> Iterator[Any]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(platform: float, *args: str) -> subprocess.Popen[str]:
+        name = f"runaway_{len(procs)}"
+        (tmp_path / f"{name}.py").write_text(RUNAWAY_APP.format(platform=platform))
+        env = {**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": migrated,
+               "ROTA_APP": f"{name}:build", "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": str(ROOT), "CRON_SECRET": "runaway-secret"}
+        p = subprocess.Popen([sys.executable, "-m", "rota.cli", *args], cwd=tmp_path,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def sql_rows(url: str, schema: str, query: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(sql.SQL(query).format(s=sql.Identifier(schema))).fetchall()
+
+
+def enqueue(url: str, schema: str, job_type: str) -> None:
+    sql_rows(url, schema, "INSERT INTO {s}.jobs (type, payload, max_attempts, run_after, "
+                          f"created_at) VALUES ('{job_type}', '[]', 3, now(), now()) "
+                          "RETURNING id")
+
+
+def wait_running(url: str, schema: str, p: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert p.poll() is None, p.communicate()
+        if sql_rows(url, schema, "SELECT count(*) FROM {s}.jobs WHERE status = 'running'") \
+                == [(1,)]:
+            return
+        time.sleep(0.05)
+    raise AssertionError("no job started")
+
+
+def test_rota_run_with_a_runaway_handler_ends_before_the_platform_timeout(
+    runaway: Any, database_url: str, migrated: str
+) -> None:
+    """The issue's run: --budget 5 with a 20 s platform timeout, still running at 45 s.
+    Now the handler is cancelled at 10 s (half the platform timeout), the job fails and
+    retries, and the run ends time_budget, exit 0."""
+    enqueue(database_url, migrated, "forever")
+    t0 = time.monotonic()
+    p = runaway(20, "run", "--budget", "5", "--json")
+    out, err = p.communicate(timeout=60)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, err
+    assert 10 <= elapsed < 20, elapsed
+    assert '"stopReason": "time_budget"' in out
+    assert sql_rows(database_url, migrated, "SELECT status, attempts, last_error "
+                                            "FROM {s}.jobs") == [
+        ("pending", 1, "timed out after 10 s")]
+
+
+def test_rota_run_exits_1_when_its_run_stopped_with_error(
+    runaway: Any, database_url: str, migrated: str
+) -> None:
+    """A handler that ignores its cancellation: the run is cut (error), the process
+    exits 1 soon after the platform timeout's hard deadline, not never."""
+    enqueue(database_url, migrated, "stubborn")
+    t0 = time.monotonic()
+    p = runaway(3, "run", "--budget", "1", "--json")
+    out, err = p.communicate(timeout=60)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 1, err
+    assert '"stopReason": "error"' in out and "RunOverran" in out
+    [(stop_reason, duration)] = sql_rows(
+        database_url, migrated, "SELECT stop_reason, finished_at - started_at FROM {s}.runs")
+    assert stop_reason == "error" and duration < timedelta(seconds=3), duration
+    # Python's start-up (about a second) and teardown: the process never waits for the
+    # handler that ignores its cancellation.
+    assert elapsed < 3 + 3, elapsed
+
+
+def test_one_sigterm_stops_the_worker_within_the_platform_timeout(
+    runaway: Any, database_url: str, migrated: str
+) -> None:
+    enqueue(database_url, migrated, "forever")
+    p = runaway(4, "worker", "--budget", "3", "--no-maintenance")
+    wait_running(database_url, migrated, p)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, err
+    assert elapsed < 4.0, elapsed
+    assert "worker stopped" in err
+    [(status, attempts, error)] = sql_rows(database_url, migrated,
+                                           "SELECT status, attempts, last_error FROM {s}.jobs")
+    assert (status, attempts, error) == ("pending", 1, "timed out after 2 s")
+
+
+def test_one_sigterm_stops_serve_within_the_platform_timeout(
+    runaway: Any, database_url: str, migrated: str
+) -> None:
+    enqueue(database_url, migrated, "forever")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = runaway(4, "serve", "--port", str(port), "--budget", "1")
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            assert p.poll() is None, p.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    answer: dict[str, Any] = {}
+
+    def call() -> None:
+        r = httpx.get(f"{base}/api/cron", timeout=30,
+                      headers={"Authorization": "Bearer runaway-secret"})
+        answer.update(status=r.status_code, body=r.json())
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_running(database_url, migrated, p)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    elapsed = time.monotonic() - t0
+    caller.join(timeout=10)
+    assert elapsed < 4.0, (elapsed, err)
+    assert p.returncode == -signal.SIGTERM, err  # uvicorn re-raises the signal it caught
+    assert answer["status"] == 200 and answer["body"]["stopReason"] == "time_budget"
+    assert "rota.web: cron run" in err  # rota's own INFO lines are shown
