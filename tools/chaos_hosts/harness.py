@@ -235,7 +235,10 @@ class HostsHarness(Harness):
             if left > 2.0:
                 await self.add_wave(max(p.wave // 2, 1))
         self.network.heal(host)
-        return Fault("slow", host, workers, start, datetime.now(UTC), how)
+        end = datetime.now(UTC)
+        self.out.cuts += [Cut(w, start, end, timedelta(seconds=2), kind="slow")
+                          for w in workers]
+        return Fault("slow", host, workers, start, end, how)
 
     async def wait_until(self, query: str, params: list[object], seconds: float) -> bool:
         """Poll ``query`` (its first column) until it is true, at most ``seconds``."""
