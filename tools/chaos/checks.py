@@ -407,14 +407,14 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
     for x in runs.values():
         lasted = (x["finished_at"] - x["started_at"]
                   if x["finished_at"] is not None else timedelta(0))
-        # A run whose worker was cut off, or that the restart ended in error, records
+        # A run whose worker was cut off, or that went on across the restart, records
         # its end only once the database answers again (psycopg_pool waits 1, 2, 4 s...
         # between the dead connections it finds after a restart).
-        if lasted >= platform and not across_cut(x) and not (
-                x["stop_reason"] == "error" and across_restart(x)):
+        if lasted >= platform and not across_cut(x) and not across_restart(x):
             r.violations.append(f"run {x['id']} ({x['app']}) lasted "
                                 f"{lasted.total_seconds():.2f} s, not under the platform "
-                                f"timeout")
+                                f"timeout ({x['started_at']:%T.%f}-{x['finished_at']:%T.%f}, "
+                                f"{x['stop_reason']})")
         if str(x["error"]).startswith("RunOverran"):
             overran += 1
             if x["id"] not in ignorer_runs and not across_restart(x) and not across_cut(x):
