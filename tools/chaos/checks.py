@@ -229,6 +229,15 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
                 k = kill_of.get(str(a["worker"]))
                 end = after[0]["at"] if after else (k.at if k is not None else None)
             if end is None:
+                # A handler cut at its deadline whose own record of the cut never
+                # landed (its write was cut too, on a loaded machine): the runner
+                # settles a cut job only after cancelling its handler, so the
+                # settlement that names the timeout is its end.
+                settled = by_token.get(a["claim_token"], [])
+                if settled and str(settled[0].get("last_error") or "").startswith(
+                        ("timed out after", "did not stop when cancelled")):
+                    end = settled[0]["at"]
+            if end is None:
                 k = kill_of.get(str(a["worker"]))
                 end = k.at if k is not None else None
             if end is None or end > b["started_at"]:
