@@ -337,7 +337,9 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
     for x in runs.values():
         lasted = (x["finished_at"] - x["started_at"]
                   if x["finished_at"] is not None else timedelta(0))
-        if lasted >= platform:
+        # A run the PostgreSQL restart cut off records its end once the database
+        # answers again (docs/design.md, "The runner"), which can be past the limit.
+        if lasted >= platform and not across_restart(x):
             r.violations.append(f"run {x['id']} ({x['app']}) lasted "
                                 f"{lasted.total_seconds():.2f} s, not under the platform "
                                 f"timeout")
