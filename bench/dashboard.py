@@ -121,7 +121,7 @@ async def build(url: str, schema: str = SCHEMA, size: int = 1_000_000, *,
         for t in TYPES:  # fold the bulk load's counts, as a running queue keeps them
             await c.execute(sql.SQL("SELECT {s}.fair_advance(%(t)s, now() - interval '1 day'),"
                                     " {s}.fair_fold(%(t)s, now())").format(s=s), {"t": t})
-        for t in ("jobs", "runs", "groups", "quota_usage", "fair_groups", "fair_done"):
+        for t in ("jobs", "runs", "groups", "quota_usage", "fair_groups", "fair_served"):
             await c.execute(sql.SQL("VACUUM ANALYZE {}.{}").format(s, sql.Identifier(t)))
 
 

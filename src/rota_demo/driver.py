@@ -502,7 +502,7 @@ async def _main(url: str, config: DemoConfig, seed: int, keep: bool,
             console.print(
                 f"dashboard: http://127.0.0.1:{DASHBOARD_PORT}/ on a demo's data: "
                 f"`make demo-dashboard` (.venv/bin/rota-demo --dashboard) runs the demo, "
-                f"then serves it there until Ctrl-C")
+                f"then serves it there until Ctrl-C", soft_wrap=True)
         return code
     finally:
         await demo.cleanup(queue, keep)
