@@ -31,7 +31,7 @@ from .claim import ClaimUpkeep, FairClaim, UpkeepConfig
 from .errors import ConfigError, InvalidInput, UnreadableJob
 from .job import FailOutcome, Job
 from .plans import Plans
-from .settings import QueueSettings, enqueue_error
+from .settings import QueueSettings, enqueue_error, enqueued_job
 from .store import AnyConn, Store, configure_connection
 
 log = logging.getLogger("rota.queue")
@@ -275,11 +275,7 @@ class Queue:
             max_attempts=max_attempts)
         async with self.connection(conn) as c:
             row = await self.store.fetch_dict("enqueue", params, conn=c)
-        if row is None:
-            return None
-        if row["problem"] is not None:
-            raise enqueue_error(row["problem"])
-        return Job.from_row(row, lenient=True)  # written: never an error after that
+        return enqueued_job(row)
 
     async def enqueue_many(
         self, items: Iterable[Mapping[str, Any]], *, conn: AnyConn | None = None

@@ -21,7 +21,7 @@ from .checks import (
     sendable_text,
 )
 from .errors import InvalidInput, PayloadError, UnknownGroup, UnknownJobType
-from .job import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
+from .job import DEFAULT_MAX_PAYLOAD_BYTES, Job, encode_payload
 from .plans import DEFAULT_PLANS, Plans
 
 # A pipeline's defaults (docs/design.md, "The runner"): the platform kills an
@@ -245,6 +245,20 @@ class QueueSettings:
             "max_attempts": max_attempts,
             **self.enqueue_settings(),
         }
+
+
+def enqueued_job(row: Mapping[str, Any] | None) -> Job | None:
+    """The job the ``enqueue`` statement returned (``None``: a duplicate of an open
+    job), for the async and the sync path alike.
+
+    Raises:
+        InvalidInput and subclasses: what ``enqueue_jobs`` refused (nothing written).
+    """
+    if row is None:
+        return None
+    if row["problem"] is not None:
+        raise enqueue_error(row["problem"])
+    return Job.from_row(row, lenient=True)  # written: never an error after that
 
 
 def enqueue_error(problem: Mapping[str, Any]) -> InvalidInput:

@@ -12,7 +12,7 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 
 from .job import Job
-from .settings import QueueSettings, enqueue_error
+from .settings import QueueSettings, enqueue_error, enqueued_job
 from .store import Statements, configure_cursor
 
 
@@ -63,11 +63,7 @@ class SyncQueue:
         configure_cursor(cur)
         cur.execute(self.statements.sql("enqueue"), params)
         row = cur.fetchone()
-        if row is None:
-            return None
-        if row["problem"] is not None:
-            raise enqueue_error(row["problem"])
-        return Job.from_row(row, lenient=True)  # written: never an error after that
+        return enqueued_job(row)
 
     def enqueue_many(self, conn: psycopg.Connection[Any],
                      items: Iterable[Mapping[str, Any]]) -> int:
