@@ -49,8 +49,9 @@ plan_priority AS (
 -- longer than the window).
 running_old AS (
     SELECT r.group_id, count(*)::int AS n
-    FROM {schema}.jobs r, clock c
-    WHERE r.type = %(type)s AND r.status = 'running' AND r.locked_at < c.ws
+    FROM {schema}.jobs r
+    WHERE r.type = %(type)s AND r.status = 'running'
+      AND r.locked_at < (SELECT c.ws FROM clock c)
       AND r.group_id IS NOT NULL
     GROUP BY r.group_id
 ),
@@ -59,10 +60,12 @@ running_old AS (
 -- it about a second wide).
 edge_fix AS (
     SELECT d.group_id,
-           sum(CASE WHEN d.finished_at >= c.edge THEN -1 ELSE 1 END)::int AS n
-    FROM {schema}.jobs d, clock c
+           sum(CASE WHEN d.finished_at >= (SELECT c.edge FROM clock c) THEN -1 ELSE 1 END)::int
+             AS n
+    FROM {schema}.jobs d
     WHERE d.type = %(type)s AND d.status = 'done' AND d.group_id IS NOT NULL
-      AND d.finished_at >= least(c.ws, c.edge) AND d.finished_at < greatest(c.ws, c.edge)
+      AND d.finished_at >= (SELECT least(c.ws, c.edge) FROM clock c)
+      AND d.finished_at < (SELECT greatest(c.ws, c.edge) FROM clock c)
     GROUP BY d.group_id
 ),
 -- Served-count changes not yet folded into fair_groups.served_n (claims and completions
@@ -76,9 +79,10 @@ served_delta AS (
 -- Stale running jobs with attempts left are claimable (jobs_reclaimable_idx).
 stale AS (
     SELECT r.id, r.group_id, r.created_at
-    FROM {schema}.jobs r, clock c
+    FROM {schema}.jobs r
     WHERE r.type = %(type)s AND r.status = 'running' AND r.attempts < r.max_attempts
-      AND r.locked_at < c.stale_before AND r.run_after <= c.now
+      AND r.locked_at < (SELECT c.stale_before FROM clock c)
+      AND r.run_after <= (SELECT c.now FROM clock c)
 ),
 stale_head AS (
     SELECT DISTINCT ON (s.group_id) s.group_id, s.created_at AS head, s.id AS head_id
