@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -15,6 +18,8 @@ from psycopg import sql
 
 from rota import Queue
 from rota.db import migrate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -114,3 +119,23 @@ def enqueue_only_role(database_url: str) -> Iterator[Any]:
         for role in made:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.fixture
+def spawn() -> Iterator[Any]:
+    """Factory: `python -m rota.cli ARGS` as a process with text pipes for its output, run
+    in ``cwd`` (the repository by default); any still running at teardown is killed."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(args: list[str], env: dict[str, str],
+              cwd: Path = ROOT) -> subprocess.Popen[str]:
+        p = subprocess.Popen([sys.executable, "-m", "rota.cli", *args], cwd=cwd, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -24,6 +24,7 @@ from rota.admin import (
     retry_job,
 )
 from rota.errors import InvalidTransition, JobNotFound
+from tests.helpers import enqueue_jobs
 
 PLANS = Plans([Plan("free", "Free", 0), Plan("team", "Team", 1), Plan("pro", "Pro", 2)])
 
@@ -31,15 +32,6 @@ PLANS = Plans([Plan("free", "Free", 0), Plan("team", "Team", 1), Plan("pro", "Pr
 async def sql(aconn: Any, queue: Queue, query: str, params: Any = None) -> list[Any]:
     cur = await aconn.execute(query.replace("{s}", f'"{queue.schema}"'), params)
     return await cur.fetchall() if cur.description else []
-
-
-async def enqueue(queue: Queue, n: int, job_type: str = "a", **kw: Any) -> list[int]:
-    ids = []
-    for i in range(n):
-        job = await queue.enqueue(job_type, {"i": i}, **kw)
-        assert job is not None
-        ids.append(job.id)
-    return ids
 
 
 async def in_status(queue: Queue, status: str, job_type: str = "a",
@@ -69,10 +61,10 @@ async def test_list_jobs_filters_by_status_type_group_and_id(
     queue = await make_queue(plans=PLANS)
     await queue.upsert_group("g1", plan="pro")
     await queue.upsert_group("g2", plan=None)
-    a1, a2 = await enqueue(queue, 2, "a")                      # 1, 2
-    [b1] = await enqueue(queue, 1, "b", group_id="g1")         # 3
-    [b2] = await enqueue(queue, 1, "b", group_id="g2")         # 4
-    [a3] = await enqueue(queue, 1, "a", group_id="g1")         # 5
+    a1, a2 = await enqueue_jobs(queue, "a", 2)                      # 1, 2
+    [b1] = await enqueue_jobs(queue, "b", 1, group_id="g1")         # 3
+    [b2] = await enqueue_jobs(queue, "b", 1, group_id="g2")         # 4
+    [a3] = await enqueue_jobs(queue, "a", 1, group_id="g1")         # 5
     [claimed] = await queue.claim("b", 1)                      # g1 (pro) goes first
     assert claimed.id == b1
 
@@ -101,8 +93,8 @@ async def test_list_jobs_filters_by_status_type_group_and_id(
 
 
 async def test_list_jobs_pages_cover_every_job_once_in_order(queue: Queue) -> None:
-    all_ids = await enqueue(queue, 23, "a")
-    await enqueue(queue, 4, "b")  # filtered out below
+    all_ids = await enqueue_jobs(queue, "a", 23)
+    await enqueue_jobs(queue, "b", 4)  # filtered out below
     pages, before = [], None
     while True:
         page = await list_jobs(queue, type="a", limit=5, before_id=before)
@@ -116,7 +108,7 @@ async def test_list_jobs_pages_cover_every_job_once_in_order(queue: Queue) -> No
 
 
 async def test_a_full_last_page_says_there_is_no_next_page(queue: Queue) -> None:
-    await enqueue(queue, 10)
+    await enqueue_jobs(queue, "a", 10)
     first = await list_jobs(queue, limit=5)
     assert [j.id for j in first.jobs] == [10, 9, 8, 7, 6] and first.next_before_id == 6
     last = await list_jobs(queue, limit=5, before_id=first.next_before_id)
@@ -127,16 +119,16 @@ async def test_a_full_last_page_says_there_is_no_next_page(queue: Queue) -> None
 async def test_jobs_enqueued_between_pages_neither_repeat_nor_shift_later_pages(
     queue: Queue,
 ) -> None:
-    await enqueue(queue, 6)
+    await enqueue_jobs(queue, "a", 6)
     first = await list_jobs(queue, limit=3)
-    await enqueue(queue, 5)  # ids 7-11: newer than every page already started
+    await enqueue_jobs(queue, "a", 5)  # ids 7-11: newer than every page already started
     second = await list_jobs(queue, limit=3, before_id=first.next_before_id)
     assert [j.id for j in first.jobs + second.jobs] == [6, 5, 4, 3, 2, 1]
     assert second.next_before_id is None
 
 
 async def test_list_jobs_caps_its_limit_and_checks_its_filters(queue: Queue) -> None:
-    await enqueue(queue, 3)
+    await enqueue_jobs(queue, "a", 3)
     assert len((await list_jobs(queue, limit=MAX_LIST_LIMIT)).jobs) == 3
     assert MAX_LIST_LIMIT == 1000
     for bad in (0, -1, MAX_LIST_LIMIT + 1, 10**9, True, 2.0, "5", None):
@@ -201,13 +193,20 @@ async def test_retry_moves_due_now_on_the_queues_clock(queue: Queue) -> None:
     assert abs((job.run_after - await queue.now()).total_seconds()) < 5
 
 
-@pytest.mark.parametrize("status", ["pending", "running", "done"])
-async def test_retry_refuses_a_job_that_has_not_failed(queue: Queue, status: str) -> None:
+@pytest.mark.parametrize(("action", "status", "rule"), [
+    *(pytest.param(retry_job, status, "only a failed job can be retried",
+                   id=f"retry-{status}") for status in ("pending", "running", "done")),
+    *(pytest.param(cancel_job, status, "only a pending job can be cancelled",
+                   id=f"cancel-{status}") for status in ("running", "done", "failed")),
+])
+async def test_retry_and_cancel_refuse_a_job_in_another_status(
+    queue: Queue, action: Any, status: str, rule: str,
+) -> None:
+    """Retry takes only a failed job, cancel only a pending one; any other is untouched."""
     job = await in_status(queue, status)
     with pytest.raises(InvalidTransition) as caught:
-        await retry_job(queue, job.id)
-    assert str(caught.value) == (
-        f"job {job.id} is {status}; only a failed job can be retried")
+        await action(queue, job.id)
+    assert str(caught.value) == f"job {job.id} is {status}; {rule}"
     assert (caught.value.job_id, caught.value.status) == (job.id, status)
     assert await queue.get_job(job.id) == job  # untouched
 
@@ -330,19 +329,8 @@ async def test_cancel_fails_a_pending_job_and_owes_its_give_up_hook(queue: Queue
     assert ran == [job.id]
 
 
-@pytest.mark.parametrize("status", ["running", "done", "failed"])
-async def test_cancel_refuses_a_job_that_is_not_pending(queue: Queue, status: str) -> None:
-    job = await in_status(queue, status)
-    with pytest.raises(InvalidTransition) as caught:
-        await cancel_job(queue, job.id)
-    assert str(caught.value) == (
-        f"job {job.id} is {status}; only a pending job can be cancelled")
-    assert (caught.value.job_id, caught.value.status) == (job.id, status)
-    assert await queue.get_job(job.id) == job
-
-
 async def test_the_queue_exposes_the_admin_operations_as_methods(queue: Queue) -> None:
-    [a, b] = await enqueue(queue, 2)
+    [a, b] = await enqueue_jobs(queue, "a", 2)
     assert [j.id for j in (await queue.list_jobs(limit=1)).jobs] == [b]
     assert (await queue.cancel_job(a)).status == "failed"
     assert (await queue.retry_job(a)).job.status == "pending"

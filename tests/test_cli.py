@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from psycopg import sql
 
 from rota.cli import cli
 from rota.db import migrations
+from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = "tests.cli_app:build_pipeline"
@@ -358,33 +358,6 @@ def process_env(rota: Rota) -> dict[str, str]:
             "ROTA_APP": APP, "PYTHONUNBUFFERED": "1"}
 
 
-@pytest.fixture
-def spawn() -> Iterator[Any]:
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-        p = subprocess.Popen([sys.executable, "-m", "rota.cli", *args], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
-def wait_for(check: Any, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 def test_worker_process_runs_jobs_and_stops_on_sigterm(
     rota: Rota, process_env: dict[str, str], spawn: Any,
 ) -> None:
@@ -559,25 +532,19 @@ def test_worker_stops_after_the_current_run_on_sigterm(
         rota("enqueue", "slow", "{}")
     env = {**os.environ, "DATABASE_URL": rota.url, "ROTA_SCHEMA": rota.schema,
            "ROTA_APP": f"{name}:build", "PYTHONUNBUFFERED": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "rota.cli", "worker", "--budget", "1"],
-                         cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        def one_running() -> bool:
-            assert p.poll() is None, p.communicate()
-            return bool(rota.sql("SELECT count(*) FROM {s}.jobs "
-                                 "WHERE status = 'running'")[0][0] == 1)
+    p = spawn(["worker", "--budget", "1"], env, cwd=tmp_path)
 
-        wait_for(one_running)
-        [(signalled_at,)] = rota.sql("SELECT clock_timestamp()")
-        t0 = time.monotonic()
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=15)
-        elapsed = time.monotonic() - t0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    def one_running() -> bool:
+        assert p.poll() is None, p.communicate()
+        return bool(rota.sql("SELECT count(*) FROM {s}.jobs "
+                             "WHERE status = 'running'")[0][0] == 1)
+
+    wait_for(one_running)
+    [(signalled_at,)] = rota.sql("SELECT clock_timestamp()")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=15)
+    elapsed = time.monotonic() - t0
     assert p.returncode == 0, err
     # The job in flight had at most 1.5 s left; the rest is process teardown.
     assert elapsed < 1.5 + 2.0, (elapsed, err)

@@ -15,17 +15,9 @@ import pytest
 from psycopg import sql
 
 from rota import JobContext, Pipeline, Queue, Stage
+from tests.helpers import job_state
 
 AConn = psycopg.AsyncConnection[Any]
-
-
-async def state(aconn: AConn, queue: Queue, job_id: int) -> tuple[Any, ...]:
-    cur = await aconn.execute(sql.SQL(
-        "SELECT status, attempts, last_error, run_after - now() FROM {} WHERE id = %s")
-        .format(queue.table("jobs")), [job_id])
-    row = await cur.fetchone()
-    assert row is not None
-    return tuple(row)
 
 
 @pytest.fixture
@@ -59,7 +51,7 @@ async def test_a_completion_whose_commit_fails_is_a_failure_with_its_error(
     result = await Pipeline(queue, [Stage("t", 1, 1, handler)]).run()
     assert (result.stop_reason, result.jobs_done, result.jobs_failed) == ("no_work", 0, 0)
     assert result.summary == {"retries": 1}
-    status, attempts, error, due_in = await state(aconn, queue, job.id)
+    status, attempts, error, due_in = await job_state(aconn, queue, job.id)
     assert (status, attempts) == ("pending", 1)
     assert error.startswith('UniqueViolation: duplicate key value violates unique '
                             'constraint "ledger_k"')
@@ -81,7 +73,7 @@ async def test_a_completion_whose_commit_went_through_counts_once(
     result = await Pipeline(queue, [Stage("t", 3, 2, handler)]).run()
     assert (result.jobs_done, result.summary) == (3, {})
     for i in ids:
-        assert (await state(aconn, queue, i))[:2] == ("done", 1)
+        assert (await job_state(aconn, queue, i))[:2] == ("done", 1)
 
 
 async def test_a_handler_that_swallows_the_failed_commit_still_fails_the_job(
@@ -101,7 +93,7 @@ async def test_a_handler_that_swallows_the_failed_commit_still_fails_the_job(
     assert job
     result = await Pipeline(queue, [Stage("t", 1, 1, handler)]).run()
     assert (result.jobs_done, result.summary) == (0, {"retries": 1})
-    assert (await state(aconn, queue, job.id))[:3] == (
+    assert (await job_state(aconn, queue, job.id))[:3] == (
         "pending", 1, "the transaction that completed the job did not commit")
 
 

@@ -9,15 +9,14 @@ exits non-zero when its run stopped with error."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,21 +28,13 @@ from psycopg import sql
 
 from rota import ConfigError, InvalidInput, JobContext, Pipeline, Queue, Stage
 from rota.web import cron_app
+from tests.helpers import job_state
 
 AConn = psycopg.AsyncConnection[Any]
 
 
 async def forever(ctx: JobContext) -> None:
     await asyncio.sleep(3600)
-
-
-async def job_state(aconn: AConn, queue: Queue, job_id: int) -> tuple[Any, ...]:
-    cur = await aconn.execute(sql.SQL(
-        "SELECT status, attempts, last_error, run_after - now() FROM {} WHERE id = %s")
-        .format(queue.table("jobs")), [job_id])
-    row = await cur.fetchone()
-    assert row is not None
-    return tuple(row)
 
 
 # -- the stage's timeout and its default -------------------------------------------------
@@ -235,26 +226,20 @@ build.queue_settings = {{"types": ["forever", "stubborn"], "stale_after": timede
 
 
 @pytest.fixture
-def runaway(tmp_path: Path, database_url: str, migrated: str) -> Iterator[Any]:
-    procs: list[subprocess.Popen[str]] = []
+def runaway(tmp_path: Path, database_url: str, migrated: str, spawn: Any) -> Any:
+    """Factory: `rota ARGS` in a process whose app has the given platform timeout."""
+    apps = itertools.count()
 
     def start(platform: float, *args: str) -> subprocess.Popen[str]:
-        name = f"runaway_{len(procs)}"
+        name = f"runaway_{next(apps)}"
         (tmp_path / f"{name}.py").write_text(RUNAWAY_APP.format(platform=platform))
         env = {**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": migrated,
                "ROTA_APP": f"{name}:build", "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": str(ROOT), "CRON_SECRET": "runaway-secret"}
-        p = subprocess.Popen([sys.executable, "-m", "rota.cli", *args], cwd=tmp_path,
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-        procs.append(p)
+        p: subprocess.Popen[str] = spawn(list(args), env, cwd=tmp_path)
         return p
 
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    return start
 
 
 def sql_rows(url: str, schema: str, query: str) -> list[tuple[Any, ...]]:
@@ -279,18 +264,25 @@ def wait_running(url: str, schema: str, p: subprocess.Popen[str]) -> None:
     raise AssertionError("no job started")
 
 
+def rota_run(runaway: Any, url: str, schema: str, job_type: str, platform: float,
+             budget: int) -> tuple[int, str, str, float]:
+    """One ``job_type`` job, then `rota run --budget BUDGET --json` to its end in an app with
+    that platform timeout: (exit code, stdout, stderr, seconds it took)."""
+    enqueue(url, schema, job_type)
+    t0 = time.monotonic()
+    p = runaway(platform, "run", "--budget", str(budget), "--json")
+    out, err = p.communicate(timeout=60)
+    return p.returncode, out, err, time.monotonic() - t0
+
+
 def test_rota_run_with_a_runaway_handler_ends_before_the_platform_timeout(
     runaway: Any, database_url: str, migrated: str
 ) -> None:
     """The issue's run: --budget 5 with a 20 s platform timeout, still running at 45 s.
     Now the handler is cancelled at 10 s (half the platform timeout), the job fails and
     retries, and the run ends time_budget, exit 0."""
-    enqueue(database_url, migrated, "forever")
-    t0 = time.monotonic()
-    p = runaway(20, "run", "--budget", "5", "--json")
-    out, err = p.communicate(timeout=60)
-    elapsed = time.monotonic() - t0
-    assert p.returncode == 0, err
+    code, out, err, elapsed = rota_run(runaway, database_url, migrated, "forever", 20, 5)
+    assert code == 0, err
     assert 10 <= elapsed < 20, elapsed
     assert '"stopReason": "time_budget"' in out
     assert sql_rows(database_url, migrated, "SELECT status, attempts, last_error "
@@ -303,12 +295,8 @@ def test_rota_run_exits_1_when_its_run_stopped_with_error(
 ) -> None:
     """A handler that ignores its cancellation: the run is cut (error), the process
     exits 1 soon after the platform timeout's hard deadline, not never."""
-    enqueue(database_url, migrated, "stubborn")
-    t0 = time.monotonic()
-    p = runaway(3, "run", "--budget", "1", "--json")
-    out, err = p.communicate(timeout=60)
-    elapsed = time.monotonic() - t0
-    assert p.returncode == 1, err
+    code, out, err, elapsed = rota_run(runaway, database_url, migrated, "stubborn", 3, 1)
+    assert code == 1, err
     assert '"stopReason": "error"' in out and "RunOverran" in out
     [(stop_reason, duration)] = sql_rows(
         database_url, migrated, "SELECT stop_reason, finished_at - started_at FROM {s}.runs")

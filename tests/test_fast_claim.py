@@ -11,8 +11,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from psycopg import sql
 
 from rota import Queue
@@ -20,7 +18,7 @@ from rota.claim import FairClaim, UpkeepConfig
 
 from . import test_oracle
 from .oracle import oracle_ids
-from .test_oracle import _check, group_st, job_st
+from .test_oracle import _check, oracle_examples
 
 # Every way the bookkeeping can disagree with the jobs it summarizes; empty when exact.
 RECOUNT = """
@@ -91,12 +89,7 @@ async def claim_equals_oracle(queue: Queue, url: str, type_: str, limit: int) ->
 
 
 
-@settings(max_examples=120, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(groups=st.lists(group_st, min_size=5, max_size=5),
-       jobs=st.lists(job_st, max_size=30),
-       limit=st.integers(1, 12),
-       offset_s=st.sampled_from([0, 3600, 90_000]))
+@oracle_examples(120)
 def test_claim_is_exact_when_every_probe_starts_at_one_group_and_one_job(
     database_url: str, migrated: str, groups: list[tuple[Any, bool]],
     jobs: list[dict[str, Any]], limit: int, offset_s: int, monkeypatch: pytest.MonkeyPatch,
@@ -106,12 +99,7 @@ def test_claim_is_exact_when_every_probe_starts_at_one_group_and_one_job(
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s))
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(groups=st.lists(group_st, min_size=5, max_size=5),
-       jobs=st.lists(job_st, max_size=30),
-       limit=st.integers(1, 12),
-       offset_s=st.sampled_from([0, 90_000]))
+@oracle_examples(60, offsets=(0, 90_000))
 def test_claim_reading_an_application_view_is_exact(
     database_url: str, migrated: str, groups: list[tuple[Any, bool]],
     jobs: list[dict[str, Any]], limit: int, offset_s: int, monkeypatch: pytest.MonkeyPatch,

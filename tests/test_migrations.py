@@ -207,17 +207,26 @@ def refused(url: str, schema: str, message: str) -> None:
     assert cli_migrate(url, schema) == (2, "", f"error: {message}\n")
 
 
-def test_migrate_refuses_a_schema_whose_migration_changed_after_it_was_applied(
-    database_url: str, schema: str
+@pytest.mark.parametrize(("tamper", "message"), [
+    pytest.param("UPDATE {}.rota_migrations SET sha256 = repeat('ab', 32) WHERE version = 1",
+                 'migration 001_baseline.sql was changed after it was applied to schema '
+                 '"{schema}": recorded sha256 abababababab…, shipped {shipped}…',
+                 id="a-migration-changed-after-it-was-applied"),
+    pytest.param("INSERT INTO {}.rota_migrations (version, name, sha256) "
+                 "VALUES (999, 'later', repeat('0', 64))",
+                 'schema "{schema}" records migration 999_later.sql, which this rota does not '
+                 "ship (a newer rota migrated it): upgrade rota",
+                 id="migrated-by-a-newer-rota"),
+])
+def test_migrate_refuses_a_schema_whose_record_differs_from_what_it_ships(
+    database_url: str, schema: str, tamper: str, message: str
 ) -> None:
+    """A migrated schema whose rota_migrations row was then changed (``tamper``)."""
     run_migrate(database_url, schema)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("UPDATE {}.rota_migrations SET sha256 = repeat('ab', 32) "
-                             "WHERE version = 1").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL(tamper).format(sql.Identifier(schema)))
     shipped = migrations()[0].sha256
-    refused(database_url, schema,
-            f'migration 001_baseline.sql was changed after it was applied to schema '
-            f'"{schema}": recorded sha256 abababababab…, shipped {shipped[:12]}…')
+    refused(database_url, schema, message.format(schema=schema, shipped=shipped[:12]))
 
 
 def test_migrate_refuses_a_schema_of_a_pre_release_rota(
@@ -235,19 +244,6 @@ def test_migrate_refuses_a_schema_of_a_pre_release_rota(
             f'schema "{schema}" was migrated by a pre-release rota (rota_migrations has no '
             "checksums); no release existed before 0.1.0, so there is no upgrade: recreate "
             "the schema (drop it, then run rota migrate)")
-
-
-def test_migrate_refuses_a_schema_migrated_by_a_newer_rota(
-    database_url: str, schema: str
-) -> None:
-    run_migrate(database_url, schema)
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("INSERT INTO {}.rota_migrations (version, name, sha256) "
-                             "VALUES (999, 'later', repeat('0', 64))")
-                     .format(sql.Identifier(schema)))
-    refused(database_url, schema,
-            f'schema "{schema}" records migration 999_later.sql, which this rota does not '
-            "ship (a newer rota migrated it): upgrade rota")
 
 
 # -- upgrades: the missing migrations, once --------------------------------------------

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from rota.settings import QueueSettings
 from rota.store import Statements
 
 from .cli_app import build_pipeline
+from .helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "clients" / "node"
@@ -44,16 +44,6 @@ def node() -> str:
     if os.environ.get("ROTA_NODE_CLIENT") == "required":
         pytest.fail(missing)
     pytest.skip(missing)
-
-
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_node_enqueues_in_its_transactions_and_a_worker_runs_the_committed_half(

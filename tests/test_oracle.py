@@ -5,8 +5,9 @@ of docs/design.md, "The fair claim" (tests/oracle.py)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +17,8 @@ from psycopg import sql
 from rota import Queue
 
 from .oracle import insert_rows, oracle_ids
+
+T = TypeVar("T", bound=Callable[..., None])
 
 PLAN_CHOICES = [None, "free", "standard", "pro", "no-such-plan"]
 
@@ -50,13 +53,23 @@ async def _check(url: str, schema: str, groups: list[tuple[Any, bool]],
         await conn.rollback()
 
 
+def oracle_examples(max_examples: int,
+                    offsets: tuple[int, ...] = (0, 3600, 90_000)) -> Callable[[T], T]:
+    """The hypothesis settings and arguments of a test that runs `_check`: five groups, up
+    to 30 jobs, a claim limit and a clock offset (seconds) drawn from ``offsets``."""
 
-@settings(max_examples=150, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(groups=st.lists(group_st, min_size=5, max_size=5),
-       jobs=st.lists(job_st, max_size=30),
-       limit=st.integers(1, 12),
-       offset_s=st.sampled_from([0, 3600, 90_000]))
+    def decorate(test: T) -> T:
+        test = given(groups=st.lists(group_st, min_size=5, max_size=5),
+                     jobs=st.lists(job_st, max_size=30),
+                     limit=st.integers(1, 12),
+                     offset_s=st.sampled_from(offsets))(test)
+        return settings(max_examples=max_examples, deadline=None,
+                        suppress_health_check=[HealthCheck.function_scoped_fixture])(test)
+
+    return decorate
+
+
+@oracle_examples(150)
 def test_claim_matches_the_posts_query_with_interleave(
     database_url: str, migrated: str, groups: list[tuple[Any, bool]],
     jobs: list[dict[str, Any]], limit: int, offset_s: int,

@@ -28,6 +28,7 @@ from rota import (
     RunResult,
     Stage,
 )
+from tests.helpers import enqueue_jobs
 
 AConn = psycopg.AsyncConnection[Any]
 
@@ -45,15 +46,6 @@ async def job(queue: Queue, job_id: int) -> Job:
     j = await queue.get_job(job_id)
     assert j is not None
     return j
-
-
-async def enqueue(queue: Queue, job_type: str, n: int, **kw: Any) -> list[int]:
-    ids = []
-    for i in range(n):
-        j = await queue.enqueue(job_type, {"i": i}, **kw)
-        assert j is not None
-        ids.append(j.id)
-    return ids
 
 
 # -- the loop ---------------------------------------------------------------------------
@@ -75,8 +67,8 @@ async def test_earlier_stages_win_and_the_loop_restarts_from_the_top(queue: Queu
 
     pipeline = Pipeline(queue, [Stage("a", 1, 1, a), Stage("b", 1, 1, b),
                                 Stage("c", 1, 1, c)])
-    await enqueue(queue, "c", 2)
-    await enqueue(queue, "b", 2)
+    await enqueue_jobs(queue, "c", 2)
+    await enqueue_jobs(queue, "b", 2)
     result = await pipeline.run(trigger="manual")
     assert order == ["b0", "b1", "c0", "a0", "c1", "a1"]
     assert (result.stop_reason, result.jobs_done, result.jobs_failed,
@@ -94,7 +86,7 @@ async def test_a_stage_runs_at_most_concurrency_jobs_at_a_time(queue: Queue) -> 
         await asyncio.sleep(0.02)
         in_flight -= 1
 
-    await enqueue(queue, "work", 7)
+    await enqueue_jobs(queue, "work", 7)
     result = await Pipeline(queue, [Stage("work", 5, 2, handler)]).run()
     assert peak == 2
     assert (result.stop_reason, result.jobs_done) == ("no_work", 7)
@@ -112,7 +104,7 @@ async def test_budget_stop_finishes_in_flight_and_releases_unstarted(queue: Queu
         await asyncio.sleep(0.35)  # outlives the budget
         ctx.count("finished")
 
-    ids = await enqueue(queue, "slow", 6)
+    ids = await enqueue_jobs(queue, "slow", 6)
     pipeline = Pipeline(queue, [Stage("slow", 4, 2, slow)])
     result = await pipeline.run(trigger="cli", time_budget=timedelta(milliseconds=200))
 
@@ -141,7 +133,7 @@ async def test_handler_errors_retry_with_backoff_then_give_up_once(queue: Queue)
 
     pipeline = Pipeline(queue, [Stage("draft", 5, 1, boom, max_attempts=2,
                                       on_give_up=refund)])
-    [jid] = await enqueue(queue, "draft", 1)  # enqueued after the pipeline: max_attempts 2
+    [jid] = await enqueue_jobs(queue, "draft", 1)  # enqueued after the pipeline: max_attempts 2
     first = await pipeline.run()
     assert (first.jobs_done, first.jobs_failed, first.summary) == (0, 0, {"retries": 1})
     j = await job(queue, jid)
@@ -160,7 +152,7 @@ async def test_defer_job_puts_it_back_without_burning_an_attempt(queue: Queue) -
     async def not_now(ctx: JobContext) -> None:
         raise DeferJob(await ctx.queue.now() + timedelta(hours=1))
 
-    [jid] = await enqueue(queue, "wait", 1)
+    [jid] = await enqueue_jobs(queue, "wait", 1)
     pipeline = Pipeline(queue, [Stage("wait", 1, 1, not_now)])
     for _ in range(3):
         result = await pipeline.run()
@@ -177,7 +169,7 @@ async def test_a_run_never_runs_a_job_it_deferred(queue: Queue) -> None:
     async def again(ctx: JobContext) -> None:
         raise DeferJob()
 
-    [jid] = await enqueue(queue, "again", 1)
+    [jid] = await enqueue_jobs(queue, "again", 1)
     before = await queue.now()
     result = await Pipeline(queue, [Stage("again", 1, 1, again)]).run(
         time_budget=timedelta(seconds=60))
@@ -198,7 +190,7 @@ async def test_batch_handler_settles_each_job_on_its_own(queue: Queue) -> None:
         for c in ctxs:
             c.count("channels_enriched")
 
-    ids = await enqueue(queue, "enrich", 5)
+    ids = await enqueue_jobs(queue, "enrich", 5)
     result = await Pipeline(queue, [Stage("enrich", 25, 1, batch_handler=enrich)]).run()
     assert calls == [5]
     assert (result.jobs_done, result.jobs_deferred, result.jobs_failed) == (3, 1, 0)
@@ -213,7 +205,7 @@ async def test_a_batch_handler_that_raises_fails_its_unsettled_jobs(queue: Queue
         await ctxs[0].complete()
         raise RuntimeError("timeout")
 
-    ids = await enqueue(queue, "enrich", 3)
+    ids = await enqueue_jobs(queue, "enrich", 3)
     result = await Pipeline(queue, [Stage("enrich", 25, 1, batch_handler=enrich)]).run()
     assert (result.jobs_done, result.summary) == (1, {"retries": 2})
     assert [(await job(queue, i)).last_error for i in ids[1:]] == ["RuntimeError: timeout"] * 2
@@ -236,7 +228,7 @@ async def test_the_run_row_is_written_at_start_and_completed_at_end(
         ctx.count("drafts_written")
         ctx.count("tokens", 1.5)
 
-    await enqueue(queue, "draft", 2)
+    await enqueue_jobs(queue, "draft", 2)
     result = await Pipeline(queue, [Stage("draft", 1, 1, handler)]).run(trigger="worker")
     assert [(r["trigger"], r["stop_reason"], r["finished_at"]) for r in seen] == \
         [("worker", None, None)] * 2
@@ -247,7 +239,7 @@ async def test_the_run_row_is_written_at_start_and_completed_at_end(
             row["quota_units"]) == (2, 0, 0, 0)
     assert row["summary"] == {"drafts_written": 2, "tokens": 3.0} == result.summary
     assert row["started_at"] == result.started_at <= result.finished_at == row["finished_at"]
-    j = await job(queue, (await enqueue(queue, "draft", 1))[0])
+    j = await job(queue, (await enqueue_jobs(queue, "draft", 1))[0])
     assert j.run_id is None
 
 
@@ -273,7 +265,7 @@ async def test_no_transaction_is_open_while_a_handler_runs(queue: Queue,
                         raise
                     await asyncio.sleep(0.025)
 
-    await enqueue(queue, "t", 3)
+    await enqueue_jobs(queue, "t", 3)
     result = await Pipeline(queue, [Stage("t", 3, 1, handler)]).run()
     assert (result.jobs_done, result.jobs_failed, result.summary) == (3, 0, {})
 
@@ -294,7 +286,7 @@ async def test_stop_reason_time_budget(queue: Queue) -> None:
     async def handler(ctx: JobContext) -> None:
         await asyncio.sleep(0.3)
 
-    await enqueue(queue, "x", 10)
+    await enqueue_jobs(queue, "x", 10)
     result = await Pipeline(queue, [Stage("x", 1, 1, handler)]).run(
         time_budget=timedelta(milliseconds=200))
     assert result.stop_reason == "time_budget"
@@ -311,8 +303,8 @@ async def test_stop_reason_quota_reserve(queue: Queue, aconn: AConn) -> None:
     async def handler(ctx: JobContext) -> None:
         ran.append(ctx.job.type)
 
-    search = await enqueue(queue, "search", 3)
-    await enqueue(queue, "score", 1)
+    search = await enqueue_jobs(queue, "search", 3)
+    await enqueue_jobs(queue, "score", 1)
     pipeline = Pipeline(queue, [Stage("score", 1, 1, handler),
                                 Stage("search", 1, 1, handler, quota=api)])
     result = await pipeline.run()
@@ -345,8 +337,8 @@ async def test_a_dead_runs_stale_job_of_a_quota_blocked_stage_waits_for_the_rese
     async def handler(ctx: JobContext) -> None:
         ran.append(ctx.job.id)
 
-    [stuck] = await enqueue(queue, "search", 1, max_attempts=1)  # no attempt left
-    search = await enqueue(queue, "search", 3)
+    [stuck] = await enqueue_jobs(queue, "search", 1, max_attempts=1)  # no attempt left
+    search = await enqueue_jobs(queue, "search", 3)
     claimed = await queue.claim("search", 2)  # by the run that dies
     assert [j.id for j in claimed] == [stuck, search[0]]
     held = claimed[1]
@@ -382,7 +374,7 @@ async def test_stop_reason_quota_exhausted(queue: Queue, aconn: AConn) -> None:
         await ctx.spend(api, 100)
         ctx.count("searches")
 
-    ids = await enqueue(queue, "search", 5)
+    ids = await enqueue_jobs(queue, "search", 5)
     pipeline = Pipeline(queue, [Stage("search", 4, 1, search, quota=api, quota_cost=1)])
     result = await pipeline.run()
     assert (result.stop_reason, result.jobs_done, result.jobs_deferred,
@@ -408,7 +400,7 @@ async def test_stop_reason_error_records_the_error(queue: Queue, aconn: AConn) -
         await aconn.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT never_done "
                                     "CHECK (status <> 'done') NOT VALID").format(jobs))
 
-    [jid] = await enqueue(queue, "x", 1)
+    [jid] = await enqueue_jobs(queue, "x", 1)
     result = await Pipeline(queue, [Stage("x", 1, 1, handler)]).run()
     assert result.stop_reason == "error"
     assert result.error is not None and result.error.startswith("CheckViolation")
@@ -434,8 +426,8 @@ async def test_an_owner_out_of_allowance_waits_for_the_reset(make_queue: Any) ->
     async def search(ctx: JobContext) -> None:
         await ctx.spend("searches")
 
-    alice = await enqueue(queue, "search", 3, group_id="small")
-    await enqueue(queue, "search", 3, group_id="big")
+    alice = await enqueue_jobs(queue, "search", 3, group_id="small")
+    await enqueue_jobs(queue, "search", 3, group_id="big")
     pipeline = Pipeline(queue, [Stage("search", 1, 1, search)], quotas=[searches])
     result = await pipeline.run()
     # One owner's allowance is not the run's resource: the run simply has no more work.
@@ -453,7 +445,7 @@ async def test_a_cancelled_run_records_its_end_and_hands_back_its_jobs(
         started.set()
         await asyncio.sleep(3600)
 
-    ids = await enqueue(queue, "x", 2)
+    ids = await enqueue_jobs(queue, "x", 2)
     task = asyncio.create_task(Pipeline(queue, [Stage("x", 2, 1, forever)]).run())
     await started.wait()
     task.cancel()
@@ -480,7 +472,7 @@ async def test_heartbeat_keeps_a_live_runs_jobs_from_looking_stale(make_queue: A
         started.set()
         await release.wait()
 
-    [jid] = await enqueue(queue, "long", 1)
+    [jid] = await enqueue_jobs(queue, "long", 1)
     pipeline = Pipeline(queue, [Stage("long", 1, 1, long_job)],
                         heartbeat_every=timedelta(milliseconds=20))
     task = asyncio.create_task(pipeline.run(trigger="worker"))
@@ -558,7 +550,7 @@ async def test_a_run_cut_off_by_dropped_connections_records_its_error(
     try:
         queue = Queue(pool, schema=schema)
         await queue.migrate()
-        [jid] = await enqueue(queue, "x", 1)
+        [jid] = await enqueue_jobs(queue, "x", 1)
         pipeline = Pipeline(queue, [Stage("x", 1, 1, handler)])
         cut = await pipeline.run(trigger="worker")
         assert cut.stop_reason == "error"
@@ -587,8 +579,8 @@ async def test_a_stage_without_a_hook_owes_no_give_up(queue: Queue, aconn: AConn
 
     pipeline = Pipeline(queue, [Stage("plain", 5, 1, boom, max_attempts=1),
                                 Stage("paid", 5, 1, boom, max_attempts=1, on_give_up=refund)])
-    [plain] = await enqueue(queue, "plain", 1)
-    [paid] = await enqueue(queue, "paid", 1)
+    [plain] = await enqueue_jobs(queue, "plain", 1)
+    [paid] = await enqueue_jobs(queue, "paid", 1)
     result = await pipeline.run(trigger="manual", time_budget=timedelta(seconds=30))
     assert (result.stop_reason, result.jobs_failed) == ("no_work", 2)
     assert ran == [paid]
@@ -648,7 +640,7 @@ async def test_a_prefetched_batch_the_run_never_starts_is_handed_back_untouched(
         started.append(ctx.job.id)
         await asyncio.sleep(0.3)  # outlives the budget: the prefetched batch never starts
 
-    ids = await enqueue(queue, "slow", 5)
+    ids = await enqueue_jobs(queue, "slow", 5)
     before = {i: (await job(queue, i)).run_after for i in ids}
     result = await Pipeline(queue, [Stage("slow", 2, 2, slow, prefetch=True)]).run(
         time_budget=timedelta(milliseconds=150))
@@ -676,7 +668,7 @@ async def test_only_the_first_live_stage_prefetches(queue: Queue) -> None:
         order.append(f"b{ctx.job.payload['i']}")
         await ctx.queue.enqueue("a", {"i": ctx.job.payload["i"]})
 
-    await enqueue(queue, "b", 3)
+    await enqueue_jobs(queue, "b", 3)
     result = await Pipeline(queue, [Stage("a", 1, 1, first, prefetch=True),
                                     Stage("b", 1, 1, second, prefetch=True)]).run()
     assert order == ["b0", "a0", "b1", "a1", "b2", "a2"]
@@ -684,7 +676,7 @@ async def test_only_the_first_live_stage_prefetches(queue: Queue) -> None:
 
 
 async def test_release_is_fenced_by_the_claim(queue: Queue) -> None:
-    [jid] = await enqueue(queue, "r", 1)
+    [jid] = await enqueue_jobs(queue, "r", 1)
     [claimed] = await queue.claim("r", 1)
     assert claimed.id == jid
     stranger = Job(**{**claimed.__dict__, "claim_token": None})
@@ -718,7 +710,7 @@ async def test_progress_is_saved_after_a_batch_at_most_every_save_every_s(
                                   .format(queue.table("runs")), [ctx.run_id])
         seen.append((await cur.fetchone())[0])
 
-    await enqueue(queue, "p", 3)
+    await enqueue_jobs(queue, "p", 3)
     result = await Pipeline(queue, [Stage("p", 1, 1, handler)]).run()
     assert seen == seen_done
     assert (await run_row(aconn, queue, result))["jobs_done"] == 3
@@ -738,7 +730,7 @@ async def test_a_batch_claimed_while_the_last_ones_completion_fails_is_handed_ba
     async def handler(ctx: JobContext) -> None:
         started.append(ctx.job.id)
 
-    ids = await enqueue(queue, "x", 4)
+    ids = await enqueue_jobs(queue, "x", 4)
     result = await Pipeline(queue, [Stage("x", 2, 1, handler)]).run()
     assert (result.stop_reason, result.error) == \
         ("error", "OperationalError: the connection was lost")

@@ -4,6 +4,7 @@ is due, falls back to polling, survives dropped connections, and stops when told
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import types
 import uuid
@@ -50,6 +51,16 @@ async def stop_worker(stop: asyncio.Event, task: asyncio.Task[None]) -> float:
     return time.monotonic() - t0
 
 
+@contextlib.asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[None]:
+    """The worker running (started as `start` does) for the block, stopped after it."""
+    stop, task = await start(worker)
+    try:
+        yield
+    finally:
+        await stop_worker(stop, task)
+
+
 async def wait_done(aconn: psycopg.AsyncConnection[Any], schema: str, job_id: int,
                     seconds: float = 10) -> tuple[Any, ...]:
     """Poll until the job is done; returns (created_at, run_after, finished_at)."""
@@ -77,19 +88,30 @@ async def enqueue_elsewhere(aconn: psycopg.AsyncConnection[Any], schema: str,
     return int(row[0])
 
 
+async def assert_picked_up_within(aconn: psycopg.AsyncConnection[Any], schema: str,
+                                  seconds: float) -> None:
+    """Enqueue elsewhere; the worker has the job done within `seconds` of its creation."""
+    job_id = await enqueue_elsewhere(aconn, schema)
+    created_at, _, finished_at = await wait_done(aconn, schema, job_id)
+    assert finished_at - created_at < timedelta(seconds=seconds)
+
+
+def echo_worker(queue: Queue, idle_poll: float = 60, **options: Any) -> Worker:
+    """A worker on the echo app, with no maintenance runs unless asked for."""
+    options.setdefault("maintain_every", None)
+    return Worker(build_pipeline(queue), idle_poll=timedelta(seconds=idle_poll), **options)
+
+
 async def test_worker_wakes_within_a_second_of_an_enqueue_and_stops_on_request(
     tagged: tuple[Queue, str], aconn: psycopg.AsyncConnection[Any], schema: str,
 ) -> None:
     queue, _ = tagged
     # A minute of idle poll: only the notification can explain a quick pick-up.
-    worker = Worker(build_pipeline(queue), idle_poll=timedelta(seconds=60),
-                    maintain_every=None)
+    worker = echo_worker(queue)
     stop, task = await start(worker)
     assert worker.runs == 0  # nothing was due: an idle worker writes no runs rows
     for _ in range(3):
-        job_id = await enqueue_elsewhere(aconn, schema)
-        created_at, _, finished_at = await wait_done(aconn, schema, job_id)
-        assert finished_at - created_at < timedelta(seconds=1)
+        await assert_picked_up_within(aconn, schema, 1)
         await asyncio.sleep(0.2)
     assert await stop_worker(stop, task) < 1.0
     cur = await aconn.execute(sql.SQL(
@@ -102,15 +124,12 @@ async def test_worker_sleeps_until_the_next_job_is_due(
     tagged: tuple[Queue, str], aconn: psycopg.AsyncConnection[Any], schema: str,
 ) -> None:
     queue, _ = tagged
-    worker = Worker(build_pipeline(queue), idle_poll=timedelta(seconds=60),
-                    maintain_every=None)
-    stop, task = await start(worker)
-    now = await queue.now()
-    job = await queue.enqueue("echo", {}, run_after=now + timedelta(seconds=1.5))
-    assert job is not None
-    _, run_after, finished_at = await wait_done(aconn, schema, job.id)
-    assert run_after <= finished_at < run_after + timedelta(seconds=1)
-    await stop_worker(stop, task)
+    async with running(echo_worker(queue)):
+        now = await queue.now()
+        job = await queue.enqueue("echo", {}, run_after=now + timedelta(seconds=1.5))
+        assert job is not None
+        _, run_after, finished_at = await wait_done(aconn, schema, job.id)
+        assert run_after <= finished_at < run_after + timedelta(seconds=1)
 
 
 async def test_polling_fallback_finds_jobs_no_notification_announced(
@@ -119,13 +138,8 @@ async def test_polling_fallback_finds_jobs_no_notification_announced(
     queue, _ = tagged
     await aconn.execute(sql.SQL("ALTER TABLE {}.jobs DISABLE TRIGGER jobs_notify_inserted")
                         .format(sql.Identifier(schema)))
-    worker = Worker(build_pipeline(queue), idle_poll=timedelta(seconds=0.4),
-                    maintain_every=None)
-    stop, task = await start(worker)
-    job_id = await enqueue_elsewhere(aconn, schema)
-    created_at, _, finished_at = await wait_done(aconn, schema, job_id)
-    assert finished_at - created_at < timedelta(seconds=1.5)
-    await stop_worker(stop, task)
+    async with running(echo_worker(queue, idle_poll=0.4)):
+        await assert_picked_up_within(aconn, schema, 1.5)
 
 
 async def test_worker_survives_its_connections_being_dropped(
@@ -133,24 +147,20 @@ async def test_worker_survives_its_connections_being_dropped(
 ) -> None:
     """What a database restart does to a worker: every connection it has is cut."""
     queue, tag = tagged
-    worker = Worker(build_pipeline(queue), idle_poll=timedelta(seconds=60),
-                    maintain_every=None, reconnect_delay=timedelta(seconds=0.1))
-    stop, task = await start(worker)
-    first_pid = worker.listen_pid
-    cur = await aconn.execute(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE application_name = %s", [tag])
-    row = await cur.fetchone()
-    assert row is not None and row[0] >= 2  # the listener and the pool's connection
-    for _ in range(200):  # the listener reconnects (10 s at most)
-        if worker.listen_pid not in (None, first_pid):
-            break
-        await asyncio.sleep(0.05)
-    assert worker.listen_pid not in (None, first_pid)
-    job_id = await enqueue_elsewhere(aconn, schema)
-    created_at, _, finished_at = await wait_done(aconn, schema, job_id)
-    assert finished_at - created_at < timedelta(seconds=3)
-    await stop_worker(stop, task)
+    worker = echo_worker(queue, reconnect_delay=timedelta(seconds=0.1))
+    async with running(worker):
+        first_pid = worker.listen_pid
+        cur = await aconn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = %s", [tag])
+        row = await cur.fetchone()
+        assert row is not None and row[0] >= 2  # the listener and the pool's connection
+        for _ in range(200):  # the listener reconnects (10 s at most)
+            if worker.listen_pid not in (None, first_pid):
+                break
+            await asyncio.sleep(0.05)
+        assert worker.listen_pid not in (None, first_pid)
+        await assert_picked_up_within(aconn, schema, 3)
 
 
 async def test_worker_runs_maintenance_into_a_run_summary(
@@ -191,12 +201,9 @@ async def test_worker_backs_off_a_run_that_raises_and_keeps_going(
 
     worker = Worker(Flaky(), queue=queue, idle_poll=timedelta(seconds=60),
                     maintain_every=None, reconnect_delay=timedelta(seconds=0.2))
-    stop, task = await start(worker)
-    job_id = await enqueue_elsewhere(aconn, schema)
-    created_at, _, finished_at = await wait_done(aconn, schema, job_id)
-    assert Flaky.calls >= 2
-    assert finished_at - created_at < timedelta(seconds=2)
-    await stop_worker(stop, task)
+    async with running(worker):
+        await assert_picked_up_within(aconn, schema, 2)
+        assert Flaky.calls >= 2
 
 
 async def test_a_retried_job_wakes_the_worker_too(
@@ -204,19 +211,17 @@ async def test_a_retried_job_wakes_the_worker_too(
 ) -> None:
     """`rota jobs retry` is an UPDATE, not an INSERT: its statement notifies itself."""
     queue, _ = tagged
-    worker = Worker(build_pipeline(queue), idle_poll=timedelta(seconds=60),
-                    maintain_every=None)
+    worker = echo_worker(queue)
     job_id = await enqueue_elsewhere(aconn, schema)
     await aconn.execute(sql.SQL("UPDATE {}.jobs SET status = 'failed', finished_at = now() "
                                 "WHERE id = %s").format(sql.Identifier(schema)), [job_id])
-    stop, task = await start(worker)
-    cur = await aconn.execute(queue.sql("retry_job"), {
-        "id": job_id, "offset": timedelta(0), "channel": schema})
-    assert (await cur.fetchone()) is not None
-    retried_at = await queue.now()
-    _, _, finished_at = await wait_done(aconn, schema, job_id)
-    assert finished_at - retried_at < timedelta(seconds=1)
-    await stop_worker(stop, task)
+    async with running(worker):
+        cur = await aconn.execute(queue.sql("retry_job"), {
+            "id": job_id, "offset": timedelta(0), "channel": schema})
+        assert (await cur.fetchone()) is not None
+        retried_at = await queue.now()
+        _, _, finished_at = await wait_done(aconn, schema, job_id)
+        assert finished_at - retried_at < timedelta(seconds=1)
 
 
 async def test_a_stop_requested_during_the_maintenance_run_starts_no_other_run(

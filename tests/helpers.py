@@ -1,0 +1,48 @@
+"""Small helpers several test files share: enqueueing numbered jobs, reading a job's
+state straight from the table, and polling until a condition holds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from rota import Queue
+
+
+async def enqueue_jobs(queue: Queue, job_type: str, n: int, **kw: Any) -> list[int]:
+    """Enqueue ``n`` jobs of ``job_type`` with payloads ``{"i": 0}``, ``{"i": 1}``, …;
+    their ids, in order."""
+    ids = []
+    for i in range(n):
+        job = await queue.enqueue(job_type, {"i": i}, **kw)
+        assert job is not None
+        ids.append(job.id)
+    return ids
+
+
+async def job_state(aconn: psycopg.AsyncConnection[Any], queue: Queue,
+                    job_id: int) -> tuple[Any, ...]:
+    """(status, attempts, last_error, run_after - now()) of one job."""
+    cur = await aconn.execute(sql.SQL(
+        "SELECT status, attempts, last_error, run_after - now() FROM {} WHERE id = %s")
+        .format(queue.table("jobs")), [job_id])
+    row = await cur.fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20, what: str = "the check",
+             interval: float = 0.05) -> Any:
+    """Call ``check`` until it returns something true (returned), for ``timeout`` seconds
+    at most."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
