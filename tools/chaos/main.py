@@ -42,9 +42,7 @@ async def harness_main(args: argparse.Namespace) -> int:
         if not args.keep:
             await harness.drop_schema()
     finally:
-        for proc in harness.procs.values():  # interrupted: leave no workers behind
-            proc.popen.kill()
-            proc.popen.wait()
+        harness.kill_workers()
         server.stop()
     report.figures["seconds"] = round(time.monotonic() - started, 1)
     if report.ok and not args.keep:

@@ -64,9 +64,7 @@ async def harness_main(args: argparse.Namespace) -> int:
                 await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(
                     sql.Identifier(harness.schema)))
         finally:
-            for proc in harness.procs.values():  # interrupted: leave no workers behind
-                proc.popen.kill()
-                proc.popen.wait()
+            harness.kill_workers()
             server.stop()
     chaos.figures["seconds"] = round(time.monotonic() - started, 1)
     logs = keep_logs(workdir, report.ok, args.keep)
