@@ -1,6 +1,6 @@
 """rota: fair, crash-safe background pipelines on one PostgreSQL jobs table."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .db import EmbeddedServer, schema_sql
 from .errors import (
@@ -26,20 +26,15 @@ from .runner import JobContext, Pipeline, RunResult, Stage
 from .schedule import Schedule, Scheduler, scheduled_tick
 from .settings import QueueSettings
 from .sync import SyncQueue
-from .web import cron_app
+from .web import cron_app, lazy_dashboard
 from .worker import Worker
 
 if TYPE_CHECKING:
     from .web import dashboard_app
 
 
-def __getattr__(name: str) -> Any:
-    # The dashboard is imported on first use (see rota.web).
-    if name == "dashboard_app":
-        from .web import dashboard_app
-
-        return dashboard_app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The dashboard is imported on first use (see rota.web).
+__getattr__ = lazy_dashboard(__name__)
 
 
 __all__ = [

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urlsplit
 
 import httpx
@@ -30,6 +30,8 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
 from rota import RotaError
+
+from .payloads import Payload
 
 __all__ = [
     "MAX_PAGE_BYTES",
@@ -141,7 +143,7 @@ async def fetch_page(
 
 
 @dataclass(frozen=True)
-class Brief:
+class Brief(Payload):
     """What the pipeline knows about a brand, from its page.
 
     ``brand``: the brand's name; ``summary``: one or two sentences (≤ 300 characters);
@@ -160,16 +162,6 @@ class Brief:
     description: str = ""
     headings: list[str] = field(default_factory=list)
     og: dict[str, str] = field(default_factory=dict)
-
-    def to_payload(self) -> dict[str, Any]:
-        """A JSON-serializable dict (for job payloads); inverse of :meth:`from_payload`."""
-        return asdict(self)
-
-    @classmethod
-    def from_payload(cls, data: Mapping[str, Any]) -> Brief:
-        """Rebuild from :meth:`to_payload` output (unknown keys ignored)."""
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 _SKIP_TAGS: Final = frozenset({"script", "style", "noscript", "template", "svg", "iframe"})

@@ -164,6 +164,13 @@ class Harness:
                 del self.procs[name]
                 self.spawn()
 
+    def kill_workers(self) -> None:
+        """Kill every worker still running and reap it (an interrupted run leaves no
+        workers behind)."""
+        for proc in self.procs.values():
+            proc.popen.kill()
+            proc.popen.wait()
+
     async def stop_workers(self) -> None:
         for proc in self.procs.values():
             proc.popen.send_signal(signal.SIGTERM)

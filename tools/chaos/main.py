@@ -42,9 +42,7 @@ async def harness_main(args: argparse.Namespace) -> int:
         if not args.keep:
             await harness.drop_schema()
     finally:
-        for proc in harness.procs.values():  # interrupted: leave no workers behind
-            proc.popen.kill()
-            proc.popen.wait()
+        harness.kill_workers()
         server.stop()
     report.figures["seconds"] = round(time.monotonic() - started, 1)
     if report.ok and not args.keep:
@@ -55,25 +53,35 @@ async def harness_main(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def run_parser(prog: str, description: str, *, jobs_help: str, seed: int,
+               keep_help: str) -> argparse.ArgumentParser:
+    """The parser of a chaos run (``tools.chaos``, ``tools.chaos_hosts``) with the options
+    every run takes: ``--short``, ``--jobs``, ``--seed``, ``--quiet``, ``--verbose`` and
+    ``--keep``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--short", action="store_true", help="the short profile (CI)")
+    parser.add_argument("--jobs", type=int, help=jobs_help)
+    parser.add_argument("--seed", type=int, default=seed)
+    parser.add_argument("--quiet", action="store_true", help="print only the report")
+    parser.add_argument("--verbose", action="store_true", help="list every repeat")
+    parser.add_argument("--keep", action="store_true", help=keep_help)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tools.chaos [--short]`` (and, internally, ``... worker``)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.chaos",
-        description="The chaos run: real worker processes, real SIGKILLs and a real "
-                    "PostgreSQL restart, then proof that no work was lost, doubled or "
-                    "charged twice.")
-    parser.add_argument("--short", action="store_true", help="the short profile (CI)")
-    parser.add_argument("--jobs", type=int, help="override the profile's job count")
+    parser = run_parser(
+        "python -m tools.chaos",
+        "The chaos run: real worker processes, real SIGKILLs and a real PostgreSQL "
+        "restart, then proof that no work was lost, doubled or charged twice.",
+        jobs_help="override the profile's job count", seed=int(time.time()) % 100_000,
+        keep_help="keep the schema and logs")
     parser.add_argument("--workers", type=int, help="override the profile's worker count")
     parser.add_argument("--database-url", help="a local server to use and restart "
                         "(default DATABASE_URL; unset: an embedded server)")
     parser.add_argument("--embedded", action="store_true", help="use a private embedded "
                         "server even when DATABASE_URL is set (tests: restarting a shared "
                         "server would break what runs beside them)")
-    parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
-    parser.add_argument("--quiet", action="store_true", help="print only the report")
-    parser.add_argument("--verbose", action="store_true", help="list every repeat")
-    parser.add_argument("--keep", action="store_true", help="keep the schema and logs")
     sub = parser.add_subparsers(dest="command")
     w = sub.add_parser("worker", help="internal: one worker process")
     w.add_argument("--database-url", required=True)

@@ -18,6 +18,7 @@ from types import FrameType
 from psycopg import sql
 
 from ..chaos.checks import print_report
+from ..chaos.main import run_parser
 from .checks import check_hosts, print_hosts_report
 from .harness import PROBE_HOST, HostsHarness, keep_logs, seed_default
 from .net import Network, NetworkUnavailable, require_network_admin
@@ -63,9 +64,7 @@ async def harness_main(args: argparse.Namespace) -> int:
                 await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(
                     sql.Identifier(harness.schema)))
         finally:
-            for proc in harness.procs.values():  # interrupted: leave no workers behind
-                proc.popen.kill()
-                proc.popen.wait()
+            harness.kill_workers()
             server.stop()
     chaos.figures["seconds"] = round(time.monotonic() - started, 1)
     logs = keep_logs(workdir, report.ok, args.keep)
@@ -78,20 +77,16 @@ async def harness_main(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tools.chaos_hosts [--short]`` (and ``... probe``, ``... delay``)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.chaos_hosts",
-        description="Workers on several hosts (network namespaces): cut links, a slow "
-                    "link, a SIGKILL and a PostgreSQL restart, then proof that nothing "
-                    "was lost or doubled and that cut-off workers were fenced. Needs root.")
-    parser.add_argument("--short", action="store_true", help="the short profile (CI)")
-    parser.add_argument("--jobs", type=int, help="about this many seeded jobs")
+    parser = run_parser(
+        "python -m tools.chaos_hosts",
+        "Workers on several hosts (network namespaces): cut links, a slow link, a SIGKILL "
+        "and a PostgreSQL restart, then proof that nothing was lost or doubled and that "
+        "cut-off workers were fenced. Needs root.",
+        jobs_help="about this many seeded jobs", seed=seed_default(),
+        keep_help="keep the worker logs")
     parser.add_argument("--hosts", type=int, help="override the profile's host count")
     parser.add_argument("--no-probe", action="store_true",
                         help="skip the ~35 s measurement of rota's connection timeouts")
-    parser.add_argument("--seed", type=int, default=seed_default())
-    parser.add_argument("--quiet", action="store_true", help="print only the report")
-    parser.add_argument("--verbose", action="store_true", help="list every repeat")
-    parser.add_argument("--keep", action="store_true", help="keep the worker logs")
     sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("probe", help="internal: the timeout probe, inside its host")
     p.add_argument("--database-url", required=True)

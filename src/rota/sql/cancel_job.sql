@@ -3,11 +3,7 @@
 -- (exactly once: docs/design.md, "Give-up hooks"). Guard: only a pending job; a running
 -- one belongs to the run that claimed it.
 UPDATE {schema}.jobs
-SET status = 'failed',
-    finished_at = now() + %(offset)s::interval,
-    last_error = 'cancelled',
-    give_up_pending = true,
-    locked_at = NULL,
-    claim_token = NULL
+SET {failed_now},
+    last_error = 'cancelled'
 WHERE id = %(id)s AND status = 'pending'
 RETURNING *

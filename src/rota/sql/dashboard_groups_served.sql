@@ -4,13 +4,7 @@
 WITH clock AS (SELECT now() + %(offset)s::interval AS now),
 served AS (
     SELECT d.group_id, count(*) AS done
-    FROM unnest(%(types)s::text[]) AS t(type)
-    CROSS JOIN clock c
-    CROSS JOIN LATERAL (
-        SELECT j.group_id FROM {schema}.jobs j
-        WHERE j.status = 'done' AND j.type = t.type
-          AND j.finished_at > c.now - interval '1 hour' AND j.finished_at <= c.now
-    ) d
+    FROM ({done_last_hour}) d
     WHERE d.group_id IS NOT NULL
     GROUP BY d.group_id
     ORDER BY count(*) DESC, d.group_id

@@ -11,14 +11,7 @@
 WITH clock AS (SELECT now() + %(offset)s::interval AS now),
 types AS (SELECT t.type FROM unnest(%(types)s::text[]) AS t(type)),
 done AS (
-    SELECT d.finished_at
-    FROM types t
-    CROSS JOIN clock c
-    CROSS JOIN LATERAL (
-        SELECT j.finished_at FROM {schema}.jobs j
-        WHERE j.status = 'done' AND j.type = t.type
-          AND j.finished_at > c.now - interval '1 hour' AND j.finished_at <= c.now
-    ) d
+{done_last_hour}
 ),
 newest_failed AS (
     SELECT f.finished_at, f.n

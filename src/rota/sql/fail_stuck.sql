@@ -12,12 +12,8 @@ WITH stuck AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.jobs AS u
-SET status = 'failed',
-    finished_at = now() + %(offset)s::interval,
-    last_error = 'stuck: lock went stale on the last attempt (the process running it died)',
-    give_up_pending = true,
-    locked_at = NULL,
-    claim_token = NULL
+SET {failed_now},
+    last_error = 'stuck: lock went stale on the last attempt (the process running it died)'
 FROM stuck
 WHERE u.id = stuck.id
 RETURNING u.*

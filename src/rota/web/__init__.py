@@ -5,45 +5,31 @@ The dashboard is imported on first use: Jinja2 and prometheus_client would other
 add about 150 ms to the start of every process that imports rota (a worker, a cron run).
 """
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .cron import (
-    HEALTHY_STOP_REASONS,
-    PipelineSource,
-    RunnablePipeline,
-    RunOutcome,
-    Trigger,
-    bearer_matches,
-    check_time_budget,
-    cron_app,
-    resolve_pipeline,
-    result_json,
-    usable_secret,
-)
+from .cron import *  # noqa: F403 (what rota.web.cron exports, named in its __all__)
+from .cron import __all__ as _cron_all
 
 if TYPE_CHECKING:
     from .dashboard import dashboard_app
 
 
-def __getattr__(name: str) -> Any:
-    if name == "dashboard_app":
-        from .dashboard import dashboard_app
+def lazy_dashboard(module: str) -> Callable[[str], Any]:
+    """The module ``__getattr__`` (PEP 562) of ``module`` (``rota``, ``rota.web``): its
+    ``dashboard_app``, imported on first use."""
 
-        return dashboard_app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def module_getattr(name: str) -> Any:
+        if name == "dashboard_app":
+            from .dashboard import dashboard_app
+
+            return dashboard_app
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return module_getattr
 
 
-__all__ = [
-    "HEALTHY_STOP_REASONS",
-    "PipelineSource",
-    "RunOutcome",
-    "RunnablePipeline",
-    "Trigger",
-    "bearer_matches",
-    "check_time_budget",
-    "cron_app",
-    "dashboard_app",
-    "resolve_pipeline",
-    "result_json",
-    "usable_secret",
-]
+__getattr__ = lazy_dashboard(__name__)
+
+
+__all__ = [*_cron_all, "dashboard_app"]

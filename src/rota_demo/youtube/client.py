@@ -14,8 +14,8 @@ timeout) and :class:`YouTubeError` (anything else, with the HTTP status and the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -23,6 +23,7 @@ import httpx
 
 from rota import RotaError
 
+from ..payloads import Payload
 from .api import DEFAULT_BASE_URL, MAX_IDS_PER_CALL, UNIT_COST, next_reset, utcnow
 
 T = TypeVar("T")
@@ -105,7 +106,7 @@ class ChannelHit:
 
 
 @dataclass(frozen=True)
-class Channel:
+class Channel(Payload):
     """The fields of a ``channels.list`` item that the example pipeline uses.
 
     ``subscriber_count`` is ``None`` when the channel hides it; ``custom_url`` is the
@@ -123,19 +124,9 @@ class Channel:
     view_count: int | None = None
     published_at: str | None = None
 
-    def to_payload(self) -> dict[str, Any]:
-        """A JSON-serializable dict (for job payloads); inverse of :meth:`from_payload`."""
-        return asdict(self)
-
-    @classmethod
-    def from_payload(cls, data: Mapping[str, Any]) -> Channel:
-        """Rebuild from :meth:`to_payload` output (unknown keys ignored)."""
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in names})
-
 
 @dataclass(frozen=True)
-class Comment:
+class Comment(Payload):
     """The top-level comment of one ``commentThreads.list`` item.
 
     ``video_id`` is ``None`` for a comment about the channel itself; ``published_at`` is
@@ -150,10 +141,6 @@ class Comment:
     published_at: str
     video_id: str | None = None
     channel_id: str | None = None
-
-    def to_payload(self) -> dict[str, Any]:
-        """A JSON-serializable dict (for job payloads)."""
-        return asdict(self)
 
 
 # --------------------------------------------------------------------------------------
