@@ -14,7 +14,6 @@ is saved beside the results."""
 from __future__ import annotations
 
 import asyncio
-import re
 import statistics
 import time
 from pathlib import Path
@@ -93,15 +92,8 @@ async def explain(queue: Queue, conn: Any) -> str:
               "offset": queue.clock_offset, "stale_after": queue.stale_after,
               "served_window": queue.served_window, **queue.plans.claim_params(),
               "probe_groups": 58, "probe_per": 2}
-    text = queue.fair_claim.statement().as_string(conn)
-    names: list[str] = []
-
-    def number(m: re.Match[str]) -> str:
-        if m.group(1) not in names:
-            names.append(m.group(1))
-        return f"${names.index(m.group(1)) + 1}"
-
-    prepared = re.sub(r"%\((\w+)\)s", number, text)
+    claim = queue.fair_claim.statement()
+    prepared, names = claim.text, claim.names
     args = ", ".join(sql.Literal(params[n]).as_string(conn) for n in names)
     async with conn.transaction(force_rollback=True):
         await conn.execute(queue.sql("claim_settings"))

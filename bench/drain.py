@@ -27,7 +27,7 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     # not help no-op jobs: the drain is bound by the database, not by a round trip).
     # Sweep on this machine (20,000 jobs, 2 runs): batch 500 19-20k, 1,000 24-25k,
     # 2,000 26-28k jobs/s.
-    "rota": {"default": {"batch": 25, "concurrency": 1},
+    "rota": {"default": {"batch": None, "concurrency": 1},
              "tuned": {"batch": 2000, "concurrency": 8}},
     # procrastinate: one job per fetch; concurrency is its documented knob.
     "procrastinate": {"default": {"concurrency": 1},

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 from psycopg.rows import tuple_row
-from psycopg.sql import Composed
 
 from .checks import positive_int, positive_seconds
 from .job import Job
 from .plans import Plans
-from .store import AnyConn, Store
+from .store import AnyConn, RawStatement, Store, configure_cursor
 
 log = logging.getLogger("rota.claim")
 
@@ -55,11 +55,11 @@ class FairClaim:
         # (tests and bench/ check that ties and locked candidates do not make it grow).
         self.retries: dict[str, int] = {}
 
-    def statement(self) -> Composed:
+    def statement(self) -> RawStatement:
         """The claim: it walks fair_groups' copy of plan and active for rota's own groups
         table, and reads an application's groups relation live."""
         pool = "claim_pool_scan" if self.store.external_groups else "claim_pool_cached"
-        return self.store.sql("claim", pool=pool)
+        return self.store.raw("claim", pool=pool)
 
     async def claim(self, job_type: str, limit: int, *, plans: Plans,
                     clock_offset: timedelta, stale_after: timedelta,
@@ -97,7 +97,8 @@ class FairClaim:
                 # Times are loaded guarded (about 0.25 µs a value): a value that cannot be
                 # loaded becomes Unreadable on its job, so no client-side error can come
                 # between the claim and its commit.
-                cur = self.store.cursor(c, tuple_row, guard_times=True)
+                cur = psycopg.AsyncRawCursor(c, row_factory=tuple_row)
+                configure_cursor(cur, guard_times=True)
                 # Settings and claim pipelined into one round trip. On our own autocommit
                 # connection they form one implicit transaction, committed by the
                 # pipeline's Sync (no BEGIN and COMMIT round trips: a claim was 4 round
@@ -108,10 +109,9 @@ class FairClaim:
                 # "Claim").
                 async with c.pipeline():
                     await c.execute(self.store.sql("claim_settings"), prepare=True)
-                    await cur.execute(statement,
-                                      {**params, "probe_groups": groups,
-                                       "probe_per": per, "candidates": candidates},
-                                      prepare=True)
+                    await cur.execute(statement.text, statement.params(
+                        {**params, "probe_groups": groups, "probe_per": per,
+                         "candidates": candidates}), prepare=True)
                 # Read after the pipeline's Sync: its results came back with it, in the
                 # one round trip.
                 rows = await cur.fetchall()

@@ -26,13 +26,14 @@ decides how values cross the wire, so no call site can forget it:
 from __future__ import annotations
 
 import json
+import re
 import struct
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta, tzinfo
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 from psycopg.abc import AdaptContext, Buffer
@@ -211,6 +212,40 @@ def is_connection_failure(exc: BaseException) -> bool:
 _CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 
 
+class RawStatement(NamedTuple):
+    """A statement in PostgreSQL's own placeholders: ``text`` with ``$1``, ``$2``, … in
+    place of ``%(name)s``, and ``names``, the parameter each stands for, in order."""
+
+    text: str
+    names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, composed: Composed) -> RawStatement:
+        """Convert a composed statement (``%(name)s`` placeholders, ``%%`` for a percent
+        sign, as psycopg reads them)."""
+        names: list[str] = []
+
+        def number(m: re.Match[str]) -> str:
+            if m.group(0) == "%%":
+                return "%"
+            if m.group(1) not in names:
+                names.append(m.group(1))
+            return f"${names.index(m.group(1)) + 1}"
+
+        return cls(_PLACEHOLDER.sub(number, composed.as_string(None)), tuple(names))
+
+    def params(self, values: Mapping[str, Any]) -> list[Any]:
+        """The values in placeholder order.
+
+        Raises:
+            KeyError: a placeholder's value is missing.
+        """
+        return [values[n] for n in self.names]
+
+
+_PLACEHOLDER = re.compile(r"%%|%\((\w+)\)s")
+
+
 class Statements:
     """The named statements of one queue: its schema and its groups relation.
 
@@ -230,11 +265,30 @@ class Statements:
             db.identifier(groups, "groups relation", qualified=True) if groups is not None
             else Identifier(schema, "groups"))
         self.external_groups = groups is not None
+        self._composed: dict[tuple[str, tuple[tuple[str, str], ...]], Composed] = {}
+        self._raw: dict[tuple[str, tuple[tuple[str, str], ...]], RawStatement] = {}
 
     def sql(self, name: str, **fragments: str) -> Composed:
         """The statement ``rota/sql/NAME.sql`` for this schema and groups relation, each
-        ``{key}`` placeholder of ``fragments`` replaced by that named statement."""
-        return db.statement(name, self.schema_ident, self.groups_ident, **fragments)
+        ``{key}`` placeholder of ``fragments`` replaced by that named statement (composed
+        once per queue and kept)."""
+        key = (name, tuple(sorted(fragments.items())))
+        found = self._composed.get(key)
+        if found is None:
+            found = self._composed[key] = db.statement(
+                name, self.schema_ident, self.groups_ident, **fragments)
+        return found
+
+    def raw(self, name: str, **fragments: str) -> RawStatement:
+        """:meth:`sql` with its ``%(name)s`` placeholders turned into PostgreSQL's ``$n``
+        once, for a statement on the hot path too long for psycopg's cache of converted
+        queries (4 KB): psycopg then sends it as it is (``AsyncRawCursor``) instead of
+        parsing its text on every call (0.2 ms for the claim's 17 KB)."""
+        key = (name, tuple(sorted(fragments.items())))
+        found = self._raw.get(key)
+        if found is None:
+            found = self._raw[key] = RawStatement.of(self.sql(name, **fragments))
+        return found
 
     def table(self, name: str) -> Identifier:
         """A table of this queue's schema, quoted."""

@@ -37,6 +37,7 @@ from ..quota import SHARED_SCOPE, Allowance, Quota, QuotaExhausted
 from ..schedule import Schedule, Scheduler
 from ..settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET
 from ..store import is_connection_failure
+from .batching import BatchSize
 from .completer import Completer, error_text, settle_all
 from .context import JobContext, RunState, retrying
 from .stage import (
@@ -129,6 +130,8 @@ class Pipeline:
             raise InvalidInput("Pipeline needs a rota.Queue")
         self.queue = queue
         self.stages = tuple(stages)
+        # Claim sizes of the stages whose batch the runner chooses, kept across runs.
+        self._sizes: dict[str, BatchSize] = {}
         if not self.stages or not all(isinstance(s, Stage) for s in self.stages):
             raise InvalidInput("Pipeline needs a non-empty sequence of rota.Stage")
         self.platform_timeout = require_duration(platform_timeout, "platform_timeout")
@@ -424,7 +427,11 @@ class Pipeline:
                         and all(s.type in run.skipped for s in self.stages[:i])):
                     run.prefetched = (stage, asyncio.get_running_loop().create_task(
                         self._claim(run, stage)))
+                started = time.monotonic()
                 run.finishing = await self._run_batch(run, stage, jobs)
+                sizer = self._sizes.get(stage.type)
+                if sizer is not None:
+                    sizer.observe(len(jobs), time.monotonic() - started)
                 if run.finishing is None:
                     await self._save_progress(run)
                 break  # start again from the top: earlier stages win
@@ -434,11 +441,18 @@ class Pipeline:
                             else "quota_reserve")
                 return "no_work"
 
+    def batch_size(self, stage: Stage) -> int:
+        """The size of ``stage``'s next claim: its ``batch``, or when that is ``None``
+        the size the runner has settled on (:class:`~rota.runner.batching.BatchSize`)."""
+        if stage.batch is not None:
+            return stage.batch
+        return self._sizes.setdefault(stage.type, BatchSize()).size
+
     async def _claim(self, run: RunState, stage: Stage) -> list[Job]:
         """Claim a batch of ``stage``; rows that cannot be read were given up by the
         claim and count as failed here (docs/design.md, "Bad data belongs to its
         job")."""
-        jobs, unreadable = await self.queue.claim_checked(stage.type, stage.batch,
+        jobs, unreadable = await self.queue.claim_checked(stage.type, self.batch_size(stage),
                                                           run_id=run.id)
         if unreadable:
             run.jobs_failed += len(unreadable)

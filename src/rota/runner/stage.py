@@ -33,7 +33,12 @@ class Stage:
 
     Args:
         type: the job type this stage claims.
-        batch: jobs claimed at once, > 0.
+        batch: jobs claimed at once, > 0; ``None`` (the default) lets the runner size
+            each claim: from 25, doubling up to 1,000 while the backlog fills the claims
+            and a batch's handlers finish within 0.1 s, halving while a batch takes over
+            a second (:class:`~rota.runner.batching.BatchSize`; docs/design.md, "Batch
+            size"). Give a number to fix it (a ``batch_handler`` for an API that takes
+            at most N items, a quota's ``quota_cost`` per claim).
         concurrency: how many of the batch's jobs run at the same time, > 0 (for a
             ``handler``; a ``batch_handler`` is one call for the whole batch).
         handler: ``async def handler(ctx: JobContext) -> None``, run once per job. It
@@ -84,7 +89,7 @@ class Stage:
     """
 
     type: str
-    batch: int
+    batch: int | None = None
     concurrency: int = 1
     handler: Handler | None = None
     _: KW_ONLY
@@ -98,8 +103,10 @@ class Stage:
 
     def __post_init__(self) -> None:
         require_text(self.type, "stage type")
-        for name in ("batch", "concurrency", "quota_cost"):
+        for name in ("concurrency", "quota_cost"):
             positive_int(getattr(self, name), f"stage {self.type!r}: {name}")
+        if self.batch is not None:
+            positive_int(self.batch, f"stage {self.type!r}: batch")
         if self.max_attempts is not None:
             positive_int(self.max_attempts, f"stage {self.type!r}: max_attempts")
         if (self.handler is None) == (self.batch_handler is None):
