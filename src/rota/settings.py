@@ -164,8 +164,8 @@ class QueueSettings:
         max_attempts: int | None = None,
     ) -> dict[str, Any]:
         """One job's statement parameters, with the queue's settings. Its parameters
-        are :meth:`rota.Queue.enqueue`'s, and :meth:`rota.SyncQueue.enqueue`'s after
-        ``conn``.
+        are :meth:`rota.Queue.enqueue`'s but ``conn``; :meth:`rota.SyncQueue.enqueue`
+        takes them after its ``conn``, from here.
 
         Only what Python alone can see is checked here (a payload JSON cannot hold, a
         naive datetime, a value of the wrong Python type or with a NUL character); the
