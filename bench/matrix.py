@@ -33,9 +33,8 @@ import psycopg
 from psycopg import sql
 
 from rota import Queue
-from rota.db import migrate
 
-from .scale import FIFO_INDEX, PLANS, fifo_claim
+from .scale import DONE, PLANS, add_jobs, create, fifo_claim, finish
 
 SCHEMA = "bench_matrix"
 GROUPS = 10_000
@@ -54,35 +53,27 @@ async def build(url: str, *, pending: int, load: str, skew: bool) -> None:
     created = ("now() - interval '1 hour' + (i / 10000) * interval '1 second'"
                if load == "batch" else
                "now() - interval '1 hour' + i * interval '1 microsecond'")
+    params = {"t": "t", "g": GROUPS}
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
-        await c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
-        await migrate(c, SCHEMA)
-        await c.execute(sql.SQL(
-            "INSERT INTO {s}.groups (group_id, owner_id, plan, active) "
-            "SELECT 'g' || i, 'o' || i, (%(plans)s::text[])[1 + i %% 3], true "
-            "FROM generate_series(0, %(g)s - 1) i").format(s=s),
-            {"plans": list(PLANS), "g": GROUPS})
-        await c.execute("SELECT setseed(0.42)")
-        await c.execute(sql.SQL(
-            "INSERT INTO {s}.jobs (type, group_id, payload, max_attempts, run_after,"
-            " created_at) "
-            "SELECT 't', " + group + ", '{{}}', 1000, now() - interval '1 hour', "
-            + created + " "
-            "FROM generate_series(1, %(n)s) i").format(s=s), {"g": GROUPS, "n": pending})
-        await c.execute(sql.SQL(
-            "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts, max_attempts,"
-            " run_after, created_at, finished_at) "
-            "SELECT 't', 'g' || floor(random() * %(g)s)::int, '{{}}', 'done', 1, 3,"
-            " now() - interval '1 day', now() - interval '1 day',"
-            " now() - random() * interval '23 hours' "
-            "FROM generate_series(1, 200000) i").format(s=s), {"g": GROUPS})
-        await c.execute(sql.SQL(FIFO_INDEX).format(schema=s))
-        await c.execute(sql.SQL(
-            "SELECT {s}.fair_advance('t', now() - interval '1 day'),"
-            " {s}.fair_fold('t', now())").format(s=s))
-        await c.execute(sql.SQL("VACUUM FULL {}.fair_served").format(s))
-        for t in ("jobs", "fair_groups", "fair_served", "groups"):
-            await c.execute(sql.SQL("VACUUM ANALYZE {}.{}").format(s, sql.Identifier(t)))
+        await create(c, SCHEMA, GROUPS)
+        await add_jobs(c, s, pending, params, group_id=group, max_attempts="1000",
+                       run_after="now() - interval '1 hour'", created_at=created)
+        await add_jobs(c, s, 200_000, params, **DONE)
+        await finish(c, s, "t")
+
+
+# 1 plan: every group on 'standard'; 3: free/standard/pro round robin (as create sets
+# them). fair_groups' copy is set by hand, as the groups trigger would set it.
+SET_PLANS = """
+ALTER TABLE {s}.groups DISABLE TRIGGER groups_fair_changed;
+UPDATE {s}.groups SET plan = CASE WHEN {n} = 1 THEN 'standard'
+    ELSE ({plans}::text[])[1 + substr(group_id, 2)::int % 3] END;
+UPDATE {s}.fair_groups f SET plan = g.plan FROM {s}.groups g
+    WHERE g.group_id = f.group_id AND f.plan IS DISTINCT FROM g.plan;
+INSERT INTO {s}.fair_plans (type, plan) SELECT DISTINCT 't', plan
+    FROM {s}.groups WHERE plan IS NOT NULL ON CONFLICT DO NOTHING;
+ALTER TABLE {s}.groups ENABLE TRIGGER groups_fair_changed
+"""
 
 
 async def set_plans(url: str, plans: int) -> None:
@@ -92,21 +83,8 @@ async def set_plans(url: str, plans: int) -> None:
     s = sql.Identifier(SCHEMA)
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
         async with c.transaction():
-            await c.execute(sql.SQL(
-                "ALTER TABLE {s}.groups DISABLE TRIGGER groups_fair_changed").format(s=s))
-            await c.execute(sql.SQL(
-                "UPDATE {s}.groups SET plan = CASE WHEN %(n)s = 1 THEN 'standard' "
-                "ELSE (%(plans)s::text[])[1 + substr(group_id, 2)::int %% 3] END"
-            ).format(s=s), {"n": plans, "plans": list(PLANS)})
-            await c.execute(sql.SQL(
-                "UPDATE {s}.fair_groups f SET plan = g.plan FROM {s}.groups g"
-                " WHERE g.group_id = f.group_id AND f.plan IS DISTINCT FROM g.plan"
-            ).format(s=s))
-            await c.execute(sql.SQL(
-                "INSERT INTO {s}.fair_plans (type, plan) SELECT DISTINCT 't', plan"
-                " FROM {s}.groups WHERE plan IS NOT NULL ON CONFLICT DO NOTHING").format(s=s))
-            await c.execute(sql.SQL(
-                "ALTER TABLE {s}.groups ENABLE TRIGGER groups_fair_changed").format(s=s))
+            await c.execute(sql.SQL(SET_PLANS).format(
+                s=s, n=sql.Literal(plans), plans=sql.Literal(list(PLANS))))
         await c.execute(sql.SQL("VACUUM ANALYZE {}.fair_groups").format(s))
 
 

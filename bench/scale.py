@@ -46,6 +46,55 @@ RETURNING u.id
 """
 
 
+# Jobs done inside the served window (add_jobs' columns): random groups, finished over
+# the last 23 hours, so served counts differ.
+DONE = {"group_id": "'g' || floor(random() * %(g)s)::int", "status": "'done'",
+        "attempts": "1", "run_after": "now() - interval '1 day'",
+        "created_at": "now() - interval '1 day'",
+        "finished_at": "now() - random() * interval '23 hours'"}
+
+
+async def create(c: psycopg.AsyncConnection[Any], schema: str, groups: int) -> None:
+    """Create ``schema`` from scratch with ``groups`` active groups ``g0``… (owners
+    ``o0``…) over the three plans, round robin, and seed ``random()`` (the data sets
+    are the same at each build)."""
+    s = sql.Identifier(schema)
+    await c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
+    await migrate(c, schema)
+    await c.execute(sql.SQL(
+        "INSERT INTO {s}.groups (group_id, owner_id, plan, active) "
+        "SELECT 'g' || i, 'o' || i, (%(plans)s::text[])[1 + i %% 3], true "
+        "FROM generate_series(0, %(n)s - 1) i").format(s=s),
+        {"plans": list(PLANS), "n": groups})
+    await c.execute("SELECT setseed(0.42)")
+
+
+async def add_jobs(c: psycopg.AsyncConnection[Any], s: sql.Identifier, n: int,
+                   params: dict[str, Any], **columns: str) -> None:
+    """Insert ``n`` jobs in one ``INSERT … SELECT … FROM generate_series(1, n) i``:
+    ``columns`` maps a column to an SQL expression of ``i`` and of ``params`` (with
+    ``%%`` and ``{{}}`` escaped). Unless given: type ``%(t)s``, groups round robin over
+    ``%(g)s``, an empty payload, 3 attempts."""
+    values = {"type": "%(t)s", "group_id": "'g' || (i %% %(g)s)", "payload": "'{{}}'",
+              "max_attempts": "3", **columns}
+    await c.execute(sql.SQL(
+        f"INSERT INTO {{s}}.jobs ({', '.join(values)}) SELECT {', '.join(values.values())}"
+        " FROM generate_series(1, %(n)s) i").format(s=s), {**params, "n": n})
+
+
+async def finish(c: psycopg.AsyncConnection[Any], s: sql.Identifier, job_type: str) -> None:
+    """Add the FIFO claim's index, move the served window's edge to now and fold the
+    bulk load's counts, as a running queue keeps them; then compact what the bulk load
+    churned and analyze."""
+    await c.execute(sql.SQL(FIFO_INDEX).format(schema=s))
+    await c.execute(sql.SQL(
+        "SELECT {s}.fair_advance(%(t)s, now() - interval '1 day'),"
+        " {s}.fair_fold(%(t)s, now())").format(s=s), {"t": job_type})
+    await c.execute(sql.SQL("VACUUM FULL {}.fair_served").format(s))
+    for t in ("jobs", "fair_groups", "fair_served", "groups"):
+        await c.execute(sql.SQL("VACUUM ANALYZE {}.{}").format(s, sql.Identifier(t)))
+
+
 async def build(url: str, schema: str, *, pending: int, groups: int = 10_000,
                 done: int = 200_000, deferred: int = 0, stale: int = 0,
                 paused_jobs: int = 0, job_type: str = "t") -> None:
@@ -54,70 +103,30 @@ async def build(url: str, schema: str, *, pending: int, groups: int = 10_000,
     window (random groups, so served counts differ), and optionally jobs deferred far
     ahead, stale running jobs and a paused group's jobs (which must not slow a claim)."""
     s = sql.Identifier(schema)
+    params = {"t": job_type, "g": groups}
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
-        await c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
-        await migrate(c, schema)
-        await c.execute(sql.SQL(
-            "INSERT INTO {s}.groups (group_id, owner_id, plan, active) "
-            "SELECT 'g' || i, 'o' || i, (%(plans)s::text[])[1 + i %% 3], true "
-            "FROM generate_series(0, %(n)s - 1) i").format(s=s),
-            {"plans": list(PLANS), "n": groups})
-        await c.execute(sql.SQL("SELECT setseed(0.42)"))
+        await create(c, schema, groups)
         # Pending: round-robin over groups, created over the last hour, ready now.
-        await c.execute(sql.SQL(
-            "INSERT INTO {s}.jobs (type, group_id, payload, max_attempts, run_after,"
-            " created_at) "
-            "SELECT %(t)s, 'g' || (i %% %(g)s), '{{}}', 3, now() - interval '1 hour',"
-            " now() - interval '1 hour' + i * interval '1 millisecond' "
-            "FROM generate_series(1, %(n)s) i").format(s=s),
-            {"t": job_type, "g": groups, "n": pending})
-        # Done inside the window: random groups, finished over the last 23 hours.
-        await c.execute(sql.SQL(
-            "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts, max_attempts,"
-            " run_after, created_at, finished_at) "
-            "SELECT %(t)s, 'g' || floor(random() * %(g)s)::int, '{{}}', 'done', 1, 3,"
-            " now() - interval '1 day', now() - interval '1 day',"
-            " now() - random() * interval '23 hours' "
-            "FROM generate_series(1, %(n)s) i").format(s=s),
-            {"t": job_type, "g": groups, "n": done})
+        await add_jobs(c, s, pending, params, run_after="now() - interval '1 hour'",
+                       created_at="now() - interval '1 hour' + i * interval '1 millisecond'")
+        await add_jobs(c, s, done, params, **DONE)
         if deferred:
-            await c.execute(sql.SQL(
-                "INSERT INTO {s}.jobs (type, group_id, payload, max_attempts, run_after,"
-                " created_at) "
-                "SELECT %(t)s, 'g' || (i %% %(g)s), '{{}}', 3, now() + interval '30 days',"
-                " now() - interval '2 hours' "
-                "FROM generate_series(1, %(n)s) i").format(s=s),
-                {"t": job_type, "g": groups, "n": deferred})
+            await add_jobs(c, s, deferred, params, run_after="now() + interval '30 days'",
+                           created_at="now() - interval '2 hours'")
         if stale:
-            await c.execute(sql.SQL(
-                "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts,"
-                " max_attempts, run_after, created_at, locked_at, claim_token) "
-                "SELECT %(t)s, 'g' || (i %% %(g)s), '{{}}', 'running', 3, 3,"
-                " now() - interval '3 hours', now() - interval '3 hours',"
-                " now() - interval '2 hours', gen_random_uuid() "
-                "FROM generate_series(1, %(n)s) i").format(s=s),
-                {"t": job_type, "g": groups, "n": stale})
+            await add_jobs(c, s, stale, params, status="'running'", attempts="3",
+                           run_after="now() - interval '3 hours'",
+                           created_at="now() - interval '3 hours'",
+                           locked_at="now() - interval '2 hours'",
+                           claim_token="gen_random_uuid()")
         if paused_jobs:
             await c.execute(sql.SQL(
                 "INSERT INTO {s}.groups (group_id, plan, active) VALUES ('paused', 'pro', false)"
             ).format(s=s))
-            await c.execute(sql.SQL(
-                "INSERT INTO {s}.jobs (type, group_id, payload, max_attempts, run_after,"
-                " created_at) "
-                "SELECT %(t)s, 'paused', '{{}}', 3, now() - interval '2 hours',"
-                " now() - interval '2 hours' "
-                "FROM generate_series(1, %(n)s) i").format(s=s),
-                {"t": job_type, "n": paused_jobs})
-        await c.execute(sql.SQL(FIFO_INDEX).format(schema=s))
-        # Move the served window's edge to now and fold the bulk load's counts, as a
-        # running queue keeps them; then compact what the bulk load churned.
-        await c.execute(sql.SQL(
-            "SELECT {s}.fair_advance(%(t)s, now() - interval '1 day'),"
-            " {s}.fair_fold(%(t)s, now())").format(s=s), {"t": job_type})
-        await c.execute(sql.SQL("VACUUM FULL {}.fair_served").format(s))
-        await c.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(s))
-        for t in ("fair_groups", "fair_served", "groups"):
-            await c.execute(sql.SQL("VACUUM ANALYZE {}.{}").format(s, sql.Identifier(t)))
+            await add_jobs(c, s, paused_jobs, params, group_id="'paused'",
+                           run_after="now() - interval '2 hours'",
+                           created_at="now() - interval '2 hours'")
+        await finish(c, s, job_type)
 
 
 def literal_claim(queue: Queue) -> sql.Composed:

@@ -155,7 +155,7 @@ class QueueSettings:
 
     def enqueue_params(
         self,
-        job_type: str,
+        type: str,
         payload: Any,
         *,
         group_id: str | uuid.UUID | None = None,
@@ -163,7 +163,9 @@ class QueueSettings:
         run_after: datetime | None = None,
         max_attempts: int | None = None,
     ) -> dict[str, Any]:
-        """One job's statement parameters, with the queue's settings.
+        """One job's statement parameters, with the queue's settings. Its parameters
+        are :meth:`rota.Queue.enqueue`'s but ``conn``; :meth:`rota.SyncQueue.enqueue`
+        takes them after its ``conn``, from here.
 
         Only what Python alone can see is checked here (a payload JSON cannot hold, a
         naive datetime, a value of the wrong Python type or with a NUL character); the
@@ -175,7 +177,7 @@ class QueueSettings:
             InvalidInput and subclasses: naming the argument; nothing was sent.
         """
         return {
-            "type": sendable_text(job_type, "job type"),
+            "type": sendable_text(type, "job type"),
             "payload": encode_payload(payload),
             "group_id": sendable_text(group_id, "group_id", allow_none=True),
             "dedupe_key": sendable_text(dedupe_key, "dedupe_key", allow_none=True),

@@ -3,10 +3,11 @@ sync connection. Runs the same statements and checks as :class:`rota.Queue`."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
-from typing import Any
+import functools
+import inspect
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
@@ -14,6 +15,36 @@ from psycopg.rows import dict_row, tuple_row
 from .job import Job
 from .settings import QueueSettings, enqueue_error, enqueued_job
 from .store import Statements, configure_cursor
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _checked_by(
+    params_of: Callable[Concatenate[QueueSettings, P], dict[str, Any]],
+) -> Callable[[Callable[[SyncQueue, psycopg.Connection[Any], dict[str, Any]], R]],
+              Callable[Concatenate[SyncQueue, psycopg.Connection[Any], P], R]]:
+    """A :class:`SyncQueue` method from ``run(self, conn, params)``: it takes ``conn``,
+    then the arguments of ``params_of`` (the :class:`QueueSettings` method that checks
+    them and makes the statement's parameters for :class:`rota.Queue` too), and runs
+    ``run`` with those parameters. Its signature (``help()``, :func:`inspect.signature`)
+    shows those arguments; mypy checks calls against them."""
+    def decorate(
+        run: Callable[[SyncQueue, psycopg.Connection[Any], dict[str, Any]], R],
+    ) -> Callable[Concatenate[SyncQueue, psycopg.Connection[Any], P], R]:
+        @functools.wraps(run)
+        def method(self: SyncQueue, conn: psycopg.Connection[Any], *args: P.args,
+                   **kwargs: P.kwargs) -> R:
+            return run(self, conn, params_of(self.settings, *args, **kwargs))
+
+        own = inspect.signature(run)
+        checked = list(inspect.signature(params_of).parameters.values())[1:]
+        method.__signature__ = own.replace(  # type: ignore[attr-defined]
+            parameters=[*list(own.parameters.values())[:2], *checked])
+        # Concatenate makes self and conn positional-only for mypy; at run time conn
+        # may still be passed by name, as before.
+        return method  # type: ignore[return-value]
+    return decorate
 
 
 class SyncQueue:
@@ -43,32 +74,19 @@ class SyncQueue:
     def clock_offset(self, value: timedelta) -> None:
         self.settings.clock_offset = value
 
-    def enqueue(
-        self,
-        conn: psycopg.Connection[Any],
-        type: str,
-        payload: Any,
-        *,
-        group_id: str | uuid.UUID | None = None,
-        dedupe_key: str | None = None,
-        run_after: datetime | None = None,
-        max_attempts: int | None = None,
-    ) -> Job | None:
+    @_checked_by(QueueSettings.enqueue_params)
+    def enqueue(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> Job | None:
         """As :meth:`rota.Queue.enqueue`, on ``conn``. Returns the job, or ``None`` for a
         duplicate of an open job. Raises the same errors."""
-        params = self.settings.enqueue_params(
-            type, payload, group_id=group_id, dedupe_key=dedupe_key, run_after=run_after,
-            max_attempts=max_attempts)
         cur = conn.cursor(row_factory=dict_row)
         configure_cursor(cur)
         cur.execute(self.statements.sql("enqueue"), params)
         row = cur.fetchone()
         return enqueued_job(row)
 
-    def enqueue_many(self, conn: psycopg.Connection[Any],
-                     items: Iterable[Mapping[str, Any]]) -> int:
+    @_checked_by(QueueSettings.enqueue_many_params)
+    def enqueue_many(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> int:
         """As :meth:`rota.Queue.enqueue_many`, on ``conn``. Returns how many were created."""
-        params = self.settings.enqueue_many_params(items)
         if not params["types"]:
             return 0
         cur = conn.cursor(row_factory=tuple_row)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -215,6 +217,24 @@ class Harness:
                 await conn.close()
             return None, {}
 
+    async def watch(self, start: float, deadline: float) -> AsyncGenerator[dict[str, int], None]:
+        """Every 0.2 s until ``deadline`` seconds after ``start``: reaps crashed workers
+        and yields the job counts by status (the last ones read while the server is
+        down). Says so when the deadline passes; closes its connection when it ends."""
+        conn: AnyConn | None = None
+        counts: dict[str, int] = {}
+        try:
+            while time.monotonic() - start < deadline:
+                await asyncio.sleep(0.2)
+                self.reap_crashed()
+                conn, now_counts = await self.progress(conn)
+                counts = now_counts or counts
+                yield counts
+            self.say("worker phase deadline reached; draining the rest")
+        finally:
+            if conn is not None:
+                await conn.close()
+
     async def worker_phase(self, total: int) -> None:
         p = self.profile
         for _ in range(p.workers):
@@ -223,42 +243,36 @@ class Harness:
         next_kill = start + self.rng.uniform(*p.kill_every)
         killing = True
         restart_task: asyncio.Task[None] | None = None
-        conn: AnyConn | None = None
         last_report = 0.0
-        counts: dict[str, int] = {}
         try:
-            while time.monotonic() - start < p.deadline:
-                await asyncio.sleep(0.2)
-                self.reap_crashed()
-                conn, now_counts = await self.progress(conn)
-                counts = now_counts or counts
-                finished = counts.get("done", 0) + counts.get("failed", 0)
-                open_jobs = counts.get("pending", 0) + counts.get("running", 0)
-                if killing and finished >= p.stop_killing_at * total and self.out.restarts:
-                    killing = False
-                    self.say(f"killing stops: {finished}/{total} finished")
-                if killing and time.monotonic() >= next_kill:
-                    self.kill_one()
-                    next_kill = time.monotonic() + self.rng.uniform(*p.kill_every)
-                if restart_task is None and finished >= p.restart_at * total:
-                    restart_task = asyncio.create_task(self.restart())
-                if time.monotonic() - last_report >= 5:
-                    last_report = time.monotonic()
-                    self.say(f"done={counts.get('done', 0)} failed={counts.get('failed', 0)} "
-                             f"open={open_jobs} kills={len(self.out.kills)} "
-                             f"restarts={len(self.out.restarts)}")
-                # Nothing open: nothing can make more (a search makes its drafts only
-                # when it completes), so the work is over (a failed search has none).
-                if not killing and counts and open_jobs == 0:
-                    break
-            else:
-                self.say("worker phase deadline reached; draining the rest")
+            async with aclosing(self.watch(start, p.deadline)) as ticks:
+                async for counts in ticks:
+                    finished = counts.get("done", 0) + counts.get("failed", 0)
+                    open_jobs = counts.get("pending", 0) + counts.get("running", 0)
+                    if (killing and finished >= p.stop_killing_at * total
+                            and self.out.restarts):
+                        killing = False
+                        self.say(f"killing stops: {finished}/{total} finished")
+                    if killing and time.monotonic() >= next_kill:
+                        self.kill_one()
+                        next_kill = time.monotonic() + self.rng.uniform(*p.kill_every)
+                    if restart_task is None and finished >= p.restart_at * total:
+                        restart_task = asyncio.create_task(self.restart())
+                    if time.monotonic() - last_report >= 5:
+                        last_report = time.monotonic()
+                        self.say(f"done={counts.get('done', 0)} "
+                                 f"failed={counts.get('failed', 0)} open={open_jobs} "
+                                 f"kills={len(self.out.kills)} "
+                                 f"restarts={len(self.out.restarts)}")
+                    # Nothing open: nothing can make more (a search makes its drafts
+                    # only when it completes), so the work is over (a failed search
+                    # has none).
+                    if not killing and counts and open_jobs == 0:
+                        break
             if restart_task is None:
                 restart_task = asyncio.create_task(self.restart())
             await restart_task
         finally:
-            if conn is not None:
-                await conn.close()
             self.out.worker_phase_s = time.monotonic() - start
             await self.stop_workers()
         self.out.runs_raised = sum(

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -333,26 +334,20 @@ class HostsHarness(Harness):
         start = time.monotonic()
         scenario = asyncio.create_task(self.scenario())
         probe = asyncio.create_task(self.probe())
-        conn: AnyConn | None = None
         last_report = 0.0
-        counts: dict[str, int] = {}
         try:
-            while time.monotonic() - start < p.deadline:
-                await asyncio.sleep(0.2)
-                if scenario.done():
-                    scenario.result()  # raise what it raised
-                self.reap_crashed()
-                conn, now_counts = await self.progress(conn)
-                counts = now_counts or counts
-                open_jobs = counts.get("pending", 0) + counts.get("running", 0)
-                if time.monotonic() - last_report >= 5:
-                    last_report = time.monotonic()
-                    self.say(f"done={counts.get('done', 0)} failed={counts.get('failed', 0)} "
-                             f"open={open_jobs} stuck={counts.get('stuck', 0)}")
-                if scenario.done() and probe.done() and counts and open_jobs == 0:
-                    break
-            else:
-                self.say("worker phase deadline reached; draining the rest")
+            async with aclosing(self.watch(start, p.deadline)) as ticks:
+                async for counts in ticks:
+                    if scenario.done():
+                        scenario.result()  # raise what it raised
+                    open_jobs = counts.get("pending", 0) + counts.get("running", 0)
+                    if time.monotonic() - last_report >= 5:
+                        last_report = time.monotonic()
+                        self.say(f"done={counts.get('done', 0)} "
+                                 f"failed={counts.get('failed', 0)} open={open_jobs} "
+                                 f"stuck={counts.get('stuck', 0)}")
+                    if scenario.done() and probe.done() and counts and open_jobs == 0:
+                        break
             await scenario
             await probe
         finally:
@@ -362,8 +357,6 @@ class HostsHarness(Harness):
             await asyncio.gather(scenario, probe, return_exceptions=True)
             for name in list(self.network.hosts):
                 self.network.heal(name)
-            if conn is not None:
-                await conn.close()
             self.out.worker_phase_s = time.monotonic() - start
             await self.stop_workers()
 

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from .. import admin, db
 from .app import CONNECT_TIMEOUT, build_pipeline, load_pipeline, open_queue
-from .options import json_option, make_target, target_options
+from .options import json_option, make_target, target_command, target_options
 from .output import (
     add_row,
     age,
@@ -27,9 +27,7 @@ from .output import (
 )
 
 
-@click.command()
-@target_options
-@json_option
+@target_command
 def migrate(database_url: str | None, schema: str | None, app_spec: str | None,
             as_json: bool) -> None:
     """Apply missing migrations (safe to run concurrently). With an app, then publish
@@ -102,9 +100,7 @@ def runs(database_url: str | None, schema: str | None, app_spec: str | None,
     console().print(table)
 
 
-@click.command()
-@target_options
-@json_option
+@target_command
 def maintain(database_url: str | None, schema: str | None, app_spec: str | None,
              as_json: bool) -> None:
     """Fail stuck jobs (running their give-up hooks), mark killed runs, prune old done
@@ -136,9 +132,7 @@ def maintain(database_url: str | None, schema: str | None, app_spec: str | None,
     console().print(table)
 
 
-@click.command()
-@target_options
-@json_option
+@target_command
 def depth(database_url: str | None, schema: str | None, app_spec: str | None,
           as_json: bool) -> None:
     """Queue depth per stage (job type) and plan: due, scheduled, paused, running."""

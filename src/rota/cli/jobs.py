@@ -253,10 +253,15 @@ def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | No
 # -- jobs: retry, cancel -------------------------------------------------------------------------
 
 
-@jobs.command("retry")
-@target_options
-@click.argument("job_id", type=click.IntRange(min=1), metavar="ID")
-@json_option
+def _job_command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
+    """``rota jobs NAME ID``: a command on one job, with the target options and ``--json``."""
+    def decorate(f: Callable[..., Any]) -> click.Command:
+        f = click.argument("job_id", type=click.IntRange(min=1), metavar="ID")(json_option(f))
+        return jobs.command(name)(target_options(f))
+    return decorate
+
+
+@_job_command("retry")
 def jobs_retry(database_url: str | None, schema: str | None, app_spec: str | None,
                job_id: int, as_json: bool) -> None:
     """Put failed job ID back to pending, due now, with attempts reset.
@@ -279,10 +284,7 @@ def jobs_retry(database_url: str | None, schema: str | None, app_spec: str | Non
             f"job {job_id} ({result.job.type}) is pending again, due now{note}"))
 
 
-@jobs.command("cancel")
-@target_options
-@click.argument("job_id", type=click.IntRange(min=1), metavar="ID")
-@json_option
+@_job_command("cancel")
 def jobs_cancel(database_url: str | None, schema: str | None, app_spec: str | None,
                 job_id: int, as_json: bool) -> None:
     """Cancel pending job ID: it ends failed ('cancelled') and its give-up hook is owed

@@ -36,6 +36,12 @@ def json_option(f: F) -> F:
                         help="Print JSON for scripts instead of a table.")(f)
 
 
+def target_command(f: Callable[..., Any]) -> click.Command:
+    """A command on the target that can print JSON: ``f`` with :func:`target_options`
+    and :func:`json_option`, named after it."""
+    return click.command()(target_options(json_option(f)))
+
+
 def _parent_params() -> dict[str, Any]:
     """The enclosing group's parameters (``rota jobs --database-url X failed``)."""
     ctx = click.get_current_context(silent=True)

@@ -7,19 +7,16 @@ import asyncio
 from datetime import datetime
 from typing import Any
 
-import click
 from rich.table import Table
 
 from ..schedule import Scheduler, ScheduleStatus
 from .app import load_pipeline, open_queue
 from .errors import CliConfigError
-from .options import json_option, make_target, target_options
+from .options import make_target, target_command
 from .output import add_row, cell, console, emit_json, utc_time
 
 
-@click.command()
-@target_options
-@json_option
+@target_command
 def schedules(database_url: str | None, schema: str | None, app_spec: str | None,
               as_json: bool) -> None:
     """The app's schedules: cron, zone, last tick taken, next tick, and whether one is

@@ -51,14 +51,7 @@ pool AS (
         SELECT x.plan, x.active FROM {groups} x WHERE x.group_id = s.group_id OFFSET 0
     ) g ON true
     LEFT JOIN stale_head sh ON sh.group_id = s.group_id
-    -- The smaller of the row's bound (none once expired) and the stale head, as a row.
-    CROSS JOIN LATERAL (
-        SELECT x.head, x.head_id FROM (VALUES
-            (CASE WHEN fg.head_until <= c.now THEN '-infinity' ELSE fg.head_lb END,
-             CASE WHEN fg.head_until <= c.now THEN 0 ELSE fg.head_id END),
-            (sh.head, sh.head_id)) x(head, head_id)
-        WHERE x.head IS NOT NULL
-        ORDER BY x.head, x.head_id LIMIT 1) hd
+    {claim_head}
     LEFT JOIN served_delta dd ON dd.group_id = s.group_id
     LEFT JOIN edge_fix ef ON ef.group_id = s.group_id
     LEFT JOIN running_old ro ON ro.group_id = s.group_id
