@@ -27,13 +27,13 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.conninfo import make_conninfo
+
+from .workers import drop, release_together, run_window
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = (1, 2, 4, 8)
@@ -71,17 +71,7 @@ async def worker_main(url: str, schema: str, seconds: float) -> int:
             t = time.perf_counter()
             await conn.execute("SELECT 1")
             rtts.append((time.perf_counter() - t) * 1000)
-    print("ready", flush=True)
-    await asyncio.to_thread(sys.stdin.readline)
-    done = 0
-    end = time.monotonic() + seconds
-    try:
-        while (left := end - time.monotonic()) > 0.05:
-            result = await pipeline.run(trigger="manual",
-                                        time_budget=timedelta(seconds=min(left, 2.0)))
-            done += result.jobs_done
-    finally:
-        await queue.close()
+    done = await run_window(queue, pipeline, seconds)
     print(json.dumps({"done": done, "claims": claims, "rtt": statistics.median(rtts)}),
           flush=True)
     return 0
@@ -93,12 +83,6 @@ async def build(url: str, schema: str, jobs: int) -> None:
     await bulk_build(url, schema, pending=jobs, groups=GROUPS, done=0)
 
 
-async def drop(url: str, schema: str) -> None:
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
-        await c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-            sql.Identifier(schema)))
-
-
 def run_config(net: Any, url: str, workers: int, latency_ms: float,
                seconds: float, jobs: int) -> dict[str, Any]:
     """One measurement: a fresh schema, ``workers`` processes over the hosts."""
@@ -108,32 +92,15 @@ def run_config(net: Any, url: str, workers: int, latency_ms: float,
     if latency_ms:
         for h in hosts:
             net.slow(h, latency_ms)
-    procs = []
     try:
-        for i in range(workers):
-            host = hosts[i % len(hosts)]
-            procs.append(net.spawn(
-                host, [sys.executable, "-m", "bench.hosts", "worker", "--url",
-                       make_conninfo(url, application_name=f"bench-{host}-{i}"),
-                       "--schema", schema, "--seconds", str(seconds)],
-                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                env={**os.environ, "PYTHONPATH": str(ROOT)}))
-        for p in procs:
-            assert p.stdout is not None
-            line = p.stdout.readline()
-            if line.strip() != b"ready":
-                raise RuntimeError(f"a bench worker did not start: {line!r}")
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write(b"go\n")
-            p.stdin.flush()
-        outs = [json.loads(p.communicate(timeout=seconds + 60)[0].decode().splitlines()[-1])
-                for p in procs]
+        outs = release_together(lambda i: net.spawn(
+            hosts[i % len(hosts)],
+            [sys.executable, "-m", "bench.hosts", "worker", "--url",
+             make_conninfo(url, application_name=f"bench-{hosts[i % len(hosts)]}-{i}"),
+             "--schema", schema, "--seconds", str(seconds)],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(ROOT)}), workers, seconds + 60)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
         for h in hosts:
             net.heal(h)
         asyncio.run(drop(url, schema))

@@ -28,12 +28,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
+
+from rota import Pipeline, Queue
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = (1, 2, 4, 8)
@@ -47,7 +50,7 @@ async def worker_main(url: str, schema: str, seconds: float, handler_ms: float,
     """One worker process: ``ready``, wait for ``go`` on stdin, then run the pipeline
     for ``seconds`` (or, with ``drain``, until a run finds no work), and print JSON:
     jobs done and, for each handler call, (start ns, group)."""
-    from rota import JobContext, Pipeline, Queue, Stage
+    from rota import JobContext, Stage
 
     queue = Queue(url, schema=schema)
     await queue.open()
@@ -61,6 +64,16 @@ async def worker_main(url: str, schema: str, seconds: float, handler_ms: float,
     pipeline = Pipeline(queue, [Stage("t", handler=handler)])
     async with queue.connection() as conn:  # warm a pooled connection
         await conn.execute("SELECT 1")
+    done = await run_window(queue, pipeline, seconds, drain)
+    print(json.dumps({"done": done, "started": started}), flush=True)
+    return 0
+
+
+async def run_window(queue: Queue, pipeline: Pipeline, seconds: float,
+                     drain: bool = False) -> int:
+    """Say ``ready``, wait for ``go`` on stdin, then run ``pipeline`` back to back for
+    ``seconds`` (with ``drain``, stop at a run that finds no work); close ``queue``.
+    Returns the jobs done."""
     print("ready", flush=True)
     await asyncio.to_thread(sys.stdin.readline)
     done = 0
@@ -74,22 +87,18 @@ async def worker_main(url: str, schema: str, seconds: float, handler_ms: float,
                 break
     finally:
         await queue.close()
-    print(json.dumps({"done": done, "started": started}), flush=True)
-    return 0
+    return done
 
 
-def run_workers(url: str, schema: str, workers: int, seconds: float, handler_ms: float,
-                drain: bool) -> list[dict[str, Any]]:
-    """Start ``workers`` processes, release them together, return their JSON outputs."""
-    procs = []
+def release_together(spawn: Callable[[int], subprocess.Popen[bytes]], n: int,
+                     timeout: float) -> list[dict[str, Any]]:
+    """Start ``n`` worker processes (``spawn(i)``, stdin and stdout piped), wait until
+    each says ``ready``, send every one ``go``, and return the JSON each prints last;
+    processes still running at the end are killed."""
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        for _ in range(workers):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "bench.workers", "worker", "--url", url,
-                 "--schema", schema, "--seconds", str(seconds),
-                 "--handler-ms", str(handler_ms)] + (["--drain"] if drain else []),
-                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                env={**os.environ, "PYTHONPATH": str(ROOT)}))
+        for i in range(n):
+            procs.append(spawn(i))
         for p in procs:
             assert p.stdout is not None
             line = p.stdout.readline()
@@ -99,13 +108,24 @@ def run_workers(url: str, schema: str, workers: int, seconds: float, handler_ms:
             assert p.stdin is not None
             p.stdin.write(b"go\n")
             p.stdin.flush()
-        return [json.loads(p.communicate(timeout=seconds + 120)[0].decode().splitlines()[-1])
+        return [json.loads(p.communicate(timeout=timeout)[0].decode().splitlines()[-1])
                 for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def run_workers(url: str, schema: str, workers: int, seconds: float, handler_ms: float,
+                drain: bool) -> list[dict[str, Any]]:
+    """Start ``workers`` processes, release them together, return their JSON outputs."""
+    return release_together(lambda _: subprocess.Popen(
+        [sys.executable, "-m", "bench.workers", "worker", "--url", url,
+         "--schema", schema, "--seconds", str(seconds),
+         "--handler-ms", str(handler_ms)] + (["--drain"] if drain else []),
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}), workers, seconds + 120)
 
 
 async def drop(url: str, schema: str) -> None:

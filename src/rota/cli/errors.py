@@ -9,16 +9,8 @@ import click
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from ..errors import (
-    ConfigError,
-    DatabaseUnavailable,
-    InvalidInput,
-    InvalidTransition,
-    JobNotFound,
-    MigrationError,
-    RotaError,
-    first_line,
-)
+from .. import errors as rota_errors
+from ..errors import first_line
 from ..redact import redact
 from ..store import is_connection_failure
 from .output import safe_text
@@ -51,9 +43,12 @@ _INPUT_SQLSTATE_CLASSES = ("22", "54")
 def as_cli_error(exc: Exception) -> CliError | None:
     """Translate the exceptions a command can meet into one-line CLI errors (``None``:
     not one of them, let it raise)."""
-    if isinstance(exc, JobNotFound | InvalidTransition):  # the action's outcome: exit 1
+    # The action's outcome (a job that cannot be retried, say): exit 1.
+    if isinstance(exc, rota_errors.JobNotFound | rota_errors.InvalidTransition):
         return CliError(first_line(exc))
-    if isinstance(exc, DatabaseUnavailable | ConfigError | InvalidInput | MigrationError):
+    # Bad configuration or input, or no database to act on: exit 2.
+    if isinstance(exc, rota_errors.DatabaseUnavailable | rota_errors.ConfigError
+                  | rota_errors.InvalidInput | rota_errors.MigrationError):
         return CliConfigError(first_line(exc))
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
         return CliConfigError(
@@ -65,7 +60,7 @@ def as_cli_error(exc: Exception) -> CliError | None:
         cls = CliConfigError if state.startswith(_INPUT_SQLSTATE_CLASSES) else CliError
         code = f" (SQLSTATE {state})" if state else ""
         return cls(f"database error{code}: {first_line(exc)}")
-    if isinstance(exc, RotaError):
+    if isinstance(exc, rota_errors.RotaError):
         return CliError(first_line(exc))
     if isinstance(exc, RecursionError):
         return CliConfigError("input nested too deeply to handle")
