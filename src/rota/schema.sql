@@ -558,6 +558,8 @@ CREATE INDEX fair_groups_walk_idx ON {schema}.fair_groups (type, plan, served_n,
 -- Groups whose head bound has run out (or will): the claim probes them explicitly.
 CREATE INDEX fair_groups_expiry_idx ON {schema}.fair_groups (type, head_until)
     WHERE head_until < 'infinity';
+-- A groups-table change updates the group's rows of every type (fair_groups_changed).
+CREATE INDEX fair_groups_group_idx ON {schema}.fair_groups (group_id);
 
 -- The plans present among a type's groups (NULL, no plan, is always walked). Rows are
 -- only ever added (INSERT … ON CONFLICT DO NOTHING takes no lock); a plan no longer
