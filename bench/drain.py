@@ -27,8 +27,11 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     # not help no-op jobs: the drain is bound by the database, not by a round trip).
     # Sweep on this machine (20,000 jobs, 2 runs): batch 500 19-20k, 1,000 24-25k,
     # 2,000 26-28k jobs/s.
+    # Default: the README's starting point, Stage("t", handler=h): the runner sizes the
+    # claims (docs/design.md, "Batch size"). batch1: one job per claim, the per-job cycle.
     "rota": {"default": {"batch": None, "concurrency": 1},
-             "tuned": {"batch": 2000, "concurrency": 8}},
+             "tuned": {"batch": 2000, "concurrency": 8},
+             "batch1": {"batch": 1, "concurrency": 1}},
     # procrastinate: one job per fetch; concurrency is its documented knob.
     "procrastinate": {"default": {"concurrency": 1},
                       "tuned": {"concurrency": 10}},
@@ -37,9 +40,11 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     # 21.3-22.1k, 1,000 18.9-19.8k jobs/s: tuned is its best, 250.
     # With asyncpg (its documented driver) and with psycopg (rota's).
     "pgqueuer (asyncpg)": {"default": {"batch_size": 10, "driver": "asyncpg"},
-                           "tuned": {"batch_size": 250, "driver": "asyncpg"}},
+                           "tuned": {"batch_size": 250, "driver": "asyncpg"},
+                           "batch1": {"batch_size": 1, "driver": "asyncpg"}},
     "pgqueuer (psycopg)": {"default": {"batch_size": 10, "driver": "psycopg"},
-                           "tuned": {"batch_size": 250, "driver": "psycopg"}},
+                           "tuned": {"batch_size": 250, "driver": "psycopg"},
+                           "batch1": {"batch_size": 1, "driver": "psycopg"}},
 }
 
 Drain = Callable[[str, int, dict[str, Any]], Awaitable[float]]
@@ -153,10 +158,14 @@ async def measure(url: str, n: int, rounds: int) -> dict[str, dict[str, Any]]:
     got: dict[str, dict[str, list[float]]] = {
         name: {s: [] for s in SETTINGS[name]} for name in DRAINS}
     for r in range(rounds):  # interleaved: every system and setting once per round
-        for setting in ("default", "tuned"):
+        for setting in ("default", "tuned", "batch1"):
             for name, drain in DRAINS.items():
+                if setting not in SETTINGS[name]:
+                    continue
                 db = database(url, f"bench_drain_{slug(name)}")
-                rate = await drain(db, n, SETTINGS[name][setting])
+                # One job per claim is slow: a tenth of the jobs measure its cycle.
+                rate = await drain(db, n // 10 if setting == "batch1" else n,
+                                   SETTINGS[name][setting])
                 got[name][setting].append(rate)
                 print(f"  round {r + 1} {name} {setting}: {rate:,.0f} jobs/s", flush=True)
     return {name: {s: {"median": statistics.median(v), "runs": v,
@@ -187,17 +196,20 @@ def report(result: dict[str, dict[str, Any]]) -> str:
     def fmt(opts: dict[str, Any]) -> str:
         return ", ".join(f"{k} {v}" for k, v in opts.items() if k != "driver")
 
-    lines = ["| system | default (jobs/s) | tuned (jobs/s) | tuned settings |",
-             "|---|---:|---:|---|"]
+    lines = ["| system | default (jobs/s) | tuned (jobs/s) | tuned settings "
+             "| batch 1 (ms per job) |",
+             "|---|---:|---:|---|---:|"]
     systems = {name: v for name, v in result.items() if name in DRAINS}
     for name, v in systems.items():
+        cycle = f"{1000 / v['batch1']['median']:.2f}" if "batch1" in v else "-"
         lines.append(f"| {name} | {v['default']['median']:,.0f} | "
-                     f"{v['tuned']['median']:,.0f} | {fmt(v['tuned']['settings'])} |")
+                     f"{v['tuned']['median']:,.0f} | {fmt(v['tuned']['settings'])} "
+                     f"| {cycle} |")
     peers = [n for n in systems if n != "rota"]
     best = {s: max(result[p][s]["median"] for p in peers) for s in ("default", "tuned")}
     r = result["rota"]
     lines.append(f"| rota / best peer | {r['default']['median'] / best['default']:.2f}x | "
-                 f"{r['tuned']['median'] / best['tuned']:.2f}x | |")
+                 f"{r['tuned']['median'] / best['tuned']:.2f}x | | |")
     return "\n".join(lines)
 
 

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -35,6 +37,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from rota import Pipeline, Queue
 
@@ -153,21 +156,49 @@ async def build_fairness(url: str, schema: str) -> None:
         await queue.close()
 
 
+def sample_waits(url: str, app: str, stop: threading.Event) -> collections.Counter[str]:
+    """Every 20 ms until ``stop``: what each of the workers' sessions is doing
+    (pg_stat_activity: the wait event, "CPU" for an active session not waiting, "idle"
+    and "idle in transaction" otherwise; "ClientRead" is a session waiting for its
+    client)."""
+    seen: collections.Counter[str] = collections.Counter()
+    with psycopg.connect(url, autocommit=True) as c:
+        while not stop.wait(0.02):
+            for wtype, wevent, state in c.execute(
+                    "SELECT wait_event_type, wait_event, state FROM pg_stat_activity "
+                    "WHERE application_name = %s", [app]):
+                if state == "active":
+                    seen[f"{wtype}:{wevent}" if wtype else "CPU"] += 1
+                else:
+                    seen[f"{state}" + (f" ({wevent})" if wevent else "")] += 1
+    return seen
+
+
 def throughput(url: str, workers: int, handler_ms: float, seconds: float,
-               jobs: int) -> float:
-    """Jobs/s of ``workers`` processes over the window."""
+               jobs: int) -> tuple[float, dict[str, float]]:
+    """Jobs/s of ``workers`` processes over the window, and the share of each thing
+    their database sessions were seen doing (:func:`sample_waits`)."""
     from .scale import build
 
     schema = f"bench_workers_{uuid.uuid4().hex[:8]}"
+    app = f"bench-{schema}"
     asyncio.run(build(url, schema, pending=jobs, groups=GROUPS, done=0))
+    stop = threading.Event()
+    waits: collections.Counter[str] = collections.Counter()
+    sampler = threading.Thread(target=lambda: waits.update(sample_waits(url, app, stop)))
+    sampler.start()
     try:
-        outs = run_workers(url, schema, workers, seconds, handler_ms, drain=False)
+        outs = run_workers(make_conninfo(url, application_name=app), schema, workers,
+                           seconds, handler_ms, drain=False)
     finally:
+        stop.set()
+        sampler.join()
         asyncio.run(drop(url, schema))
     done = sum(o["done"] for o in outs)
     if done >= jobs:
         raise RuntimeError(f"{workers} workers drained all {jobs} jobs: raise the jobs")
-    return done / seconds
+    total = sum(waits.values()) or 1
+    return done / seconds, {k: n / total for k, n in waits.most_common(6)}
 
 
 def fairness(url: str, workers: int) -> dict[str, Any]:
@@ -197,14 +228,17 @@ def main(url: str, rounds: int = 3, seconds: float = 6.0, jobs: int = 300_000
           flush=True)
     rates: dict[str, list[float]] = {f"{w}/{h:g}": [] for w in WORKERS for h in HANDLER_MS}
     fair: dict[int, list[dict[str, Any]]] = {w: [] for w in WORKERS}
+    waits: dict[str, dict[str, float]] = {}  # the last round's
     for r in range(rounds):
         for w in WORKERS:
             for h in HANDLER_MS:
                 # 5 ms handlers at concurrency 1 run at most 200 jobs/s a worker.
                 n = jobs if not h else max(5_000, int(w * 250 * seconds))
-                rate = throughput(url, w, h, seconds, n)
+                rate, seen = throughput(url, w, h, seconds, n)
                 rates[f"{w}/{h:g}"].append(rate)
-                print(f"  round {r + 1}: {w} workers, {h:g} ms handlers: {rate:,.0f} jobs/s",
+                waits[f"{w}/{h:g}"] = seen
+                print(f"  round {r + 1}: {w} workers, {h:g} ms handlers: {rate:,.0f} jobs/s; "
+                      f"sessions: " + ", ".join(f"{k} {v:.0%}" for k, v in seen.items()),
                       flush=True)
             f = fairness(url, w)
             fair[w].append(f)
@@ -216,6 +250,7 @@ def main(url: str, rounds: int = 3, seconds: float = 6.0, jobs: int = 300_000
             **{f"jobs_per_s_{h:g}ms": statistics.median(rates[f"{w}/{h:g}"])
                for h in HANDLER_MS},
             **{k: statistics.median(f[k] for f in fs) for k in fs[0]},
+            "sessions": {f"{h:g}ms": waits[f"{w}/{h:g}"] for h in HANDLER_MS},
             "rounds": {"rates": {h: rates[f"{w}/{h:g}"] for h in HANDLER_MS}, "fairness": fs}}
     print(report(result))
     return result
@@ -229,6 +264,11 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"| {w} | {v['jobs_per_s_0ms']:,.0f} | {v['jobs_per_s_5ms']:,.0f} | "
                      f"{v['large_before_all_small']:g} | {v['per_worker']:.1f} | "
                      f"{v['small_median']:g} | {v['small_last']:g} |")
+    lines += ["", "What the workers' database sessions were seen doing (no-op handlers, "
+              "sampled every 20 ms):", "", "| workers | sessions |", "|---:|---|"]
+    for w, v in r["workers"].items():
+        lines.append(f"| {w} | " + ", ".join(
+            f"{k} {x:.0%}" for k, x in v["sessions"]["0ms"].items()) + " |")
     return "\n".join(lines)
 
 
