@@ -12,26 +12,31 @@ from rota import InvalidInput, JobContext, Pipeline, Queue, Stage
 from rota.runner.batching import BatchSize
 
 
-@pytest.mark.parametrize(("size", "claimed", "handled_s", "after"), [
-    (25, 25, 0.01, 50),       # full and fast: doubles
-    (800, 800, 0.01, 1000),   # up to MAX
-    (1000, 1000, 0.0, 1000),  # and no further
-    (25, 24, 0.01, 25),       # short claim: the backlog is what it is
-    (25, 25, 0.5, 25),        # full but neither fast nor slow: stays
-    (25, 25, 1.5, 12),        # slow: halves
-    (1, 1, 30.0, 1),          # down to 1
-    (40, 3, 2.0, 20),         # slow halves even when short
+@pytest.mark.parametrize(("floor", "size", "claimed", "handled_s", "after"), [
+    (1, 25, 25, 0.01, 50),       # full and fast: doubles
+    (1, 800, 800, 0.01, 1000),   # up to MAX
+    (1, 1000, 1000, 0.0, 1000),  # and no further
+    (1, 25, 24, 0.01, 25),       # short claim: the backlog is what it is
+    (1, 25, 25, 0.5, 25),        # full but neither fast nor slow: stays
+    (1, 25, 25, 1.5, 12),        # slow: halves
+    (1, 1, 1, 30.0, 1),          # down to 1
+    (1, 40, 3, 2.0, 20),         # slow halves even when short
+    (8, 12, 12, 1.5, 8),         # never below the stage's concurrency
+    (8, 8, 8, 30.0, 8),
 ])
-def test_batch_size_rules(size: int, claimed: int, handled_s: float, after: int) -> None:
-    b = BatchSize(size)
+def test_batch_size_rules(floor: int, size: int, claimed: int, handled_s: float,
+                          after: int) -> None:
+    b = BatchSize(floor, size)
     b.observe(claimed, handled_s)
     assert b.size == after
 
 
-def test_a_stage_without_batch_starts_at_25() -> None:
+def test_a_stage_without_batch_starts_at_its_concurrency() -> None:
     async def h(ctx: JobContext) -> None: ...
     assert Stage("t", handler=h).batch is None
-    assert BatchSize().size == 25
+    assert BatchSize().size == 1
+    assert BatchSize(5).size == 5
+    assert BatchSize(5000).size == 1000  # a concurrency past MAX claims MAX
     with pytest.raises(InvalidInput, match="stage 't': batch"):
         Stage("t", 0, handler=h)
 
@@ -67,11 +72,12 @@ async def test_fast_handlers_on_a_backlog_double_the_claim(
 
     pipeline = Pipeline(queue, [Stage("t", handler=h)])
     sizes = await claimed_sizes(queue, pipeline)
-    # 25 + 50 + 100 + 200 = 375 jobs, then 25 of the 400 asked, then nothing.
-    assert sizes == [(25, 25), (50, 50), (100, 100), (200, 200), (400, 25), (400, 0)]
+    # 1 + 2 + … + 128 = 255 jobs, then the 145 left of the 256 asked, then nothing.
+    assert sizes == [(1, 1), (2, 2), (4, 4), (8, 8), (16, 16), (32, 32), (64, 64),
+                     (128, 128), (256, 145), (256, 0)]
     assert done == 400
     # The size is kept for the pipeline's next run.
-    assert pipeline.batch_size(pipeline.stages[0]) == 400
+    assert pipeline.batch_size(pipeline.stages[0]) == 256
 
 
 async def test_slow_handlers_halve_the_claim(
@@ -82,10 +88,11 @@ async def test_slow_handlers_halve_the_claim(
     async def h(ctx: JobContext) -> None:
         await asyncio.sleep(0.002)
 
-    pipeline = Pipeline(queue, [Stage("t", handler=h)])
+    pipeline = Pipeline(queue, [Stage("t", handler=h, concurrency=4)])
+    pipeline._sizes["t"] = BatchSize(4, 32)  # as after a fast spell
     sizes = await claimed_sizes(queue, pipeline)
-    # 25, 12, 6 = 43; then 3 asked, 2 left; then 1 asked, none left.
-    assert sizes == [(25, 25), (12, 12), (6, 6), (3, 2), (1, 0)]
+    # 32, then 13 of 16 asked (slow: halved), then 8 asked (halved), none left.
+    assert sizes == [(32, 32), (16, 13), (8, 0)]
 
 
 async def test_a_fixed_batch_is_never_resized(

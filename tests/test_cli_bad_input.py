@@ -116,3 +116,18 @@ def test_the_database_password_never_appears_in_the_error(schema: str) -> None:
                   "jobs")
     one_line_error(result, "error: database unreachable: ")
     assert secret not in result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["migrate", "--schema", ""],
+    ["depth", "--schema", ""],
+    ["migrate", "--database-url", ""],
+    ["jobs", "--schema", "", "failed"],
+])
+def test_an_empty_option_is_refused_not_taken_for_the_default(
+        database_url: str, args: list[str]) -> None:
+    """`--schema "$UNSET"` used to fall back to the default schema, rota, and migrate it."""
+    result = rota(database_url, "", *args, ROTA_SCHEMA=None)
+    option = args[args.index("") - 1]
+    one_line_error(result, f"error: {option} is empty: give a value, or leave the option "
+                           f"out for the default")

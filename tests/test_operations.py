@@ -38,11 +38,18 @@ def test_the_worker_rescues_stuck_jobs_every_minute_by_default() -> None:
         Worker(lambda: None, rescue_every=timedelta(0))
 
 
-async def test_a_worker_fails_a_stuck_job_between_maintenance_runs(
+async def test_a_worker_fails_a_stuck_job_and_closes_a_killed_run_between_maintenance_runs(
     make_queue: Any, aconn: AConn
 ) -> None:
+    """A worker restarted after a SIGKILL closed the killed run only at its next daily
+    maintenance (its startup maintenance came too soon): the rescue pass now does."""
     queue: Queue = await make_queue(**SETTINGS)
     hooks: list[int] = []
+    killed = uuid.uuid4()  # a run whose process died: unfinished, then silent
+    await aconn.execute(sql.SQL(
+        "INSERT INTO {} (id, trigger, started_at, heartbeat_at) VALUES (%s, 'worker', "
+        "now(), now())").format(queue.table("runs")), [killed])
+    await aconn.commit()
 
     async def refund(job: Job, conn: Any) -> None:
         hooks.append(job.id)
@@ -59,7 +66,7 @@ async def test_a_worker_fails_a_stuck_job_between_maintenance_runs(
     task = asyncio.create_task(worker.run_forever(stop))
     try:
         deadline = time.monotonic() + 10
-        while worker.last_rescue is None or not worker.last_rescue["failed"]:
+        while worker.last_rescue is None or not worker.last_rescue["stuck_jobs.failed"]:
             assert time.monotonic() < deadline, worker.last_rescue
             await asyncio.sleep(0.05)
     finally:
@@ -68,8 +75,14 @@ async def test_a_worker_fails_a_stuck_job_between_maintenance_runs(
     got = await queue.get_job(claimed.id)
     assert got is not None and (got.status, got.give_up_pending) == ("failed", False)
     assert hooks == [claimed.id]
-    cur = await aconn.execute(sql.SQL("SELECT count(*) FROM {}").format(queue.table("runs")))
-    assert await cur.fetchone() == (0,)  # the rescue writes no runs rows
+    assert worker.last_rescue == {"stuck_jobs.failed": 1, "stuck_jobs.hooks_run": 0,
+                                  "killed_runs.marked": 1}
+    cur = await aconn.execute(sql.SQL(
+        "SELECT id, stop_reason, error, finished_at = started_at FROM {}").format(
+        queue.table("runs")))
+    # The rescue writes no runs rows of its own; the killed run ended at its last sign
+    # of life.
+    assert await cur.fetchall() == [(killed, "error", "killed", True)]
 
 
 # -- runs rows are pruned ------------------------------------------------------------------------

@@ -158,6 +158,39 @@ class PruneDoneJobs:
                 return deleted
 
 
+class Rescue:
+    """The worker's frequent pass between full maintenance runs: stuck jobs (with owed
+    give-up hooks) and killed runs, both index reads. A worker restarted after a SIGKILL
+    thus closes the killed run within a minute of its going silent for longer than the
+    platform timeout, not at the next daily maintenance (docs/design.md, "Maintenance").
+
+    Args:
+        queue: the queue.
+        platform_timeout: see :class:`KilledRuns`.
+
+    Counters: ``stuck_jobs.failed``, ``stuck_jobs.hooks_run``, ``killed_runs.marked``.
+    """
+
+    name = "rescue"
+
+    def __init__(self, queue: Queue, platform_timeout: timedelta) -> None:
+        self.tasks: tuple[Maintainer, ...] = (
+            StuckJobs(queue), KilledRuns(queue, platform_timeout=platform_timeout))
+
+    async def run_once(self) -> dict[str, int]:
+        """Run both tasks once; counters as ``"TASK.COUNTER"``."""
+        return await run_tasks(self.tasks)
+
+
+async def run_tasks(tasks: tuple[Maintainer, ...]) -> dict[str, int]:
+    """Run maintenance tasks in order; their counters as ``"TASK.COUNTER"``."""
+    out: dict[str, int] = {}
+    for task in tasks:
+        for key, value in (await task.run_once()).items():
+            out[f"{task.name}.{key}"] = value
+    return out
+
+
 class Maintenance:
     """All maintenance tasks of a queue, run in order: stuck jobs, killed runs, prune.
 
@@ -194,11 +227,7 @@ class Maintenance:
             ``stuck_jobs.hooks_run``, ``killed_runs.marked``, ``prune.jobs_deleted``,
             ``prune.quota_rows_deleted``, ``prune.runs_deleted``.
         """
-        out: dict[str, int] = {}
-        for task in self.tasks:
-            for key, value in (await task.run_once()).items():
-                out[f"{task.name}.{key}"] = value
-        return out
+        return await run_tasks(self.tasks)
 
 
 async def maintain(queue: Queue, *,

@@ -38,7 +38,7 @@ from psycopg import sql
 
 from .checks import require_duration
 from .errors import InvalidInput, first_line
-from .maintenance import Maintainer, Maintenance, StuckJobs
+from .maintenance import Maintainer, Maintenance, Rescue
 from .queue import Queue
 from .schedule import Scheduler
 from .settings import DEFAULT_PLATFORM_TIMEOUT
@@ -70,10 +70,11 @@ class Worker:
             jobs, killed runs, pruning). Runs when the worker starts and then every
             ``maintain_every``, as the start of a run so its counters land in the run's
             summary; ``maintain_every=None`` turns it off.
-        rescue_every: how often stuck jobs are failed and owed give-up hooks run
-            (:class:`rota.StuckJobs`, an index read), between the daily maintenance
-            runs: every minute by default (River's rescuer runs every 30 s), so a job
-            whose last attempt died is failed and refunded within minutes, not a day
+        rescue_every: how often stuck jobs are failed, owed give-up hooks run and
+            killed runs closed (:class:`rota.maintenance.Rescue`: index reads), between
+            the daily maintenance runs: every minute by default (River's rescuer runs
+            every 30 s), so a job whose last attempt died is failed and refunded, and a
+            SIGKILLed run shows as ``error``/``killed``, within minutes, not a day
             (docs/design.md, "Maintenance"). Its counters are logged, not written as a
             run; ``None`` turns it off.
         reconnect_delay: first wait before reconnecting the listening connection; it
@@ -164,7 +165,8 @@ class Worker:
         next_maintenance = time.monotonic()
         maintainer = (None if self.maintain_every is None
                       else self._maintainer(pipeline, queue))
-        rescuer = None if self.rescue_every is None else StuckJobs(queue)
+        rescuer = None if self.rescue_every is None else Rescue(queue, getattr(
+            pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
         next_rescue = time.monotonic() + (self.rescue_every or timedelta(0)).total_seconds()
         backoff = self.reconnect_delay.total_seconds()
         try:
@@ -258,9 +260,10 @@ class Worker:
             return {"stop": self._stop}
         return {}
 
-    async def _rescue(self, rescuer: StuckJobs) -> float:
-        """Fail stuck jobs and run owed give-up hooks; returns seconds until the next
-        time (sooner after a failure is not needed: the interval is short)."""
+    async def _rescue(self, rescuer: Rescue) -> float:
+        """Fail stuck jobs, run owed give-up hooks and close killed runs; returns seconds
+        until the next time (sooner after a failure is not needed: the interval is
+        short)."""
         assert self.rescue_every is not None
         try:
             counters = await rescuer.run_once()
@@ -269,7 +272,7 @@ class Worker:
         else:
             self.last_rescue = counters
             if any(counters.values()):
-                log.info("stuck jobs: %s",
+                log.info("rescue: %s",
                          ", ".join(f"{k}={v}" for k, v in counters.items()))
         return self.rescue_every.total_seconds()
 

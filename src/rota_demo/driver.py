@@ -331,7 +331,7 @@ class Demo:
             idle = 0
             t.add_row(r["trigger"], str(r["stop_reason"] or "(unfinished)"), str(r["jobs_done"]),
                       str(r["jobs_failed"]), str(r["jobs_deferred"]), str(r["quota_units"]),
-                      str(r["seconds"] or ""), (r["error"] or "")[:40])
+                      "" if r["seconds"] is None else str(r["seconds"]), (r["error"] or "")[:40])
         console.print(t)
         overlapping = sum(1 for r in self.runs if r.label.startswith("overlap"))
         console.print(f"{len(runs)} runs, {overlapping} of them overlapping, 1 SIGKILLed")

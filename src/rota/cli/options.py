@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from .app import Target
+from .errors import CliConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,10 +51,22 @@ def _parent_params() -> dict[str, Any]:
 
 def make_target(database_url: str | None, schema: str | None,
                 app_spec: str | None) -> Target:
-    """The target from a command's options, falling back to its group's."""
+    """The target from a command's options, falling back to its group's.
+
+    Raises:
+        CliConfigError: an option given as an empty string (``--schema "$UNSET"`` would
+            otherwise fall back to the default schema and write there).
+    """
     parent = _parent_params()
-    return Target(database_url or parent.get("database_url"), schema or parent.get("schema"),
-                  app_spec or parent.get("app_spec"))
+    given = {"database-url": (database_url, parent.get("database_url")),
+             "schema": (schema, parent.get("schema")), "app": (app_spec, parent.get("app_spec"))}
+    for name, values in given.items():
+        if "" in values:
+            raise CliConfigError(f"--{name} is empty: give a value, or leave the option "
+                                 f"out for the default")
+    url, schema_, app = (mine if mine is not None else theirs
+                         for mine, theirs in given.values())
+    return Target(url, schema_, app)
 
 
 def wants_json(as_json: bool) -> bool:

@@ -4,15 +4,18 @@
 A claim costs about the same whether it takes 1 job or 25 (it ranks groups, not the
 backlog), so with fast handlers and a backlog, jobs per claim decide jobs per second;
 with slow handlers a large batch holds jobs that another worker could run, and runs past
-the time budget. :class:`BatchSize` starts at ``START`` and, after each batch:
+the time budget. :class:`BatchSize` starts at the stage's concurrency (one job at a
+time by default: a first claim never holds more than one round of handlers) and, after
+each batch:
 
 - doubles, up to ``MAX``, when the claim came back full (a backlog) and the batch's
   handlers all finished within ``FAST`` seconds;
-- halves, down to 1, when they took longer than ``SLOW`` seconds;
+- halves, down to the stage's concurrency, when they took longer than ``SLOW`` seconds;
 - stays put otherwise (a short claim: the backlog is what it is).
 
-So a claim never holds more than about a second of work, and no-op or millisecond
-handlers on a deep backlog are claimed hundreds at a time.
+So a claim holds about a second of work beyond one round of handlers at most, and
+no-op or millisecond handlers on a deep backlog are claimed hundreds at a time (from 1,
+ten doublings reach 1,000).
 """
 
 from __future__ import annotations
@@ -25,15 +28,21 @@ class BatchSize:
     """The current claim size of one stage in one pipeline (kept across its runs).
 
     Attributes:
-        size: jobs the next claim asks for, in ``1..MAX``.
+        floor: the stage's concurrency (at most ``MAX``): where the size starts and
+            the least it goes down to.
+        size: jobs the next claim asks for, in ``floor..MAX``.
     """
 
-    START = 25
     MAX = 1000
     FAST = 0.1   # seconds: a full batch handled this fast doubles the next claim
     SLOW = 1.0   # seconds: a batch handled this slowly halves it
 
-    size: int = START
+    floor: int = 1
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        self.floor = max(1, min(self.MAX, self.floor))
+        self.size = min(self.MAX, max(self.floor, self.size))
 
     def observe(self, claimed: int, handled_s: float) -> None:
         """Adjust after one batch.
@@ -43,6 +52,6 @@ class BatchSize:
             handled_s: seconds from the batch's start to its last handler's end.
         """
         if handled_s > self.SLOW:
-            self.size = max(1, self.size // 2)
+            self.size = max(self.floor, self.size // 2)
         elif claimed >= self.size and handled_s < self.FAST:
             self.size = min(self.MAX, self.size * 2)

@@ -446,7 +446,7 @@ class Pipeline:
         the size the runner has settled on (:class:`~rota.runner.batching.BatchSize`)."""
         if stage.batch is not None:
             return stage.batch
-        return self._sizes.setdefault(stage.type, BatchSize()).size
+        return self._sizes.setdefault(stage.type, BatchSize(stage.concurrency)).size
 
     async def _claim(self, run: RunState, stage: Stage) -> list[Job]:
         """Claim a batch of ``stage``; rows that cannot be read were given up by the

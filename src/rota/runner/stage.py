@@ -34,11 +34,12 @@ class Stage:
     Args:
         type: the job type this stage claims.
         batch: jobs claimed at once, > 0; ``None`` (the default) lets the runner size
-            each claim: from 25, doubling up to 1,000 while the backlog fills the claims
-            and a batch's handlers finish within 0.1 s, halving while a batch takes over
-            a second (:class:`~rota.runner.batching.BatchSize`; docs/design.md, "Batch
-            size"). Give a number to fix it (a ``batch_handler`` for an API that takes
-            at most N items, a quota's ``quota_cost`` per claim).
+            each claim: from ``concurrency``, doubling up to 1,000 while the backlog
+            fills the claims and a batch's handlers finish within 0.1 s, halving (not
+            below ``concurrency``) while a batch takes over a second
+            (:class:`~rota.runner.batching.BatchSize`; docs/design.md, "Batch size").
+            Give a number to fix it (a ``batch_handler`` for an API that takes at most
+            N items, a quota's ``quota_cost`` per claim).
         concurrency: how many of the batch's jobs run at the same time, > 0 (for a
             ``handler``; a ``batch_handler`` is one call for the whole batch).
         handler: ``async def handler(ctx: JobContext) -> None``, run once per job. It
