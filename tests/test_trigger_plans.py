@@ -1,0 +1,66 @@
+"""The jobs UPDATE trigger reads each transition table once, whatever sizes came
+before (docs/design.md, "The fair claim"): its statements have no parameters, so a
+session plans them once, for the rows of its first call, and a join of old_rows to
+new_rows planned for one row (a nested loop) compared every pair of a later
+500-row claim. Plans are read with auto_explain (notices on this connection only)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+
+from rota import Queue
+
+
+def tuplestore_loops(node: dict[str, Any]) -> list[int]:
+    """Actual loops of every transition-table scan in a plan."""
+    found = [node["Actual Loops"]] if node["Node Type"] == "Named Tuplestore Scan" else []
+    for child in node.get("Plans", []):
+        found += tuplestore_loops(child)
+    return found
+
+
+async def test_a_large_claim_after_small_ones_reads_each_transition_table_once(
+        queue: Queue, database_url: str) -> None:
+    await queue.upsert_group("g", plan="free")
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "g"}
+                              for _ in range(600)])
+    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    plans: list[dict[str, Any]] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        text = diag.message_primary or ""
+        if text.startswith("duration:") and "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1]))
+
+    try:
+        try:
+            await conn.execute("LOAD 'auto_explain'")
+        except psycopg.errors.UndefinedFile:
+            pytest.skip("this server has no auto_explain (the embedded one; CI's has)")
+        for setting in ("SET auto_explain.log_min_duration = 0",
+                        "SET auto_explain.log_analyze = on",
+                        "SET auto_explain.log_nested_statements = on",
+                        "SET auto_explain.log_format = json",
+                        "SET auto_explain.log_level = notice"):
+            await conn.execute(setting)
+        conn.add_notice_handler(keep)
+        for _ in range(3):  # the session's first calls: one row each
+            [job] = await queue.claim("t", 1, conn=conn)
+            await queue.complete_many([job], conn=conn)
+        plans.clear()
+        jobs = await queue.claim("t", 500, conn=conn)
+        assert len(jobs) == 500
+        await queue.release(jobs, conn=conn)
+    finally:
+        await conn.close()
+    trigger = [p for p in plans if "fair_served" in p.get("Query Text", "")
+               or "old_rows" in p.get("Query Text", "")]
+    assert trigger, "no plan of the trigger's statements was seen"
+    loops = [n for p in trigger for n in tuplestore_loops(p["Plan"])]
+    # Each scan read its table once, or was never reached (0: a branch cut short);
+    # the join read new_rows once per old row (500).
+    assert loops and max(loops) == 1
