@@ -306,49 +306,38 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-async def draft_message(
-    model: LanguageModel,
-    brief: Brief,
-    channel: Channel,
-    *,
-    comments_summary: str = "",
-    max_tokens: int = 300,
-) -> Completion:
+async def _ask(model: LanguageModel, task: str, brief: Brief, channel: Channel,
+               comments_summary: str, max_tokens: int, instruction: str) -> Completion:
+    """The prompt every per-channel call sends: the brand and channel header, the
+    comments summary when there is one, then the task's instruction."""
+    lines = _header(task, brief, channel)
+    if comments_summary:
+        lines.append(f"Comments summary: {_one_line(comments_summary)}")
+    lines += ["", instruction]
+    return await model.complete("\n".join(lines), max_tokens=max_tokens)
+
+
+async def draft_message(model: LanguageModel, brief: Brief, channel: Channel, *,
+                        comments_summary: str = "", max_tokens: int = 300) -> Completion:
     """Draft a first outreach message from the brand to the channel (text starts with a
     ``Subject:`` line). ``comments_summary``: optional output of :func:`summarize_comments`.
     Raises whatever the model raises."""
-    lines = _header("draft_message", brief, channel)
-    if comments_summary:
-        lines.append(f"Comments summary: {_one_line(comments_summary)}")
-    lines += [
-        "",
+    return await _ask(
+        model, "draft_message", brief, channel, comments_summary, max_tokens,
         f"Write a short, friendly first email from {brief.brand}'s partnerships team to the "
         "creator above, proposing a paid collaboration. Start with a 'Subject:' line. "
-        "Mention what the channel covers that fits the brand. No more than 150 words.",
-    ]
-    return await model.complete("\n".join(lines), max_tokens=max_tokens)
+        "Mention what the channel covers that fits the brand. No more than 150 words.")
 
 
-async def rationale(
-    model: LanguageModel,
-    brief: Brief,
-    channel: Channel,
-    *,
-    comments_summary: str = "",
-    max_tokens: int = 120,
-) -> Completion:
+async def rationale(model: LanguageModel, brief: Brief, channel: Channel, *,
+                    comments_summary: str = "", max_tokens: int = 120) -> Completion:
     """Explain in two or three sentences why the channel does or does not fit the brand
     (the offline model's text starts ``Fit: strong|moderate|weak.``)."""
-    lines = _header("rationale", brief, channel)
-    if comments_summary:
-        lines.append(f"Comments summary: {_one_line(comments_summary)}")
-    lines += [
-        "",
+    return await _ask(
+        model, "rationale", brief, channel, comments_summary, max_tokens,
         "In two or three sentences, say why this YouTube channel is or is not a good fit for "
         "the brand's creator campaign. Start with 'Fit: strong', 'Fit: moderate' or "
-        "'Fit: weak'.",
-    ]
-    return await model.complete("\n".join(lines), max_tokens=max_tokens)
+        "'Fit: weak'.")
 
 
 class ScoreParseError(ValueError):
