@@ -573,9 +573,11 @@ CREATE TABLE {schema}.fair_plans (
 );
 
 -- Changes to served counts not yet folded into fair_groups.served_n, per type, group and
--- shard: a job entering running adds 1 to shard id % 8 and one leaving it takes 1 away
--- (the shards spread concurrent writers of one big group over eight rows); done jobs
--- count while finished at or after the edge. fair_fold moves these rows into served_n
+-- shard: a job entering running adds 1 and one leaving it takes 1 away; done jobs count
+-- while finished at or after the edge. The jobs UPDATE trigger writes a statement's net
+-- change to its session's shard (backend pid), so concurrent claimers never share a
+-- row; deletes and the edge's moves write to shard id % 8. Only the sum over a group's
+-- shards means anything. fair_fold moves these rows into served_n
 -- every upkeep round, so the table stays small and the claim's sum over it is cheap.
 CREATE TABLE {schema}.fair_served (
     type      text NOT NULL,
@@ -974,10 +976,13 @@ BEGIN
     END IF;
     -- Served counts: a row counts while it is running, or done at or after its type's
     -- edge. Each changed row takes its old version's count away and adds its new one's,
-    -- netted per (type, group, shard): a completion (running to done, same shard) writes
-    -- nothing; a claim adds one per job; a row whose counted state did not change nets
-    -- to nothing. Done rows are decided against the edge under the types' edge rows
-    -- locked FOR SHARE, as fair_count_served does.
+    -- netted per (type, group): a completion (running to done) writes nothing; a claim
+    -- adds one per job; a row whose counted state did not change nets to nothing. The
+    -- net goes to this session's shard (its backend pid), so concurrent claimers never
+    -- wait on each other's bookkeeping rows (with a shard per job id, claims of many
+    -- groups queued behind one another); only the sum over a group's shards matters.
+    -- Done rows are decided against the edge under the types' edge rows locked FOR
+    -- SHARE, as fair_count_served does.
     SELECT array_agg(x.type) INTO edges
     FROM (SELECT o.type FROM old_rows o WHERE o.status = 'done' AND o.group_id IS NOT NULL
           UNION
@@ -986,7 +991,7 @@ BEGIN
         PERFORM {schema}.fair_lock_edges(edges);
     END IF;
     INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
-    SELECT v.type, v.group_id, (v.id % 8)::smallint, sum(v.delta)::int
+    SELECT v.type, v.group_id, (pg_backend_pid() % 32767)::smallint, sum(v.delta)::int
     FROM (SELECT o.type, o.group_id, o.id, o.status, o.finished_at, -1 AS delta
           FROM old_rows o
           UNION ALL
@@ -996,7 +1001,7 @@ BEGIN
     WHERE v.group_id IS NOT NULL
       AND (v.status = 'running'
            OR (v.status = 'done' AND v.finished_at >= coalesce(e.edge, '-infinity')))
-    GROUP BY 1, 2, 3
+    GROUP BY 1, 2
     HAVING sum(v.delta) <> 0
     ORDER BY 1, 2, 3
     ON CONFLICT (type, group_id, shard) DO UPDATE SET n = fs.n + excluded.n;
@@ -1040,6 +1045,25 @@ BEGIN
         PERFORM {schema}.fair_note_pending(r.types, r.groups, r.heads, r.ids, r.readies);
     END IF;
     RETURN NULL;
+END
+$$;
+
+-- Whether a claim candidate is still claimable as last committed (the claim's lock step
+-- asks before locking it). VOLATILE, so its query reads a snapshot of its own: a row
+-- another claimer took after the claim's snapshot is passed over instead of locked. A
+-- lock taken on such a row would not be given back when the row then failed the
+-- claim's recheck, and held that worker's completion of it until the claim committed
+-- (with several workers, claims and completions queued behind one another for seconds).
+CREATE FUNCTION {schema}.fair_still_claimable(p_id bigint, p_now timestamptz,
+                                              p_stale_before timestamptz) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN EXISTS (
+        SELECT 1 FROM {schema}.jobs j
+        WHERE j.id = p_id AND j.run_after <= p_now
+          AND (j.status = 'pending'
+               OR (j.status = 'running' AND j.locked_at < p_stale_before
+                   AND j.attempts < j.max_attempts)));
 END
 $$;
 

@@ -2,7 +2,9 @@
 -- transition tables by id instead of joining them. Its statements have no parameters,
 -- so each session plans them once, for the rows of its first call: a join planned for a
 -- claim of one job (a nested loop) compared every pair of a later 1,000-job claim,
--- release or heartbeat, about a second each (docs/design.md, "The fair claim").
+-- release or heartbeat, about a second each (docs/design.md, "The fair claim"). Its net
+-- change goes to the writing session's shard, so concurrent claimers share no row. And
+-- fair_still_claimable, which the claim asks before locking a candidate.
 CREATE OR REPLACE FUNCTION {schema}.fair_jobs_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -28,10 +30,13 @@ BEGIN
     END IF;
     -- Served counts: a row counts while it is running, or done at or after its type's
     -- edge. Each changed row takes its old version's count away and adds its new one's,
-    -- netted per (type, group, shard): a completion (running to done, same shard) writes
-    -- nothing; a claim adds one per job; a row whose counted state did not change nets
-    -- to nothing. Done rows are decided against the edge under the types' edge rows
-    -- locked FOR SHARE, as fair_count_served does.
+    -- netted per (type, group): a completion (running to done) writes nothing; a claim
+    -- adds one per job; a row whose counted state did not change nets to nothing. The
+    -- net goes to this session's shard (its backend pid), so concurrent claimers never
+    -- wait on each other's bookkeeping rows (with a shard per job id, claims of many
+    -- groups queued behind one another); only the sum over a group's shards matters.
+    -- Done rows are decided against the edge under the types' edge rows locked FOR
+    -- SHARE, as fair_count_served does.
     SELECT array_agg(x.type) INTO edges
     FROM (SELECT o.type FROM old_rows o WHERE o.status = 'done' AND o.group_id IS NOT NULL
           UNION
@@ -40,7 +45,7 @@ BEGIN
         PERFORM {schema}.fair_lock_edges(edges);
     END IF;
     INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
-    SELECT v.type, v.group_id, (v.id % 8)::smallint, sum(v.delta)::int
+    SELECT v.type, v.group_id, (pg_backend_pid() % 32767)::smallint, sum(v.delta)::int
     FROM (SELECT o.type, o.group_id, o.id, o.status, o.finished_at, -1 AS delta
           FROM old_rows o
           UNION ALL
@@ -50,7 +55,7 @@ BEGIN
     WHERE v.group_id IS NOT NULL
       AND (v.status = 'running'
            OR (v.status = 'done' AND v.finished_at >= coalesce(e.edge, '-infinity')))
-    GROUP BY 1, 2, 3
+    GROUP BY 1, 2
     HAVING sum(v.delta) <> 0
     ORDER BY 1, 2, 3
     ON CONFLICT (type, group_id, shard) DO UPDATE SET n = fs.n + excluded.n;
@@ -94,5 +99,24 @@ BEGIN
         PERFORM {schema}.fair_note_pending(r.types, r.groups, r.heads, r.ids, r.readies);
     END IF;
     RETURN NULL;
+END
+$$;
+
+-- Whether a claim candidate is still claimable as last committed (the claim's lock step
+-- asks before locking it). VOLATILE, so its query reads a snapshot of its own: a row
+-- another claimer took after the claim's snapshot is passed over instead of locked. A
+-- lock taken on such a row would not be given back when the row then failed the
+-- claim's recheck, and held that worker's completion of it until the claim committed
+-- (with several workers, claims and completions queued behind one another for seconds).
+CREATE FUNCTION {schema}.fair_still_claimable(p_id bigint, p_now timestamptz,
+                                              p_stale_before timestamptz) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN EXISTS (
+        SELECT 1 FROM {schema}.jobs j
+        WHERE j.id = p_id AND j.run_after <= p_now
+          AND (j.status = 'pending'
+               OR (j.status = 'running' AND j.locked_at < p_stale_before
+                   AND j.attempts < j.max_attempts)));
 END
 $$;

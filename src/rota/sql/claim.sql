@@ -232,6 +232,10 @@ locked AS (
                OR (j.status = 'running'
                    AND j.locked_at < c.stale_before
                    AND j.attempts < j.max_attempts))
+          -- Still claimable as last committed: a row another claimer took since this
+          -- statement's snapshot would be locked here, fail the recheck, and stay
+          -- locked (holding up that claimer's completion) until this claim commits.
+          AND {schema}.fair_still_claimable(j.id, c.now, c.stale_before)
         FOR UPDATE SKIP LOCKED
     ) x
     WHERE NOT EXISTS (SELECT 1 FROM blocked)
