@@ -8,7 +8,7 @@ Each configuration starts from a fresh schema holding enough ready no-op jobs ov
 1,000 groups and three plans (bench/scale.py's bulk build, no history) that no worker
 runs dry. The workers start, load, wait, and are released together; each then runs its
 ``Pipeline`` (one stage, claims of 25, the README's size) back to back for the window,
-timing every claim (``Queue.claim_checked``, as the runner calls it; not the handlers). Reported:
+timing every claim (``Queue.claim``, as the runner calls it; not the handlers). Reported:
 completed jobs per second over the window (all workers), and the median and p90 claim.
 Configurations are interleaved round by round; figures are medians over the rounds.
 
@@ -51,7 +51,7 @@ async def worker_main(url: str, schema: str, seconds: float) -> int:
     queue = Queue(url, schema=schema)
     await queue.open()
     claims: list[float] = []
-    claim = queue.claim_checked  # what the runner calls for each batch
+    claim = queue.claim  # what the runner calls for each batch
 
     async def timed_claim(*args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
@@ -59,7 +59,7 @@ async def worker_main(url: str, schema: str, seconds: float) -> int:
         claims.append((time.perf_counter() - t) * 1000)
         return result
 
-    queue.claim_checked = timed_claim  # type: ignore[method-assign]
+    queue.claim = timed_claim  # type: ignore[method-assign]
 
     async def noop(ctx: Any) -> None:
         pass

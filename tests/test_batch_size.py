@@ -44,18 +44,18 @@ def test_a_stage_without_batch_starts_at_its_concurrency() -> None:
 async def claimed_sizes(queue: Queue, pipeline: Pipeline) -> list[tuple[int, int]]:
     """Run the pipeline once; (asked, got) of every claim it made."""
     sizes: list[tuple[int, int]] = []
-    claim = queue.claim_checked
+    claim = queue.claim
 
     async def recording(type: str, limit: int, **kw: Any) -> Any:
-        jobs, unreadable = await claim(type, limit, **kw)
+        jobs = await claim(type, limit, **kw)
         sizes.append((limit, len(jobs)))
-        return jobs, unreadable
+        return jobs
 
-    queue.claim_checked = recording  # type: ignore[method-assign]
+    queue.claim = recording  # type: ignore[method-assign]
     try:
         result = await pipeline.run(trigger="manual")
     finally:
-        del queue.claim_checked
+        del queue.claim
     assert result.stop_reason == "no_work"
     return sizes
 

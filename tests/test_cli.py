@@ -240,7 +240,8 @@ def test_cancel_fails_a_pending_job_and_runs_its_give_up_hook_once(rota: Rota) -
     rota("enqueue", "echo", "{}")
     rota("enqueue", "echo", "{}")
     assert rota("jobs", "cancel", "1").stdout == (
-        "job 1 (echo) cancelled; its give-up hook is owed\n")
+        "job 1 (echo) cancelled; its give-up hook, if the app has one, is owed (run with "
+        "--app, by `rota maintain --app` or by a worker)\n")
     assert rota.json("jobs", "cancel", "2", "--app", APP) == {
         "id": 2, "status": "failed", "giveUpHookRan": True}
     assert rota.sql("SELECT id, status, last_error, give_up_pending, finished_at IS NOT NULL "

@@ -268,3 +268,16 @@ async def test_capped_counts_and_unproven_waits_say_so(queue: Queue, seeded: See
     assert search is not None and "+</a>" in search[1] and "≥" not in search[1]
     assert "a page counts at most 2 pending jobs of each type" in home
     assert "At least these long" in fairness  # 3 groups wait, 1 probed per type
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ({}, "No quota is known: give the dashboard the app (<code>--app</code>) or its quotas."),
+    ({"quotas": []}, "The app declares no quota and no allowance."),
+])
+async def test_the_quotas_page_says_why_it_is_empty(queue: Queue, given: dict[str, Any],
+                                                    says: str) -> None:
+    """With an app that has no quotas it used to say to give it the app."""
+    async with client(dashboard_app(queue, secret=SECRET, **given), headers=basic()) as c:
+        r = await c.get("/quotas")
+    assert r.status_code == 200
+    assert says in r.text

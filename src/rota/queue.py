@@ -331,6 +331,7 @@ class Queue:
         *,
         run_id: uuid.UUID | None = None,
         conn: AnyConn | None = None,
+        unreadable: list[UnreadableJob] | None = None,
     ) -> list[Job]:
         """Claim up to ``limit`` jobs of ``type`` in one transaction (docs/design.md,
         "Claim" and "The fair claim").
@@ -347,6 +348,9 @@ class Queue:
             limit: batch size, 1..2**31-1.
             run_id: the ``runs`` row this claim belongs to, if any.
             conn: the caller's connection (the claim commits with its transaction).
+            unreadable: a list that receives one :class:`UnreadableJob` (its ``job_id``
+                and ``problems``) per claimed row that could not be read (the runner
+                counts them).
 
         A claimed job whose row cannot be turned into a :class:`Job` (a payload nested
         deeper than the decoder goes, a time past year 9999: rows from before the
@@ -361,27 +365,6 @@ class Queue:
 
         Raises:
             InvalidInput: ``limit`` not in 1..2**31-1, or an unknown type.
-        """
-        jobs, _ = await self.claim_checked(type, limit, run_id=run_id, conn=conn)
-        return jobs
-
-    async def claim_checked(
-        self,
-        type: str,
-        limit: int,
-        *,
-        run_id: uuid.UUID | None = None,
-        conn: AnyConn | None = None,
-    ) -> tuple[list[Job], list[UnreadableJob]]:
-        """:meth:`claim`, also telling which claimed rows could not be read (and were
-        given up, as :meth:`claim` describes); the runner counts them.
-
-        Returns:
-            The readable jobs in fair order, and one :class:`UnreadableJob` per job
-            given up (its ``job_id`` and ``problems``).
-
-        Raises:
-            InvalidInput: as :meth:`claim`.
         """
         t = self.check_type(type)
         if (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0
@@ -398,7 +381,6 @@ class Queue:
         for observe in self.claim_observers:
             observe(t, time.perf_counter() - started)
         jobs: list[Job] = []
-        unreadable: list[UnreadableJob] = []
         for job in claimed:
             problems = job.problems
             if not problems:
@@ -407,8 +389,9 @@ class Queue:
             error = UnreadableJob(job.id, problems)
             log.error("%s; it gives up", error)
             await self._fail(job, str(error), give_up=True, conn=conn)
-            unreadable.append(error)
-        return jobs, unreadable
+            if unreadable is not None:
+                unreadable.append(error)
+        return jobs
 
     async def settle(self) -> None:
         """Run the claim upkeep that is due now and wait for it to finish (tests,

@@ -72,10 +72,18 @@ class Outcome:
 
 
 
-@dataclass
-class Report:
-    """What the checks found: figures for the summary line, notes that explain them,
-    and violations (any makes the run fail)."""
+@dataclass(kw_only=True)
+class Findings:
+    """What a harness's checks found: figures for the summary line and violations (any
+    makes the run fail). The single-host and the multi-host reports both are one."""
+
+    figures: dict[str, Any] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Report(Findings):
+    """The single-host run's findings: its counts, and notes that explain them."""
 
     jobs: int = 0
     kills: int = 0
@@ -84,9 +92,7 @@ class Report:
     duplicated: int = 0
     hooks_missing: int = 0
     hooks_doubled: int = 0
-    figures: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    violations: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         return (f"jobs={self.jobs} kills={self.kills} restarts={self.restarts} "

@@ -16,25 +16,25 @@ its summary line.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ..chaos.checks import Report, _rows
+from ..chaos.checks import Findings, Report, _rows
 from ..chaos.workload import AnyConn
 from . import schedules
 from .harness import Fault, HostsOutcome
 
 
-@dataclass
-class HostsReport:
+@dataclass(kw_only=True)
+class HostsReport(Findings):
+    """The multi-host run's findings, beside the single-host checks' (``chaos``)."""
+
     chaos: Report
     hosts: int = 0
     partitions: int = 0
     schedule_ticks: int = 0
     schedule_fired: int = 0
-    figures: dict[str, Any] = field(default_factory=dict)
-    violations: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         c = self.chaos
@@ -51,7 +51,7 @@ class HostsReport:
 
 async def check_hosts(conn: AnyConn, schema: str, chaos: Report, out: HostsOutcome,
                       hosts: int) -> HostsReport:
-    r = HostsReport(chaos, hosts=hosts)
+    r = HostsReport(chaos=chaos, hosts=hosts)
     # Only readable columns: the chaos run's poison rows hold a created_at in year 10193.
     jobs = {j["id"]: j for j in await _rows(
         conn, schema, "SELECT id, status, last_error FROM {schema}.jobs")}

@@ -305,5 +305,8 @@ def jobs_cancel(database_url: str | None, schema: str | None, app_spec: str | No
     if as_json:
         emit_json({"id": job_id, "status": job.status, "giveUpHookRan": bool(ran)})
     else:
-        hook = "its give-up hook ran" if ran else "its give-up hook is owed"
+        hook = ("its give-up hook ran" if ran else
+                "its give-up hook is owed" if target.app is not None else
+                "its give-up hook, if the app has one, is owed (run with --app, by "
+                "`rota maintain --app` or by a worker)")
         click.echo(safe_text(f"job {job_id} ({job.type}) cancelled; {hook}"))

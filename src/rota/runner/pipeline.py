@@ -29,7 +29,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from ..checks import require_duration
-from ..errors import ConfigError, InvalidInput, first_line
+from ..errors import ConfigError, InvalidInput, UnreadableJob, first_line
 from ..job import DeferJob, Job
 from ..maintenance import Maintainer
 from ..queue import AnyConn, Queue
@@ -452,8 +452,9 @@ class Pipeline:
         """Claim a batch of ``stage``; rows that cannot be read were given up by the
         claim and count as failed here (docs/design.md, "Bad data belongs to its
         job")."""
-        jobs, unreadable = await self.queue.claim_checked(stage.type, self.batch_size(stage),
-                                                          run_id=run.id)
+        unreadable: list[UnreadableJob] = []
+        jobs = await self.queue.claim(stage.type, self.batch_size(stage), run_id=run.id,
+                                      unreadable=unreadable)
         if unreadable:
             run.jobs_failed += len(unreadable)
             run.add("unreadable", len(unreadable))

@@ -415,7 +415,7 @@ def dashboard_app(
             now = await queries.now(queue, conn)
             shared, per_owner = await queries.quotas_today(queue, conn, quotas_known)
         return render(request, "quotas.html", "/quotas", now, title="Quotas",
-                      quotas=shared, allowances=per_owner,
+                      quotas=shared, allowances=per_owner, app_given=known.given,
                       until=lambda t: (t - now).total_seconds())
 
     @asynccontextmanager

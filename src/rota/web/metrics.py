@@ -71,6 +71,8 @@ class KnownQuotas:
     def __init__(self, quotas: Iterable[Quota | Allowance] | None, pipeline: Any) -> None:
         self._quotas = list(quotas) if quotas is not None else None
         self._pipeline = pipeline
+        #: Whether there was anything to find them in (quotas or an app given).
+        self.given = quotas is not None or pipeline is not None
 
     async def get(self) -> list[Quota | Allowance]:
         if self._quotas is None:
