@@ -7,10 +7,12 @@ new_rows planned for one row (a nested loop) compared every pair of a later
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from rota import Queue
 
@@ -64,3 +66,26 @@ async def test_a_large_claim_after_small_ones_reads_each_transition_table_once(
     # Each scan read its table once, or was never reached (0: a branch cut short);
     # the join read new_rows once per old row (500).
     assert loops and max(loops) == 1
+
+
+async def test_still_claimable_reads_the_row_as_last_committed(
+        queue: Queue, aconn: psycopg.AsyncConnection[Any]) -> None:
+    """The claim's lock step asks it before locking a candidate: pending and due, or
+    running with a stale lock and attempts left, as committed now."""
+    jobs = [await queue.enqueue("t", {"i": i}) for i in range(3)]
+    ids = [j.id for j in jobs if j is not None]
+    [claimed] = await queue.claim("t", 1)
+    ask = sql.SQL("SELECT {}.fair_still_claimable(%s, now(), now() - %s)").format(
+        sql.Identifier(queue.schema))
+
+    async def claimable(job_id: int, stale_after: timedelta) -> bool:
+        cur = await aconn.execute(ask, [job_id, stale_after])
+        row = await cur.fetchone()
+        assert row is not None
+        return bool(row[0])
+
+    other = next(i for i in ids if i != claimed.id)
+    assert await claimable(other, timedelta(minutes=15)) is True      # pending, due
+    assert await claimable(claimed.id, timedelta(minutes=15)) is False  # running, fresh
+    assert await claimable(claimed.id, timedelta(0)) is True          # its lock is stale
+    assert await claimable(10**12, timedelta(0)) is False             # no such job
