@@ -235,7 +235,10 @@ locked AS (
           -- Still claimable as last committed: a row another claimer took since this
           -- statement's snapshot would be locked here, fail the recheck, and stay
           -- locked (holding up that claimer's completion) until this claim commits.
-          AND {schema}.fair_still_claimable(j.id, c.now, c.stale_before)
+          -- Only a version some transaction has updated or locked (xmax set) is asked
+          -- (a function call each: about 1 ms for a claim of 25 when every row was).
+          AND (j.xmax = '0'::xid
+               OR {schema}.fair_still_claimable(j.id, c.now, c.stale_before))
         FOR UPDATE SKIP LOCKED
     ) x
     WHERE NOT EXISTS (SELECT 1 FROM blocked)
