@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 from psycopg.rows import tuple_row
 
 from .checks import positive_int, positive_seconds
 from .job import Job
 from .plans import Plans
-from .store import AnyConn, RawStatement, Store, configure_cursor
+from .store import AnyConn, RawStatement, Store
 
 log = logging.getLogger("rota.claim")
 
@@ -97,8 +96,7 @@ class FairClaim:
                 # Times are loaded guarded (about 0.25 µs a value): a value that cannot be
                 # loaded becomes Unreadable on its job, so no client-side error can come
                 # between the claim and its commit.
-                cur = psycopg.AsyncRawCursor(c, row_factory=tuple_row)
-                configure_cursor(cur, guard_times=True)
+                cur = self.store.cursor(c, tuple_row, guard_times=True, raw=True)
                 # Settings and claim pipelined into one round trip. On our own autocommit
                 # connection they form one implicit transaction, committed by the
                 # pipeline's Sync (no BEGIN and COMMIT round trips: a claim was 4 round

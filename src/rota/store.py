@@ -320,7 +320,7 @@ class Store(Statements):
 
     @staticmethod
     def cursor(conn: AnyConn, row_factory: AsyncRowFactory[Row], *,
-               guard_times: bool = True) -> psycopg.AsyncCursor[Row]:
+               guard_times: bool = True, raw: bool = False) -> psycopg.AsyncCursor[Row]:
         """A cursor on ``conn`` set up by :func:`configure_cursor`: every statement rota
         runs goes through one (docs/design.md, "Time" and "Bad data belongs to its
         job").
@@ -331,11 +331,14 @@ class Store(Statements):
             row_factory: psycopg's row factory (``tuple_row``, ``dict_row``).
             guard_times: also turn timestamptz values that cannot be loaded into
                 :class:`~rota.job.Unreadable` (for rows of ``jobs``).
+            raw: a cursor for :meth:`raw` statements (``$n`` placeholders, a list of
+                values), which psycopg sends without parsing them.
 
         Returns:
             The cursor.
         """
-        cur = conn.cursor(row_factory=row_factory)
+        cur = (psycopg.AsyncRawCursor(conn, row_factory=row_factory) if raw
+               else conn.cursor(row_factory=row_factory))
         configure_cursor(cur, guard_times=guard_times)
         return cur
 

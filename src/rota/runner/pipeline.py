@@ -7,7 +7,7 @@ first stage that has work, runs it with the stage's concurrency, and starts agai
 the top, until there is no work, the time budget is spent, or only quota-blocked work is
 left. Handlers get a :class:`JobContext`.
 
-One piece (about 790 lines): the loop, the prefetch, the heartbeat, the handler
+One piece (about 800 lines): the loop, the prefetch, the heartbeat, the handler
 deadlines, the quota skip and the runs-row saves all read and write one
 :class:`RunState` under one time budget, and their order is the run's correctness (a
 batch is claimed only after the previous completion was handed over; unstarted jobs go
