@@ -93,7 +93,7 @@ async def aconn(database_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]
 ENQUEUE_ONLY_GRANTS = (
     "GRANT USAGE ON SCHEMA {schema} TO {role}",
     "GRANT EXECUTE ON FUNCTION {schema}.enqueue(text, jsonb, text, text, timestamptz,"
-    " integer), {schema}.enqueue_many(jsonb) TO {role}",
+    " integer, jsonb), {schema}.enqueue_many(jsonb) TO {role}",
 )
 
 

@@ -79,7 +79,11 @@ CREATE TABLE {schema}.jobs (
     created_at       timestamptz NOT NULL
                        DEFAULT {schema}.jobs_insert_refused(NULL::timestamptz),
     finished_at      timestamptz,
-    give_up_pending  boolean NOT NULL DEFAULT false -- failed, give-up hook not yet run
+    give_up_pending  boolean NOT NULL DEFAULT false, -- failed, give-up hook not yet run
+    -- The W3C Trace Context of the span that enqueued the job ({{"traceparent": …,
+    -- "tracestate": …}}), or null: its handler's span continues that trace
+    -- (docs/operations.md, "Traces").
+    trace_context    jsonb
 );
 
 -- Every enqueue, claim and completion inserts an entry into each index whose predicate
@@ -193,6 +197,10 @@ CREATE FUNCTION {schema}.enqueue_jobs(
     p_name_items boolean,  -- prefix problems with "item N: " (N from 0)
     s_types text[], s_max_attempts integer, s_max_attempts_by_type jsonb,
     s_max_payload_bytes integer, s_groups regclass, s_clock_offset interval,
+    -- W3C Trace Context per job ({{"traceparent": …, "tracestate": …}}), or null for
+    -- none (docs/operations.md, "Traces"); defaulted, so callers of the signature
+    -- before it keep working.
+    p_trace_contexts jsonb[] DEFAULT NULL,
     OUT job {schema}.jobs, OUT problem jsonb
 ) RETURNS SETOF record
 -- Its statements take arrays: a custom plan per call (the planner's default while one
@@ -230,11 +238,23 @@ BEGIN
             WHEN NOT t.run_after BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
                 THEN 'run_after:range'
             WHEN t.max_attempts < 1 THEN 'max_attempts:low'
+            -- A W3C Trace Context carrier: traceparent (version-trace id-parent id-flags)
+            -- and optionally tracestate, which W3C lets a carrier cut at 512 bytes.
+            WHEN t.trace_context IS NOT NULL AND t.trace_context <> 'null'::jsonb AND NOT (
+                    jsonb_typeof(t.trace_context) = 'object'
+                    AND t.trace_context - ARRAY['traceparent', 'tracestate'] = '{{}}'::jsonb
+                    AND jsonb_typeof(t.trace_context -> 'traceparent') = 'string'
+                    AND t.trace_context ->> 'traceparent'
+                        ~ '^[0-9a-f]{{2}}-[0-9a-f]{{32}}-[0-9a-f]{{16}}-[0-9a-f]{{2}}$'
+                    AND coalesce(jsonb_typeof(t.trace_context -> 'tracestate'), 'string')
+                        = 'string'
+                    AND octet_length(coalesce(t.trace_context ->> 'tracestate', '')) <= 512)
+                THEN 'trace_context:invalid'
         END AS rule
         FROM unnest(p_types, p_payloads, p_group_ids, p_dedupe_keys, p_run_afters,
-                    p_max_attempts)
+                    p_max_attempts, p_trace_contexts)
              WITH ORDINALITY AS t(type, payload, group_id, dedupe_key, run_after,
-                                  max_attempts, n)
+                                  max_attempts, trace_context, n)
         OFFSET 0  -- the CASE once a job, not again in the filter
     ) x
     WHERE x.rule IS NOT NULL
@@ -286,6 +306,11 @@ BEGIN
                     || '9999-12-30 (UTC)'
                 WHEN 'max_attempts:low' THEN
                     'max_attempts must be an int >= 1, got ' || bad.max_attempts
+                WHEN 'trace_context:invalid' THEN
+                    'trace_context must be a W3C Trace Context object '
+                    || '{{"traceparent": "00-<32 hex trace id>-<16 hex parent id>-<2 hex '
+                    || 'flags>"[, "tracestate": "<at most 512 bytes>"]}}, got '
+                    || left(bad.trace_context::text, 200)
             END);
         IF p_name_items THEN
             problem := problem || jsonb_build_object('item', bad.n - 1);
@@ -324,16 +349,16 @@ BEGIN
 
     RETURN QUERY
     INSERT INTO {schema}.jobs AS j (type, group_id, payload, dedupe_key, max_attempts,
-                                    run_after, created_at)
+                                    run_after, created_at, trace_context)
     SELECT t.type, t.group_id, t.payload, t.dedupe_key,
            coalesce(t.max_attempts, (s_max_attempts_by_type ->> t.type)::integer,
                     s_max_attempts),
            coalesce(t.run_after, now() + s_clock_offset),
-           now() + s_clock_offset
+           now() + s_clock_offset, nullif(t.trace_context, 'null'::jsonb)
     FROM unnest(p_types, p_payloads, p_group_ids, p_dedupe_keys, p_run_afters,
-                p_max_attempts)
+                p_max_attempts, p_trace_contexts)
          WITH ORDINALITY AS t(type, payload, group_id, dedupe_key, run_after,
-                              max_attempts, n)
+                              max_attempts, trace_context, n)
     ORDER BY t.n
     ON CONFLICT DO NOTHING
     RETURNING j, NULL::jsonb;
@@ -363,9 +388,12 @@ $$;
 -- role that migrated the schema.
 
 -- Enqueue one job; returns its id, or null when an open job has the same dedupe key.
+-- trace_context: the W3C Trace Context of the caller's span, stored with the job so its
+-- handler's span continues the caller's trace (docs/operations.md, "Traces").
 CREATE FUNCTION {schema}.enqueue(
     type text, payload jsonb, group_id text DEFAULT NULL, dedupe_key text DEFAULT NULL,
-    run_after timestamptz DEFAULT NULL, max_attempts integer DEFAULT NULL
+    run_after timestamptz DEFAULT NULL, max_attempts integer DEFAULT NULL,
+    trace_context jsonb DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -382,7 +410,8 @@ BEGIN
         ARRAY[enqueue.type], ARRAY[enqueue.payload], ARRAY[enqueue.group_id],
         ARRAY[enqueue.dedupe_key], ARRAY[enqueue.run_after], ARRAY[enqueue.max_attempts],
         false, s.types, s.max_attempts, s.max_attempts_by_type, s.max_payload_bytes,
-        {schema}.enqueue_groups_relation(s.groups), s.clock_offset) AS e;
+        {schema}.enqueue_groups_relation(s.groups), s.clock_offset,
+        ARRAY[enqueue.trace_context]) AS e;
     IF r.problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = r.problem ->> 'sqlstate',
             COLUMN = r.problem ->> 'column', MESSAGE = r.problem ->> 'message';
@@ -392,7 +421,8 @@ END
 $$;
 
 -- Enqueue a batch, a JSON array of objects with the arguments of enqueue as keys
--- (type and payload required; run_after an ISO 8601 text with its offset). Returns the
+-- (type and payload required; run_after an ISO 8601 text with its offset; trace_context
+-- as for enqueue). Returns the
 -- ids of the jobs created, in the order given; duplicates of open jobs, or of earlier
 -- items, return none. A bad item or unknown group raises, naming it; nothing is written.
 CREATE FUNCTION {schema}.enqueue_many(jobs jsonb) RETURNS SETOF bigint
@@ -416,13 +446,14 @@ BEGIN
             WHEN jsonb_typeof(e.item) <> 'object' THEN
                 'expected an object, got ' || jsonb_typeof(e.item)
             WHEN e.item - ARRAY['type', 'payload', 'group_id', 'dedupe_key', 'run_after',
-                                'max_attempts'] <> '{{}}'::jsonb THEN
+                                'max_attempts', 'trace_context'] <> '{{}}'::jsonb THEN
                 'needs ''type'' and ''payload'', may have ''group_id'', ''dedupe_key'', '
-                '''run_after'', ''max_attempts''; unexpected ['
+                '''run_after'', ''max_attempts'', ''trace_context''; unexpected ['
                 || (SELECT string_agg(quote_literal(k), ', ' ORDER BY k COLLATE "C")
                     FROM jsonb_object_keys(e.item - ARRAY['type', 'payload', 'group_id',
                                                           'dedupe_key', 'run_after',
-                                                          'max_attempts']) AS k)
+                                                          'max_attempts',
+                                                          'trace_context']) AS k)
                 || ']'
             WHEN NOT e.item ? 'type' OR NOT e.item ? 'payload' THEN
                 'needs ''type'' and ''payload'''
@@ -470,7 +501,8 @@ BEGIN
            array_agg(e.item ->> 'dedupe_key' ORDER BY e.n) AS dedupe_keys,
            array_agg((e.item ->> 'run_after')::timestamptz ORDER BY e.n) AS run_afters,
            array_agg((e.item ->> 'max_attempts')::numeric::integer ORDER BY e.n)
-               AS max_attempts
+               AS max_attempts,
+           array_agg(e.item -> 'trace_context' ORDER BY e.n) AS trace_contexts
     INTO a
     FROM jsonb_array_elements(enqueue_many.jobs) WITH ORDINALITY AS e(item, n);
     FOR r IN
@@ -480,7 +512,7 @@ BEGIN
                                    s.types, s.max_attempts, s.max_attempts_by_type,
                                    s.max_payload_bytes,
                                    {schema}.enqueue_groups_relation(s.groups),
-                                   s.clock_offset) AS e
+                                   s.clock_offset, a.trace_contexts) AS e
     LOOP
         IF r.problem IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = r.problem ->> 'sqlstate',
@@ -493,8 +525,8 @@ $$;
 
 -- Functions are executable by PUBLIC by default: these two run as their owner, so only
 -- the roles granted EXECUTE may call them (docs/enqueue-from-sql.md, "Privileges").
-REVOKE ALL ON FUNCTION {schema}.enqueue(text, jsonb, text, text, timestamptz, integer)
-    FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.enqueue(text, jsonb, text, text, timestamptz, integer,
+                                       jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.enqueue_many(jsonb) FROM PUBLIC;
 
 -- == The fair claim's bookkeeping (docs/fast-claim.md) ===================================
