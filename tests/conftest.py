@@ -104,12 +104,12 @@ def enqueue_only_role(database_url: str) -> Iterator[Any]:
     schema)."""
     made: list[str] = []
 
-    def make(schema: str) -> str:
+    def make(schema: str, grants: tuple[str, ...] = ENQUEUE_ONLY_GRANTS) -> str:
         role = f"rota_enq_{uuid.uuid4().hex[:10]}"
         made.append(role)
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
-            for grant in ENQUEUE_ONLY_GRANTS:
+            for grant in grants:
                 conn.execute(sql.SQL(grant).format(schema=sql.Identifier(schema),
                                                    role=sql.Identifier(role)))
         return role

@@ -34,7 +34,7 @@ from .plans import Plans
 from .settings import QueueSettings, enqueue_error, enqueued_job
 from .store import AnyConn, Store, configure_connection
 
-log = tracing.get_logger("rota.queue")
+log = logging.getLogger("rota.queue")
 
 GiveUpHook = Callable[[Job, AnyConn], Awaitable[None]]
 ClaimObserver = Callable[[str, float], None]  # (job type, seconds) after each claim

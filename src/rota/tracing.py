@@ -41,6 +41,8 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from .redact import LOGGERS
+
 try:
     from opentelemetry import trace as _otel
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -434,7 +436,7 @@ def job_parent(job: Job) -> Context | None:
 class TraceContextFilter(logging.Filter):
     """Gives each record ``trace_id`` (32 hex digits) and ``span_id`` (16) of the span
     current where it was logged, both empty outside a span (and always without
-    ``opentelemetry-api``). rota's own loggers have it (:func:`get_logger`); add it to a
+    ``opentelemetry-api``). rota's own loggers have it (:func:`install`); add it to a
     handler to give every record passing through the fields, so a format string may
     name them::
 
@@ -458,14 +460,17 @@ class TraceContextFilter(logging.Filter):
 _FILTER = TraceContextFilter()
 
 
-def get_logger(name: str) -> logging.Logger:
-    """``logging.getLogger(name)`` with :class:`TraceContextFilter`: rota's loggers, whose
-    records all carry ``trace_id`` and ``span_id``."""
-    logger = logging.getLogger(name)
-    if _FILTER not in logger.filters:
-        logger.addFilter(_FILTER)
-    return logger
+def install(names: Iterable[str] = LOGGERS) -> None:
+    """Attach :class:`TraceContextFilter` to rota's loggers (once each): those
+    :mod:`rota.redact` names, since a filter applies to its own logger's records only."""
+    for name in names:
+        if name == "rota" or name.startswith("rota."):
+            logger = logging.getLogger(name)
+            if _FILTER not in logger.filters:
+                logger.addFilter(_FILTER)
 
+
+install()
 
 __all__ = ["AVAILABLE", "TraceContextFilter", "Tracer", "current", "current_trace_context",
-           "get_logger", "job_parent"]
+           "install", "job_parent"]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from psycopg_pool import PoolTimeout
 
+from .. import tracing
 from ..checks import INT_MAX, require_text, storable_text
 from ..errors import InvalidInput, first_line
 from ..job import DeferJob, FailOutcome, Job
@@ -68,6 +69,7 @@ class RunState:
         self.finishing: asyncio.Task[None] | None = None  # last batch's completion
         self.prefetched: tuple[Stage, asyncio.Task[list[Job]]] | None = None
         self.saved_at = -1e9  # monotonic time of the last save of the runs row
+        self.trace = tracing.RunTrace(None)  # the run's span (rota.tracing)
 
     def time_left(self) -> float:
         """Seconds left in the budget (0 once it is spent or a stop was asked for)."""
@@ -159,6 +161,10 @@ class JobContext:
         self.in_caller_tx = False
         #: The handler could not get a connection from rota's pool (not its failure).
         self.pool_timed_out = False
+        #: The span of this handler run (an OpenTelemetry span, or None without
+        #: tracing): a batch handler may make it current (``rota.tracing.current``) to
+        #: enqueue under this job's trace (docs/operations.md, "Traces").
+        self.span: Any = None
 
     @property
     def settled(self) -> bool:
@@ -211,6 +217,7 @@ class JobContext:
         else:
             await cm.__aexit__(None, None, None)
 
+    @tracing.spend_traced
     async def spend(self, quota: Quota | Allowance | str, units: int = 1) -> int | None:
         """Spend units of a shared quota, or of the job's owner's allowance, atomically
         in the database; committed at once, whatever the handler does next.
@@ -289,6 +296,7 @@ class JobContext:
         """Record a failed attempt now (retry with backoff, or failed with give-up
         hook); see :meth:`rota.Queue.fail`."""
         self._check_unsettled()
+        tracing.record_failure(self.span, error)
         outcome = await retrying(lambda: self.queue.fail(self.job, error), self._run, "fail")
         self._settle(outcome)
         return outcome
@@ -336,6 +344,7 @@ class JobContext:
         self.outcome = outcome
         self._run.held.pop(self.job.id, None)
         run = self._run
+        tracing.end_process(self.span, outcome, run.out_of_time())
         if outcome == "done":
             run.jobs_done += 1
         elif outcome == "failed":

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 import psycopg
 from psycopg_pool import PoolTimeout
 
+from .. import tracing
 from ..checks import require_duration
 from ..errors import ConfigError, InvalidInput, UnreadableJob, first_line
 from ..job import DeferJob, Job
@@ -265,6 +266,18 @@ class Pipeline:
                 error ("cancelled") when the database allows, its unstarted jobs are
                 deferred and its jobs in flight failed (retried later).
         """
+        with self.queue.tracer.run(trigger) as trace:
+            result = await self._run(trigger, time_budget, maintenance, stop, trace)
+            trace.ended(result.stop_reason, {
+                "jobs_done": result.jobs_done, "jobs_failed": result.jobs_failed,
+                "jobs_deferred": result.jobs_deferred, "quota_units": result.quota_units,
+            }, result.error)
+        return result
+
+    async def _run(self, trigger: Trigger, time_budget: timedelta,
+                   maintenance: Maintainer | None, stop: asyncio.Event | None,
+                   trace: tracing.RunTrace) -> RunResult:
+        """:meth:`run`, under the run's span ``trace``."""
         if trigger not in TRIGGERS:
             raise InvalidInput(f"trigger must be one of {', '.join(TRIGGERS)}, got {trigger!r}")
         require_duration(time_budget, "time_budget")
@@ -273,6 +286,8 @@ class Pipeline:
                               f"platform timeout ({self.platform_timeout})")
         run = RunState(uuid.uuid4(), trigger, time_budget,
                        self.platform_timeout - self.settle_reserve, stop)
+        run.trace = trace
+        trace.started(run.id)
         q = self.queue
         async with q.connection() as c:
             row = await q.store.fetch_one("run_start", {
@@ -531,8 +546,8 @@ class Pipeline:
         try:
             if stage.batch_handler is not None:
                 todo.clear()
-                await self._call(stage.batch_handler(ctxs), ctxs, run, stage, blocked,
-                                 completer)
+                await self._traced_call(stage.batch_handler(ctxs), ctxs, run, stage,
+                                        blocked, completer)
             else:
                 handler = stage.handler
                 assert handler is not None
@@ -542,8 +557,8 @@ class Pipeline:
                     # started stay in `todo` and are deferred back below.
                     while todo and not run.out_of_time() and not blocked:
                         ctx = todo.popleft()
-                        await self._call(handler(ctx), [ctx], run, stage, blocked,
-                                         completer)
+                        await self._traced_call(handler(ctx), [ctx], run, stage,
+                                                blocked, completer)
 
                 async with asyncio.TaskGroup() as tg:
                     for _ in range(min(stage.concurrency, len(ctxs))):
@@ -584,6 +599,18 @@ class Pipeline:
                     raise
                 log.error("run %s: could not save its progress: %s", run.id,
                           first_line(exc, with_type=True))
+
+    async def _traced_call(self, work: Awaitable[None], ctxs: list[JobContext],
+                           run: RunState, stage: Stage, blocked: list[QuotaExhausted],
+                           completer: Completer) -> None:
+        """:meth:`_call` with a span per job (rota.tracing): each ends when its job is
+        settled; one handler's is current while it runs, so what it enqueues and logs
+        belongs to its trace (a batch handler's jobs may belong to many traces: it runs
+        under the run's span)."""
+        for ctx in ctxs:
+            ctx.span = self.queue.tracer.start_process(ctx.job, run.trace, run.id)
+        with tracing.current(ctxs[0].span if len(ctxs) == 1 else None):
+            await self._call(work, ctxs, run, stage, blocked, completer)
 
     def _limit(self, stage: Stage) -> float:
         """Seconds one handler call of ``stage`` may run."""
