@@ -158,8 +158,20 @@ class Tracer:
     """
 
     def __init__(self, tracer_provider: Any = None) -> None:
+        self._provider = tracer_provider
         self._tracer = (_otel.get_tracer("rota", _version(), tracer_provider)
                         if AVAILABLE else None)
+
+    def recording(self) -> bool:
+        """Whether spans can be recorded: ``opentelemetry-api`` is there and the
+        provider (the one given, else the global one, which an application may set
+        later) is an SDK's, not the API's no-op. When not, rota makes no spans at all
+        and only carries a trace context that came in (what the API's no-op spans
+        would do, at a fraction of their cost: bench/tracing.py)."""
+        if self._tracer is None:
+            return False
+        provider = self._provider if self._provider is not None else _otel.get_tracer_provider()
+        return not isinstance(provider, _otel.ProxyTracerProvider | _otel.NoOpTracerProvider)
 
     # -- enqueue ------------------------------------------------------------------------
 
@@ -172,9 +184,11 @@ class Tracer:
             job_type: the jobs' type, or ``None`` for a batch of several types.
             count: how many jobs the statement is given.
         """
-        if self._tracer is None:
-            yield _NO_ENQUEUE
+        if not self.recording():
+            context = current_trace_context()
+            yield _NO_ENQUEUE if context is None else Enqueueing(None, context)
             return
+        assert self._tracer is not None
         attrs: dict[str, Any] = {"messaging.system": SYSTEM,
                                  "messaging.operation.type": "send",
                                  "messaging.operation.name": "enqueue"}
@@ -192,9 +206,10 @@ class Tracer:
     @contextmanager
     def claim(self, job_type: str, batch_size: int) -> Iterator[Claiming]:
         """The span of one claim (``claim <type>``, CLIENT), current while it runs."""
-        if self._tracer is None:
+        if not self.recording():
             yield _NO_CLAIM
             return
+        assert self._tracer is not None
         with self._tracer.start_as_current_span(
                 f"claim {job_type}", kind=_otel.SpanKind.CLIENT, attributes={
                     "messaging.system": SYSTEM, "messaging.operation.type": "receive",
@@ -207,9 +222,10 @@ class Tracer:
     def run(self, trigger: str) -> Iterator[RunTrace]:
         """The span of one :meth:`rota.Pipeline.run` (``rota run``), current while it
         runs: its claims, settles, schedules and maintenance are its children."""
-        if self._tracer is None:
+        if not self.recording():
             yield _NO_RUN
             return
+        assert self._tracer is not None
         with self._tracer.start_as_current_span(
                 "rota run", attributes={"messaging.system": SYSTEM,
                                         "rota.run.trigger": trigger}) as span:
@@ -223,8 +239,9 @@ class Tracer:
         context, of the current span: the run's), linked to the run's span. Not made
         current here (see :func:`current`); ended by :func:`end_process` when the job
         is settled."""
-        if self._tracer is None:
-            return None
+        if not self.recording():
+            return _carried(job)
+        assert self._tracer is not None
         attrs: dict[str, Any] = {
             "messaging.system": SYSTEM, "messaging.operation.type": "process",
             "messaging.operation.name": "process",
@@ -252,9 +269,10 @@ class Tracer:
             jobs: the jobs it settles (items that are not jobs are left out of the
                 attributes; the statement refuses them).
         """
-        if self._tracer is None:
+        if not self.recording():
             yield None
             return
+        assert self._tracer is not None
         types = {getattr(j, "type", None) for j in jobs}
         job_type = next(iter(types)) if len(types) == 1 else None
         attrs: dict[str, Any] = {"messaging.system": SYSTEM,
@@ -274,9 +292,10 @@ class Tracer:
     def quota_spend(self, name: str, kind: str, units: int) -> Iterator[Span | None]:
         """The span of one spend of a quota or allowance (``quota spend <name>``),
         current while it runs; :class:`~rota.quota.QuotaExhausted` is recorded on it."""
-        if self._tracer is None:
+        if not self.recording():
             yield None
             return
+        assert self._tracer is not None
         with self._tracer.start_as_current_span(
                 f"quota spend {name}", attributes={
                     "rota.quota.name": name, "rota.quota.kind": kind,
@@ -288,9 +307,11 @@ class Tracer:
         """The span of one give-up hook (``give_up <type>``): a child of the span that
         enqueued the job (docs/design.md, "Give-up hooks"), current while the hook
         runs, so what it enqueues stays in the job's trace."""
-        if self._tracer is None:
-            yield None
+        if not self.recording():
+            with current(_carried(job)):
+                yield None
             return
+        assert self._tracer is not None
         with self._tracer.start_as_current_span(
                 f"give_up {job.type}", context=job_parent(job), attributes={
                     "messaging.system": SYSTEM, "messaging.destination.name": job.type,
@@ -346,6 +367,8 @@ def spend_traced(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]
     @functools.wraps(method)
     async def spend(*args: P.args, **kwargs: P.kwargs) -> R:
         ctx: Any = args[0]
+        if not ctx.queue.tracer.recording():
+            return await method(*args, **kwargs)
         quota = args[1] if len(args) > 1 else kwargs.get("quota")
         units = args[2] if len(args) > 2 else kwargs.get("units", 1)
         name = quota if isinstance(quota, str) else getattr(quota, "name", "?")
@@ -370,6 +393,8 @@ def settle_traced(operation: str) -> Callable[[Callable[P, Awaitable[R]]],
         @functools.wraps(method)
         async def settle(*args: P.args, **kwargs: P.kwargs) -> R:
             queue: Any = args[0]
+            if not queue.tracer.recording():
+                return await method(*args, **kwargs)
             given = args[1] if len(args) > 1 else kwargs.get("job", kwargs.get("jobs"))
             jobs: list[Any]
             if isinstance(given, str | bytes | Mapping) or not isinstance(given, Iterable):
@@ -417,6 +442,16 @@ def current_trace_context() -> str | None:
         del carrier["tracestate"]
     return json.dumps({k: carrier[k] for k in ("traceparent", "tracestate") if k in carrier},
                       separators=(",", ":"))
+
+
+def _carried(job: Job) -> Span | None:
+    """Without recording, what stands for a job's span: a non-recording span with the
+    job's stored context (so what its handler enqueues carries that context on), or
+    ``None`` for a job without one."""
+    parent = job_parent(job)
+    if parent is None:
+        return None
+    return _otel.NonRecordingSpan(_otel.get_current_span(parent).get_span_context())
 
 
 def job_parent(job: Job) -> Context | None:
