@@ -485,3 +485,40 @@ def test_the_propagator_is_w3c_trace_context() -> None:
     ctx = TraceContextTextMapPropagator().extract(json.loads(stored))
     assert trace.get_current_span(ctx).get_span_context().span_id == \
         span.get_span_context().span_id
+
+
+def test_a_global_provider_set_after_the_queue_is_made_is_used(
+    database_url: str, schema: str
+) -> None:
+    """What docs/operations.md shows: the application sets the global provider once,
+    wherever it starts; queues made before it trace from then on."""
+    block = textwrap.dedent("""\
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+            InMemorySpanExporter)
+        exporter = InMemorySpanExporter()
+        """)
+    enqueue = textwrap.dedent("""\
+        await queue.enqueue("search", {"n": 1})  # before: no span, no context
+                provider = TracerProvider()
+                provider.add_span_processor(SimpleSpanProcessor(exporter))
+                trace.set_tracer_provider(provider)
+                with trace.get_tracer("app").start_as_current_span("request"):
+                    await queue.enqueue("search", {"n": 3})""")
+    code = _SAME_CODE.format(block=block, enqueue=enqueue).replace(
+        "print(tracing.AVAILABLE,",
+        "print(sorted(s.name for s in exporter.get_finished_spans()),").replace(
+        "assert ctx.span is None or not ctx.span.is_recording()",
+        "assert ctx.span is None or ctx.span.is_recording()")
+    out = subprocess.run([sys.executable, "-c", code, database_url, schema], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    names, rest = out.stdout.strip().split("] ", 1)
+    # Claims and group commits depend on the runner's batch sizes: left out here.
+    assert [n for n in eval(names + "]")  # noqa: S307 (our own output)
+            if not n.startswith(("claim ", "complete "))] == [
+        "enqueue enrich", "enqueue search", "process enrich", "process search",
+        "process search", "request", "rota run"]
+    assert rest.startswith("no_work 3 [(1, None), (2, {'traceparent': '00-")
