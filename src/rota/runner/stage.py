@@ -19,12 +19,14 @@ Trigger = Literal["cron", "cli", "worker", "manual"]
 StopReason = Literal["no_work", "time_budget", "quota_reserve", "quota_exhausted", "error"]
 TRIGGERS: tuple[str, ...] = get_args(Trigger)
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
+#: Stop reasons that are not incidents (docs/design.md, "The runner"); only ``error`` is.
+HEALTHY_STOP_REASONS = frozenset(STOP_REASONS) - {"error"}
 
 Handler = Callable[[JobContext], Awaitable[None]]
 BatchHandler = Callable[[list[JobContext]], Awaitable[None]]
 
-__all__ = ["STOP_REASONS", "TRIGGERS", "BatchHandler", "Handler", "Outcome", "RunResult",
-           "Stage", "StopReason", "Trigger"]
+__all__ = ["HEALTHY_STOP_REASONS", "STOP_REASONS", "TRIGGERS", "BatchHandler", "Handler",
+           "Outcome", "RunResult", "Stage", "StopReason", "Trigger"]
 
 
 @dataclass(frozen=True)
