@@ -731,7 +731,7 @@ class Queue:
     async def heartbeat(self, jobs: Sequence[Job], *, conn: AnyConn | None = None) -> int:
         """Refresh the locks of claimed jobs a live run still holds (``locked_at`` =
         now), so they never look stale while it lives ("the stale window is safe by
-        construction": docs/design.md, "Stuck jobs"). Fenced by each job's claim: a job
+        construction": docs/design.md, "Stale locks"). Fenced by each job's claim: a job
         this claim lost is not touched.
 
         Returns:
