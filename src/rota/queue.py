@@ -4,9 +4,10 @@ hooks (docs/design.md, "The queue's rules"). A :class:`Queue` holds validated se
 (:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.claim`), and
 the admin operations (:mod:`rota.admin`).
 
-One piece (about 740 lines): every method is one transition of the job state machine
+One piece (about 850 lines): every method is one transition of the job state machine
 (docs/state-machine.md) under one claim fence, and they share the fence and the give-up
-path; split, each part would import the rest.
+path; split, each part would import the rest. The runner's transitions (heartbeat,
+postpone) are here too, so the runner issues no job statement of its own.
 """
 
 from __future__ import annotations
