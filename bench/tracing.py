@@ -12,14 +12,16 @@ Two figures per set-up:
 - *hooks*: the CPU time of the spans one job goes through, without the database: an
   enqueue span (with its trace context), a handler span made current and ended, a
   settle span (one per job: the most, since completions share one per group commit);
-  under a request span in ``sdk``. Median of 5 rounds of 20,000 jobs.
-- *enqueue* and *drain*: 2,000 jobs enqueued one by one, then drained by a one-stage
-  pipeline (no-op handler, runner-sized claims), per job; medians of 3 rounds.
+  under a request span in ``sdk``; 20,000 jobs a round.
+- *enqueue* and *drain*: 1,000 jobs enqueued one by one, then drained by a one-stage
+  pipeline (no-op handler, runner-sized claims), per job.
 
-And, from the ``none`` process, one claim of 25 jobs (median of 200) for scale.
+And, in the ``none`` process, one claim of 25 jobs (median of 100) for scale. Each
+round runs the three set-ups one after the other (a process each), so a change of the
+machine's load falls on all three; the figures are the medians of the rounds.
 
-Usage: python -m bench.tracing [--rounds N] (DATABASE_URL, default the local test
-database). Prints a table and the ratios to ``none``.
+Usage: python -m bench.tracing [--rounds N] (default 5; DATABASE_URL, default the
+local test database). Prints a table and the ratios to ``none``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ SETUPS = {
     "sdk": "",
 }
 HOOK_JOBS = 20_000
-DB_JOBS = 2_000
+DB_JOBS = 1_000
 
 
 def _provider() -> Any:
@@ -117,7 +119,7 @@ async def db_us(url: str, provider: Any, n: int) -> tuple[float, float]:
     return enq / n * 1e6, drain / n * 1e6
 
 
-async def claim_ms(url: str, rounds: int = 200) -> float:
+async def claim_ms(url: str, rounds: int = 100) -> float:
     """Median milliseconds of one claim of 25 jobs (one type, 100 groups)."""
     import psycopg
     from psycopg import sql
@@ -144,30 +146,31 @@ async def claim_ms(url: str, rounds: int = 200) -> float:
     return statistics.median(times) * 1e3
 
 
-def child(setup: str, url: str, rounds: int) -> dict[str, Any]:
+def child(setup: str, url: str) -> dict[str, Any]:
+    """One round of one set-up (in its own process)."""
     from rota import tracing
     provider = _provider() if setup == "sdk" else None
     assert tracing.AVAILABLE == (setup != "none")
-    hooks = statistics.median(hooks_us(provider, HOOK_JOBS) for _ in range(5))
-    db = [asyncio.run(db_us(url, provider, DB_JOBS)) for _ in range(rounds)]
-    out: dict[str, Any] = {
-        "hooks_us": hooks,
-        "enqueue_us": statistics.median(e for e, _ in db),
-        "drain_us": statistics.median(d for _, d in db),
-    }
+    hooks_us(provider, 1_000)  # warm up
+    enqueue, drain = asyncio.run(db_us(url, provider, DB_JOBS))
+    out: dict[str, Any] = {"hooks_us": hooks_us(provider, HOOK_JOBS),
+                           "enqueue_us": enqueue, "drain_us": drain}
     if setup == "none":
         out["claim_25_ms"] = asyncio.run(claim_ms(url))
     return out
 
 
-def main(url: str, rounds: int = 3) -> dict[str, dict[str, Any]]:
-    results = {}
-    for setup, block in SETUPS.items():
-        code = (f"import sys\n{block}\nimport json\nfrom bench.tracing import child\n"
-                f"print(json.dumps(child({setup!r}, {url!r}, {rounds})))")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True)
-        results[setup] = json.loads(out.stdout.strip().splitlines()[-1])
+def main(url: str, rounds: int = 5) -> dict[str, dict[str, Any]]:
+    samples: dict[str, list[dict[str, Any]]] = {setup: [] for setup in SETUPS}
+    for _ in range(rounds):
+        for setup, block in SETUPS.items():
+            code = (f"import sys\n{block}\nimport json\nfrom bench.tracing import child\n"
+                    f"print(json.dumps(child({setup!r}, {url!r})))")
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                 text=True, check=True)
+            samples[setup].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    results = {setup: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+               for setup, rs in samples.items()}
     base = results["none"]
     print(f"{'set-up':8} {'hooks µs/job':>13} {'enqueue µs/job':>15} {'drain µs/job':>13}")
     for setup, r in results.items():
@@ -180,5 +183,5 @@ def main(url: str, rounds: int = 3) -> dict[str, dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
     main(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"), rounds)
