@@ -22,6 +22,7 @@ from .maintenance import KilledRuns, Maintenance, PruneDoneJobs, StuckJobs, main
 from .plans import DEFAULT_PLANS, Plan, Plans
 from .queue import Queue
 from .quota import Allowance, Quota, QuotaExhausted
+from .results import AttemptError, JobResult, ResultError, WaitTimeout
 from .runner import JobContext, Pipeline, RunResult, Stage
 from .schedule import Schedule, Scheduler, scheduled_tick
 from .settings import QueueSettings
@@ -40,6 +41,7 @@ __getattr__ = lazy_dashboard(__name__)
 __all__ = [
     "DEFAULT_PLANS",
     "Allowance",
+    "AttemptError",
     "ConfigError",
     "DatabaseUnavailable",
     "DeferJob",
@@ -49,6 +51,7 @@ __all__ = [
     "Job",
     "JobContext",
     "JobNotFound",
+    "JobResult",
     "KilledRuns",
     "Maintenance",
     "MigrationError",
@@ -62,6 +65,7 @@ __all__ = [
     "QueueSettings",
     "Quota",
     "QuotaExhausted",
+    "ResultError",
     "RotaError",
     "RunResult",
     "Schedule",
@@ -72,6 +76,7 @@ __all__ = [
     "UnknownGroup",
     "UnknownJobType",
     "UnknownPlan",
+    "WaitTimeout",
     "Worker",
     "cron_app",
     "dashboard_app",

@@ -269,7 +269,8 @@ async def cancel_job(queue: Queue, job_id: int, *, conn: AnyConn | None = None) 
     job_id = _row_id(job_id, "job_id")
     async with queue.connection(conn) as c:
         row = await queue.store.fetch_dict("cancel_job", {
-            "id": job_id, "offset": queue.clock_offset}, conn=c)
+            "id": job_id, "offset": queue.clock_offset, "schema_name": queue.schema},
+            conn=c)
         if row is not None:
             return Job.from_row(row, lenient=True)  # written: the answer must not fail
         job = await _lenient_job(queue, job_id, c)

@@ -38,7 +38,7 @@ from ..schedule import Schedule, Scheduler
 from ..settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET
 from ..store import is_connection_failure
 from .batching import BatchSize
-from .completer import Completer, error_text, settle_all
+from .completer import Completer, error_text, settle_all, with_results
 from .context import JobContext, RunState, retrying
 from .stage import (
     TRIGGERS,
@@ -589,7 +589,7 @@ class Pipeline:
         """Seconds one handler call of ``stage`` may run."""
         return (stage.timeout or self.handler_timeout).total_seconds()
 
-    async def _call(self, work: Awaitable[None], ctxs: list[JobContext], run: RunState,
+    async def _call(self, work: Awaitable[object], ctxs: list[JobContext], run: RunState,
                     stage: Stage, blocked: list[QuotaExhausted],
                     completer: Completer) -> None:
         """Run one handler call within its deadline and settle what it left unsettled
@@ -608,9 +608,10 @@ class Pipeline:
         loop = asyncio.get_running_loop()
         timer = asyncio.timeout_at(loop.time() + (deadline - started))
         failure: Exception | None = None
+        value: object = None
         try:
             async with timer:
-                await work
+                value = await work
         except Exception as exc:  # DeferJob and QuotaExhausted included
             failure = exc
         # A job completed in the handler's own transaction is done only if that
@@ -622,7 +623,7 @@ class Pipeline:
             run.add("timed_out", sum(1 for c in ctxs if not c.settled))
             await settle_all(ctxs, lambda c: c.fail(text))
         elif failure is None:
-            completer.add([c for c in ctxs if not c.settled])
+            completer.add(await with_results(ctxs, value))
         elif isinstance(failure, DeferJob):
             until = failure.until
             await settle_all(ctxs, lambda c: c.defer(until))
