@@ -30,7 +30,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from .checks import require_duration, storable_text
-from .errors import JobNotFound, PayloadError, RotaError
+from .errors import InvalidInput, JobNotFound, PayloadError, RotaError
 from .job import MAX_PAYLOAD_DEPTH, Job, JobStatus, encode_payload
 
 if TYPE_CHECKING:
@@ -228,6 +228,26 @@ def _instant(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text).astimezone(UTC)
 
 
+def as_dict(found: JobResult) -> dict[str, Any]:
+    """A :class:`JobResult` as plain data (``rota jobs show ID --json``, the dashboard):
+    the job's fields, ``result`` (its return value), ``started_at`` and ``errors`` (a
+    list of each attempt's fields, oldest first). Times stay datetimes and ids UUIDs,
+    for the caller's JSON encoder."""
+    j = found.job
+    return {
+        "id": j.id, "type": j.type, "group_id": j.group_id, "status": j.status,
+        "payload": j.payload, "dedupe_key": j.dedupe_key, "attempts": j.attempts,
+        "max_attempts": j.max_attempts, "deferrals": j.deferrals,
+        "run_after": j.run_after, "created_at": j.created_at,
+        "started_at": found.started_at, "finished_at": j.finished_at,
+        "run_id": j.run_id, "last_error": j.last_error,
+        "give_up_pending": j.give_up_pending, "result": found.value,
+        "errors": [{"attempt": e.attempt, "error": e.error, "traceback": e.traceback,
+                    "run_id": e.run_id, "started_at": e.started_at,
+                    "failed_at": e.failed_at} for e in found.errors],
+    }
+
+
 def settled_ids(payload: str, schema: str) -> set[int] | None:
     """The job ids a ``rota_settled`` notification names for ``schema``: a set, ``None``
     for "any" (``SCHEMA:*``), or an empty set for another schema's."""
@@ -252,7 +272,11 @@ async def result(queue: Queue, job_id: int, *, conn: AnyConn | None = None) -> J
 
     Raises:
         JobNotFound: no job has this id (never existed, or pruned with its result).
+        InvalidInput: ``job_id`` is not a positive int.
     """
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id < 2**63:
+        raise InvalidInput(f"job_id must be an int between 1 and {2**63 - 1}, "
+                           f"got {job_id!r}")
     async with queue.connection(conn) as c:
         row = await queue.store.fetch_dict("get_result", {"id": job_id}, conn=c)
     if row is None:
@@ -392,4 +416,4 @@ def sync_wait(queue_statements: Any, conn: psycopg.Connection[Any], job_id: int,
 
 
 __all__ = ["AttemptError", "EncodedResult", "JobResult", "ResultError", "WaitTimeout",
-           "encode_result", "error_record", "result", "wait"]
+           "as_dict", "encode_result", "error_record", "result", "wait"]
