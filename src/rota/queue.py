@@ -549,8 +549,8 @@ class Queue:
 
     async def _fail(self, job: Job, error: BaseException | str, *, give_up: bool = False,
                     conn: AnyConn | None = None) -> FailOutcome:
-        text, trace = error_record(error)
-        params = {**self._fence(job), "error": text, "traceback": trace,
+        text, kind, trace = error_record(error)
+        params = {**self._fence(job), "error": text, "error_type": kind, "traceback": trace,
                   "give_up": give_up, "started_at": job.locked_at,
                   "schema_name": self.schema,
                   "backoff_base": self.backoff_base, "max_backoff": self.max_backoff,

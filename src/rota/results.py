@@ -90,6 +90,8 @@ class AttemptError:
         attempt: the attempt's number (1 for the first; a job retried by hand counts
             from 1 again).
         error: ``"Type: message"``, at most :data:`MAX_ERROR_CHARS` characters.
+        error_type: the exception's class as ``module.qualname``
+            (``"builtins.ValueError"``), or ``None`` for an error given as text.
         traceback: the formatted traceback, at most :data:`MAX_TRACEBACK_CHARS`
             characters (its start and its end), or ``None`` (a timeout, a stuck job,
             an error given as text).
@@ -100,6 +102,7 @@ class AttemptError:
 
     attempt: int
     error: str
+    error_type: str | None
     traceback: str | None
     run_id: uuid.UUID | None
     started_at: datetime | None
@@ -184,13 +187,14 @@ def encode_result(value: Any, max_bytes: int) -> EncodedResult | None:
     return EncodedResult(text)
 
 
-def error_record(error: BaseException | str) -> tuple[str, str | None]:
-    """An attempt's error as ``(message, traceback)``, storable and bounded: the message
-    ``"Type: message"`` cut at :data:`MAX_ERROR_CHARS`, the traceback (an exception's
-    own, ``None`` for text) cut to its first :data:`TRACEBACK_HEAD_CHARS` and its last
-    characters, :data:`MAX_TRACEBACK_CHARS` in all."""
+def error_record(error: BaseException | str) -> tuple[str, str | None, str | None]:
+    """An attempt's error as ``(message, class, traceback)``, storable and bounded: the
+    message ``"Type: message"`` cut at :data:`MAX_ERROR_CHARS`, the exception's class as
+    ``module.qualname``, the traceback (an exception's own) cut to its first
+    :data:`TRACEBACK_HEAD_CHARS` and its last characters, :data:`MAX_TRACEBACK_CHARS`
+    in all; class and traceback are ``None`` for an error given as text."""
     if isinstance(error, str):
-        return storable_text(_cut(error, MAX_ERROR_CHARS)), None
+        return storable_text(_cut(error, MAX_ERROR_CHARS)), None, None
     message = _cut(f"{type(error).__name__}: {error}", MAX_ERROR_CHARS)
     trace: str | None = None
     if error.__traceback__ is not None:
@@ -201,7 +205,9 @@ def error_record(error: BaseException | str) -> tuple[str, str | None]:
             tail = MAX_TRACEBACK_CHARS - TRACEBACK_HEAD_CHARS - len(marker)
             trace = trace[:TRACEBACK_HEAD_CHARS] + marker + trace[-tail:]
         trace = storable_text(trace)
-    return storable_text(message), trace
+    kind = type(error)
+    return (storable_text(message), storable_text(f"{kind.__module__}.{kind.__qualname__}"),
+            trace)
 
 
 def _cut(text: str, limit: int) -> str:
@@ -213,7 +219,8 @@ def _cut(text: str, limit: int) -> str:
 def result_from_row(row: dict[str, Any]) -> JobResult:
     """A :class:`JobResult` from a row of ``get_result.sql``."""
     errors = [AttemptError(
-        attempt=e["attempt"], error=e["error"], traceback=e["traceback"],
+        attempt=e["attempt"], error=e["error"], error_type=e["error_type"],
+        traceback=e["traceback"],
         run_id=uuid.UUID(e["run_id"]) if e["run_id"] else None,
         started_at=_instant(e["started_at"]),
         failed_at=cast(datetime, _instant(e["failed_at"])))
@@ -242,7 +249,8 @@ def as_dict(found: JobResult) -> dict[str, Any]:
         "started_at": found.started_at, "finished_at": j.finished_at,
         "run_id": j.run_id, "last_error": j.last_error,
         "give_up_pending": j.give_up_pending, "result": found.value,
-        "errors": [{"attempt": e.attempt, "error": e.error, "traceback": e.traceback,
+        "errors": [{"attempt": e.attempt, "error": e.error, "error_type": e.error_type,
+                    "traceback": e.traceback,
                     "run_id": e.run_id, "started_at": e.started_at,
                     "failed_at": e.failed_at} for e in found.errors],
     }

@@ -18,6 +18,7 @@ CREATE TABLE {schema}.job_errors (
     started_at timestamptz,               -- when the attempt was claimed (queue clock)
     failed_at  timestamptz NOT NULL,      -- queue clock
     error      text NOT NULL,             -- "Type: message", bounded
+    error_type text,                      -- the exception's class, module.qualname
     traceback  text,                      -- bounded (head and tail); null without one
     PRIMARY KEY (job_id, id)
 );

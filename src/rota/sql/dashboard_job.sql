@@ -3,7 +3,8 @@
 SELECT j.*, g.plan, g.active AS group_active,
        r.started_at AS run_started_at, r.stop_reason AS run_stop_reason,
        (SELECT jsonb_agg(jsonb_build_object(
-                   'attempt', e.attempt, 'error', e.error, 'traceback', e.traceback,
+                   'attempt', e.attempt, 'error', e.error, 'error_type', e.error_type,
+                   'traceback', e.traceback,
                    'run_id', e.run_id, 'started_at', e.started_at,
                    'failed_at', e.failed_at) ORDER BY e.id)
         FROM {schema}.job_errors e

@@ -31,9 +31,9 @@ WITH f AS (
     RETURNING id, status, attempts, run_id
 ), kept AS (
     INSERT INTO {schema}.job_errors (job_id, attempt, run_id, started_at, failed_at,
-                                     error, traceback)
+                                     error, error_type, traceback)
     SELECT f.id, f.attempts, f.run_id, %(started_at)s::timestamptz,
-           now() + %(offset)s::interval, %(error)s, %(traceback)s
+           now() + %(offset)s::interval, %(error)s, %(error_type)s, %(traceback)s
     FROM f
 ), told AS (
     SELECT pg_notify('rota_settled', %(schema_name)s::text || ':' || f.id)
