@@ -138,6 +138,11 @@ def test_a_result_nested_deeper_than_a_payload_may_be_is_refused() -> None:
     assert str(e.value) == ("the return value is nested deeper than 256 levels, more "
                             "than can be read back")
     assert encode_result([[1]], 10) == "[[1]]"
+    # Sized as a payload is, as PostgreSQL prints it: {"a": [1, 2]} is 13 bytes.
+    assert encode_result({"a": [1, 2]}, 13) == '{"a":[1,2]}'
+    with pytest.raises(ResultError, match=r"^the return value is 13 bytes of JSON, larger "
+                                          r"than the maximum 12 \(max_payload_bytes\)$"):
+        encode_result({"a": [1, 2]}, 12)
 
 
 async def test_queue_complete_with_an_unstorable_result_fails_the_job(make_queue: Any) -> None:

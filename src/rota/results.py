@@ -19,6 +19,7 @@ cap, which does not notify).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import traceback as tb
 import uuid
@@ -180,11 +181,20 @@ def encode_result(value: Any, max_bytes: int) -> EncodedResult | None:
     except PayloadError as exc:
         message = str(exc).removeprefix("payload")
         raise ResultError(f"the return value{message}") from None
-    size = len(text.encode("utf-8"))
-    if size > max_bytes:
+    # Counted as a payload's size is: on the JSON text as PostgreSQL prints it, with a
+    # space after each ":" and "," (docs/design.md, "Enqueue"): at most twice the
+    # compact text's bytes, at most four bytes a character, so short values need no count.
+    if len(text) * 8 > max_bytes and (size := _printed_size(value)) > max_bytes:
         raise ResultError(f"the return value is {size} bytes of JSON, larger than the "
                           f"maximum {max_bytes} (max_payload_bytes)")
     return EncodedResult(text)
+
+
+def _printed_size(value: Any) -> int:
+    """UTF-8 bytes of ``value``'s JSON text as PostgreSQL's jsonb prints it."""
+    printed = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "),
+                               default=str).encode(value)
+    return len(printed.encode("utf-8"))
 
 
 def error_record(error: BaseException | str) -> tuple[str, str | None, str | None]:

@@ -51,6 +51,9 @@ DATABASES = {
         "HOST": _db.get("host", ""),
         "PORT": _db.get("port", ""),
         "OPTIONS": {"options": f"-c search_path={SCHEMA}"},
+        # A worker runs many tasks a second: keep its threads' connections (the
+        # default, 0, reconnects for every task as for every request).
+        "CONN_MAX_AGE": 60,
     },
     # Not PostgreSQL: a task backend on it refuses to enqueue (ImproperlyConfigured).
     "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},

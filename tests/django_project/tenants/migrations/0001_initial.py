@@ -1,10 +1,12 @@
+from typing import ClassVar
+
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
     initial = True
-    dependencies: list = []
-    operations = [
+    dependencies: ClassVar[list[tuple[str, str]]] = []
+    operations: ClassVar[list[migrations.operations.base.Operation]] = [
         migrations.CreateModel(
             name="Tenant",
             fields=[
