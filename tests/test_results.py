@@ -437,5 +437,6 @@ async def test_the_dashboards_job_page_shows_the_result_and_each_attempt(
         page = (await c.get(f"/jobs/{job_id}")).text
     assert '<pre class="result">{\n  &#34;rows&#34;: 7\n}</pre>' in page
     assert "Attempt 1 · failed" in page
-    assert "<pre class=\"error\">KeyError: &#39;missing &lt;b&gt;key&lt;/b&gt;&#39;</pre>" in page
+    assert ('<pre class="attempt-error">KeyError: &#39;missing &lt;b&gt;key&lt;/b&gt;&#39;'
+            "</pre>") in page
     assert '<pre class="traceback">Traceback (most recent call last):' in page
