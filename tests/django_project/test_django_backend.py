@@ -115,6 +115,9 @@ def test_aenqueue_and_a_task_without_a_group() -> None:
     run_once("--queue", "default")
     result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+    # Django's task signals, sent by the worker for each attempt.
+    assert list(Ran.objects.filter(tenant="signals").order_by("id")
+                .values_list("label", flat=True)) == ["plain RUNNING", "plain SUCCESSFUL"]
 
 
 # -- failures, retries, run_after ---------------------------------------------------------

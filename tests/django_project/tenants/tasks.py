@@ -1,6 +1,8 @@
 """The project's tasks."""
 
+from django.dispatch import receiver
 from django.tasks import task
+from django.tasks.signals import task_finished, task_started
 
 from .models import Ran
 
@@ -37,3 +39,11 @@ def fair(tenant: str, i: int) -> int:
 @task()
 def plain(x: int) -> int:
     return x * 2
+
+
+@receiver(task_started)
+@receiver(task_finished)
+def note_signal(sender, task_result, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    """Django's task signals reach the project's receivers (for `plain` only)."""
+    if task_result.task.name == "plain":
+        Ran.objects.create(tenant="signals", label=f"plain {task_result.status}")

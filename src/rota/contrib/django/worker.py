@@ -10,11 +10,15 @@ import signal
 from collections.abc import Iterable
 from datetime import timedelta
 from inspect import iscoroutinefunction
+from traceback import format_exception
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+from django.tasks.base import TaskError
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 from psycopg.conninfo import make_conninfo
@@ -67,25 +71,42 @@ async def run_task(ctx: JobContext) -> Any:
     :class:`~django.tasks.TaskContext` first when it ``takes_context``, whose
     ``attempt`` is this attempt's number), and return its value, JSON-normalized as
     Django's own backends do. A sync task runs in a thread of its own, with Django's
-    stale connections closed before and after, as a request's are."""
+    stale connections closed before and after, as a request's are. Django's
+    ``task_started`` and ``task_finished`` signals are sent for each attempt."""
     payload = ctx.job.payload
     task = import_string(payload["task"])
     args = list(payload.get("args", []))
     kwargs = dict(payload.get("kwargs", {}))
+    result = TaskResult(
+        task=task, id=str(ctx.job.id), status=TaskResultStatus.RUNNING,
+        enqueued_at=ctx.job.created_at, started_at=ctx.job.locked_at,
+        last_attempted_at=ctx.job.locked_at, finished_at=None, args=args,
+        kwargs=kwargs, backend=task.backend, errors=[],
+        worker_ids=[str(ctx.run_id)] * ctx.job.attempts)
     if task.takes_context:
-        result = TaskResult(
-            task=task, id=str(ctx.job.id), status=TaskResultStatus.RUNNING,
-            enqueued_at=ctx.job.created_at, started_at=ctx.job.locked_at,
-            last_attempted_at=ctx.job.locked_at, finished_at=None, args=args,
-            kwargs=kwargs, backend=task.backend, errors=[],
-            worker_ids=[str(ctx.run_id)] * ctx.job.attempts)
         args = [TaskContext(task_result=result), *args]
-    if iscoroutinefunction(task.func):
-        value = await task.func(*args, **kwargs)
-    else:
-        value = await sync_to_async(_call_sync, thread_sensitive=False)(
-            task.func, args, kwargs)
-    return normalize_json(value)
+    # Django's task signals, once per attempt: task_finished says how this attempt
+    # ended (a FAILED attempt with attempts left is retried: docs/django.md).
+    await task_started.asend(sender=RotaBackend, task_result=result)
+    try:
+        if iscoroutinefunction(task.func):
+            value = normalize_json(await task.func(*args, **kwargs))
+        else:
+            value = normalize_json(await sync_to_async(_call_sync, thread_sensitive=False)(
+                task.func, args, kwargs))
+    except Exception as exc:
+        object.__setattr__(result, "status", TaskResultStatus.FAILED)
+        object.__setattr__(result, "finished_at", timezone.now())
+        result.errors.append(TaskError(
+            exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            traceback="".join(format_exception(exc))))
+        await task_finished.asend(sender=RotaBackend, task_result=result)
+        raise
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "_return_value", value)
+    await task_finished.asend(sender=RotaBackend, task_result=result)
+    return value
 
 
 def _call_sync(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
