@@ -23,19 +23,39 @@ import json
 import time
 import traceback as tb
 import uuid
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
 
 from .checks import require_duration, storable_text
 from .errors import InvalidInput, JobNotFound, PayloadError, RotaError
 from .job import MAX_PAYLOAD_DEPTH, Job, JobStatus, encode_payload
+from .store import AnyConn, Statements, Store, configure_cursor, listen_connect_args
 
-if TYPE_CHECKING:
-    from .queue import AnyConn, Queue
+
+class ResultReader(Protocol):
+    """What :func:`result` uses of a :class:`rota.Queue` (which binds it as its method:
+    ``queue.result(id)``); a protocol, so that this module need not import the queue's,
+    which imports this one."""
+
+    @property
+    def store(self) -> Store: ...
+    def connection(self, conn: AnyConn | None = None
+                   ) -> AbstractAsyncContextManager[AnyConn]: ...
+
+
+class ResultsQueue(ResultReader, Protocol):
+    """What :func:`wait` uses of a :class:`rota.Queue` besides: its schema and pool."""
+
+    @property
+    def schema(self) -> str: ...
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]: ...
 
 #: The channel settled jobs are announced on (the payload names the schema).
 SETTLED_CHANNEL = "rota_settled"
@@ -277,7 +297,7 @@ def settled_ids(payload: str, schema: str) -> set[int] | None:
     return {int(i) for i in ids.split(",") if i.isdigit()}
 
 
-async def result(queue: Queue, job_id: int, *, conn: AnyConn | None = None) -> JobResult:
+async def result(queue: ResultReader, job_id: int, *, conn: AnyConn | None = None) -> JobResult:
     """A job's status, return value and every attempt's error (docs/design.md,
     "Results").
 
@@ -304,7 +324,7 @@ async def result(queue: Queue, job_id: int, *, conn: AnyConn | None = None) -> J
 
 # The deadline is a duration the caller names (the rule "durations are timedelta"), not
 # an asyncio.timeout around the call: it must end in WaitTimeout with the job's status.
-async def wait(queue: Queue, job_id: int, *, timeout: timedelta,  # noqa: ASYNC109
+async def wait(queue: ResultsQueue, job_id: int, *, timeout: timedelta,  # noqa: ASYNC109
                poll_every: timedelta = DEFAULT_POLL_EVERY) -> JobResult:
     """Wait until a job is done or failed and return its :class:`JobResult`.
 
@@ -344,12 +364,10 @@ async def wait(queue: Queue, job_id: int, *, timeout: timedelta,  # noqa: ASYNC1
             await listener.close()
 
 
-async def _listen(queue: Queue) -> psycopg.AsyncConnection[Any] | None:
+async def _listen(queue: ResultsQueue) -> psycopg.AsyncConnection[Any] | None:
     """A connection LISTENing on ``rota_settled``, or ``None`` (then polling alone)."""
-    from .worker import _connect_args  # the worker's own way to a listening connection
-
     try:
-        conninfo, kwargs = await _connect_args(queue)
+        conninfo, kwargs = await listen_connect_args(queue.pool)
         conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
     except (psycopg.Error, OSError):
         return None
@@ -379,11 +397,9 @@ async def _next_notice(listener: psycopg.AsyncConnection[Any] | None, schema: st
         await asyncio.sleep(max(end - time.monotonic(), 0))
 
 
-def sync_result(queue_statements: Any, conn: psycopg.Connection[Any],
+def sync_result(queue_statements: Statements, conn: psycopg.Connection[Any],
                 job_id: int) -> JobResult:
     """:func:`result` on a sync connection (see :meth:`rota.SyncQueue.result`)."""
-    from .store import configure_cursor
-
     cur = conn.cursor(row_factory=dict_row)
     configure_cursor(cur)
     row = cur.execute(queue_statements.sql("get_result"), {"id": job_id}).fetchone()
@@ -392,7 +408,7 @@ def sync_result(queue_statements: Any, conn: psycopg.Connection[Any],
     return result_from_row(row)
 
 
-def sync_wait(queue_statements: Any, conn: psycopg.Connection[Any], job_id: int, *,
+def sync_wait(queue_statements: Statements, conn: psycopg.Connection[Any], job_id: int, *,
               timeout: timedelta, poll_every: timedelta = DEFAULT_POLL_EVERY) -> JobResult:
     """:func:`wait` on a sync connection (see :meth:`rota.SyncQueue.wait`): it listens
     when ``conn`` is in autocommit mode (a transaction would hold notifications back
