@@ -332,19 +332,41 @@ async def test_wait_polls_for_a_job_settled_without_a_notification(make_queue: A
     assert (found.status, found.job.last_error) == ("failed", "deferred more than 0 times")
 
 
-async def test_one_notification_names_a_batchs_jobs(queue: Queue, database_url: str) -> None:
-    for _ in range(3):
+async def test_a_settlement_notifies_only_for_jobs_someone_waits_for(
+        queue: Queue, database_url: str, aconn: AConn) -> None:
+    for _ in range(4):
         await queue.enqueue("t", {})
-    jobs = await queue.claim("t", 3)
+    jobs = await queue.claim("t", 4)
+    add = sql.SQL("INSERT INTO {} (job_id, waiter) VALUES (%s, %s)").format(
+        queue.table("job_waiters"))
+    for j in (jobs[0], jobs[1], jobs[3]):
+        await aconn.execute(add, [j.id, uuid.uuid4()])
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
         await c.execute("LISTEN rota_settled")
-        await queue.complete_many(jobs[:2])
-        await queue.fail(jobs[2], "no", give_up=True)
-        notes = []
-        async for n in c.notifies(timeout=5, stop_after=2):
-            notes.append(n.payload)
-    ids = sorted(j.id for j in jobs[:2])
-    assert notes == [f"{queue.schema}:{ids[0]},{ids[1]}", f"{queue.schema}:{jobs[2].id}"]
+        await queue.complete_many(jobs[:3])       # one notification: the waited-for two
+        await queue.fail(jobs[3], "no", give_up=True)
+        notes = [n.payload async for n in c.notifies(timeout=2)]
+    assert notes == [f"{queue.schema}:{jobs[0].id},{jobs[1].id}",
+                     f"{queue.schema}:{jobs[3].id}"]
+    # Nobody waits: nothing is sent.
+    await queue.enqueue("t", {})
+    [lone] = await queue.claim("t", 1)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+        await c.execute("LISTEN rota_settled")
+        assert await queue.complete(lone)
+        assert [n.payload async for n in c.notifies(timeout=1)] == []
+
+
+async def test_a_waiter_is_registered_only_while_it_waits(queue: Queue, aconn: AConn) -> None:
+    job = await queue.enqueue("t", {})
+    assert job is not None
+    count = sql.SQL("SELECT job_id FROM {}").format(queue.table("job_waiters"))
+    waiter = asyncio.create_task(queue.wait(job.id, timeout=timedelta(seconds=0.5)))
+    await asyncio.sleep(0.3)
+    assert await (await aconn.execute(count)).fetchall() == [(job.id,)]
+    with pytest.raises(WaitTimeout):
+        await waiter
+    assert await (await aconn.execute(count)).fetchall() == []
 
 
 async def test_sync_result_and_wait(queue: Queue, database_url: str) -> None:

@@ -8,12 +8,13 @@ A return value goes through the payload encoder and limits (:func:`rota.job.enco
 fails the job at completion with an error that says why (:class:`ResultError`), so the
 job is never left done without it, nor lost.
 
-Waiting listens on the channel ``rota_settled``: the statements that settle a job for
-good (complete, complete_many, fail when attempts are used up, the stuck-job sweep,
-cancel) notify it with ``SCHEMA:ID[,ID…]`` (``SCHEMA:*`` for "look again"), and the
-waiter reads the job again at least every ``poll_every`` in case a notification is
-missed (a connection through a pooler that drops LISTEN, a job given up by its deferral
-cap, which does not notify).
+Waiting listens on the channel ``rota_settled`` and registers the waiter in
+``job_waiters``: the statements that settle a job for good (complete, complete_many,
+fail when attempts are used up, the stuck-job sweep, cancel) notify it with
+``SCHEMA:ID[,ID…]`` (``SCHEMA:*`` for "look again") when a job they settle has a
+waiter, so completions nobody waits for pay nothing; the waiter reads the job again at
+least every ``poll_every`` in case a notification is missed (a connection through a
+pooler that drops LISTEN, a job given up by its deferral cap, which does not notify).
 """
 
 from __future__ import annotations
@@ -348,7 +349,14 @@ async def wait(queue: ResultsQueue, job_id: int, *, timeout: timedelta,  # noqa:
     require_duration(timeout, "timeout")
     require_duration(poll_every, "poll_every")
     deadline = time.monotonic() + timeout.total_seconds()
+    # Listening, then registered as a waiter, then reading the job: a settlement that
+    # commits after the read finds the waiter and notifies; one whose statement began
+    # before the registration committed is found by the next poll.
     listener = await _listen(queue)
+    waiter = {"id": job_id, "waiter": uuid.uuid4()}
+    if listener is not None:
+        async with queue.connection() as c:
+            await queue.store.execute("waiter_add", waiter, conn=c)
     try:
         while True:
             found = await result(queue, job_id)
@@ -362,6 +370,8 @@ async def wait(queue: ResultsQueue, job_id: int, *, timeout: timedelta,  # noqa:
     finally:
         if listener is not None:
             await listener.close()
+            async with queue.connection() as c:
+                await queue.store.execute("waiter_remove", waiter, conn=c)
 
 
 async def _listen(queue: ResultsQueue) -> psycopg.AsyncConnection[Any] | None:
@@ -419,8 +429,10 @@ def sync_wait(queue_statements: Statements, conn: psycopg.Connection[Any], job_i
     require_duration(poll_every, "poll_every")
     deadline = time.monotonic() + timeout.total_seconds()
     listening = conn.autocommit
-    if listening:
+    waiter = {"id": job_id, "waiter": uuid.uuid4()}
+    if listening:  # as :func:`wait` does: listening, registered, then reading
         conn.execute(f"LISTEN {SETTLED_CHANNEL}")
+        conn.execute(queue_statements.sql("waiter_add"), waiter)
     schema = queue_statements.schema
     try:
         while True:
@@ -447,6 +459,7 @@ def sync_wait(queue_statements: Statements, conn: psycopg.Connection[Any], job_i
     finally:
         if listening and not conn.closed:
             conn.execute(f"UNLISTEN {SETTLED_CHANNEL}")
+            conn.execute(queue_statements.sql("waiter_remove"), waiter)
 
 
 __all__ = ["AttemptError", "EncodedResult", "JobResult", "ResultError", "WaitTimeout",

@@ -22,3 +22,14 @@ CREATE TABLE {schema}.job_errors (
     traceback  text,                      -- bounded (head and tail); null without one
     PRIMARY KEY (job_id, id)
 );
+
+-- Who is waiting for a job (docs/design.md, "Results"): Queue.wait adds a row while it
+-- waits, and the statements that settle a job notify rota_settled only for jobs with
+-- one, so completions pay for a notification (a lock every notifying commit in the
+-- database takes in turn) only when someone is listening.
+CREATE TABLE {schema}.job_waiters (
+    job_id     bigint NOT NULL,
+    waiter     uuid NOT NULL,
+    since      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job_id, waiter)
+);

@@ -3,7 +3,7 @@
 -- (its first reply lost with the connection) is recognised by claim_states.sql as
 -- "already done by this claim" (docs/design.md, "Settling twice"). The handler's return
 -- value (JSON text, checked by the caller; null for none) and the attempt's claim time
--- are kept; waiters on the job are told (docs/design.md, "Results").
+-- are kept; a waiter on the job is told (docs/design.md, "Results").
 WITH done AS (
     UPDATE {schema}.jobs
     SET status = 'done',
@@ -13,6 +13,9 @@ WITH done AS (
         started_at = %(started_at)s::timestamptz
     WHERE id = %(id)s AND status = 'running' AND claim_token = %(claim_token)s::uuid
     RETURNING id
+), told AS (
+    SELECT pg_notify('rota_settled', %(schema_name)s::text || ':' || d.id)
+    FROM done d
+    WHERE EXISTS (SELECT 1 FROM {schema}.job_waiters w WHERE w.job_id = d.id)
 )
-SELECT id, pg_notify('rota_settled', %(schema_name)s::text || ':' || id) IS NULL
-FROM done
+SELECT id FROM done WHERE (SELECT count(*) FROM told) >= 0

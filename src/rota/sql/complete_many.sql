@@ -2,8 +2,9 @@
 -- nothing); the claims' tokens stay on the done rows, as in complete.sql, and so do
 -- their return values and claim times. Rows are visited in the order given (the caller
 -- sorts by type, group and fair_served shard, so concurrent batches take fair_served's
--- rows in one order). One notification for the whole batch tells waiters which jobs
--- settled ("*": too many to list, look again) (docs/design.md, "Results").
+-- rows in one order). One notification for the whole batch tells waiters which of
+-- their jobs settled ("*": too many to list, look again), sent only when a job of the
+-- batch has one (docs/design.md, "Results").
 WITH done AS (
     UPDATE {schema}.jobs j
     SET status = 'done',
@@ -21,9 +22,10 @@ WITH done AS (
     RETURNING j.id
 ), told AS (
     SELECT pg_notify('rota_settled', %(schema_name)s::text || ':'
-                     || CASE WHEN count(*) <= 300 THEN string_agg(id::text, ',')
+                     || CASE WHEN count(*) <= 300 THEN string_agg(d.id::text, ',')
                              ELSE '*' END)
-    FROM done
+    FROM done d
+    WHERE EXISTS (SELECT 1 FROM {schema}.job_waiters w WHERE w.job_id = d.id)
     HAVING count(*) > 0
 )
 SELECT id FROM done WHERE (SELECT count(*) FROM told) >= 0

@@ -9,7 +9,7 @@
 -- time at latest_due, so no run_after leaves the range a reader can load: 31 reclaims
 -- and a fail at max_attempts 50 once made it year 10193.
 -- Each attempt's error (message and traceback, bounded by the caller) is kept in
--- job_errors, and waiters are told when the job ends failed (docs/design.md, "Results").
+-- job_errors, and a waiter is told when the job ends failed (docs/design.md, "Results").
 WITH f AS (
     UPDATE {schema}.jobs
     SET status = CASE WHEN attempts >= max_attempts OR %(give_up)s THEN 'failed'
@@ -39,5 +39,6 @@ WITH f AS (
     SELECT pg_notify('rota_settled', %(schema_name)s::text || ':' || f.id)
     FROM f
     WHERE f.status = 'failed'
+      AND EXISTS (SELECT 1 FROM {schema}.job_waiters w WHERE w.job_id = f.id)
 )
 SELECT f.status FROM f WHERE (SELECT count(*) FROM told) >= 0

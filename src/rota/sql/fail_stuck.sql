@@ -2,7 +2,7 @@
 -- reclaim them, so they are failed here and their give-up hooks become owed.
 -- SKIP LOCKED: a row a live transaction holds is not stale for this sweep; id order
 -- keeps concurrent sweepers from deadlocking. The last attempt's error is kept with the
--- others and waiters are told (docs/design.md, "Results").
+-- others and their waiters are told (docs/design.md, "Results").
 WITH stuck AS (
     SELECT id
     FROM {schema}.jobs
@@ -25,7 +25,8 @@ WITH stuck AS (
     ORDER BY f.id
 ), told AS (
     SELECT pg_notify('rota_settled', %(schema_name)s::text || ':*')
-    FROM failed
+    FROM failed f
+    WHERE EXISTS (SELECT 1 FROM {schema}.job_waiters w WHERE w.job_id = f.id)
     HAVING count(*) > 0
 )
 SELECT * FROM failed WHERE (SELECT count(*) FROM told) >= 0
