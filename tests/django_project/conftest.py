@@ -9,13 +9,20 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
 HERE = Path(__file__).resolve().parent
-URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+# DATABASE_URL, or (as the main suite does) an embedded throwaway server of this process.
+_SERVER: Any = None
+if not os.environ.get("DATABASE_URL"):
+    from rota.db import EmbeddedServer
+
+    _SERVER = EmbeddedServer()
+URL = os.environ.get("DATABASE_URL") or _SERVER.url
 SCHEMA = f"dj_{uuid.uuid4().hex[:10]}"
 
 os.environ["DATABASE_URL"] = URL
@@ -48,3 +55,5 @@ def django_project() -> Iterator[str]:
             for s in (SCHEMA, f"{SCHEMA}_rota"):
                 conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE")
                              .format(sql.Identifier(s)))
+        if _SERVER is not None:
+            _SERVER.stop()
