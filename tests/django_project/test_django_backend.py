@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -13,6 +14,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.contrib.auth.models import User
@@ -265,3 +267,25 @@ def test_the_dashboard_is_behind_staff_login() -> None:
     started = time.monotonic()
     assert client.get("/rota/static/htmx.min.js").status_code == 200
     assert time.monotonic() - started < 30
+
+
+def test_the_dashboards_cancel_works_through_the_django_view() -> None:
+    tenant("cancel-co")
+    pending = record.enqueue("cancel-co", "to cancel")
+    client = Client()
+    client.force_login(User.objects.create_user("staff2", password="x", is_staff=True))
+    page = client.get(f"/rota/jobs/{pending.id}").content.decode()
+    token = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert token is not None and f'action="/rota/jobs/{pending.id}/cancel"' in page
+    form = "application/x-www-form-urlencoded"  # as a browser posts the page's form
+    forged = client.post(f"/rota/jobs/{pending.id}/cancel", "csrf=1.forged",
+                         content_type=form, HTTP_ORIGIN="http://testserver")
+    assert forged.status_code == 403
+    done = client.post(f"/rota/jobs/{pending.id}/cancel", urlencode({"csrf": token.group(1)}),
+                       content_type=form, HTTP_ORIGIN="http://testserver")
+    assert (done.status_code, done["Location"]) == (
+        303, f"/rota/jobs/{pending.id}?done=cancelled")
+    pending.refresh()
+    assert pending.status == TaskResultStatus.FAILED
+    assert job_row(pending.id).job.last_error == "cancelled"
+
