@@ -24,7 +24,7 @@ from .. import tracing
 from ..job import DeferJob, Job
 from ..queue import Queue
 from ..quota import SHARED_SCOPE, QuotaExhausted
-from .completer import Completer, error_text, settle_all
+from .completer import Completer, error_text, settle_all, with_results
 from .context import JobContext, QuotaLookup, RunState, retrying
 from .stage import Stage
 
@@ -130,7 +130,7 @@ class BatchRunner:
             await completer.wait_quietly()
             await self._release(run, ctxs, None)
 
-    async def _traced_call(self, work: Awaitable[None], ctxs: list[JobContext],
+    async def _traced_call(self, work: Awaitable[object], ctxs: list[JobContext],
                            run: RunState, stage: Stage, blocked: list[QuotaExhausted],
                            completer: Completer) -> None:
         """:meth:`_call` with a span per job (rota.tracing): each ends when its job is
@@ -142,7 +142,7 @@ class BatchRunner:
         with tracing.current(ctxs[0].span if len(ctxs) == 1 else None):
             await self._call(work, ctxs, run, stage, blocked, completer)
 
-    async def _call(self, work: Awaitable[None], ctxs: list[JobContext], run: RunState,
+    async def _call(self, work: Awaitable[object], ctxs: list[JobContext], run: RunState,
                     stage: Stage, blocked: list[QuotaExhausted],
                     completer: Completer) -> None:
         """Run one handler call within its deadline and settle what it left unsettled
@@ -161,9 +161,10 @@ class BatchRunner:
         loop = asyncio.get_running_loop()
         timer = asyncio.timeout_at(loop.time() + (deadline - started))
         failure: Exception | None = None
+        value: object = None
         try:
             async with timer:
-                await work
+                value = await work
         except Exception as exc:  # DeferJob and QuotaExhausted included
             failure = exc
         # A job completed in the handler's own transaction is done only if that
@@ -175,7 +176,7 @@ class BatchRunner:
             run.add("timed_out", sum(1 for c in ctxs if not c.settled))
             await settle_all(ctxs, lambda c: c.fail(text))
         elif failure is None:
-            completer.add([c for c in ctxs if not c.settled])
+            completer.add(await with_results(ctxs, value))
         elif isinstance(failure, DeferJob):
             until = failure.until
             await settle_all(ctxs, lambda c: c.defer(until))
