@@ -769,3 +769,33 @@ def test_enqueue_reads_the_payload_from_stdin_or_a_file(rota: Rota, tmp_path: Pa
     assert result.exit_code == 2
     assert "cannot read the payload from file" in result.stderr
     assert "No such file or directory" in result.stderr
+
+
+UNDECLARED_APP = """
+from rota import Pipeline, Stage
+
+async def handle(ctx):
+    pass
+
+def build(queue):
+    return Pipeline(queue, [Stage("send", 1, 1, handle), Stage("fetch", 1, 1, handle)])
+"""
+
+
+@pytest.mark.parametrize("how", ["--app", "ROTA_APP"])
+def test_enqueue_refuses_a_type_the_app_never_runs(rota: Rota, write_app: Any,
+                                                   how: str) -> None:
+    """An app that declares no ``types``: the database would take any type, and a job
+    no stage claims would never run. With the app given, it is refused, naming the stage
+    types, and nothing is written; without an app it is enqueued as before."""
+    app = f"{write_app(UNDECLARED_APP)}:build"
+    args, env = (["--app", app], {}) if how == "--app" else ([], {"ROTA_APP": app})
+    result = rota("enqueue", "nosuchtype", "{}", *args, ok=False, **env)
+    one_line_error(result, "")
+    assert result.stderr == (
+        f"error: unknown job type 'nosuchtype': app {app!r} runs the stage types send, "
+        "fetch (without --app/ROTA_APP any type may be enqueued)\n")
+    assert rota.sql("SELECT count(*) FROM {s}.jobs") == [(0,)]
+    assert rota.json("enqueue", "send", "{}", *args, **env)["id"] == 1
+    assert rota.json("enqueue", "nosuchtype", "{}")["id"] == 2
+    assert rota.sql("SELECT type FROM {s}.jobs ORDER BY id") == [("send",), ("nosuchtype",)]

@@ -18,8 +18,9 @@ from .. import admin
 from ..errors import first_line
 from ..job import Job, too_deep
 from ..plans import Plans
-from .app import Target, build_pipeline, open_queue
-from .errors import RotaGroup
+from ..queue import Queue
+from .app import Target, build_pipeline, load_pipeline, open_queue
+from .errors import CliConfigError, RotaGroup
 from .options import json_option, make_target, target_options, wants_json
 from .output import add_row, console, emit_json, safe_text, short, utc_time
 
@@ -110,7 +111,8 @@ def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
         async with open_queue(target) as queue:
             if target.app is not None:
                 # The stages' settings (max_attempts) apply to what is enqueued.
-                await build_pipeline(target, queue)
+                _, pipeline = await load_pipeline(target, queue)
+                check_app_type(target, queue, pipeline, job_type)
             return await queue.enqueue(job_type, payload, group_id=group_id,
                                        dedupe_key=dedupe_key, run_after=run_after,
                                        max_attempts=max_attempts)
@@ -124,6 +126,26 @@ def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
     else:
         click.echo(safe_text(
             f"enqueued job {job.id} ({job.type}), due {utc_time(job.run_after)} UTC"))
+
+
+def check_app_type(target: Target, queue: Queue, pipeline: Any, job_type: str) -> None:
+    """Refuse to enqueue a type the app given (``--app``/``ROTA_APP``) would never run:
+    none of its stages claims it, and the queue does not declare it (``types``, for jobs
+    another process runs). Without an app any type may be enqueued.
+
+    Raises:
+        CliConfigError: ``job_type`` is unknown to the app (the message names its stage
+            types); nothing is enqueued.
+    """
+    stage_types = [s.type for s in pipeline.stages]
+    if job_type in stage_types or (queue.types is not None and job_type in queue.types):
+        return
+    declared = (f"; the queue also declares {', '.join(sorted(queue.types))}"
+                if queue.types is not None and set(queue.types) - set(stage_types) else "")
+    raise CliConfigError(
+        f"unknown job type {job_type!r}: app {target.app_spec!r} runs the stage types "
+        f"{', '.join(stage_types)}{declared} (without --app/ROTA_APP any type may be "
+        "enqueued)")
 
 
 # -- jobs: list ---------------------------------------------------------------------------------
