@@ -112,7 +112,7 @@ class Demo:
         self.rng = random.Random(seed)
         tag = secrets.token_hex(4)  # not seeded: concurrent demos on one database never collide
         self.schema = f"rota_demo_{tag}"
-        self.app_schema = f"nakodo_demo_{tag}"
+        self.app_schema = f"rota_demo_app_{tag}"
         self.secret = secrets.token_urlsafe(32)
         self.env = {
             **os.environ,
