@@ -799,3 +799,44 @@ def test_enqueue_refuses_a_type_the_app_never_runs(rota: Rota, write_app: Any,
     assert rota.json("enqueue", "send", "{}", *args, **env)["id"] == 1
     assert rota.json("enqueue", "nosuchtype", "{}")["id"] == 2
     assert rota.sql("SELECT type FROM {s}.jobs ORDER BY id") == [("send",), ("nosuchtype",)]
+
+
+IN_USE = ("the address is already in use (is another server running there? pick another "
+          "--port)")
+
+
+@pytest.mark.parametrize("command", [["dashboard", "--read-only"], ["serve"],
+                                     ["serve", "--metrics"]], ids=" ".join)
+def test_a_server_on_a_port_in_use_is_one_line_and_exit_2(
+    rota: Rota, process_env: dict[str, str], spawn: Any, command: list[str],
+) -> None:
+    """Real processes, a port another socket listens on: one line, exit 2, as for any
+    configuration error (uvicorn's own report was a traceback and exit 3); a short
+    secret is used, with a warning naming it."""
+    env = {**process_env, "ROTA_DASHBOARD_SECRET": "short-secret", "CRON_SECRET": "c" * 16}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = spawn([*command, "--port", str(port)], env)
+        out, err = p.communicate(timeout=60)
+    warning = ("warning: ROTA_DASHBOARD_SECRET is 12 characters long; use at least 16 "
+               "(for example: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+               "\n")
+    assert (p.returncode, out) == (2, "")
+    assert err == ("" if command == ["serve"] else warning) + \
+        f"error: cannot listen on 127.0.0.1:{port}: {IN_USE}\n"
+
+
+def test_a_dashboard_secret_of_16_characters_or_an_ipv6_port_in_use(
+    rota: Rota, process_env: dict[str, str], spawn: Any,
+) -> None:
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.bind(("::1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = spawn(["dashboard", "--host", "::1", "--port", str(port)],
+                  {**process_env, "ROTA_DASHBOARD_SECRET": "s" * 16})
+        out, err = p.communicate(timeout=60)
+    assert (p.returncode, out, err) == (2, "", f"error: cannot listen on [::1]:{port}: "
+                                                f"{IN_USE}\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from typing import Any
 
 import click
@@ -13,6 +14,7 @@ import psycopg
 from ..queue import Queue
 from .app import CONNECT_TIMEOUT, build_pipeline, require_migrated
 from .errors import CliConfigError
+from .listening import listen_socket, warn_short_secret
 from .options import make_target, target_options
 
 
@@ -42,6 +44,7 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
         raise CliConfigError(
             "ROTA_DASHBOARD_SECRET is not set: without a credential the dashboard "
             "serves only with --read-only on a loopback address (--host 127.0.0.1)")
+    warn_short_secret("ROTA_DASHBOARD_SECRET", secret)
     target = make_target(database_url, schema, app_spec)
     url = target.url()
     queue = Queue(url, **target.queue_settings())
@@ -56,6 +59,11 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
     pipeline = asyncio.run(check())
     app = dashboard_app(queue, secret=secret, read_only=read_only, pipeline=pipeline,
                         close_queue=True)
-    click.echo(f"rota dashboard on http://{host}:{port}/ (schema {queue.schema!r}"
-               f"{', read-only' if read_only else ''})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    sock = listen_socket(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"rota dashboard on http://{shown}:{sock.getsockname()[1]}/ "
+               f"(schema {queue.schema!r}{', read-only' if read_only else ''})", err=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info"))
+    server.run(sockets=[sock])
+    if not server.started:
+        sys.exit(3)  # as uvicorn.run: the app's startup failed (uvicorn logged why)

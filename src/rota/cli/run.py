@@ -25,6 +25,7 @@ from .app import (
     require_migrated,
     run_async,
 )
+from .listening import listen_socket, warn_short_secret
 from .options import POSITIVE_SECONDS, json_option, make_target, target_options
 from .output import (
     add_row,
@@ -213,6 +214,11 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
     if usable_secret(secret) is None:
         click.echo("warning: CRON_SECRET is not set: /api/cron will refuse every request",
                    err=True)
+    else:
+        warn_short_secret("CRON_SECRET", usable_secret(secret))
+    if metrics:
+        warn_short_secret("ROTA_DASHBOARD_SECRET",
+                          usable_secret(os.environ.get("ROTA_DASHBOARD_SECRET")))
     app = cron_app(made, secret=secret, time_budget=timedelta(seconds=budget), queue=queue)
     if metrics:
         from ..web.metrics import mount_metrics
@@ -220,5 +226,9 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
                       secret=os.environ.get("ROTA_DASHBOARD_SECRET"))
     platform_timeout = getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT)
     # A run in flight ends before its platform timeout; uvicorn waits no longer for it.
-    uvicorn.run(app, host=host, port=port, log_level="info",
-                timeout_graceful_shutdown=max(1, int(platform_timeout.total_seconds())))
+    server = uvicorn.Server(uvicorn.Config(
+        app, log_level="info",
+        timeout_graceful_shutdown=max(1, int(platform_timeout.total_seconds()))))
+    server.run(sockets=[listen_socket(host, port)])
+    if not server.started:
+        sys.exit(3)  # as uvicorn.run: the app's startup failed (uvicorn logged why)
