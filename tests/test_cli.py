@@ -840,3 +840,57 @@ def test_a_dashboard_secret_of_16_characters_or_an_ipv6_port_in_use(
         out, err = p.communicate(timeout=60)
     assert (p.returncode, out, err) == (2, "", f"error: cannot listen on [::1]:{port}: "
                                                 f"{IN_USE}\n")
+
+
+def test_the_give_up_hook_column_is_one_truth_for_the_cli_and_the_dashboard(
+    rota: Rota,
+) -> None:
+    """boom has no give-up hook, echo has one: `rota jobs failed` said "ran" for boom
+    while the dashboard said "—". Both now ask one function; with the app they tell
+    `ran` from `none`, without it they say `not owed`."""
+    import asyncio
+    import re as regex
+
+    from rota import Queue, dashboard_app
+    from tests.cli_app import build_pipeline
+
+    rota("enqueue", "boom", "{}", "--app", APP)
+    assert rota.json("run", "--app", APP, "--budget", "10")["jobsFailed"] == 1  # job 1
+    rota("enqueue", "echo", "{}")
+    rota("jobs", "cancel", "2", "--app", APP)  # its hook runs now
+    rota("enqueue", "echo", "{}")
+    rota("jobs", "cancel", "3")  # no app: its hook is owed
+    rota("enqueue", "echo", "{}")  # job 4: pending, has not given up
+    expected = {True: {1: "none", 2: "ran", 3: "owed", 4: "—"},
+                False: {1: "not owed", 2: "not owed", 3: "owed", 4: "—"}}
+    for with_app, states in expected.items():
+        args = ["--app", APP] if with_app else []
+        cli_states = {j["id"]: j["give_up_hook"]
+                      for j in rota.json("jobs", "failed", *args)}
+        assert cli_states == {k: v for k, v in states.items() if k != 4}
+        table = rota("jobs", "failed", *args).stdout
+        for job_id, state in cli_states.items():
+            assert regex.search(rf"│ {job_id} .*│ {state} +│", table), table
+
+        async def dashboard(with_app: bool = with_app,
+                            states: dict[int, str] = states) -> dict[int, str]:
+            queue = Queue(rota.url, schema=rota.schema)
+            await queue.open()
+            try:
+                if with_app:
+                    build_pipeline(queue)
+                app = dashboard_app(queue, secret="s" * 20, read_only=True)
+                seen = {}
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                             base_url="http://127.0.0.1",
+                                             auth=("rota", "s" * 20)) as c:
+                    for job_id in states:
+                        page = (await c.get(f"/jobs/{job_id}")).text
+                        found = regex.search(r"<dt>give-up hook</dt><dd>([^<]*)</dd>", page)
+                        assert found, page
+                        seen[job_id] = found.group(1)
+                return seen
+            finally:
+                await queue.close()
+
+        assert asyncio.run(dashboard()) == states

@@ -24,7 +24,7 @@ from psycopg.pq import TransactionStatus
 from .checks import require_aware, require_text
 from .db import migrations
 from .errors import InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
-from .job import Job, JobStatus
+from .job import Job, JobStatus, no_give_up_hook
 
 if TYPE_CHECKING:
     from .plans import Plans
@@ -397,6 +397,34 @@ def _limit(value: object) -> int:
     return value
 
 
+def give_up_hook_state(job_type: str, status: str, give_up_pending: bool,
+                       hooks: Mapping[str, object]) -> str:
+    """What a job's give-up hook did, as ``rota jobs`` and the dashboard both say it
+    (docs/design.md, "Give-up hooks"): one answer for every view.
+
+    Args:
+        job_type, status, give_up_pending: the job's columns.
+        hooks: the give-up hooks of the process asking, by job type
+            (``queue.give_up_hooks``: the app's, once its pipeline is built; empty
+            without an app).
+
+    Returns:
+        ``owed`` (failed, its hook not yet run), ``ran`` (given up, and its type has a
+        hook: a give-up is only recorded as handled once the hook has committed),
+        ``none`` (given up; its type has no hook), ``not owed`` (given up, handled, and
+        this process does not know the type's hooks: pass ``--app``), or ``—`` (it has
+        not given up).
+    """
+    if give_up_pending:
+        return "owed"
+    if status != "failed":
+        return "—"
+    hook = hooks.get(job_type)
+    if hook is None:
+        return "not owed"
+    return "none" if hook is no_give_up_hook else "ran"
+
+
 __all__ = ["JOB_STATUSES", "MAX_LIST_LIMIT", "DepthRow", "JobPage", "RetryResult",
-           "RunRecord", "cancel_job", "depth", "list_jobs", "list_runs",
+           "RunRecord", "cancel_job", "depth", "give_up_hook_state", "list_jobs", "list_runs",
            "missing_migrations", "retry_job"]

@@ -250,13 +250,34 @@ def jobs(ctx: click.Context, database_url: str | None, schema: str | None,
 def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | None,
                 job_type: str | None, group_id: str | None, limit: int,
                 before_id: int | None, as_json: bool) -> None:
-    """Failed jobs with their last errors, newest first."""
+    """Failed jobs with their last errors, newest first.
+
+    The give-up hook column: `owed` (not yet run), `ran`, `none` (the type has no
+    hook), `not owed` (handled; pass --app to tell `ran` from `none`)."""
     target = make_target(database_url, schema, app_spec)
     as_json = wants_json(as_json)
-    page = asyncio.run(_page(target, status="failed", type=job_type, group_id=group_id,
-                             limit=limit, before_id=before_id))
+
+    async def go() -> tuple[admin.JobPage, dict[str, Any]]:
+        async with open_queue(target) as queue:
+            if target.app is not None:
+                await build_pipeline(target, queue)  # registers the app's give-up hooks
+            return (await admin.list_jobs(queue, status="failed", type=job_type,
+                                          group_id=group_id, limit=limit,
+                                          before_id=before_id),
+                    dict(queue.give_up_hooks))
+
+    page, hooks = asyncio.run(go())
+
+    def hook_state(j: Job) -> str:
+        return admin.give_up_hook_state(j.type, j.status, j.give_up_pending, hooks)
+
     if as_json:
-        emit_json(_json_rows(page))
+        rows = _json_rows(page)
+        states = {j.id: hook_state(j) for j in page.jobs}
+        for row in rows:
+            if row["id"] in states:
+                row["give_up_hook"] = states[row["id"]]
+        emit_json(rows)
         _next_page(page, as_json)
         return
     table = Table(title=f"failed jobs ({len(page.jobs) + len(page.unreadable)} shown)")
@@ -265,7 +286,7 @@ def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | No
         table.add_column(col, overflow="fold")
     for j in page.jobs:
         add_row(table, j.id, j.type, j.group_id or "—", f"{j.attempts}/{j.max_attempts}",
-                utc_time(j.finished_at), "owed" if j.give_up_pending else "ran",
+                utc_time(j.finished_at), hook_state(j),
                 j.last_error or "")
     _unreadable_rows(table, page, 7)
     console().print(table)

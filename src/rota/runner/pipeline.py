@@ -31,8 +31,9 @@ from psycopg_pool import PoolTimeout
 from ..checks import require_duration
 from ..errors import ConfigError, InvalidInput, UnreadableJob, first_line
 from ..job import DeferJob, Job
+from ..job import no_give_up_hook as _no_give_up_hook
 from ..maintenance import Maintainer
-from ..queue import AnyConn, Queue
+from ..queue import Queue
 from ..quota import SHARED_SCOPE, Allowance, Quota, QuotaExhausted
 from ..schedule import Schedule, Scheduler
 from ..settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET
@@ -797,7 +798,4 @@ def _handler_slots(stage: Stage) -> int:
     """Handler calls of ``stage`` that may hold a connection at once."""
     return 1 if stage.batch_handler is not None else stage.concurrency
 
-
-async def _no_give_up_hook(job: Job, conn: AnyConn) -> None:
-    """The give-up hook of a stage that declares none."""
 
