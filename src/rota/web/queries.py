@@ -332,7 +332,8 @@ async def finished_between(queue: Queue, conn: AnyConn, types: Sequence[str],
 
 
 async def runs_by_stop_reason(queue: Queue, conn: AnyConn) -> dict[str, int]:
-    """Finished runs ever, by stop reason."""
+    """Finished runs in the runs table (pruned after 30 days by default), by stop
+    reason."""
     rows = await _rows(queue, conn, "dashboard_metrics_runs", {})
     return {r["stop_reason"]: int(r["n"]) for r in rows}
 
