@@ -801,8 +801,7 @@ def test_enqueue_refuses_a_type_the_app_never_runs(rota: Rota, write_app: Any,
     assert rota.sql("SELECT type FROM {s}.jobs ORDER BY id") == [("send",), ("nosuchtype",)]
 
 
-IN_USE = ("the address is already in use (is another server running there? pick another "
-          "--port)")
+IN_USE = "the address is already in use (by another server?; pick another --port)"
 
 
 @pytest.mark.parametrize("command", [["dashboard", "--read-only"], ["serve"],

@@ -15,15 +15,16 @@ from .errors import CliConfigError
 #: The fewest characters a secret should have; a shorter one is accepted with a warning.
 MIN_SECRET_CHARS = 16
 
+# Why a bind failed; {pick} is "; pick another --port" (or nothing, without the option).
 _REASONS = {
-    errno.EADDRINUSE: "the address is already in use (is another server running there? "
-                      "pick another --port)",
-    errno.EACCES: "permission denied (ports below 1024 need privileges: pick another --port)",
+    errno.EADDRINUSE: "the address is already in use (by another server?{pick})",
+    errno.EACCES: "permission denied (ports below 1024 need privileges{pick})",
     errno.EADDRNOTAVAIL: "no interface of this machine has that address (check --host)",
 }
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
+def listen_socket(host: str, port: int, *, port_option: str | None = "--port"
+                  ) -> socket.socket:
     """A TCP socket bound to ``host``:``port`` and listening, to hand to uvicorn
     (``uvicorn.Server.run(sockets=[…])``), set up as uvicorn sets up its own: IPv6 when
     ``host`` has a colon, ``SO_REUSEADDR``, inheritable (for its workers).
@@ -31,6 +32,8 @@ def listen_socket(host: str, port: int) -> socket.socket:
     Args:
         host: an IP address or a host name (``localhost``).
         port: 0 to 65535 (0: any free port).
+        port_option: the command's option that chooses the port, named in the error
+            (``None``: it has none).
 
     Returns:
         The listening socket; the caller closes it (uvicorn does when it stops).
@@ -47,7 +50,9 @@ def listen_socket(host: str, port: int) -> socket.socket:
         sock.listen(2048)  # uvicorn's default backlog
     except OSError as exc:
         sock.close()
-        reason = _REASONS.get(exc.errno or 0) or exc.strerror or str(exc)
+        pick = f"; pick another {port_option}" if port_option else ""
+        reason = (_REASONS[exc.errno].format(pick=pick) if exc.errno in _REASONS
+                  else exc.strerror or str(exc))
         where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
         raise CliConfigError(f"cannot listen on {where}: {reason}") from None
     sock.set_inheritable(True)
