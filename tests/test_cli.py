@@ -893,3 +893,18 @@ def test_the_give_up_hook_column_is_one_truth_for_the_cli_and_the_dashboard(
                 await queue.close()
 
         assert asyncio.run(dashboard()) == states
+
+
+def test_enqueue_with_an_app_takes_a_type_only_its_queue_declares(
+    rota: Rota, write_app: Any,
+) -> None:
+    """A type declared in the app's queue_settings but run by no stage (another process
+    runs it) may be enqueued; the refusal names it beside the stage types."""
+    source = UNDECLARED_APP + 'build.queue_settings = {"types": ["send", "fetch", "mail"]}\n'
+    app = f"{write_app(source)}:build"
+    assert rota.json("enqueue", "mail", "{}", "--app", app)["id"] == 1
+    result = rota("enqueue", "nosuchtype", "{}", "--app", app, ok=False)
+    assert (result.exit_code, result.stderr) == (2, (
+        f"error: unknown job type 'nosuchtype': app {app!r} runs the stage types send, "
+        "fetch; the queue also declares mail (without --app/ROTA_APP any type may be "
+        "enqueued)\n"))

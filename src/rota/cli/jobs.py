@@ -140,8 +140,8 @@ def check_app_type(target: Target, queue: Queue, pipeline: Any, job_type: str) -
     stage_types = [s.type for s in pipeline.stages]
     if job_type in stage_types or (queue.types is not None and job_type in queue.types):
         return
-    declared = (f"; the queue also declares {', '.join(sorted(queue.types))}"
-                if queue.types is not None and set(queue.types) - set(stage_types) else "")
+    extra = sorted(set(queue.types or ()) - set(stage_types))
+    declared = f"; the queue also declares {', '.join(extra)}" if extra else ""
     raise CliConfigError(
         f"unknown job type {job_type!r}: app {target.app_spec!r} runs the stage types "
         f"{', '.join(stage_types)}{declared} (without --app/ROTA_APP any type may be "
