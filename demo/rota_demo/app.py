@@ -112,7 +112,7 @@ def profile() -> Profile:
 
 
 def app_schema() -> str:
-    """The application's schema name (``ROTA_DEMO_SCHEMA``, default ``nakodo``)."""
+    """The application's schema name (``ROTA_DEMO_SCHEMA``, default ``rota_demo_app``)."""
     return os.environ.get("ROTA_DEMO_SCHEMA", "rota_demo_app")
 
 
