@@ -105,12 +105,12 @@ def psql_for(user: str) -> Path:
         return psql
     import atexit
 
-    from rota.embedded import _place_binaries
+    from rota.embedded import place_binaries
 
     home = Path(tempfile.mkdtemp(prefix="rota-test-psql-", dir="/tmp"))
     home.chmod(0o755)
     atexit.register(shutil.rmtree, home, True)
-    return _place_binaries(_binaries(), home / "pg") / "psql"
+    return place_binaries(_binaries(), home / "pg") / "psql"
 
 
 def test_the_socket_directory_is_private_and_the_server_goes_with_its_files(

@@ -212,7 +212,7 @@ class _Server:
         self.log = self.directory / "postgres.log"
         self._check_reachable(self.directory, f"TMPDIR {str(base)!r}")
         if not self._reaches(self.bin_dir / "postgres"):
-            self.bin_dir = _place_binaries(self.bin_dir, self.directory / "pg")
+            self.bin_dir = place_binaries(self.bin_dir, self.directory / "pg")
         self._check_reachable(self.bin_dir / "postgres", "the PostgreSQL binaries")
         self.socket_dir = self.directory / "s"
         if len(os.fsencode(self.socket_dir / _SOCKET_NAME)) > MAX_SOCKET_PATH:
@@ -374,7 +374,7 @@ class _Server:
 _INSTALL_TREES = ("bin", "lib", "share")
 
 
-def _place_binaries(bin_dir: Path, target: Path) -> Path:
+def place_binaries(bin_dir: Path, target: Path) -> Path:
     """Place what the server runs under ``target`` (a new directory in the watchdog's
     private directory, root's, 0755), the same layout as where it is installed, so the
     relative paths PostgreSQL finds its ``lib`` and ``share`` by, and the ``$ORIGIN``
@@ -520,4 +520,4 @@ def _watchdog(argv: list[str]) -> int:
 _WATCHDOG = "import sys; from rota.embedded import _watchdog; sys.exit(_watchdog(sys.argv[1:]))"
 
 
-__all__ = ["EmbeddedServer"]
+__all__ = ["EmbeddedServer", "place_binaries"]

@@ -71,11 +71,11 @@ class BridgePostgres:
         if self.user is not None and subprocess.run(
                 ["test", "-x", str(self.bin / "initdb")], user=self.user, cwd="/",
                 check=False).returncode != 0:
-            from rota.embedded import _place_binaries
+            from rota.embedded import place_binaries
 
             self.placed = Path(tempfile.mkdtemp(prefix="rota-hosts-bin-"))
             self.placed.chmod(0o755)
-            self.bin = _place_binaries(self.bin, self.placed / "pg")
+            self.bin = place_binaries(self.bin, self.placed / "pg")
         self.pgdata = Path(tempfile.mkdtemp(prefix="rota-hosts-pg-"))
         network.save_state(pgdata=str(self.pgdata), pg_bin=str(self.bin),
                            pg_user=self.user or "", pg_placed=str(self.placed or ""))
