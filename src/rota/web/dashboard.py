@@ -397,11 +397,15 @@ def dashboard_app(
             return render(request, "error.html", "/jobs", now, 404, title="No such job",
                           heading="No such job", detail=f"There is no job {job_id}.")
         payload = json.dumps(row["payload"], indent=2, ensure_ascii=False, sort_keys=True)
+        result = (None if row["result"] is None else
+                  json.dumps(row["result"], indent=2, ensure_ascii=False, sort_keys=True))
+        errors = [{**e, "failed_at": datetime.fromisoformat(e["failed_at"])}
+                  for e in row["errors"] or []]
         writable = configured is not None and not read_only
         hook = admin.give_up_hook_state(row["type"], row["status"], row["give_up_pending"],
                                         queue.give_up_hooks)
         return render(request, "job.html", "/jobs", now, title=f"Job {job_id}", job=row,
-                      payload=payload, give_up_hook=hook,
+                      payload=payload, result=result, errors=errors, give_up_hook=hook,
                       can_retry=writable and row["status"] == "failed",
                       can_cancel=writable and row["status"] == "pending",
                       csrf=csrf_token(configured) if writable and configured else "")
