@@ -169,6 +169,10 @@ class Worker:
             pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
         next_rescue = time.monotonic() + (self.rescue_every or timedelta(0)).total_seconds()
         backoff = self.reconnect_delay.total_seconds()
+        # Whether the last run touched no job although work was due (a stage blocked by
+        # its quota's reserve, say): due work that is still there then waits for a
+        # wake-up, not another run at once.
+        stalled = False
         try:
             while not stop_event.is_set():
                 if maintainer is not None and time.monotonic() >= next_maintenance:
@@ -196,13 +200,19 @@ class Worker:
                     due_in, outcome = None, "error"
                 else:
                     outcome = "idle"
-                    if due_in is not None and due_in <= 0:
+                    if due_in is not None and due_in <= 0 and not stalled:
                         if stop_event.is_set():  # asked to stop while asking
                             break
                         outcome = await self._run_once(pipeline)
-                        if outcome == "progress":
+                        if outcome != "error":
+                            # Ask again: the due time as it stands after the run (a
+                            # retry's backoff, a deferral, a run_after it enqueued, a
+                            # schedule's next tick) decides the sleep, never the one
+                            # read before it.
                             backoff = self.reconnect_delay.total_seconds()
+                            stalled = outcome == "stalled"
                             continue
+                stalled = False
                 if outcome == "error":
                     # The database is down or the run broke: back off (doubling up to
                     # idle_poll); the listener reconnecting (the database is back) or a

@@ -293,7 +293,10 @@ class Pipeline:
                         run.add(f"schedules.{k}", v)
             reason = await self._within_deadline(run)
         except asyncio.CancelledError:
-            await self._finish_quietly(run, "error", "cancelled")
+            if run.stopping():  # a second stop request: its jobs were handed back
+                await self._finish_quietly(run, "interrupted", None)
+            else:
+                await self._finish_quietly(run, "error", "cancelled")
             raise
         except RunOverran as exc:  # said and settled in _within_deadline: no traceback
             log.error("run %s ended in error: %s", run.id, exc)
@@ -395,9 +398,9 @@ class Pipeline:
     async def _claim_and_run(self, run: RunState) -> StopReason:
         while True:
             for i, stage in enumerate(self.stages):
-                # After the budget no new batch is claimed.
+                # After the budget, or once asked to stop, no new batch is claimed.
                 if run.out_of_time():
-                    return "time_budget"
+                    return "interrupted" if run.stopping() else "time_budget"
                 if stage.type in run.skipped:
                     continue
                 if stage.quota is not None:
@@ -694,7 +697,12 @@ class Pipeline:
         (attempts and deferrals unchanged: docs/design.md, "Defer"); when the stage's
         quota is gone, the skip that follows moves them to its reset. Jobs started but
         unsettled (the run is ending in error or cancelled) are failed, so they are
-        retried after backoff rather than waiting for the stale window."""
+        retried after backoff rather than waiting for the stale window; when the run
+        was asked to stop (cancelled by a second signal), they are handed back too,
+        their attempt returned: an operator's stop is not the job's failure
+        (docs/design.md, "The runner")."""
+        if run.stopping():
+            await self._hand_back_interrupted(run, ctxs)
         unstarted = [c for c in ctxs if not c.settled and not c.started]
         if unstarted:
             try:
@@ -707,6 +715,20 @@ class Pipeline:
                     await c.fail("the run stopped while the job was running")
                 except Exception:
                     log.exception("run %s: could not release job %s", run.id, c.job.id)
+
+    async def _hand_back_interrupted(self, run: RunState,
+                                     ctxs: list[JobContext]) -> None:
+        """Hand back, as they were, the jobs whose handlers a stop request cut (a
+        second SIGINT or SIGTERM): counted ``interrupted`` in the summary."""
+        cut = [c for c in ctxs if not c.settled and c.started and not c.in_caller_tx]
+        if not cut:
+            return
+        try:
+            await self._hand_back(run, cut, None)
+        except Exception:
+            log.exception("run %s: could not hand back interrupted jobs", run.id)
+        else:
+            run.add("interrupted", len(cut))
 
     # -- heartbeat and the runs row ----------------------------------------------------
 
@@ -785,7 +807,8 @@ class Pipeline:
                 return finished_at
         raise AssertionError("unreachable")
 
-    async def _finish_quietly(self, run: RunState, stop: StopReason, error: str) -> None:
+    async def _finish_quietly(self, run: RunState, stop: StopReason,
+                              error: str | None) -> None:
         try:
             await self._save(run, final=True, stop_reason=stop, error=error)
             run.ended = True

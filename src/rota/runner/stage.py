@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from .context import JobContext
 
 Trigger = Literal["cron", "cli", "worker", "manual"]
-StopReason = Literal["no_work", "time_budget", "quota_reserve", "quota_exhausted", "error"]
+StopReason = Literal["no_work", "time_budget", "quota_reserve", "quota_exhausted", "error",
+                     "interrupted"]
 TRIGGERS: tuple[str, ...] = get_args(Trigger)
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 

@@ -10,6 +10,7 @@ echoed.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import inspect
 import logging
@@ -161,6 +162,7 @@ def cron_app(
     secret: str | None,
     time_budget: timedelta = timedelta(seconds=220),
     queue: Any = None,
+    stop: asyncio.Event | None = None,
 ) -> Starlette:
     """Build the cron endpoint's ASGI app.
 
@@ -188,6 +190,9 @@ def cron_app(
         queue: an object with ``async close()`` (the ``rota.Queue`` the pipeline uses)
             that the app closes at shutdown, for ``rota serve``; ``None`` when the caller
             manages it.
+        stop: an event that, once set (``rota serve``'s SIGTERM), makes the run in
+            flight claim nothing more and stop ``interrupted``, given to pipelines
+            whose ``run`` takes ``stop``.
 
     Raises:
         InvalidInput: ``time_budget`` is not a positive ``timedelta``.
@@ -216,7 +221,9 @@ def cron_app(
                                 headers={"WWW-Authenticate": 'Bearer realm="rota"'})
         try:
             runner = await resolve_pipeline(pipeline)
-            result = await runner.run(trigger="cron", time_budget=budget)
+            stopping = ({"stop": stop} if stop is not None and "stop" in
+                        inspect.signature(runner.run).parameters else {})
+            result = await runner.run(trigger="cron", time_budget=budget, **stopping)
         except Exception as exc:
             log.exception("cron run could not run")
             return JSONResponse({"error": f"run failed: {type(exc).__name__}"},
