@@ -30,6 +30,9 @@ DEFAULT_PLATFORM_TIMEOUT = timedelta(seconds=300)
 DEFAULT_TIME_BUDGET = timedelta(seconds=220)
 
 
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def default_time_budget(platform_timeout: timedelta) -> timedelta:
     """The time budget of a run when none is given: the share of ``platform_timeout``
     that :data:`DEFAULT_TIME_BUDGET` is of :data:`DEFAULT_PLATFORM_TIMEOUT` (11/15:
@@ -43,8 +46,10 @@ def default_time_budget(platform_timeout: timedelta) -> timedelta:
     Returns:
         The budget, rounded down to whole milliseconds.
     """
-    share = DEFAULT_TIME_BUDGET / DEFAULT_PLATFORM_TIMEOUT
-    return timedelta(milliseconds=int(platform_timeout / timedelta(milliseconds=1) * share))
+    # Whole microseconds (timedelta // timedelta), so 300 s gives exactly 220 s.
+    exact = platform_timeout * (DEFAULT_TIME_BUDGET // _MICROSECOND) \
+        // (DEFAULT_PLATFORM_TIMEOUT // _MICROSECOND)
+    return timedelta(milliseconds=exact // timedelta(milliseconds=1))
 
 # The failure backoff's ceiling (docs/design.md, "Fail and backoff"): River caps its
 # retry backoff too; an hour keeps a job with many attempts retrying within the day.
