@@ -11,6 +11,7 @@ path; split, each part would import the rest.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import select
 import time
@@ -35,6 +36,10 @@ from .settings import QueueSettings, enqueue_error, enqueued_job
 from .store import AnyConn, Store, configure_connection
 
 log = logging.getLogger("rota.queue")
+
+#: How long :meth:`Queue.close` waits for the claim's upkeep to finish its due rounds,
+#: and for the pool's background workers, before it stops waiting.
+CLOSE_DEADLINE = timedelta(seconds=5)
 
 GiveUpHook = Callable[[Job, AnyConn], Awaitable[None]]
 ClaimObserver = Callable[[str, float], None]  # (job type, seconds) after each claim
@@ -150,10 +155,23 @@ class Queue:
 
     async def close(self) -> None:
         """Stop the claim's upkeep (after its due rounds) and close the queue's own
-        pool."""
-        await self.upkeep.stop()
+        pool, within about :data:`CLOSE_DEADLINE` and 10 s whatever the database does
+        (docs/operations.md, "Network partitions and timeouts"): upkeep still waiting
+        for the database then is cancelled (its statement cancelled and its connection
+        discarded, which takes psycopg at most 10 s more), and the pool closes without
+        waiting for connections in use."""
+        timer = asyncio.timeout(CLOSE_DEADLINE.total_seconds())
+        try:
+            async with timer:
+                await self.upkeep.stop()
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            log.warning("closing the queue: the claim's upkeep got no answer from the "
+                        "database within %g s; cancelled", CLOSE_DEADLINE.total_seconds())
+            self.upkeep.abandon()
         if self._owns_pool and not self._pool.closed:
-            await self._pool.close()
+            await self._pool.close(timeout=CLOSE_DEADLINE.total_seconds())
 
     async def __aenter__(self) -> Queue:
         await self.open()

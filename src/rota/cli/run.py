@@ -54,6 +54,9 @@ def _run_row(result: Any) -> dict[str, Any]:
 #: The exit status after a second SIGINT or SIGTERM stopped a run at once (128 + SIGINT,
 #: the shell's convention for "interrupted"); a first signal lets the run end and exits 0.
 EXIT_STOPPED_AT_ONCE = 130
+#: The exit status when a stopping process had to end at its platform timeout without
+#: settling (the database stopped answering).
+EXIT_AT_PLATFORM_TIMEOUT = 1
 
 #: ``--budget``'s help, shared by run, worker and serve.
 BUDGET_HELP = ("Each run's time budget: no new batch is claimed after it. Must be "
@@ -61,23 +64,59 @@ BUDGET_HELP = ("Each run's time budget: no new batch is claimed after it. Must b
                "the default 300 s, 44 s of 60 s).")
 
 
-def stop_on_signals(stop: asyncio.Event, message: str) -> None:
-    """Make the first SIGINT or SIGTERM a stop request (``stop`` is set and ``message``
-    printed to stderr) and the second a stop at once (the task running this coroutine,
-    the command's main task, is cancelled). Installed before anything else, so a signal
-    during start-up is a stop request too (docs/design.md, "Handler deadlines")."""
-    main_task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
+class StopOnSignals:
+    """The first SIGINT or SIGTERM is a stop request (``stop`` is set and ``message``
+    printed to stderr), the second a stop at once (the task that created this, the
+    command's main task, is cancelled). Installed before anything else, so a signal
+    during start-up is a stop request too (docs/design.md, "Handler deadlines").
 
-    def on_signal() -> None:
-        if stop.is_set() and main_task is not None:
-            main_task.cancel()
-        else:
-            click.echo(message, err=True)
-            stop.set()
+    Once :meth:`bound` has been given the app's platform timeout, the process also
+    ends by then after the first signal, whatever the database does: a run whose
+    database stopped answering cannot settle, and is left to maintenance (its jobs go
+    stale, its run is marked killed) rather than outliving the platform timeout
+    (docs/operations.md, "Network partitions and timeouts")."""
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    def __init__(self, stop: asyncio.Event, message: str) -> None:
+        self.stop = stop
+        self.message = message
+        self.main_task = asyncio.current_task()
+        self.loop = asyncio.get_running_loop()
+        self.signalled_at: float | None = None
+        self.platform_timeout: float | None = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.loop.add_signal_handler(sig, self._on_signal)
+
+    def bound(self, platform_timeout: timedelta) -> None:
+        """End the process at ``platform_timeout`` after the first signal."""
+        self.platform_timeout = platform_timeout.total_seconds()
+        if self.signalled_at is not None:
+            self._arm()
+
+    def _on_signal(self) -> None:
+        if self.stop.is_set() and self.main_task is not None:
+            self.main_task.cancel()
+            return
+        click.echo(self.message, err=True)
+        self.signalled_at = self.loop.time()
+        self.stop.set()
+        if self.platform_timeout is not None:
+            self._arm()
+
+    def _arm(self) -> None:
+        assert self.signalled_at is not None and self.platform_timeout is not None
+        # A second before the platform timeout, so the exit is ours, not a SIGKILL.
+        self.loop.call_at(self.signalled_at + max(self.platform_timeout - 1.0, 0.0),
+                          _exit_at_platform_timeout)
+
+
+def _exit_at_platform_timeout() -> None:
+    """End the process now: it is about to outlive its platform timeout."""
+    click.echo("error: the run could not settle within the platform timeout (the "
+               "database does not answer): exiting; maintenance marks the run killed "
+               "and its jobs are retried when their locks go stale", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_AT_PLATFORM_TIMEOUT)
 
 
 def stop_arg(pipeline: Any, stop: asyncio.Event) -> dict[str, Any]:
@@ -109,11 +148,12 @@ def run(database_url: str | None, schema: str | None, app_spec: str | None,
 
     async def go() -> Any:
         stop = asyncio.Event()
-        stop_on_signals(stop, "stopping: no more jobs are claimed; the jobs in flight "
-                              "finish (signal again to stop now)")
+        signals = StopOnSignals(stop, "stopping: no more jobs are claimed; the jobs in "
+                                      "flight finish (signal again to stop now)")
         async with open_queue(target) as queue:
             _, pipeline = await load_pipeline(target, queue)
             seconds = resolve_budget(pipeline, budget)
+            signals.bound(getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
             return await with_progress(
                 pipeline.run(trigger="cli", time_budget=timedelta(seconds=seconds),
                              **stop_arg(pipeline, stop)),
@@ -173,11 +213,13 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
 
     async def go() -> None:
         stop = asyncio.Event()
-        stop_on_signals(stop, "stopping after the current run (signal again to stop now)")
+        signals = StopOnSignals(stop, "stopping after the current run (signal again to "
+                                      "stop now)")
         async with open_queue(target) as queue:
             await require_migrated(queue)
             _, pipeline = await load_pipeline(target, queue)
             seconds = resolve_budget(pipeline, budget)
+            signals.bound(getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
             w = Worker(pipeline, queue=queue, idle_poll=timedelta(seconds=idle_poll),
                        time_budget=timedelta(seconds=seconds),
                        maintain_every=None if no_maintenance else timedelta(days=1),
