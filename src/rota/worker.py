@@ -42,7 +42,7 @@ from .errors import InvalidInput, first_line
 from .maintenance import Maintainer, Maintenance, Rescue
 from .queue import Queue
 from .schedule import Scheduler
-from .settings import DEFAULT_PLATFORM_TIMEOUT
+from .settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET, default_time_budget
 from .web import PipelineSource, check_time_budget, resolve_pipeline
 
 log = logging.getLogger("rota.worker")
@@ -71,7 +71,9 @@ class Worker:
             pipeline's ``queue`` attribute.
         idle_poll: the longest sleep without asking the database (the polling fallback).
         time_budget: each run's budget; a worker's runs end at it and the next one starts
-            at once, so ``runs`` rows stay bounded in time.
+            at once, so ``runs`` rows stay bounded in time. Default 11/15 of the
+            pipeline's platform timeout (220 s of 300 s:
+            :func:`rota.settings.default_time_budget`).
         maintenance: an object with ``async run_once() -> dict[str, int]``; default
             ``rota.Maintenance(queue, platform_timeout=pipeline.platform_timeout)`` (stuck
             jobs, killed runs, pruning). Runs when the worker starts and then every
@@ -109,7 +111,7 @@ class Worker:
         *,
         queue: Queue | None = None,
         idle_poll: timedelta = timedelta(seconds=5),
-        time_budget: timedelta = timedelta(seconds=220),
+        time_budget: timedelta | None = None,
         maintenance: Maintainer | None = None,
         maintain_every: timedelta | None = timedelta(days=1),
         rescue_every: timedelta | None = DEFAULT_RESCUE_EVERY,
@@ -122,7 +124,9 @@ class Worker:
         self._source = pipeline
         self._queue = queue
         self.idle_poll = require_duration(idle_poll, "idle_poll")
-        self.time_budget = require_duration(time_budget, "time_budget")
+        self.time_budget = (None if time_budget is None
+                            else require_duration(time_budget, "time_budget"))
+        self._budget = self.time_budget or DEFAULT_TIME_BUDGET  # set when it starts
         self.maintain_every = (
             None if maintain_every is None else require_duration(maintain_every, "maintain_every")
         )
@@ -173,7 +177,9 @@ class Worker:
         queue = self._queue if self._queue is not None else getattr(pipeline, "queue", None)
         if not isinstance(queue, Queue):
             raise InvalidInput("Worker needs a rota.Queue: pass queue= or give the pipeline one")
-        check_time_budget(pipeline, self.time_budget)
+        self._budget = self.time_budget or default_time_budget(
+            getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
+        check_time_budget(pipeline, self._budget)
         types = _stage_types(pipeline)
         scheduler = getattr(pipeline, "scheduler", None)
         if not isinstance(scheduler, Scheduler):
@@ -279,7 +285,7 @@ class Worker:
         there is more), ``"stalled"`` when it touched none, ``"error"`` when it raised or
         stopped with ``error``."""
         try:
-            result = await pipeline.run(trigger="worker", time_budget=self.time_budget,
+            result = await pipeline.run(trigger="worker", time_budget=self._budget,
                                         **self._stop_arg(pipeline))
         except Exception as exc:
             log.error("run failed: %s", first_line(exc, with_type=True))
@@ -361,7 +367,7 @@ class Worker:
         every = self.maintain_every.total_seconds()
         try:
             if "maintenance" in inspect.signature(pipeline.run).parameters:
-                result = await pipeline.run(trigger="worker", time_budget=self.time_budget,
+                result = await pipeline.run(trigger="worker", time_budget=self._budget,
                                             maintenance=maintainer,
                                             **self._stop_arg(pipeline))
                 self._record(result)
