@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -182,3 +183,55 @@ def test_one_sigterm_stops_an_idle_worker_whatever_the_database_does(
     # closing the pool and the claim's upkeep is bounded too.
     assert elapsed < 5, (elapsed, err)
     assert err.count("listening connection lost") <= 1, err
+
+
+SLOW_APP = """
+import asyncio
+from datetime import timedelta
+from rota import Pipeline, Stage
+
+async def slow(ctx):
+    await asyncio.sleep(3)
+
+def build(queue):
+    return Pipeline(queue, [Stage("slow", 1, 1, slow)],
+                    platform_timeout=timedelta(seconds=20))
+
+build.queue_settings = {"types": ["slow"], "stale_after": timedelta(seconds=60)}
+"""
+
+
+def test_one_sigterm_ends_a_worker_mid_run_within_the_platform_timeout(
+    proxy: SilentProxy, migrated: str, database_url: str, spawn: Any, tmp_path: Path,
+) -> None:
+    """The link goes silent while a job runs (its completion, the hand-back and the
+    run's end cannot be written), then SIGTERM: the process still ends before the
+    app's platform timeout (20 s) after the signal, exit 1, and says why; the job's
+    lock goes stale and maintenance recovers it as after a crash."""
+    (tmp_path / "slow_app.py").write_text(SLOW_APP)
+    subprocess.run([sys.executable, "-m", "rota.cli", "enqueue", "slow", "{}"], check=True,
+                   capture_output=True, timeout=60, cwd=ROOT,
+                   env={**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": migrated})
+    env = {**os.environ, "DATABASE_URL": proxy.url, "ROTA_SCHEMA": migrated,
+           "ROTA_APP": "slow_app:build", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    p = spawn(["worker", "--no-maintenance"], env)
+
+    def running() -> bool:
+        assert p.poll() is None, p.communicate()
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            row = conn.execute(f'SELECT status FROM "{migrated}".jobs').fetchone()
+        return row is not None and row[0] == "running"
+
+    wait_for(running, what="the job running")
+    proxy.freeze(new="silent")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 20, (elapsed, err)
+    assert p.returncode == 1, err
+    assert "error: the run could not settle within the platform timeout" in err
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert conn.execute(f'SELECT status, attempts FROM "{migrated}".jobs').fetchall() \
+            == [("running", 1)]
