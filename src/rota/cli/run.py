@@ -71,11 +71,10 @@ class StopOnSignals:
     during start-up is a stop request too (docs/design.md, "Handler deadlines").
 
     Once :meth:`bound` has been given the app's platform timeout, the process also
-    ends by then after the first signal (``rota run``: after its run started),
-    whatever the database does: a run whose database stopped answering cannot settle,
-    and is left to maintenance (its jobs go stale, its run is marked killed) rather
-    than outliving the platform timeout (docs/operations.md, "A database that stops
-    answering")."""
+    ends by then after the first signal, whatever the database does: a run whose
+    database stopped answering cannot settle, and is left to maintenance (its jobs go
+    stale, its run is marked killed) rather than outliving the platform timeout
+    (docs/operations.md, "A database that stops answering")."""
 
     def __init__(self, stop: asyncio.Event, message: str) -> None:
         self.stop = stop
@@ -87,12 +86,9 @@ class StopOnSignals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self.loop.add_signal_handler(sig, self._on_signal)
 
-    def bound(self, platform_timeout: timedelta, *, from_now: bool = False) -> None:
-        """End the process at ``platform_timeout`` after the first signal, or (with
-        ``from_now``: ``rota run``, whose one run must end by then anyway) after now."""
+    def bound(self, platform_timeout: timedelta) -> None:
+        """End the process at ``platform_timeout`` after the first signal."""
         self.platform_timeout = platform_timeout.total_seconds()
-        if from_now:
-            self.signalled_at = self.loop.time()
         if self.signalled_at is not None:
             self._arm()
 
@@ -109,8 +105,11 @@ class StopOnSignals:
 
     def _arm(self) -> None:
         assert self.signalled_at is not None and self.platform_timeout is not None
-        # A second before the platform timeout, so the exit is ours, not a SIGKILL.
-        self.loop.call_at(self.signalled_at + max(self.platform_timeout - 1.0, 0.0),
+        # Just before the platform timeout (a second of 300 s, 2.5 % of a short one),
+        # so the exit is ours, not a SIGKILL; a run that settles ends before it, since
+        # its hard deadline leaves a reserve (docs/design.md, "Handler deadlines").
+        margin = min(1.0, self.platform_timeout * 0.025)
+        self.loop.call_at(self.signalled_at + self.platform_timeout - margin,
                           _exit_at_platform_timeout)
 
 
@@ -158,8 +157,7 @@ def run(database_url: str | None, schema: str | None, app_spec: str | None,
         async with open_queue(target) as queue:
             _, pipeline = await load_pipeline(target, queue)
             seconds = resolve_budget(pipeline, budget)
-            signals.bound(getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT),
-                          from_now=True)
+            signals.bound(getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
             return await with_progress(
                 pipeline.run(trigger="cli", time_budget=timedelta(seconds=seconds),
                              **stop_arg(pipeline, stop)),
