@@ -298,3 +298,36 @@ def test_dashboard_exits_0_on_a_signal(
     _, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
     assert "Aborted" not in err
+
+
+def test_a_second_signal_stops_serve_at_once_and_hands_the_job_back(
+    rota: Rota, env: dict[str, str], spawn: Any,
+) -> None:
+    enqueue_slow(rota, 30)
+    port = free_port()
+    p = spawn(["serve", "--port", str(port)], {**env, "CRON_SECRET": "s" * 32})
+    base = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _up(base), what="the server")
+    import threading
+
+    answer: dict[str, Any] = {}
+
+    def call() -> None:
+        r = httpx.get(f"{base}/api/cron", timeout=60,
+                      headers={"Authorization": "Bearer " + "s" * 32})
+        answer.update(status=r.status_code, body=r.json())
+
+    t = threading.Thread(target=call)
+    t.start()
+    one_running(rota, p)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    t.join(10)
+    assert time.monotonic() - t0 < 10, err  # not the 30 s job
+    assert p.returncode == 0, err
+    assert answer == {"status": 503, "body": {"error": "stopped at once"}}
+    assert jobs(rota) == [("pending", 0, 1)]
+    assert runs(rota) == [("cron", "interrupted", 0, None, True)], err

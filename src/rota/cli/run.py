@@ -256,7 +256,8 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
     On SIGINT or SIGTERM it stops taking requests; the run in flight claims nothing
     more, lets its jobs in flight finish, hands its unstarted jobs back and stops
     `interrupted`, before the app's platform timeout; then it exits 0. A second signal
-    stops at once: the jobs in flight are handed back too.
+    stops the run at once: the jobs in flight are handed back too, the request is
+    answered 503, and it exits 0.
 
     Exits 2 at start when the app or its settings are wrong, the budget is not below
     the app's platform timeout, the database is unreachable or its schema is not
@@ -283,9 +284,9 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
     if usable_secret(secret) is None:
         click.echo("warning: CRON_SECRET is not set: /api/cron will refuse every request",
                    err=True)
-    stop = asyncio.Event()
+    stop, stop_now = asyncio.Event(), asyncio.Event()
     app = cron_app(made, secret=secret, time_budget=timedelta(seconds=seconds), queue=queue,
-                   stop=stop)
+                   stop=stop, stop_now=stop_now)
     if metrics:
         from ..web.metrics import mount_metrics
         mount_metrics(app, queue, pipeline=made, host=host,
@@ -293,4 +294,5 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
     platform_timeout = getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT)
     # A run in flight ends before its platform timeout; uvicorn waits no longer for it.
     serve_until_signal(app, host=host, port=port,
-                       graceful_seconds=platform_timeout.total_seconds(), on_stop=stop.set)
+                       graceful_seconds=platform_timeout.total_seconds(), on_stop=stop.set,
+                       on_stop_now=stop_now.set)

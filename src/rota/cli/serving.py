@@ -24,7 +24,8 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 def serve_until_signal(app: Any, *, host: str, port: int,
                        graceful_seconds: float | None = None,
-                       on_stop: Callable[[], None] | None = None) -> None:
+                       on_stop: Callable[[], None] | None = None,
+                       on_stop_now: Callable[[], None] | None = None) -> None:
     """Serve ``app`` on ``host``:``port`` until SIGINT or SIGTERM, then return (so the
     process exits 0).
 
@@ -35,6 +36,9 @@ def serve_until_signal(app: Any, *, host: str, port: int,
             to end (``None``: without limit).
         on_stop: called in the server's event loop at the first signal, before uvicorn
             stops taking requests (``rota serve`` sets its cron runs' stop event).
+        on_stop_now: called in the server's event loop at the second signal (``rota
+            serve`` cancels its cron run in flight, which hands its jobs back); without
+            it, a second signal stops waiting for the requests in flight.
 
     Raises:
         SystemExit: 3 when the server did not start (uvicorn logged why).
@@ -43,15 +47,14 @@ def serve_until_signal(app: Any, *, host: str, port: int,
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            if self.should_exit:  # a second signal: stop waiting for requests
-                self.force_exit = True
-            elif on_stop is not None:
-                try:
-                    loop = asyncio.get_running_loop()
-                except RuntimeError:
-                    on_stop()
+            if self.should_exit:  # a second signal
+                if on_stop_now is None:
+                    self.force_exit = True  # stop waiting for requests
                 else:
-                    loop.call_soon_threadsafe(on_stop)
+                    _call_in_loop(on_stop_now)
+                return
+            if on_stop is not None:
+                _call_in_loop(on_stop)
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
@@ -68,6 +71,17 @@ def serve_until_signal(app: Any, *, host: str, port: int,
             signal.signal(sig, handler)
     if not server.started:
         sys.exit(STARTUP_FAILURE)
+
+
+def _call_in_loop(callback: Callable[[], None]) -> None:
+    """Run ``callback`` in the running event loop, soon (from a signal handler, which
+    may interrupt the loop anywhere), or now when no loop runs."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        callback()
+    else:
+        loop.call_soon_threadsafe(callback)
 
 
 def _ignore(sig: int, frame: FrameType | None) -> None:
