@@ -7,7 +7,9 @@ Waking has two paths, so neither is a single point of failure:
 * LISTEN/NOTIFY: a statement trigger on ``jobs`` (the schema's ``notify_jobs_inserted``)
   makes every INSERT notify a channel named
   exactly like the queue's schema; the worker keeps one connection listening on it and
-  reconnects (with backoff) when it drops, for example across a database restart.
+  reconnects (with backoff) when it drops, for example across a database restart, or
+  when it stops answering while staying open (a check every ``keepalive`` with a
+  ``liveness_timeout``: docs/operations.md, "A database that stops answering").
 * Polling: the worker never sleeps longer than ``idle_poll`` without asking the database
   when the next job is due, which also catches what no INSERT announces (a job retried by
   UPDATE, a stale lock becoming reclaimable, a group unpaused, a notification missed
@@ -162,9 +164,11 @@ class Worker:
         ``run`` takes ``stop``), lets what is in flight finish within its handler
         deadlines (so within the platform timeout), and hands unstarted jobs back as
         they were; after it no new run or maintenance starts. An idle worker returns at
-        once. Database errors are logged
-        and retried with a backoff (from ``reconnect_delay``, doubling up to
-        ``idle_poll``), except rota's tables or schema missing, which no retry fixes.
+        once, even while it waits for a database that does not answer. Database
+        errors are logged once (until it answers again) and retried with a backoff
+        (from ``reconnect_delay``, doubling up to ``idle_poll``), except rota's tables
+        or schema missing, which no retry fixes. After every run it asks again when
+        the next job is due and sleeps until then (at most ``idle_poll``).
 
         Raises:
             InvalidInput: the pipeline has no queue and none was given.
