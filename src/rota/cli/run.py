@@ -71,7 +71,8 @@ class StopOnSignals:
     during start-up is a stop request too (docs/design.md, "Handler deadlines").
 
     Once :meth:`bound` has been given the app's platform timeout, the process also
-    ends by then after the first signal, whatever the database does: a run whose
+    ends by then after the first signal (unless its run is over: :meth:`disarm`;
+    closing the queue is bounded on its own), whatever the database does: a run whose
     database stopped answering cannot settle, and is left to maintenance (its jobs go
     stale, its run is marked killed) rather than outliving the platform timeout
     (docs/operations.md, "A database that stops answering")."""
@@ -83,6 +84,8 @@ class StopOnSignals:
         self.loop = asyncio.get_running_loop()
         self.signalled_at: float | None = None
         self.platform_timeout: float | None = None
+        self.armed: asyncio.TimerHandle | None = None
+        self.disarmed = False
         for sig in (signal.SIGINT, signal.SIGTERM):
             self.loop.add_signal_handler(sig, self._on_signal)
 
@@ -103,14 +106,23 @@ class StopOnSignals:
             if self.platform_timeout is not None:
                 self._arm()
 
+    def disarm(self) -> None:
+        """The run is over (closing the queue is bounded on its own): no exit at the
+        platform timeout any more."""
+        self.disarmed = True
+        if self.armed is not None:
+            self.armed.cancel()
+
     def _arm(self) -> None:
         assert self.signalled_at is not None and self.platform_timeout is not None
+        if self.disarmed:
+            return
         # Just before the platform timeout (a second of 300 s, 2.5 % of a short one),
         # so the exit is ours, not a SIGKILL; a run that settles ends before it, since
         # its hard deadline leaves a reserve (docs/design.md, "Handler deadlines").
         margin = min(1.0, self.platform_timeout * 0.025)
-        self.loop.call_at(self.signalled_at + self.platform_timeout - margin,
-                          _exit_at_platform_timeout)
+        self.armed = self.loop.call_at(self.signalled_at + self.platform_timeout - margin,
+                                       _exit_at_platform_timeout)
 
 
 def _exit_at_platform_timeout() -> None:
@@ -158,10 +170,12 @@ def run(database_url: str | None, schema: str | None, app_spec: str | None,
             _, pipeline = await load_pipeline(target, queue)
             seconds = resolve_budget(pipeline, budget)
             signals.bound(getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
-            return await with_progress(
+            result = await with_progress(
                 pipeline.run(trigger="cli", time_budget=timedelta(seconds=seconds),
                              **stop_arg(pipeline, stop)),
                 "running the pipeline", seconds)
+            signals.disarm()
+            return result
 
     try:
         result = run_async(go())
@@ -232,6 +246,7 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
                 return
             click.echo(f"worker listening on schema {queue.schema!r}", err=True)
             await w.run_forever(stop)
+            signals.disarm()
 
     try:
         run_async(go())
