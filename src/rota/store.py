@@ -35,6 +35,7 @@ timeouts").
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import re
@@ -234,6 +235,23 @@ class StatementDeadline(psycopg.OperationalError):
     """A statement got no answer within its client-side deadline: it was cancelled and
     its connection discarded. A connection failure (:func:`is_connection_failure`):
     the statement may or may not have committed."""
+
+
+async def listen_connect_args(pool: AsyncConnectionPool[Any]) -> tuple[str, dict[str, Any]]:
+    """A pool's conninfo and connection arguments (either may be given to the pool as a
+    callable, sync or async), with autocommit on: for a LISTENing connection of its own
+    beside the pool (the worker's wake-ups, :func:`rota.results.wait`)."""
+    conninfo: Any = pool.conninfo
+    kwargs: Any = pool.kwargs
+    if callable(conninfo):
+        conninfo = conninfo()
+        if inspect.isawaitable(conninfo):
+            conninfo = await conninfo
+    if callable(kwargs):
+        kwargs = kwargs()
+        if inspect.isawaitable(kwargs):
+            kwargs = await kwargs
+    return str(conninfo), {**(kwargs or {}), "autocommit": True}
 
 
 class RawStatement(NamedTuple):
@@ -451,4 +469,4 @@ class Store(Statements):
 
 __all__ = ["STATEMENT_DEADLINE", "AnyConn", "SecondsBinaryDumper", "SecondsDumper",
            "StatementDeadline", "Statements", "Store", "configure_connection",
-           "configure_cursor", "is_connection_failure"]
+           "configure_cursor", "is_connection_failure", "listen_connect_args"]
