@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from typing import Any
 
 import click
@@ -16,6 +15,7 @@ from .app import CONNECT_TIMEOUT, build_pipeline, require_migrated
 from .errors import CliConfigError
 from .listening import listen_socket, warn_short_secret
 from .options import make_target, target_options
+from .serving import serve_until_signal
 
 
 @click.command("dashboard")
@@ -32,9 +32,8 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
 
     Without ROTA_DASHBOARD_SECRET it starts only with --read-only on a loopback
     address (127.0.0.1, ::1, localhost); otherwise it exits 2, as it does when the
-    database is unreachable or its schema is not migrated."""
-    import uvicorn
-
+    database is unreachable or its schema is not migrated. SIGINT or SIGTERM stops it
+    (exit 0) once the requests in flight have ended."""
     from ..web.auth import is_loopback
     from ..web.cron import usable_secret
     from ..web.dashboard import dashboard_app
@@ -63,7 +62,4 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"rota dashboard on http://{shown}:{sock.getsockname()[1]}/ "
                f"(schema {queue.schema!r}{', read-only' if read_only else ''})", err=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info"))
-    server.run(sockets=[sock])
-    if not server.started:
-        sys.exit(3)  # as uvicorn.run: the app's startup failed (uvicorn logged why)
+    serve_until_signal(app, host=host, port=port, sock=sock)
