@@ -5,6 +5,7 @@ SIGKILLed invocation) and must find every invariant holding."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -30,6 +31,8 @@ def test_demo_short_profile_keeps_every_invariant(database_url: str) -> None:
     ):
         assert line in text, text[-3000:]
     assert "quota_reserve" in text and "time_budget" in text
+    # Both schemas carry the demo's own name, and one tag, so they are found together.
+    assert re.search(r"; schemas rota_demo_([0-9a-f]{8}) / rota_demo_app_\1;", text), text[:600]
     # It ends by saying where the dashboard shows a demo's data, and how to get there.
     assert text.strip().splitlines()[-1].startswith(
         "dashboard: http://127.0.0.1:8080/ on a demo's data: `make demo-dashboard`"), text[-500:]

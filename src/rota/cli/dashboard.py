@@ -13,7 +13,9 @@ import psycopg
 from ..queue import Queue
 from .app import CONNECT_TIMEOUT, build_pipeline, require_migrated
 from .errors import CliConfigError
+from .listening import listen_socket, warn_short_secret
 from .options import make_target, target_options
+from .serving import serve_until_signal
 
 
 @click.command("dashboard")
@@ -30,9 +32,8 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
 
     Without ROTA_DASHBOARD_SECRET it starts only with --read-only on a loopback
     address (127.0.0.1, ::1, localhost); otherwise it exits 2, as it does when the
-    database is unreachable or its schema is not migrated."""
-    import uvicorn
-
+    database is unreachable or its schema is not migrated. SIGINT or SIGTERM stops it
+    (exit 0) once the requests in flight have ended."""
     from ..web.auth import is_loopback
     from ..web.cron import usable_secret
     from ..web.dashboard import dashboard_app
@@ -42,6 +43,7 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
         raise CliConfigError(
             "ROTA_DASHBOARD_SECRET is not set: without a credential the dashboard "
             "serves only with --read-only on a loopback address (--host 127.0.0.1)")
+    warn_short_secret("ROTA_DASHBOARD_SECRET", secret)
     target = make_target(database_url, schema, app_spec)
     url = target.url()
     queue = Queue(url, **target.queue_settings())
@@ -56,6 +58,8 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
     pipeline = asyncio.run(check())
     app = dashboard_app(queue, secret=secret, read_only=read_only, pipeline=pipeline,
                         close_queue=True)
-    click.echo(f"rota dashboard on http://{host}:{port}/ (schema {queue.schema!r}"
-               f"{', read-only' if read_only else ''})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    sock = listen_socket(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"rota dashboard on http://{shown}:{sock.getsockname()[1]}/ "
+               f"(schema {queue.schema!r}{', read-only' if read_only else ''})", err=True)
+    serve_until_signal(app, host=host, port=port, sock=sock)
