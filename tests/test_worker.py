@@ -129,11 +129,13 @@ async def test_a_notification_waits_only_after_a_look_that_found_nothing_to_run(
     queue, _ = tagged
     worker = echo_worker(queue, idle_poll=3600, wake_interval=timedelta(hours=1))
     looks = 0
+    looked = asyncio.Event()
     next_due = worker._next_due
 
     async def counted(*args: Any) -> float | None:
         nonlocal looks
         looks += 1
+        looked.set()
         return await next_due(*args)
 
     worker._next_due = counted  # type: ignore[method-assign]
@@ -142,10 +144,10 @@ async def test_a_notification_waits_only_after_a_look_that_found_nothing_to_run(
             await wait_done(aconn, schema, await enqueue_elsewhere(aconn, schema))
         await asyncio.sleep(0.3)  # its look after the last run is over: it sleeps
         before = looks
+        looked.clear()
         await aconn.execute("SELECT pg_notify(%s, 'nothing')", [schema])
-        deadline = time.monotonic() + 10
-        while looks == before and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await asyncio.wait_for(looked.wait(), 10)
+        await asyncio.sleep(0.1)  # the look's answer is in
         assert looks == before + 1
         held = await enqueue_elsewhere(aconn, schema)
         await asyncio.sleep(1.0)
