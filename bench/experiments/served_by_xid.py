@@ -37,7 +37,7 @@ every fold writes a new entry for each folded group, at the front of the walk) a
 variant applied by ``served_by_xid_plugin`` (``PYTHONPATH=. pytest -p
 bench.experiments.served_by_xid_plugin tests/test_oracle.py tests/test_fast_claim.py
 tests/test_concurrency.py tests/test_claim_over_time.py tests/test_claim_ties.py
-tests/test_claim_roles.py``), those 37 tests passed.
+tests/test_claim_roles.py``), those 37 tests passed; ``served_by_xid_test.py`` checks the mark.
 
 It rewrites the SQL of the layout before the fair package (``schema.sql``'s
 functions and ``sql/claim.sql`` by text): port it as a migration, not from here.
