@@ -5,8 +5,8 @@ horizon is held (docs/operations.md, "Long transactions").
 Today ``fair_served`` rows are updated in place by claims (``ON CONFLICT … DO UPDATE``)
 and deleted by every fold (about every 20 ms). While a long transaction holds the
 horizon, none of those versions can be removed, and the claim's ``served_delta`` (an
-index range over the type) reads every one of them: at 60 s of a pinned horizon (100,000
-pending jobs, 2,000 groups), 25,897 of the claim's 33,695 buffer reads.
+index range over the type) reads every one of them: after 60 s of a pinned horizon
+(100,000 pending jobs, 2,000 groups), 26,691 of the claim's 43,212 buffer reads.
 
 The variant:
 
@@ -28,12 +28,12 @@ so the mark, behind it: then the claim reads what it reads today. A read-only on
 report, ``pg_dump``, REPEATABLE READ) does not.
 
 Measured (`python -m bench.experiments.served_by_xid 60`, 2 cores shared by eight
-developers, 2026-12-01 15:28 UTC, another pinned-horizon run in the same database at the
-time): claim of 25 after 60 s of churn with the horizon held, buffers read by the claim
-(median of 5 EXPLAIN ANALYZE): 33,695 today, 9,395 with the variant (fair_served's part
-25,897 -> 4); what grows still is the walk of ``fair_groups_walk_idx`` (about 5,000:
-every fold writes a new entry for each folded group, at the front of the walk) and
-``jobs_pending_idx`` (claimed jobs' dead entries at each group's front). With the
+developers, 2026-12-01 15:47 UTC): buffers read by a claim of 25 (median of 5 EXPLAIN
+ANALYZE), before the pin and after 60 s of churn with it: today 1,201 and 43,212, the
+variant 1,048 and 12,048 (``fair_served``'s part 26,691 -> 7). What still grows is the
+walk of ``fair_groups_walk_idx`` (every fold writes a new entry for each folded group,
+ahead of which the old ones stay), the special groups' row lookups, and
+``jobs_pending_idx`` (claimed jobs' old entries at each group's front). With the
 variant applied by ``served_by_xid_plugin`` (``PYTHONPATH=. pytest -p
 bench.experiments.served_by_xid_plugin tests/test_oracle.py tests/test_fast_claim.py
 tests/test_concurrency.py tests/test_claim_over_time.py tests/test_claim_ties.py
