@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 
 from rota import Queue
-from rota.claim import FairClaim, UpkeepConfig
+from rota.fair import FairClaim, UpkeepConfig
 
 from . import test_oracle
 from .oracle import oracle_ids

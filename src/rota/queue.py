@@ -1,7 +1,7 @@
 """The queue: enqueue, claim, complete, fail, defer, release, stuck jobs and give-up
 hooks (docs/design.md, "The queue's rules"). A :class:`Queue` holds validated settings
 (:class:`rota.settings.QueueSettings`), the store every statement runs through
-(:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.claim`), and
+(:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.fair`), and
 the admin operations (:mod:`rota.admin`).
 
 One piece (about 740 lines): every method is one transition of the job state machine
@@ -27,8 +27,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import db
 from .checks import INT_MAX, LATEST_DUE, require_due_time, require_text, storable_text
-from .claim import ClaimUpkeep, FairClaim, UpkeepConfig
 from .errors import ConfigError, InvalidInput, UnreadableJob
+from .fair import ClaimUpkeep, FairClaim, UpkeepConfig
 from .job import FailOutcome, Job
 from .plans import Plans
 from .settings import QueueSettings, enqueue_error, enqueued_job
@@ -398,6 +398,13 @@ class Queue:
         shutdown)."""
         await self.upkeep.settle()
 
+    async def oldest_due_probe(self, types: Sequence[str], k: int, *,
+                               conn: AnyConn | None = None) -> list[dict[str, Any]]:
+        """The dashboard's probe for the longest-waiting due jobs, through the claim's
+        bookkeeping (:meth:`rota.fair.FairClaim.oldest_due`)."""
+        return await self.fair_claim.oldest_due(types, k, clock_offset=self.clock_offset,
+                                                conn=conn)
+
     async def complete(self, job: Job, *, conn: AnyConn | None = None) -> bool:
         """Mark a claimed job done, under its claim.
 
@@ -453,10 +460,12 @@ class Queue:
         for j in batch:
             if not isinstance(j, Job):
                 raise InvalidInput(f"expected a rota.Job, got {type(j).__name__}")
-        # One order for every caller (type, group, served-count shard), so two batches
-        # counting into the same bookkeeping rows take their locks in the same order.
+        # Job rows are locked in id order, the one order of every statement that locks
+        # several jobs. The served-count changes a completion makes go to the writing
+        # session's own fair_served shard (the shard rule, fair_shard()), so two batches
+        # never wait on each other's bookkeeping rows.
         fenced = sorted((j for j in batch if j.claim_token is not None),
-                        key=lambda j: (j.type, j.group_id or "", j.id % 8, j.id))
+                        key=lambda j: j.id)
         if not fenced:
             return [False] * len(batch)
         params = {"ids": [j.id for j in fenced],

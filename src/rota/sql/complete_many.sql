@@ -1,7 +1,7 @@
 -- Complete a batch of jobs, each only under the claim that holds it (a lost one matches
 -- nothing); the claims' tokens stay on the done rows, as in complete.sql. Rows are
--- visited in the order given (the caller sorts by type, group and fair_served shard, so
--- concurrent batches take fair_served's rows in one order).
+-- visited in the order given (the caller sorts them by id, the one order of every
+-- statement that locks several jobs).
 UPDATE {schema}.jobs j
 SET status = 'done',
     finished_at = now() + %(offset)s::interval,
