@@ -10,6 +10,7 @@ import re
 import string
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, NamedTuple
 
 import psycopg
@@ -68,7 +69,7 @@ def statement_text(name: str) -> str:
     return _statement_file(name).read_text("utf-8")
 
 
-def _statement_file(name: str) -> Any:
+def _statement_file(name: str) -> Traversable:
     package, _, base = name.rpartition("/")
     folder = resources.files("rota").joinpath(package or "sql")
     return folder.joinpath(f"{base}.sql")

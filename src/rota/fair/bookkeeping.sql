@@ -10,7 +10,15 @@
 -- jobs of the type that are running, or done at or after the type's edge (fair_edge).
 -- Running jobs count whatever their lock's age (fair_count_served is given 'infinity'
 -- as their finish time, which passes any edge), and the claim subtracts those locked
--- before the window start. A completion (running to done, one shard) nets to no write.
+-- before the window start. A completion (running to done, in one session) nets to no
+-- write.
+--
+-- The rules, each in one place here: the shard rule (fair_shard), the edge lock
+-- (fair_lock_edges, taken by every counting writer; fair_advance), the head-bound
+-- protocol (FOR KEY SHARE by writers in fair_note_pending_each and fair_note_pending,
+-- FOR UPDATE SKIP LOCKED by fair_fold), and the copy of plan and active
+-- (fair_groups_changed, fair_insert_groups). src/rota/fair/verify.sql checks every
+-- invariant stated here; src/rota/fair/repair.sql rebuilds the tables from jobs.
 
 -- Groups of a type that may have pending jobs or a served count, one row each.
 -- Head bounds (docs/fast-claim.md#head-bounds-without-a-hot-row): ready_lb and head_lb
@@ -64,9 +72,9 @@ CREATE INDEX fair_groups_group_idx ON {schema}.fair_groups (group_id);
 
 -- The plans present among a type's groups (NULL, no plan, is always walked). Rows are
 -- only ever added (INSERT … ON CONFLICT DO NOTHING takes no lock); a plan no longer
--- used costs the claim one empty index probe. The claim reads its levels here: a loose
--- index scan of fair_groups_walk_idx met the dead entries that folding leaves at the
--- head of every plan's range (2.7 ms at 1,000,000 pending, against 0.05 ms).
+-- used costs the claim one empty index probe. The claim reads its levels here rather
+-- than by a loose index scan of fair_groups_walk_idx, which meets the dead entries that
+-- folding leaves at the head of every plan's range (bench/RESULTS.md has the figures).
 CREATE TABLE {schema}.fair_plans (
     type  text NOT NULL,
     plan  text NOT NULL,
@@ -75,11 +83,10 @@ CREATE TABLE {schema}.fair_plans (
 
 -- Changes to served counts not yet folded into fair_groups.served_n, per type, group and
 -- shard: a job entering running adds 1 and one leaving it takes 1 away; done jobs count
--- while finished at or after the edge. The jobs UPDATE trigger writes a statement's net
--- change to its session's shard (backend pid), so concurrent claimers never share a
--- row; deletes and the edge's moves write to shard id % 8. Only the sum over a group's
--- shards means anything. fair_fold moves these rows into served_n
--- every upkeep round, so the table stays small and the claim's sum over it is cheap.
+-- while finished at or after the edge. Every writer writes its statement's net change
+-- to the shard of its session (the shard rule, fair_shard below). Only the sum over a
+-- group's shards means anything. fair_fold moves these rows into served_n every upkeep
+-- round, so the table stays small and the claim's sum over it is cheap.
 CREATE TABLE {schema}.fair_served (
     type      text NOT NULL,
     group_id  text NOT NULL,
@@ -87,6 +94,16 @@ CREATE TABLE {schema}.fair_served (
     n         integer NOT NULL,
     PRIMARY KEY (type, group_id, shard)
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000);
+
+-- The shard rule, stated once and used by every writer of fair_served (the jobs
+-- triggers through fair_count_served and fair_jobs_update, and fair_advance): a writer
+-- adds to the row of its own session, (type, group_id, its backend pid modulo the
+-- smallint range). Two sessions therefore never write one row, so concurrent claimers,
+-- completers and the upkeep never wait on each other's bookkeeping (sessions whose
+-- pids meet modulo 32767 merely share a row); fair_fold sums and deletes the shards.
+CREATE FUNCTION {schema}.fair_shard() RETURNS smallint
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT (pg_backend_pid() % 32767)::smallint $$;
 
 -- The checkpoint of the served counts per type (no row: -infinity): served_n and
 -- fair_served count the done jobs finished at or after the edge. The claim adds an
@@ -296,9 +313,9 @@ $$;
 -- point of the triggers. Only two things about a group's jobs that are due now matter:
 -- their first (created_at, id) and their earliest run_after; jobs due later matter one
 -- by one (they may cut the head's validity). So each group's due-now jobs become one
--- entry for fair_note_pending_each and the rest pass through (taking one entry per job
--- cost a 1,000-job batch 2.5 ms); and when the rows already bound the new jobs, only
--- the shared locks are taken.
+-- entry for fair_note_pending_each and the rest pass through (one entry per job made a
+-- batch enqueue slower); and when the rows already bound the new jobs, only the shared
+-- locks are taken.
 CREATE FUNCTION {schema}.fair_note_pending(
     p_types text[], p_groups text[], p_heads timestamptz[], p_ids bigint[],
     p_readies timestamptz[]
@@ -313,7 +330,7 @@ BEGIN
     -- The usual enqueue: every job due now, into groups whose rows exist and already
     -- bound them ((head_lb, head_id) <= (created_at, id), ready_lb <= run_after). Then
     -- the invariant holds as it is, and the shared locks are all there is to take: one
-    -- statement instead of the several below (a one-job enqueue paid 0.15 ms for them).
+    -- statement instead of the several below.
     IF NOT EXISTS (SELECT 1 FROM unnest(p_readies) AS x(ready) WHERE x.ready > now()) THEN
         WITH c AS (
             SELECT t.type, t.group_id, (array_agg(t.head ORDER BY t.head, t.id))[1] AS head,
@@ -357,31 +374,30 @@ BEGIN
 END
 $$;
 
--- Add p_delta to fair_served for the served jobs (type, group, id, finished_at) finished
+-- Add p_delta to fair_served for the served jobs (type, group, finished_at) finished
 -- at or after their type's edge, under a shared lock of each type's edge row
--- (fair_lock_edges). Running jobs are passed with finished_at 'infinity', so they
--- always count.
+-- (fair_lock_edges), in this session's shard (fair_shard). Running jobs are passed with
+-- finished_at 'infinity', so they always count.
 CREATE FUNCTION {schema}.fair_count_served(
-    p_types text[], p_groups text[], p_ids bigint[], p_finished timestamptz[], p_delta int
+    p_types text[], p_groups text[], p_finished timestamptz[], p_delta int
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM {schema}.fair_lock_edges(p_types);
     INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
-    SELECT d.type, d.group_id, (d.id % 8)::smallint, p_delta * count(*)::int
-    FROM unnest(p_types, p_groups, p_ids, p_finished) AS d(type, group_id, id, finished)
+    SELECT d.type, d.group_id, {schema}.fair_shard(), p_delta * count(*)::int
+    FROM unnest(p_types, p_groups, p_finished) AS d(type, group_id, finished)
     LEFT JOIN {schema}.fair_edge e ON e.type = d.type
     WHERE d.finished >= coalesce(e.edge, '-infinity')
-    GROUP BY d.type, d.group_id, (d.id % 8)::smallint
-    ORDER BY 1, 2, 3
+    GROUP BY d.type, d.group_id
+    ORDER BY 1, 2
     ON CONFLICT (type, group_id, shard) DO UPDATE SET n = fs.n + excluded.n;
 END
 $$;
 
 -- The bookkeeping triggers on jobs are statement triggers: one set-based pass over the
 -- statement's transition tables, so a batch enqueue, a 1,000-job complete_many or a
--- pruning batch pays once, not per row (a row trigger on UPDATE cost about 50 µs a
--- completed job: a 1,000-job complete_many took 54 ms instead of 15).
+-- pruning batch pays once, not per row (bench/RESULTS.md has what a row trigger cost).
 
 -- INSERT: new pending jobs are noted in fair_groups; new running or done ones counted.
 -- The usual case, every inserted job pending, due now, in a group whose row already
@@ -430,12 +446,11 @@ BEGIN
     -- Served counts: done rows at or after the edge, and running rows (counted whatever
     -- their lock's age, as 'infinity' passes any edge).
     SELECT array_agg(type) AS types, array_agg(group_id) AS groups,
-           array_agg(id) AS ids,
            array_agg(CASE WHEN status = 'running' THEN 'infinity'::timestamptz
                           ELSE finished_at END) AS finished
     INTO r FROM inserted WHERE status IN ('done', 'running') AND group_id IS NOT NULL;
     IF r.types IS NOT NULL THEN
-        PERFORM {schema}.fair_count_served(r.types, r.groups, r.ids, r.finished, 1);
+        PERFORM {schema}.fair_count_served(r.types, r.groups, r.finished, 1);
     END IF;
     RETURN NULL;
 END
@@ -461,8 +476,8 @@ BEGIN
     -- Old and new versions of a row are compared by grouping both transition tables by
     -- id (a sort or a hash, whatever the plan), never by joining them: these statements
     -- have no parameters, so each session plans them once, for the rows of its first
-    -- call, and a join planned for a few rows (a nested loop) compared every pair of a
-    -- later 1,000-row claim, release or heartbeat (about a second each).
+    -- call, and a join planned for a few rows (a nested loop) compares every pair of a
+    -- later 1,000-row claim, release or heartbeat.
     -- A heartbeat (running rows that stay running in their type and group) changes no
     -- count and notes nothing.
     IF NOT EXISTS (SELECT 1 FROM old_rows o WHERE o.status <> 'running')
@@ -479,9 +494,7 @@ BEGIN
     -- edge. Each changed row takes its old version's count away and adds its new one's,
     -- netted per (type, group): a completion (running to done) writes nothing; a claim
     -- adds one per job; a row whose counted state did not change nets to nothing. The
-    -- net goes to this session's shard (its backend pid), so concurrent claimers never
-    -- wait on each other's bookkeeping rows (with a shard per job id, claims of many
-    -- groups queued behind one another); only the sum over a group's shards matters.
+    -- net goes to this session's shard (the shard rule, fair_shard).
     -- Done rows are decided against the edge under the types' edge rows locked FOR
     -- SHARE, as fair_count_served does.
     SELECT array_agg(x.type) INTO edges
@@ -492,7 +505,7 @@ BEGIN
         PERFORM {schema}.fair_lock_edges(edges);
     END IF;
     INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
-    SELECT v.type, v.group_id, (pg_backend_pid() % 32767)::smallint, sum(v.delta)::int
+    SELECT v.type, v.group_id, {schema}.fair_shard(), sum(v.delta)::int
     FROM (SELECT o.type, o.group_id, o.id, o.status, o.finished_at, -1 AS delta
           FROM old_rows o
           UNION ALL
@@ -554,7 +567,7 @@ $$;
 -- another claimer took after the claim's snapshot is passed over instead of locked. A
 -- lock taken on such a row would not be given back when the row then failed the
 -- claim's recheck, and held that worker's completion of it until the claim committed
--- (with several workers, claims and completions queued behind one another for seconds).
+-- (with several workers, claims and completions queued behind one another).
 CREATE FUNCTION {schema}.fair_still_claimable(p_id bigint, p_now timestamptz,
                                               p_stale_before timestamptz) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
@@ -582,12 +595,11 @@ DECLARE
     r record;
 BEGIN
     SELECT array_agg(type) AS types, array_agg(group_id) AS groups,
-           array_agg(id) AS ids,
            array_agg(CASE WHEN status = 'running' THEN 'infinity'::timestamptz
                           ELSE finished_at END) AS finished
     INTO r FROM deleted WHERE status IN ('done', 'running') AND group_id IS NOT NULL;
     IF r.types IS NOT NULL THEN
-        PERFORM {schema}.fair_count_served(r.types, r.groups, r.ids, r.finished, -1);
+        PERFORM {schema}.fair_count_served(r.types, r.groups, r.finished, -1);
     END IF;
     RETURN NULL;
 END
@@ -621,7 +633,7 @@ BEGIN
     IF p_target <> old_edge THEN
         -- Done jobs between the old and the new edge leave (forward) or enter (back).
         INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
-        SELECT p_type, j.group_id, 0::smallint,
+        SELECT p_type, j.group_id, {schema}.fair_shard(),
                (CASE WHEN p_target > old_edge THEN -1 ELSE 1 END) * count(*)::int
         FROM {schema}.jobs j
         WHERE j.type = p_type AND j.status = 'done' AND j.group_id IS NOT NULL
@@ -710,8 +722,7 @@ BEGIN
         FROM unnest(gs) AS g(group_id)
         LEFT JOIN sums sm ON sm.group_id = g.group_id
         -- The first ready job among the 200 oldest: read in index order, the scan stops
-        -- at it (taking the min over all 200 made a fold of 100 groups of a backlog cost
-        -- 8 ms).
+        -- at it (rather than taking the min over all 200).
         LEFT JOIN LATERAL (
             SELECT o.created_at, o.id FROM (
                 SELECT j.created_at, j.id, j.run_after FROM {schema}.jobs j
