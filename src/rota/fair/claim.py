@@ -86,7 +86,7 @@ class FairClaim:
         statement = self.statement()
         async with self.store.connection(conn) as c:
             while True:
-                # Times are loaded guarded (about 0.25 µs a value): a value that cannot be
+                # Times are loaded guarded (a small cost a value): a value that cannot be
                 # loaded becomes Unreadable on its job, so no client-side error can come
                 # between the claim and its commit.
                 cur = self.store.cursor(c, tuple_row, guard_times=True, raw=True)

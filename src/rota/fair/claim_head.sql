@@ -1,6 +1,9 @@
--- Included by claim_pool_cached and claim_pool_scan (the claim_head placeholder, in the
--- FROM of a group's row: fair_groups as fg, clock as c, stale_head as sh): the group's
--- head, the smaller of the row's bound (none once expired) and the stale head, as a row.
+-- Fragment of claim_pool_cached.sql and claim_pool_scan.sql, their {claim_head}, in the
+-- FROM of a group's row: the group's head, the smaller of the row's bound (none once
+-- expired) and the stale head.
+-- Needs:   aliases fg (a fair_groups row, or nulls), c (the clock CTE), sh (a
+--          stale_head row, or nulls).
+-- Defines: alias hd(head, head_id).
 CROSS JOIN LATERAL (
     SELECT x.head, x.head_id FROM (VALUES
         (CASE WHEN fg.head_until <= c.now THEN '-infinity' ELSE fg.head_lb END,
