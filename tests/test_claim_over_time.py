@@ -23,6 +23,9 @@ from .oracle import insert_rows, oracle_ids
 from .test_fast_claim import recount
 from .test_oracle import group_st, job_st
 
+# After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
+pytestmark = pytest.mark.usefixtures("fair_exact")
+
 STALE = timedelta(seconds=8)
 
 

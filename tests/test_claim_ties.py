@@ -13,6 +13,9 @@ from rota import Queue
 
 from .test_fast_claim import claim_equals_oracle, recount
 
+# After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
+pytestmark = pytest.mark.usefixtures("fair_exact")
+
 
 async def _load(queue: Queue, groups: int, per_group: int,
                 plans: tuple[str, ...] = ("free", "standard", "pro")) -> None:

@@ -17,8 +17,12 @@ from rota import Queue
 from rota.fair import FairClaim, UpkeepConfig
 
 from . import test_oracle
+from .helpers import fair_violations
 from .oracle import oracle_ids
 from .test_oracle import _check, oracle_examples
+
+# After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
+pytestmark = pytest.mark.usefixtures("fair_exact")
 
 # Every way the bookkeeping can disagree with the jobs it summarizes; empty when exact.
 RECOUNT = """
@@ -84,7 +88,9 @@ async def claim_equals_oracle(queue: Queue, url: str, type_: str, limit: int) ->
     async with await psycopg.AsyncConnection.connect(url) as conn:
         expected = await oracle_ids(queue, conn, type_, limit)
         got = [j.id for j in await queue.claim(type_, limit, conn=conn)]
+        violations = await fair_violations(conn, queue.schema)
         await conn.rollback()
+    assert [str(v) for v in violations] == []
     assert got == expected
 
 

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 from . import db
 from .checks import INT_MAX, LATEST_DUE, require_due_time, require_text, storable_text
 from .errors import ConfigError, InvalidInput, UnreadableJob
-from .fair import ClaimUpkeep, FairClaim, UpkeepConfig
+from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
 from .job import FailOutcome, Job
 from .plans import Plans
 from .settings import QueueSettings, enqueue_error, enqueued_job
@@ -397,6 +397,30 @@ class Queue:
         """Run the claim upkeep that is due now and wait for it to finish (tests,
         shutdown)."""
         await self.upkeep.settle()
+
+    async def verify(self) -> list[Violation]:
+        """Check the fair claim's bookkeeping against the jobs table: every invariant of
+        docs/fast-claim.md ("The contract") in one read-only statement, safe on a live
+        queue (``rota verify``).
+
+        Returns:
+            The :class:`rota.fair.Violation` list (type, group, invariant, expected,
+            found), by type, group and invariant; empty when the bookkeeping is exact.
+        """
+        return await self.fair_claim.verify()
+
+    async def repair_bookkeeping(self) -> RepairReport:
+        """Rebuild the fair claim's bookkeeping from the jobs table in one transaction
+        (``rota verify --repair``): writers of jobs wait for it, claims stay exact.
+
+        Returns:
+            A :class:`rota.fair.RepairReport`: the violations found, the rows written.
+
+        Raises:
+            RepairFailed: the rebuilt bookkeeping still broke an invariant (nothing
+                kept).
+        """
+        return await self.fair_claim.repair(self.clock_offset)
 
     async def oldest_due_probe(self, types: Sequence[str], k: int, *,
                                conn: AnyConn | None = None) -> list[dict[str, Any]]:

@@ -9,13 +9,17 @@ fair and cheap, and the only code that reads or writes its bookkeeping tables
   ``claim_head.sql``, ``groupless_head.sql``), ``claim_settings.sql``: the statement.
 - ``bookkeeping.sql``: the tables, functions and triggers that keep the bookkeeping
   (the fresh install's part of ``schema.sql``, included there).
-- ``verify.sql``: the contract, every invariant of docs/fast-claim.md as one check;
+- ``contract.py`` with ``verify.sql``: the contract, every invariant of
+  docs/fast-claim.md as one check; ``repair_lock.sql``, ``repair_clear.sql``,
   ``repair.sql``: the rebuild from ``jobs``.
+- ``oldest_due.sql``: the dashboard's probe of the longest-waiting groups.
 
 Only :mod:`rota.queue` (and the CLI's ``rota verify`` through it) enters this package.
 """
 
 from .claim import FairClaim
+from .contract import RepairFailed, RepairReport, Violation
 from .upkeep import ClaimUpkeep, UpkeepConfig
 
-__all__ = ["ClaimUpkeep", "FairClaim", "UpkeepConfig"]
+__all__ = ["ClaimUpkeep", "FairClaim", "RepairFailed", "RepairReport", "UpkeepConfig",
+           "Violation"]

@@ -22,6 +22,8 @@ from ..checks import positive_int
 from ..job import Job
 from ..plans import Plans
 from ..store import AnyConn, RawStatement, Store
+from . import contract
+from .contract import RepairReport, Violation
 from .upkeep import ClaimUpkeep
 
 
@@ -144,6 +146,22 @@ class FairClaim:
         """
         return await self.store.fetch_dicts("fair/oldest_due", {
             "types": list(types), "k": k, "offset": clock_offset}, conn=conn)
+
+    async def verify(self) -> list[Violation]:
+        """Check the bookkeeping against ``jobs`` (``verify.sql``, one read-only
+        statement); see :func:`rota.fair.contract.verify`.
+
+        Returns:
+            Every violation, by type, group and invariant; empty when exact.
+        """
+        return await contract.verify(self.store)
+
+    async def repair(self, clock_offset: timedelta) -> RepairReport:
+        """Rebuild the bookkeeping from ``jobs`` in one transaction; see
+        :func:`rota.fair.contract.repair` (arguments, locks, errors)."""
+        report = await contract.repair(self.store, clock_offset)
+        self._probe.clear()  # sizes that sufficed on the old rows say nothing now
+        return report
 
     def _floor(self, limit: int) -> tuple[int, int]:
         return self.probe_floor or (limit * 2 + 8, 2)

@@ -33,14 +33,14 @@
 -- Locks are taken with SKIP LOCKED, which never waits, so the claim cannot deadlock
 -- with sweepers or batch deferrals even though it locks in fair order, not id order.
 --
--- Fragments: {pool} is claim_pool_cached.sql (rota's groups table) or
--- claim_pool_scan.sql (an application's groups relation), chosen by FairClaim.statement;
--- each states what it needs from this statement and what it defines.
+-- Fragments: the pool placeholder below is claim_pool_cached.sql (rota's groups table)
+-- or claim_pool_scan.sql (an application's groups relation), chosen by
+-- FairClaim.statement; each states what it needs from this statement and defines.
 -- Needs:   parameters type, limit, run_id, offset, stale_after, served_window,
 --          plan_ids, plan_priorities, middle_priority, lowest_priority, probe_groups,
 --          probe_per, candidates.
 -- Defines: CTEs clock, plan_priority, running_old, edge_fix, served_delta, stale,
---          stale_head, special (read by {pool}); the pool's CTEs; then keyed, walk,
+--          stale_head, special (read by the pool); the pool's CTEs; then keyed, walk,
 --          probe, ranked, ordered, cand, kth, unread, blocked, locked, last_locked,
 --          blocked_after, claimed. Returns the claimed jobs' columns, claim_order and
 --          retry (one row with retry set, and nothing claimed, when the proof failed).

@@ -1,6 +1,6 @@
--- Fragment of claim_pool_cached.sql and claim_pool_scan.sql, their {claim_head}, in the
--- FROM of a group's row: the group's head, the smaller of the row's bound (none once
--- expired) and the stale head.
+-- Fragment of claim_pool_cached.sql and claim_pool_scan.sql, in the FROM of a group's
+-- row: the group's head, the smaller of the row's bound (none once expired) and the
+-- stale head.
 -- Needs:   aliases fg (a fair_groups row, or nulls), c (the clock CTE), sh (a
 --          stale_head row, or nulls).
 -- Defines: alias hd(head, head_id).

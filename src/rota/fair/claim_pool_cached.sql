@@ -1,9 +1,10 @@
--- Fragment of claim.sql, its {pool}: the group pool for rota's own groups table, whose
--- plan and active fair_groups copies in the same transaction as every change.
+-- Fragment of claim.sql, put in place of its pool placeholder: the group pool for
+-- rota's own groups table, whose plan and active fair_groups copies in the same
+-- transaction as every change.
 -- Needs:   CTEs clock, special, served_delta, edge_fix, running_old, stale_head (and
---          stale, through {groupless_head}); parameters type, probe_groups.
+--          stale, through groupless_head.sql); parameters type, probe_groups.
 -- Defines: CTEs levels, pool(group_id, head_lb, head_id, served_n, served_lb, plan,
---          active); uses the fragments {claim_head} and {groupless_head}.
+--          active); includes claim_head.sql and groupless_head.sql.
 -- Each plan
 -- present is walked through fair_groups_walk_idx by (served_n, head_lb), reading at most
 -- probe_groups + 1 groups per plan: for a group outside `special`, served_n is its exact

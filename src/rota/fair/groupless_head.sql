@@ -1,5 +1,4 @@
--- Fragment of claim_pool_cached.sql and claim_pool_scan.sql, their {groupless_head}, a
--- FROM item.
+-- Fragment of claim_pool_cached.sql and claim_pool_scan.sql, a FROM item.
 -- Needs:   CTE stale (claim.sql); parameter type.
 -- Defines: a derived table of at most one row (head, head_id), for the caller to alias.
 -- A lower bound of the group-less jobs' head: the first
