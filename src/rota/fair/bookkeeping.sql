@@ -6,7 +6,7 @@
 -- Nothing here is a hot spot: no row is updated by every claim or every completion of
 -- a group (see each table).
 --
--- A group's served count (docs/fast-claim.md#served-counts-without-a-hot-row) is its
+-- A group's served count (docs/fast-claim.md#the-bookkeeping-and-its-invariants) is its
 -- jobs of the type that are running, or done at or after the type's edge (fair_edge).
 -- Running jobs count whatever their lock's age (fair_count_served is given 'infinity'
 -- as their finish time, which passes any edge), and the claim subtracts those locked
@@ -21,7 +21,7 @@
 -- invariant stated here; src/rota/fair/repair.sql rebuilds the tables from jobs.
 
 -- Groups of a type that may have pending jobs or a served count, one row each.
--- Head bounds (docs/fast-claim.md#head-bounds-without-a-hot-row): ready_lb and head_lb
+-- Head bounds (docs/fast-claim.md#writers-three-protocols-and-one-shard-rule): ready_lb and head_lb
 -- are lower bounds of the group's pending jobs' run_after and (created_at, id), the
 -- latter as (head_lb, head_id), compared as a row like the claim's key (so jobs that
 -- share a created_at, as one statement's do, do not tie). Invariant: for every pending
