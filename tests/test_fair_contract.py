@@ -347,6 +347,21 @@ def test_only_the_fair_package_touches_the_bookkeeping_tables() -> None:
     assert touching == []
 
 
+def test_only_the_queue_and_rota_verify_import_the_fair_package() -> None:
+    """fair/ is one room: inside the library only queue.py (FairClaim, ClaimUpkeep) and
+    the CLI's verify command (its result types) import it, and it imports no module that
+    imports it back."""
+    src = ROOT / "src" / "rota"
+    imports = re.compile(r"^\s*from (\.+fair|rota\.fair)\b.* import|^\s*import rota\.fair",
+                         re.MULTILINE)
+    entering = sorted(str(p.relative_to(src)) for p in src.rglob("*.py")
+                      if "fair" not in p.relative_to(src).parts
+                      and imports.search(p.read_text("utf-8")))
+    assert entering == ["cli/verify.py", "queue.py"]
+    back = re.compile(r"^\s*from \.\.(queue|cli|web|runner|worker)\b", re.MULTILINE)
+    assert [p.name for p in (src / "fair").glob("*.py") if back.search(p.read_text())] == []
+
+
 def test_each_claim_fragment_says_what_it_needs_and_defines() -> None:
     fair = ROOT / "src" / "rota" / "fair"
     for fragment in ("claim_pool_cached", "claim_pool_scan", "claim_head", "groupless_head"):
