@@ -213,9 +213,9 @@ class ClaimUpkeep:
         """VACUUM the claim's bookkeeping tables (small, rewritten all the time). Each
         fold leaves a dead row version and a dead walk-index entry per group, at the
         front of the walk where the least-served groups are; autovacuum looks at a
-        database about once a minute (autovacuum_naptime), by when a busy queue had
-        left tens of thousands, which tripled the walk's cost at 1,000,000 pending
-        jobs. SKIP_LOCKED: never waits. A role that may not vacuum them is told once.
+        database every autovacuum_naptime, by when a busy queue has left tens of
+        thousands, slowing the walk (bench/RESULTS.md, "Planner notes").
+        SKIP_LOCKED: never waits. A role that may not vacuum them is told once.
 
         Returns:
             1 when it vacuumed, else 0.
