@@ -102,7 +102,7 @@ CREATE TABLE {schema}.fair_served (
 -- completers and the upkeep never wait on each other's bookkeeping (sessions whose
 -- pids meet modulo 32767 merely share a row); fair_fold sums and deletes the shards.
 CREATE FUNCTION {schema}.fair_shard() RETURNS smallint
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL RESTRICTED
 AS $$ SELECT (pg_backend_pid() % 32767)::smallint $$;
 
 -- The checkpoint of the served counts per type (no row: -infinity): served_n and

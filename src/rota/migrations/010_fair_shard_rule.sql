@@ -9,7 +9,7 @@
 -- shards is read, so existing rows stay valid.
 
 CREATE FUNCTION {schema}.fair_shard() RETURNS smallint
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL RESTRICTED
 AS $$ SELECT (pg_backend_pid() % 32767)::smallint $$;
 
 DROP FUNCTION {schema}.fair_count_served(text[], text[], bigint[], timestamptz[], int);
