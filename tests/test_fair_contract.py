@@ -308,16 +308,17 @@ async def test_repair_on_a_live_queue_keeps_claims_exact(
 # -- the package's boundaries --------------------------------------------------------------
 
 
-async def test_every_writer_of_fair_served_writes_its_own_sessions_shard(
+async def test_every_writer_of_fair_served_writes_the_shard_the_rule_gives_it(
         queue: Queue, aconn: Any) -> None:
-    """The shard rule (fair_shard): a claim, a completion across the edge, a deletion, an
-    insert of a running job and an edge move, each from this test's own connection,
-    leave rows in this connection's shard only."""
+    """The shard rule (fair_shard): a claim, a completion, an insert of a running job and
+    a deletion, each from this test's own connection, write this connection's shard
+    only; an edge move writes shard 0."""
     await queue.upsert_group("g", plan="pro")
     await queue.enqueue("t", {}, group_id="g")
     await queue.enqueue("t", {}, group_id="g")
     pid = (await run(aconn, queue, "SELECT pg_backend_pid() % 32767"))[0][0]
-    assert (await run(aconn, queue, "SELECT {s}.fair_shard()")) == [(pid,)]
+    assert (await run(aconn, queue, "SELECT {s}.fair_shard(), {s}.fair_shard(true)")) == [
+        (pid, 0)]
     await run(aconn, queue, "UPDATE {s}.jobs SET status = 'running', locked_at = now(),"
               " attempts = 1 WHERE id = (SELECT min(id) FROM {s}.jobs)")  # a claim
     await run(aconn, queue, "UPDATE {s}.jobs SET status = 'done', finished_at = now(),"
@@ -325,10 +326,12 @@ async def test_every_writer_of_fair_served_writes_its_own_sessions_shard(
     await run(aconn, queue, "INSERT INTO {s}.jobs (type, group_id, payload, status,"
               " max_attempts, run_after, created_at, locked_at, attempts)"
               " VALUES ('t', 'g', '{{}}', 'running', 3, now(), now(), now(), 1)")
-    await run(aconn, queue, "SELECT {s}.fair_advance('t', now() + interval '1 hour')")
     await run(aconn, queue, "DELETE FROM {s}.jobs WHERE status = 'running'")
-    shards = await run(aconn, queue, "SELECT DISTINCT shard FROM {s}.fair_served")
-    assert shards == [(pid,)]
+    assert await run(aconn, queue, "SELECT shard, n FROM {s}.fair_served") == [(pid, 1)]
+    # The edge moves past the done job: it leaves the count, in shard 0.
+    await run(aconn, queue, "SELECT {s}.fair_advance('t', now() + interval '1 hour')")
+    assert await run(aconn, queue, "SELECT shard, n FROM {s}.fair_served ORDER BY shard"
+                     ) == [(0, -1), (pid, 1)]
     assert await queue.verify() == []
 
 

@@ -84,7 +84,7 @@ CREATE TABLE {schema}.fair_plans (
 -- Changes to served counts not yet folded into fair_groups.served_n, per type, group and
 -- shard: a job entering running adds 1 and one leaving it takes 1 away; done jobs count
 -- while finished at or after the edge. Every writer writes its statement's net change
--- to the shard of its session (the shard rule, fair_shard below). Only the sum over a
+-- to the shard the shard rule gives it (fair_shard below). Only the sum over a
 -- group's shards means anything. fair_fold moves these rows into served_n every upkeep
 -- round, so the table stays small and the claim's sum over it is cheap.
 CREATE TABLE {schema}.fair_served (
@@ -96,14 +96,18 @@ CREATE TABLE {schema}.fair_served (
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000);
 
 -- The shard rule, stated once and used by every writer of fair_served (the jobs
--- triggers through fair_count_served and fair_jobs_update, and fair_advance): a writer
--- adds to the row of its own session, (type, group_id, its backend pid modulo the
--- smallint range). Two sessions therefore never write one row, so concurrent claimers,
--- completers and the upkeep never wait on each other's bookkeeping (sessions whose
--- pids meet modulo 32767 merely share a row); fair_fold sums and deletes the shards.
-CREATE FUNCTION {schema}.fair_shard() RETURNS smallint
+-- triggers through fair_count_served and fair_jobs_update; fair_advance): a writer of
+-- jobs adds to the row of its own session, (type, group_id, its backend pid modulo the
+-- smallint range), so two sessions never write one row and concurrent claimers and
+-- completers never wait on each other's bookkeeping (sessions whose pids meet modulo
+-- 32767 merely share a row). An edge move (p_edge_move) adds to shard 0 instead, a row
+-- no writer of jobs uses: fair_fold holds the rows it deletes until its upkeep
+-- statement, edge move included, commits, and edge deltas written to the upkeep
+-- connection's own shard made the next claim or completion on that pooled connection
+-- wait for another connection's fold. fair_fold sums and deletes every shard.
+CREATE FUNCTION {schema}.fair_shard(p_edge_move boolean DEFAULT false) RETURNS smallint
 LANGUAGE sql STABLE PARALLEL RESTRICTED
-AS $$ SELECT (pg_backend_pid() % 32767)::smallint $$;
+AS $$ SELECT CASE WHEN p_edge_move THEN 0 ELSE pg_backend_pid() % 32767 END::smallint $$;
 
 -- The checkpoint of the served counts per type (no row: -infinity): served_n and
 -- fair_served count the done jobs finished at or after the edge. The claim adds an
@@ -633,7 +637,7 @@ BEGIN
     IF p_target <> old_edge THEN
         -- Done jobs between the old and the new edge leave (forward) or enter (back).
         INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
-        SELECT p_type, j.group_id, {schema}.fair_shard(),
+        SELECT p_type, j.group_id, {schema}.fair_shard(p_edge_move => true),
                (CASE WHEN p_target > old_edge THEN -1 ELSE 1 END) * count(*)::int
         FROM {schema}.jobs j
         WHERE j.type = p_type AND j.status = 'done' AND j.group_id IS NOT NULL

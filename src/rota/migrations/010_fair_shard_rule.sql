@@ -1,16 +1,16 @@
 -- The shard rule stated once: fair_shard() names the fair_served row a writer adds to,
--- its own session's, and every writer uses it (fair_count_served, which the INSERT and
--- DELETE triggers call, fair_jobs_update and fair_advance). Before, the UPDATE trigger
--- wrote the session's shard while deletes wrote shard id % 8 and edge moves shard 0: a
--- pruning batch and an edge move could each wait on another session's row.
--- fair_count_served loses its ids argument (the shard no longer depends on a job).
--- fair_note_pending and fair_fold change only comments (timing figures moved to
+-- and every writer uses it (fair_count_served, which the INSERT and DELETE triggers
+-- call, fair_jobs_update, fair_advance). Before, the UPDATE trigger wrote the session's
+-- shard, deletes shard id % 8 and edge moves shard 0, each rule in its own function;
+-- now deletes write the session's shard too, and edge moves keep shard 0 through the
+-- rule. fair_count_served loses its ids argument (the shard no longer depends on a
+-- job). fair_note_pending and fair_fold change only comments (timing figures moved to
 -- bench/RESULTS.md). Served counts keep their meaning: only the sum over a group's
 -- shards is read, so existing rows stay valid.
 
-CREATE FUNCTION {schema}.fair_shard() RETURNS smallint
+CREATE FUNCTION {schema}.fair_shard(p_edge_move boolean DEFAULT false) RETURNS smallint
 LANGUAGE sql STABLE PARALLEL RESTRICTED
-AS $$ SELECT (pg_backend_pid() % 32767)::smallint $$;
+AS $$ SELECT CASE WHEN p_edge_move THEN 0 ELSE pg_backend_pid() % 32767 END::smallint $$;
 
 DROP FUNCTION {schema}.fair_count_served(text[], text[], bigint[], timestamptz[], int);
 
@@ -211,7 +211,7 @@ BEGIN
     IF p_target <> old_edge THEN
         -- Done jobs between the old and the new edge leave (forward) or enter (back).
         INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
-        SELECT p_type, j.group_id, {schema}.fair_shard(),
+        SELECT p_type, j.group_id, {schema}.fair_shard(p_edge_move => true),
                (CASE WHEN p_target > old_edge THEN -1 ELSE 1 END) * count(*)::int
         FROM {schema}.jobs j
         WHERE j.type = p_type AND j.status = 'done' AND j.group_id IS NOT NULL
