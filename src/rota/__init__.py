@@ -22,6 +22,7 @@ from .maintenance import KilledRuns, Maintenance, PruneDoneJobs, StuckJobs, main
 from .plans import DEFAULT_PLANS, Plan, Plans
 from .queue import Queue
 from .quota import Allowance, Quota, QuotaExhausted
+from .results import AttemptError, JobResult, ResultError, WaitTimeout
 from .runner import JobContext, Pipeline, RunResult, Stage
 from .schedule import Schedule, Scheduler, scheduled_tick
 from .settings import QueueSettings
@@ -45,6 +46,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DEFAULT_PLANS",
     "Allowance",
+    "AttemptError",
     "ConfigError",
     "DatabaseUnavailable",
     "DeferJob",
@@ -54,6 +56,7 @@ __all__ = [
     "Job",
     "JobContext",
     "JobNotFound",
+    "JobResult",
     "KilledRuns",
     "Maintenance",
     "MigrationError",
@@ -67,6 +70,7 @@ __all__ = [
     "QueueSettings",
     "Quota",
     "QuotaExhausted",
+    "ResultError",
     "RotaError",
     "RunResult",
     "Schedule",
@@ -77,6 +81,7 @@ __all__ = [
     "UnknownGroup",
     "UnknownJobType",
     "UnknownPlan",
+    "WaitTimeout",
     "Worker",
     "cron_app",
     "dashboard_app",

@@ -19,7 +19,8 @@ CREATE TABLE {schema}.runs (
     id            uuid PRIMARY KEY,
     trigger       text NOT NULL CHECK (trigger IN ('cron', 'cli', 'worker', 'manual')),
     stop_reason   text CHECK (stop_reason IN
-                    ('no_work', 'time_budget', 'quota_reserve', 'quota_exhausted', 'error')),
+                    ('no_work', 'time_budget', 'quota_reserve', 'quota_exhausted', 'error',
+                     'interrupted')),
     jobs_done     integer NOT NULL DEFAULT 0,
     jobs_failed   integer NOT NULL DEFAULT 0,
     jobs_deferred integer NOT NULL DEFAULT 0,
@@ -79,7 +80,11 @@ CREATE TABLE {schema}.jobs (
     created_at       timestamptz NOT NULL
                        DEFAULT {schema}.jobs_insert_refused(NULL::timestamptz),
     finished_at      timestamptz,
-    give_up_pending  boolean NOT NULL DEFAULT false -- failed, give-up hook not yet run
+    give_up_pending  boolean NOT NULL DEFAULT false, -- failed, give-up hook not yet run
+    -- Results (docs/design.md, "Results"): the handler's return value, and the claim
+    -- time of the attempt that settled the job; null until it settles.
+    result           jsonb,
+    started_at       timestamptz
 );
 
 -- Every enqueue, claim and completion inserts an entry into each index whose predicate
@@ -511,4 +516,31 @@ CREATE TABLE {schema}.schedules (
     last_tick  timestamptz,          -- the latest tick taken (enqueued or skipped); null: none yet
     created_at timestamptz NOT NULL, -- first seen (queue clock): earlier ticks are not owed
     updated_at timestamptz NOT NULL
+);
+
+-- Every failed attempt's error (docs/design.md, "Results"), pruned with its job
+-- (prune_done.sql deletes both in one statement). No foreign key: its trigger would run
+-- on every claim and completion.
+CREATE TABLE {schema}.job_errors (
+    job_id     bigint NOT NULL,
+    id         bigint GENERATED ALWAYS AS IDENTITY,
+    attempt    integer NOT NULL,          -- jobs.attempts when it failed (1 = first)
+    run_id     uuid,                      -- the run (worker) that ran the attempt
+    started_at timestamptz,               -- when the attempt was claimed (queue clock)
+    failed_at  timestamptz NOT NULL,      -- queue clock
+    error      text NOT NULL,             -- "Type: message", bounded
+    error_type text,                      -- the exception's class, module.qualname
+    traceback  text,                      -- bounded (head and tail); null without one
+    PRIMARY KEY (job_id, id)
+);
+
+-- Who is waiting for a job (docs/design.md, "Results"): Queue.wait adds a row while it
+-- waits, and the statements that settle a job notify rota_settled only for jobs with
+-- one, so completions pay for a notification (a lock every notifying commit in the
+-- database takes in turn) only when someone is listening.
+CREATE TABLE {schema}.job_waiters (
+    job_id     bigint NOT NULL,
+    waiter     uuid NOT NULL,
+    since      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job_id, waiter)
 );

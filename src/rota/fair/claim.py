@@ -86,7 +86,7 @@ class FairClaim:
         groups, per = self._probe.get(job_type, self._floor(limit))
         retried = False
         statement = self.statement()
-        async with self.store.connection(conn) as c:
+        async with self.store.deadline(), self.store.connection(conn) as c:
             while True:
                 # Times are loaded guarded (a small cost a value): a value that cannot be
                 # loaded becomes Unreadable on its job, so no client-side error can come

@@ -122,6 +122,14 @@ class ClaimUpkeep:
                 self._stopping = False
                 self._task = None
 
+    def abandon(self) -> None:
+        """Cancel the background loop without waiting for it (a queue closing while
+        the database does not answer: docs/operations.md, "Network partitions and
+        timeouts")."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
+
     def request(self, job_type: str) -> None:
         """Ask for a round for ``job_type`` (a claim of that type just ran)."""
         self._due.add(job_type)

@@ -23,7 +23,7 @@ from psycopg_pool import PoolTimeout
 from ..job import DeferJob, Job
 from ..queue import Queue
 from ..quota import SHARED_SCOPE, QuotaExhausted
-from .completer import Completer, error_text, settle_all
+from .completer import Completer, error_text, settle_all, with_results
 from .context import JobContext, QuotaLookup, RunState, retrying
 from .stage import Stage
 
@@ -129,7 +129,7 @@ class BatchRunner:
             await completer.wait_quietly()
             await self._release(run, ctxs, None)
 
-    async def _call(self, work: Awaitable[None], ctxs: list[JobContext], run: RunState,
+    async def _call(self, work: Awaitable[object], ctxs: list[JobContext], run: RunState,
                     stage: Stage, blocked: list[QuotaExhausted],
                     completer: Completer) -> None:
         """Run one handler call within its deadline and settle what it left unsettled
@@ -148,9 +148,10 @@ class BatchRunner:
         loop = asyncio.get_running_loop()
         timer = asyncio.timeout_at(loop.time() + (deadline - started))
         failure: Exception | None = None
+        value: object = None
         try:
             async with timer:
-                await work
+                value = await work
         except Exception as exc:  # DeferJob and QuotaExhausted included
             failure = exc
         # A job completed in the handler's own transaction is done only if that
@@ -162,7 +163,7 @@ class BatchRunner:
             run.add("timed_out", sum(1 for c in ctxs if not c.settled))
             await settle_all(ctxs, lambda c: c.fail(text))
         elif failure is None:
-            completer.add([c for c in ctxs if not c.settled])
+            completer.add(await with_results(ctxs, value))
         elif isinstance(failure, DeferJob):
             until = failure.until
             await settle_all(ctxs, lambda c: c.defer(until))
@@ -233,13 +234,32 @@ class BatchRunner:
         if n < len(ctxs):  # reclaimed by another run meanwhile
             run.add("lost", len(ctxs) - n)
 
+    async def _hand_back_interrupted(self, run: RunState,
+                                     ctxs: list[JobContext]) -> None:
+        """Hand back, as they were, the jobs whose handlers a stop request cut (a
+        second SIGINT or SIGTERM): counted ``interrupted`` in the summary."""
+        cut = [c for c in ctxs if not c.settled and c.started and not c.in_caller_tx]
+        if not cut:
+            return
+        try:
+            await self.hand_back(run, cut)
+        except Exception:
+            log.exception("run %s: could not hand back interrupted jobs", run.id)
+        else:
+            run.add("interrupted", len(cut))
+
     async def _release(self, run: RunState, ctxs: list[JobContext],
                        blocked: QuotaExhausted | None) -> None:
         """Hand back what a batch still holds: jobs never started go back as they were
         (attempts and deferrals unchanged: docs/design.md, "Defer"); when the stage's
         quota is gone, the skip that follows moves them to its reset. Jobs started but
         unsettled (the run is ending in error or cancelled) are failed, so they are
-        retried after backoff rather than waiting for the stale window."""
+        retried after backoff rather than waiting for the stale window; when the run
+        was asked to stop (cancelled by a second signal), they are handed back too,
+        their attempt returned: an operator's stop is not the job's failure
+        (docs/design.md, "The runner")."""
+        if run.stopping():
+            await self._hand_back_interrupted(run, ctxs)
         unstarted = [c for c in ctxs if not c.settled and not c.started]
         if unstarted:
             try:

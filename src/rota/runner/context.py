@@ -26,6 +26,7 @@ from ..errors import InvalidInput, first_line
 from ..job import DeferJob, FailOutcome, Job
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
+from ..results import ResultError, encode_result
 from ..store import is_connection_failure
 
 log = logging.getLogger("rota.runner")
@@ -101,6 +102,11 @@ class RunState:
         asked to stop (a worker's SIGTERM)."""
         return (time.monotonic() >= self.deadline
                 or (self.stop is not None and self.stop.is_set()))
+
+    def stopping(self) -> bool:
+        """Whether the run was asked to stop (its ``stop`` event is set: a signal to
+        its process): it then stops ``interrupted`` (docs/design.md, "The runner")."""
+        return self.stop is not None and self.stop.is_set()
 
     def past_hard_deadline(self) -> bool:
         return time.monotonic() >= self.hard_deadline
@@ -186,6 +192,9 @@ class JobContext:
         self.in_caller_tx = False
         #: The handler could not get a connection from rota's pool (not its failure).
         self.pool_timed_out = False
+        #: The job's result, stored when the runner completes it (docs/design.md,
+        #: "Results"): a handler's return value lands here; a batch handler sets it.
+        self.result: Any = None
 
     @property
     def settled(self) -> bool:
@@ -284,10 +293,12 @@ class JobContext:
             raise DeferJob(None, f"allowance {q.name!r} reported exhausted")
         raise exc
 
-    async def complete(self, *, conn: AnyConn | None = None) -> bool:
+    async def complete(self, *, result: Any = None, conn: AnyConn | None = None) -> bool:
         """Mark the job done now (the runner does it when the handler returns).
 
         Args:
+            result: the value stored as the job's result (see
+                :meth:`rota.Queue.complete`); ``None`` for none.
             conn: complete inside the handler's own transaction, so the job is done
                 if and only if the handler's writes commit. The run counts it done only
                 once the handler has returned and the runner has read it done under
@@ -299,24 +310,36 @@ class JobContext:
         Returns:
             ``False`` when this run lost the job (reclaimed after a stale lock); with
             ``conn``, ``True`` means the statement matched in that transaction.
+
+        Raises:
+            ResultError: ``result`` cannot be stored; the job failed with that error
+                (see :meth:`rota.Queue.complete`).
         """
         self._check_unsettled()
+        try:
+            encode_result(result, self.queue.max_payload_bytes)
+        except ResultError as exc:
+            await self.fail(exc, give_up=True)
+            raise
         if conn is not None:
-            ok = await self.queue.complete(self.job, conn=conn)
+            ok = await self.queue.complete(self.job, result=result, conn=conn)
             if ok:
                 self.in_caller_tx = True
             else:
                 self._settle("lost")
             return ok
-        ok = await retrying(lambda: self.queue.complete(self.job), self._run, "complete")
+        ok = await retrying(lambda: self.queue.complete(self.job, result=result),
+                            self._run, "complete")
         self._settle("done" if ok else "lost")
         return ok
 
-    async def fail(self, error: BaseException | str) -> FailOutcome:
+    async def fail(self, error: BaseException | str, *, give_up: bool = False) -> FailOutcome:
         """Record a failed attempt now (retry with backoff, or failed with give-up
-        hook); see :meth:`rota.Queue.fail`."""
+        hook; ``give_up``: failed whatever the attempts left); see
+        :meth:`rota.Queue.fail`."""
         self._check_unsettled()
-        outcome = await retrying(lambda: self.queue.fail(self.job, error), self._run, "fail")
+        outcome = await retrying(lambda: self.queue.fail(self.job, error, give_up=give_up),
+                                 self._run, "fail")
         self._settle(outcome)
         return outcome
 
