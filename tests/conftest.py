@@ -18,6 +18,8 @@ from psycopg import sql
 
 from rota import Queue
 from rota.db import migrate
+from rota.fair import Violation
+from rota.store import Statements
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,6 +93,21 @@ async def make_queue(database_url: str, schema: str) -> AsyncIterator[Any]:
 async def queue(make_queue: Any) -> Queue:
     q: Queue = await make_queue()
     return q
+
+
+@pytest.fixture
+def fair_exact(database_url: str, schema: str) -> Iterator[None]:
+    """After the test: the fair claim's bookkeeping in the test's schema keeps every
+    invariant of its contract (src/rota/fair/verify.sql, what `rota verify` runs);
+    concurrency, oracle and chaos tests use it (``pytest.mark.usefixtures``)."""
+    yield
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                              (f"{schema}.fair_groups",)).fetchone()
+        if not exists or not exists[0]:
+            return  # the test never migrated its schema
+        rows = conn.execute(Statements(schema).sql("fair/verify")).fetchall()
+    assert [str(Violation(*r)) for r in rows] == []
 
 
 @pytest.fixture

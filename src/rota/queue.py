@@ -1,7 +1,7 @@
 """The queue: enqueue, claim, complete, fail, defer, release, stuck jobs and give-up
 hooks (docs/design.md, "The queue's rules"). A :class:`Queue` holds validated settings
 (:class:`rota.settings.QueueSettings`), the store every statement runs through
-(:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.claim`), and
+(:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.fair`), and
 the admin operations (:mod:`rota.admin`).
 
 One piece (about 850 lines): every method is one transition of the job state machine
@@ -35,8 +35,8 @@ from .checks import (
     require_due_time,
     require_text,
 )
-from .claim import ClaimUpkeep, FairClaim, UpkeepConfig
 from .errors import ConfigError, InvalidInput, UnreadableJob
+from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
 from .job import FailOutcome, Job
 from .job import no_give_up_hook as _no_give_up_hook
 from .plans import Plans
@@ -455,6 +455,37 @@ class Queue:
         shutdown)."""
         await self.upkeep.settle()
 
+    async def verify(self) -> list[Violation]:
+        """Check the fair claim's bookkeeping against the jobs table: every invariant of
+        docs/fast-claim.md ("The contract") in one read-only statement, safe on a live
+        queue (``rota verify``).
+
+        Returns:
+            The :class:`rota.fair.Violation` list (type, group, invariant, expected,
+            found), by type, group and invariant; empty when the bookkeeping is exact.
+        """
+        return await self.fair_claim.verify()
+
+    async def repair_bookkeeping(self) -> RepairReport:
+        """Rebuild the fair claim's bookkeeping from the jobs table in one transaction
+        (``rota verify --repair``): writers of jobs wait for it, claims stay exact.
+
+        Returns:
+            A :class:`rota.fair.RepairReport`: the violations found, the rows written.
+
+        Raises:
+            RepairFailed: the rebuilt bookkeeping still broke an invariant (nothing
+                kept).
+        """
+        return await self.fair_claim.repair(self.clock_offset)
+
+    async def oldest_due_probe(self, types: Sequence[str], k: int, *,
+                               conn: AnyConn | None = None) -> list[dict[str, Any]]:
+        """The dashboard's probe for the longest-waiting due jobs, through the claim's
+        bookkeeping (:meth:`rota.fair.FairClaim.oldest_due`)."""
+        return await self.fair_claim.oldest_due(types, k, clock_offset=self.clock_offset,
+                                                conn=conn)
+
     @tracing.settle_traced("complete")
     async def complete(self, job: Job, *, result: Any = None,
                        conn: AnyConn | None = None) -> bool:
@@ -554,10 +585,12 @@ class Queue:
             if isinstance(e, ResultError):
                 raise e
             encoded_by_id[j.id] = e
-        # One order for every caller (type, group, served-count shard), so two batches
-        # counting into the same bookkeeping rows take their locks in the same order.
+        # Job rows are locked in id order, the one order of every statement that locks
+        # several jobs. The served-count changes a completion makes go to the writing
+        # session's own fair_served shard (the shard rule, fair_shard()), so two batches
+        # never wait on each other's bookkeeping rows.
         fenced = sorted((j for j in batch if j.claim_token is not None),
-                        key=lambda j: (j.type, j.group_id or "", j.id % 8, j.id))
+                        key=lambda j: j.id)
         if not fenced:
             return [False] * len(batch)
         params = {"ids": [j.id for j in fenced],

@@ -11,7 +11,7 @@ holding a collector that reads the database when scraped and the claim histogram
   their useful form.
 - ``rota_oldest_pending_age_seconds{type}`` (gauge): how long the longest-waiting due
   job of an active group has been due (0: none is due), found without reading the
-  backlog (dashboard_oldest_due.sql); a lower bound in the rare case the probe stops
+  backlog (rota/fair/oldest_due.sql); a lower bound in the rare case the probe stops
   before proving it exact.
 - ``rota_jobs_completed_total{type, plan}``, ``rota_jobs_failed_total{type, plan}``
   (counters): jobs that finished done, or failed for good, since this process's first
