@@ -22,6 +22,7 @@ from .maintenance import KilledRuns, Maintenance, PruneDoneJobs, StuckJobs, main
 from .plans import DEFAULT_PLANS, Plan, Plans
 from .queue import Queue
 from .quota import Allowance, Quota, QuotaExhausted
+from .rates import RateLimit, RateLimited
 from .runner import JobContext, Pipeline, RunResult, Stage
 from .schedule import Schedule, Scheduler, scheduled_tick
 from .settings import QueueSettings
@@ -62,6 +63,8 @@ __all__ = [
     "QueueSettings",
     "Quota",
     "QuotaExhausted",
+    "RateLimit",
+    "RateLimited",
     "RotaError",
     "RunResult",
     "Schedule",

@@ -22,6 +22,7 @@ from ..errors import InvalidInput, first_line
 from ..job import DeferJob, FailOutcome, Job
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
+from ..rates import NO_KEY, Grant, RateLimit, RateLimited
 from ..store import is_connection_failure
 from .stage import Outcome, Stage
 
@@ -65,6 +66,9 @@ class RunState:
         self.held: dict[int, JobContext] = {}       # claimed and not yet settled
         self.skipped: set[str] = set()               # stage types blocked by quota
         self.blocked: set[str] = set()               # reasons with quota-blocked work
+        # Stage types waiting for their rate limits' units: (monotonic time to look
+        # again, the queue-clock instant the units are there) (docs/design.md, "Rates").
+        self.rate_waits: dict[str, tuple[float, datetime]] = {}
         self.finishing: asyncio.Task[None] | None = None  # last batch's completion
         self.prefetched: tuple[Stage, asyncio.Task[list[Job]]] | None = None
         self.saved_at = -1e9  # monotonic time of the last save of the runs row
@@ -159,6 +163,9 @@ class JobContext:
         self.in_caller_tx = False
         #: The handler could not get a connection from rota's pool (not its failure).
         self.pool_timed_out = False
+        #: Units of the stage's rate limits taken for this job, by limit name: when
+        #: they were the job's (docs/design.md, "Rates").
+        self.rate_grants: dict[str, Grant] = {}
 
     @property
     def settled(self) -> bool:
@@ -256,6 +263,63 @@ class JobContext:
         if exc is None:
             raise DeferJob(None, f"allowance {q.name!r} reported exhausted")
         raise exc
+
+    async def take(self, limit: RateLimit | str, units: int = 1, *,
+                   after: bool = False) -> Grant:
+        """Take ``units`` of a rate limit for this job (its bucket is the limit's key
+        of this job), atomically in the database, shared by every worker
+        (docs/design.md, "Rates"). Before the fact, it waits for units reserved within
+        the limit's ``max_wait``; when they are further away,
+        :class:`~rota.rates.RateLimited` is raised: let it propagate and the runner
+        defers the job to the moment they will be there (no attempt burned).
+
+        Args:
+            limit: a :class:`RateLimit`, or the name of one the pipeline knows.
+            units: int > 0 (at most the limit's ``burst`` unless ``after``).
+            after: spend units already used (a model's tokens, known once it answered):
+                granted at once, the bucket may go below zero and later takers wait.
+
+        Returns:
+            The :class:`~rota.rates.Grant` (already waited for). A keyed limit whose key
+            is ``None`` for this job takes nothing and returns a zero wait.
+
+        Raises:
+            RateLimited: no units within ``max_wait`` (nothing taken).
+            ConfigError: an unknown limit name.
+            InvalidInput: bad units, or more than ``burst`` before the fact.
+        """
+        lim = self._pipeline.rate_limit(limit) if isinstance(limit, str) else limit
+        key = lim.key_for(self.job)
+        if key is None:
+            return Grant(await self.queue.now(), timedelta(0))
+        grant = await lim.take(self.queue, units, key=key, after=after)
+        if grant.wait > timedelta(0):
+            await asyncio.sleep(grant.wait.total_seconds())
+        self._run.add(f"rate.{lim.name}", units)
+        return grant
+
+    async def backoff(self, limit: RateLimit | str, wait: timedelta | float) -> NoReturn:
+        """The provider answered HTTP 429 with ``Retry-After: wait``: hold every worker
+        off ``limit`` (this job's bucket of it) until then, and raise
+        :class:`~rota.rates.RateLimited` so the runner defers this job to the end of the
+        backoff (no attempt burned) (docs/design.md, "Rates"). Like ``ctx.exhaust``, it
+        never returns; to hold the others off and carry on, call
+        :meth:`rota.RateLimit.backoff` instead.
+
+        Args:
+            limit: a :class:`RateLimit`, or the name of one the pipeline knows.
+            wait: a positive ``timedelta`` or seconds (the Retry-After header's value).
+
+        Raises:
+            RateLimited: always, with ``free_at`` the backoff's end.
+            InvalidInput: ``wait`` is not a positive duration.
+        """
+        lim = self._pipeline.rate_limit(limit) if isinstance(limit, str) else limit
+        key = lim.key_for(self.job)
+        key = NO_KEY if key is None else key
+        until = await lim.backoff(self.queue, wait, key=key)
+        self._run.add(f"rate.{lim.name}.backoffs")
+        raise RateLimited(lim.name, key, 1, until)
 
     async def complete(self, *, conn: AnyConn | None = None) -> bool:
         """Mark the job done now (the runner does it when the handler returns).

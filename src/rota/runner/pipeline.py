@@ -34,9 +34,11 @@ from ..job import DeferJob, Job
 from ..maintenance import Maintainer
 from ..queue import AnyConn, Queue
 from ..quota import SHARED_SCOPE, Allowance, Quota, QuotaExhausted
+from ..rates import RateLimit, RateLimited
 from ..schedule import Schedule, Scheduler
 from ..settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET
 from ..store import is_connection_failure
+from . import rates
 from .batching import BatchSize
 from .completer import Completer, error_text, settle_all
 from .context import JobContext, RunState, retrying
@@ -86,6 +88,8 @@ class Pipeline:
         stages: in runner order: earlier stages win (put work-generating stages last).
         quotas: quotas and allowances handlers may name in ``ctx.spend("name", n)``
             (stages' quotas are added automatically).
+        rate_limits: rate limits handlers may name in ``ctx.take("name", n)`` (stages'
+            limits are added automatically; docs/design.md, "Rates").
         platform_timeout: how long the platform lets one invocation live (default 300 s).
             The queue's stale window must be longer, so a lock only looks stale when its
             holder is dead; runs' budgets must be shorter.
@@ -121,6 +125,7 @@ class Pipeline:
         stages: Sequence[Stage],
         *,
         quotas: Iterable[Quota | Allowance] = (),
+        rate_limits: Iterable[RateLimit] = (),
         platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT,
         heartbeat_every: timedelta | None = None,
         schedules: Iterable[Schedule] = (),
@@ -167,6 +172,7 @@ class Pipeline:
                 raise InvalidInput(f"quotas must be rota.Quota or rota.Allowance, got {q!r}")
             if self._quotas.setdefault(q.name, q) != q:
                 raise ConfigError(f"two different quotas are named {q.name!r}")
+        self._rate_limits = rates.collect_limits(self.stages, rate_limits)
         # Handlers holding a connection while the runner needs one to settle their jobs
         # would wait on each other until the pool times out, and each timeout cost a
         # job an attempt (6 of 8 jobs at concurrency = pool size).
@@ -209,6 +215,23 @@ class Pipeline:
         except KeyError:
             raise ConfigError(f"unknown quota {name!r}; known: "
                               f"{', '.join(sorted(self._quotas)) or 'none'}") from None
+
+    def rate_limit(self, name: str) -> RateLimit:
+        """The rate limit called ``name``.
+
+        Raises:
+            ConfigError: no such limit was given to the pipeline or its stages.
+        """
+        try:
+            return self._rate_limits[name]
+        except KeyError:
+            raise ConfigError(f"unknown rate limit {name!r}; known: "
+                              f"{', '.join(sorted(self._rate_limits)) or 'none'}") from None
+
+    @property
+    def rate_limits(self) -> tuple[RateLimit, ...]:
+        """The pipeline's rate limits (its stages' and those given to it)."""
+        return tuple(self._rate_limits.values())
 
     async def run(
         self,
@@ -398,7 +421,7 @@ class Pipeline:
                 # After the budget no new batch is claimed.
                 if run.out_of_time():
                     return "time_budget"
-                if stage.type in run.skipped:
+                if stage.type in run.skipped or rates.waiting(run, stage):
                     continue
                 if stage.quota is not None:
                     block = await self._quota_block(stage.quota, stage.quota_cost)
@@ -410,7 +433,11 @@ class Pipeline:
                     run.prefetched = None
                     jobs = await task
                 else:
-                    jobs = await self._claim(run, stage)
+                    room = (await rates.claim_room(self.queue, run, stage)
+                            if stage.limits else None)
+                    if room == 0:  # waiting for its rate limits' units
+                        continue
+                    jobs = await self._claim(run, stage, room)
                 # The previous batch's completion went on while this claim ran. If it
                 # failed (or the run is cancelled here), this batch was never started:
                 # hand it back untouched rather than leave it locked until stale.
@@ -423,7 +450,7 @@ class Pipeline:
                     raise
                 if not jobs:
                     continue
-                if (stage.prefetch and stage.quota is None
+                if (stage.prefetch and stage.quota is None and not stage.limits
                         and all(s.type in run.skipped for s in self.stages[:i])):
                     run.prefetched = (stage, asyncio.get_running_loop().create_task(
                         self._claim(run, stage)))
@@ -436,6 +463,11 @@ class Pipeline:
                     await self._save_progress(run)
                 break  # start again from the top: earlier stages win
             else:
+                # Only stages waiting for rate-limit units may have work: sleep until
+                # the first can go on (docs/design.md, "Rates").
+                if run.rate_waits and await rates.wait_for_units(self.queue, run,
+                                                                 self.stages):
+                    continue
                 if run.blocked:
                     return ("quota_exhausted" if "exhausted" in run.blocked
                             else "quota_reserve")
@@ -448,12 +480,14 @@ class Pipeline:
             return stage.batch
         return self._sizes.setdefault(stage.type, BatchSize(stage.concurrency)).size
 
-    async def _claim(self, run: RunState, stage: Stage) -> list[Job]:
-        """Claim a batch of ``stage``; rows that cannot be read were given up by the
-        claim and count as failed here (docs/design.md, "Bad data belongs to its
-        job")."""
+    async def _claim(self, run: RunState, stage: Stage,
+                     room: int | None = None) -> list[Job]:
+        """Claim a batch of ``stage`` (at most ``room`` jobs: what its rate limits
+        let start soon); rows that cannot be read were given up by the claim and count
+        as failed here (docs/design.md, "Bad data belongs to its job")."""
         unreadable: list[UnreadableJob] = []
-        jobs = await self.queue.claim(stage.type, self.batch_size(stage), run_id=run.id,
+        size = self.batch_size(stage) if room is None else min(self.batch_size(stage), room)
+        jobs = await self.queue.claim(stage.type, size, run_id=run.id,
                                       unreadable=unreadable)
         if unreadable:
             run.jobs_failed += len(unreadable)
@@ -531,8 +565,13 @@ class Pipeline:
         try:
             if stage.batch_handler is not None:
                 todo.clear()
-                await self._call(stage.batch_handler(ctxs), ctxs, run, stage, blocked,
-                                 completer)
+                going = ctxs
+                if stage.limits:  # one unit per job; the refused are deferred
+                    going = [c for c in ctxs
+                             if await rates.take_for_job(self.queue, run, stage, c)]
+                if going:
+                    await self._call(stage.batch_handler(going), going, run, stage,
+                                     blocked, completer)
             else:
                 handler = stage.handler
                 assert handler is not None
@@ -542,6 +581,9 @@ class Pipeline:
                     # started stay in `todo` and are deferred back below.
                     while todo and not run.out_of_time() and not blocked:
                         ctx = todo.popleft()
+                        if stage.limits and not await rates.take_for_job(
+                                self.queue, run, stage, ctx):
+                            continue  # deferred until its units are there
                         await self._call(handler(ctx), [ctx], run, stage, blocked,
                                          completer)
 
@@ -632,6 +674,8 @@ class Pipeline:
             resets_at = failure.resets_at
             n = await settle_all(ctxs, lambda c: c.defer(resets_at))
             run.add("quota_deferred", n)
+        elif isinstance(failure, RateLimited):
+            await rates.defer_for_rate(self.queue, run, stage, ctxs, failure)
         elif isinstance(failure, PoolTimeout) and any(c.pool_timed_out for c in ctxs):
             # rota's pool had no connection for the handler: not the job's failure.
             # Handed back as it was, due after this run (docs/design.md, "Connections").
