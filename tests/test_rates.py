@@ -24,8 +24,6 @@ from rota.runner import JobContext
 from .conftest import ROOT
 from .helpers import enqueue_jobs
 
-pytestmark = pytest.mark.asyncio
-
 SECOND = timedelta(seconds=1)
 
 
@@ -313,20 +311,23 @@ def busiest(instants: list[float]) -> int:
     return max(bisect.bisect_left(instants, t + 1.0) - i for i, t in enumerate(instants))
 
 
-async def test_four_workers_share_one_limit_of_20_a_second(
-        database_url: str, make_queue: Any, aconn: psycopg.AsyncConnection[Any]) -> None:
+def test_four_workers_share_one_limit_of_20_a_second(database_url: str,
+                                                    migrated: str) -> None:
     """4 processes x concurrency 8 against 20 a second: in every 1-second window of
     handler starts at most 20 (+1: a start is read on the process's clock after the
-    take's reply and an event-loop turn, up to some milliseconds after the reserved
-    instant the bucket spaced 50 ms from its neighbours on PostgreSQL's clock, so one
-    late start can share a window with the one 1 s after its neighbour), every job done
-    with attempts 1, and the fleet at >= 90 % of the limit."""
-    queue = await make_queue(types=["call"])
+    take's reply and an event-loop turn, some milliseconds after the reserved instant
+    the bucket spaced 50 ms from its neighbours on PostgreSQL's clock, so one late start
+    can share a window with the one 1 s after its neighbour; on PostgreSQL's clock the
+    reserved instants never exceed 20), every job done with attempts 1, and the fleet
+    at >= 90 % of the limit."""
     jobs = 140
-    await enqueue_jobs(queue, "call", jobs)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"SELECT {migrated}.enqueue_many(%s::jsonb)",
+                     [json.dumps([{"type": "call", "payload": {"i": i}}
+                                  for i in range(jobs)])])
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "tests.rate_fleet", database_url, queue.schema, "20", "8",
+        [sys.executable, "-m", "tests.rate_fleet", database_url, migrated, "20", "8",
          "0.05"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True) for _ in range(4)]
     starts: list[float] = []
@@ -342,8 +343,10 @@ async def test_four_workers_share_one_limit_of_20_a_second(
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    rows = await job_rows(aconn, queue)
-    assert {(r[1], r[2]) for r in rows} == {("done", 1)}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(f"SELECT status, attempts, count(*) FROM {migrated}.jobs "
+                            f"GROUP BY 1, 2").fetchall()
+    assert rows == [("done", 1, jobs)]
     assert len(starts) == jobs
     # On PostgreSQL's clock, the instants the units were the jobs': never more than 20.
     assert busiest(sorted(grants)) == 20
