@@ -5,6 +5,7 @@ worker processes against one limit."""
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import json
 import os
@@ -15,8 +16,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
 from rota import Pipeline, Queue, RateLimit, RateLimited, Stage
+from rota.cli import cli
 from rota.errors import ConfigError, InvalidInput
 from rota.rates import rate_states
 from rota.runner import JobContext
@@ -354,3 +357,35 @@ def test_four_workers_share_one_limit_of_20_a_second(database_url: str,
     assert busiest(starts) <= 21
     rate = (jobs - 1) / (starts[-1] - starts[0])
     assert rate >= 18.0, rate
+
+
+# -- seen from outside -----------------------------------------------------------------
+
+
+def test_rota_limits_lists_each_bucket(database_url: str, migrated: str) -> None:
+    limit = RateLimit("model", 500, timedelta(minutes=1), key=lambda job: job.payload["m"])
+
+    async def spend() -> tuple[Any, Any]:
+        async with Queue(database_url, schema=migrated) as queue:
+            taken = await limit.take(queue, 1, key="small")
+            await limit.take(queue, 9, key="small", after=True)
+            return taken, await limit.backoff(queue, 30, key="large")
+
+    taken, until = asyncio.run(spend())
+    env = {"DATABASE_URL": database_url, "ROTA_SCHEMA": migrated}
+    result = CliRunner().invoke(cli, ["limits", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [(r["name"], r["key"], r["limit"], r["per_seconds"], r["burst"], r["taken"],
+             r["waiting"]) for r in rows] == [
+        ("model", "large", 500, 60.0, 1, 0, 0), ("model", "small", 500, 60.0, 1, 10, 0)]
+    large, small = rows
+    assert large["next_free"] == large["backoff_until"] == until.isoformat()
+    # Ten units taken from a full bucket of one: the next is there 10 x 120 ms after.
+    assert small["next_free"] == (taken.at + timedelta(seconds=1.2)).isoformat()
+    assert small["window_units"] + small["prev_units"] == 10
+    table = CliRunner().invoke(cli, ["limits", "--name", "model"], env=env)
+    assert table.exit_code == 0, table.output
+    assert "rate limits (2 buckets)" in table.stdout and "500 per 1m" in table.stdout
+    empty = CliRunner().invoke(cli, ["limits", "--name", "nope", "--json"], env=env)
+    assert json.loads(empty.stdout) == []

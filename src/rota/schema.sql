@@ -1283,7 +1283,7 @@ CREATE TABLE {schema}.rate_buckets (
 -- Jobs deferred because a rate limit had no units for them, and until when: the
 -- dashboard's "waiting jobs". A row whose job has moved on (claimed again, deferred for
 -- another reason, deleted) no longer matches its job's run_after and is not counted;
--- maintenance prunes rows older than the done-job retention.
+-- noting a wait deletes the limit's waits that ended over an hour ago.
 CREATE TABLE {schema}.rate_waits (
     job_id bigint PRIMARY KEY,
     name   text NOT NULL,

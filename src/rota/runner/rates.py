@@ -132,9 +132,8 @@ async def defer_for_rate(queue: Queue, run: RunState, stage: Stage,
     if deferred:
         async with queue.connection() as conn:
             await queue.store.execute("rate_wait_note", {
-                "ids": deferred, "names": [exc.limit] * len(deferred),
-                "keys": [exc.key] * len(deferred),
-                "untils": [exc.free_at] * len(deferred)}, conn=conn)
+                "ids": deferred, "name": exc.limit, "key": exc.key,
+                "until": exc.free_at, "offset": queue.clock_offset}, conn=conn)
     run.add("rate_deferred", len(deferred))
     run.add(f"rate.{exc.limit}.deferred", len(deferred))
     if exc.key == NO_KEY and (lim is None or lim in stage.limits):
