@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import re
 import os
 import subprocess
 import sys
@@ -389,3 +390,68 @@ def test_rota_limits_lists_each_bucket(database_url: str, migrated: str) -> None
     assert "rate limits (2 buckets)" in table.stdout and "500 per 1m" in table.stdout
     empty = CliRunner().invoke(cli, ["limits", "--name", "nope", "--json"], env=env)
     assert json.loads(empty.stdout) == []
+
+
+async def test_the_quotas_page_and_metrics_show_the_rate_limits(
+        make_queue: Any) -> None:
+    from rota import dashboard_app
+
+    from .test_dashboard import SECRET, basic, client
+    from .test_metrics import only, samples
+
+    queue = await make_queue(types=["call"])
+    keyed = RateLimit("model", 500, timedelta(minutes=1), key=lambda job: job.payload["m"])
+    api = RateLimit("api", 20, SECOND)
+
+    async def call(ctx: JobContext) -> None:
+        pass
+
+    pipeline = Pipeline(queue, [Stage("call", 10, 1, call, rate_limits=[keyed])])
+    await keyed.take(queue, 3, key="small", after=True)
+    await keyed.backoff(queue, 90, key="large")
+    await api.take(queue)
+    for m in ["large", "large", "small"]:
+        await queue.enqueue("call", {"m": m})
+    result = await pipeline.run("manual", timedelta(seconds=5))
+    # "small" owes 3 units of a 120 ms bucket: its job waits 360 ms at most 1 s: it runs;
+    # "large" backs off 90 s: its two jobs wait.
+    assert (result.jobs_done, result.jobs_deferred) == (1, 2)
+    app = dashboard_app(queue, secret=SECRET)
+    async with client(app, headers=basic()) as c:
+        page = (await c.get("/quotas")).text
+        metrics = samples((await c.get("/metrics")).text)
+    rows = re.findall(r"<tr><td>(\w+)</td><td>(?:<span[^>]*>)?([\w—]+)(?:</span>)?</td>"
+                      r"\s*<td>([^<]+)</td>", page)
+    assert rows == [("api", "—", "20 per 1 s"), ("model", "large", "500 per 1 min"),
+                    ("model", "small", "500 per 1 min")]
+    large = page[page.index("<td>large</td>"):]
+    large = large[:large.index("</tr>")]
+    assert "(backoff)" in large and re.search(r'<td class="num">2</td>\s*<td class="num">0'
+                                              r'</td>', large)  # 2 waiting, 0 taken
+    timed = {("rota_rate_units_available", (("limit", "api"),)),
+             ("rota_rate_units_available", (("limit", "model"),)),
+             ("rota_rate_next_free_seconds", (("limit", "model"),))}
+    rated = only(metrics, "rota_rate_")
+    assert timed <= set(rated)
+    assert {k: v for k, v in rated.items() if k not in timed} == {
+        ("rota_rate_units_window", (("limit", "api"),)): 1.0,
+        ("rota_rate_units_window", (("limit", "model"),)): 4.0,
+        ("rota_rate_units_limit", (("limit", "api"),)): 20.0,
+        ("rota_rate_units_limit", (("limit", "model"),)): 500.0,
+        ("rota_rate_period_seconds", (("limit", "api"),)): 1.0,
+        ("rota_rate_period_seconds", (("limit", "model"),)): 60.0,
+        ("rota_rate_next_free_seconds", (("limit", "api"),)): 0.0,
+        ("rota_rate_waiting_jobs", (("limit", "api"),)): 0.0,
+        ("rota_rate_waiting_jobs", (("limit", "model"),)): 2.0,
+        ("rota_rate_units_taken_total", (("limit", "api"),)): 1.0,
+        ("rota_rate_units_taken_total", (("limit", "model"),)): 4.0,
+        ("rota_rate_takes_refused_total", (("limit", "api"),)): 0.0,
+        ("rota_rate_takes_refused_total", (("limit", "model"),)): 2.0,
+    }
+    # The emptiest bucket: "large", backing off 90 s (refilling from its end).
+    next_free = metrics["rota_rate_next_free_seconds", (("limit", "model"),)]
+    assert 85 < next_free <= 90
+    assert metrics["rota_rate_units_available", (("limit", "model"),)] == pytest.approx(
+        1 - next_free / 0.12, abs=0.5)
+    # "api" gave its one unit at least a page load ago: refilling, not yet past full.
+    assert 0 < metrics["rota_rate_units_available", (("limit", "api"),)] <= 1
