@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from datetime import timedelta
