@@ -305,6 +305,19 @@ class Demo:
                 " count(*) FILTER (WHERE kind = 'refund') AS refunds FROM {}.credit_ledger")
                 .format(a))
             ledger = await cur.fetchone()
+            await cur.execute(sql.SQL(
+                "SELECT count(*) FILTER (WHERE status = 200) AS answered,"
+                " count(*) FILTER (WHERE status = 429) AS refused,"
+                " extract(epoch FROM max(at) FILTER (WHERE status = 200)"
+                "   - min(at) FILTER (WHERE status = 200))::float8 AS busy_s,"
+                " (SELECT max(n) FROM (SELECT count(*) OVER (ORDER BY at RANGE BETWEEN"
+                "   CURRENT ROW AND interval '59.999999 s' FOLLOWING) AS n"
+                "   FROM {a}.llm_requests WHERE status = 200) m) AS busiest_minute,"
+                " (SELECT max(n) FROM (SELECT count(*) OVER (ORDER BY at RANGE BETWEEN"
+                "   CURRENT ROW AND interval '9.999999 s' FOLLOWING) AS n"
+                "   FROM {a}.llm_requests WHERE status = 200) m) AS busiest_10s"
+                " FROM {a}.llm_requests").format(a=a))
+            model_calls = await cur.fetchone()
             checks = await self.invariants(cur)
             lost_jobs = await self.lost_jobs(cur, queue)
         async with httpx.AsyncClient() as http:
@@ -364,6 +377,19 @@ class Demo:
             f"errors and {usage['injectedTimeouts']} timeouts it did not charge for; rota "
             f"counts units before each call, so failed calls count too), "
             f"{usage['quotaExceeded']} quotaExceeded answers")
+        assert model_calls is not None
+        rpm = demo_app.llm_rpm()
+        answered, busy = int(model_calls["answered"]), model_calls["busy_s"] or 0.0
+        reached = (answered - 1) / busy * 60 if answered > 1 and busy > 0 else 0.0
+        busiest = int(model_calls["busiest_10s"] or 0) * 6
+        console.print(
+            f"language model (the stand-in allows {rpm} requests a minute, refilled "
+            f"continuously, bursts of {max(rpm // 60, 1)}): {answered} answered, "
+            f"{model_calls['refused']} answered 429; rate reached: {busiest}/min over the "
+            f"busiest 10 s ({busiest / rpm:.0%} of the limit), {reached:.0f}/min over the "
+            f"{busy:.0f} s it was busy")
+        checks.append(("the language model never answered 429 (rota kept every worker "
+                       "to its requests per minute)", int(model_calls["refused"]) == 0))
         assert ledger is not None
         console.print(f"draft credits: {ledger['spends']} spent, {ledger['refunds']} refunded "
                       f"(drafts that gave up)")

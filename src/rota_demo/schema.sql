@@ -62,3 +62,20 @@ CREATE TABLE IF NOT EXISTS {app}.credit_ledger (
     CHECK ((kind = 'refund') = (refund_of IS NOT NULL))
 );
 CREATE INDEX IF NOT EXISTS credit_ledger_job_idx ON {app}.credit_ledger (job_id);
+
+-- The language-model stand-in's side of its requests-per-minute limit: every request
+-- it was sent, and whether it answered (200) or refused it (429). Shared by every
+-- process, as a provider's count is.
+CREATE TABLE IF NOT EXISTS {app}.llm_requests (
+    at     timestamptz NOT NULL,
+    status int NOT NULL
+);
+CREATE INDEX IF NOT EXISTS llm_requests_at ON {app}.llm_requests (at);
+
+-- The stand-in's bucket: requests it could answer now, refilled continuously at the
+-- requests-per-minute rate up to one second's worth.
+CREATE TABLE IF NOT EXISTS {app}.llm_bucket (
+    id     int PRIMARY KEY CHECK (id = 1),
+    tokens float8 NOT NULL,
+    at     timestamptz NOT NULL
+);

@@ -5,6 +5,7 @@ SIGKILLed invocation) and must find every invariant holding."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -26,10 +27,15 @@ def test_demo_short_profile_keeps_every_invariant(database_url: str) -> None:
         "ok  every draft that gave up after spending was refunded",
         "ok  every run finished or marked killed",
         "ok  the SIGKILLed run is visible as killed",
+        "ok  the language model never answered 429 (rota kept every worker to its "
+        "requests per minute)",
         "no job lost",
     ):
         assert line in text, text[-3000:]
     assert "quota_reserve" in text and "time_budget" in text
+    # The report says how close to the model's limit the fleet came.
+    assert re.search(r"0 answered 429; rate reached: \d+/min over the busiest 10 s "
+                     r"\(\d+% of the limit\)", " ".join(text.split())), text[-3000:]
     # It ends by saying where the dashboard shows a demo's data, and how to get there.
     assert text.strip().splitlines()[-1].startswith(
         "dashboard: http://127.0.0.1:8080/ on a demo's data: `make demo-dashboard`"), text[-500:]
