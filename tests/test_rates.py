@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import json
 import os
 import re
@@ -186,6 +187,25 @@ async def test_a_stage_waits_for_its_units_without_burning_attempts(
     queue.clock_offset = timedelta(hours=1)
     result = await pipeline.run("manual", timedelta(seconds=10))
     assert (result.jobs_done, ran) == (1, ids[:2])
+
+
+async def test_a_run_sleeps_until_its_stage_can_go_on(make_queue: Any) -> None:
+    queue = await make_queue(types=["call"])
+    # Never wait in a slot: each unit further away makes the stage wait, and the run
+    # (with nothing else to do) sleeps until then instead of ending.
+    limit = RateLimit("api", 4, SECOND, max_wait=timedelta(0))
+    granted: list[Any] = []
+
+    async def call(ctx: JobContext) -> None:
+        granted.append(ctx.rate_grants["api"].at)
+
+    pipeline = Pipeline(queue, [Stage("call", 10, 10, call, rate_limits=limit)])
+    await enqueue_jobs(queue, "call", 3)
+    result = await pipeline.run("manual", timedelta(seconds=20))
+    assert (result.stop_reason, result.jobs_done, result.jobs_deferred) == ("no_work", 3, 0)
+    assert result.summary["rate_waited_s"] > 0
+    assert len(granted) == 3
+    assert all(b - a >= timedelta(milliseconds=250) for a, b in itertools.pairwise(granted))
 
 
 async def test_a_job_whose_units_are_not_there_is_deferred_to_the_moment_they_are(
@@ -373,7 +393,7 @@ def test_rota_limits_lists_each_bucket(database_url: str, migrated: str) -> None
             return taken, await limit.backoff(queue, 30, key="large")
 
     taken, until = asyncio.run(spend())
-    env = {"DATABASE_URL": database_url, "ROTA_SCHEMA": migrated}
+    env = {"DATABASE_URL": database_url, "ROTA_SCHEMA": migrated, "COLUMNS": "200"}
     result = CliRunner().invoke(cli, ["limits", "--json"], env=env)
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
@@ -401,7 +421,11 @@ async def test_the_quotas_page_and_metrics_show_the_rate_limits(
 
     queue = await make_queue(types=["call"])
     keyed = RateLimit("model", 500, timedelta(minutes=1), key=lambda job: job.payload["m"])
-    api = RateLimit("api", 20, SECOND)
+    api = RateLimit("api", 1200, timedelta(minutes=1))
+    # Units count in fixed windows of `per` aligned to the epoch: put the queue's clock
+    # 5 s into a minute, so this test's takes and its scrape share one window.
+    now = await queue.now()
+    queue.clock_offset = timedelta(seconds=65 - now.second - now.microsecond / 1e6)
 
     async def call(ctx: JobContext) -> None:
         pass
@@ -422,7 +446,7 @@ async def test_the_quotas_page_and_metrics_show_the_rate_limits(
         metrics = samples((await c.get("/metrics")).text)
     rows = re.findall(r"<tr><td>(\w+)</td><td>(?:<span[^>]*>)?([\w—]+)(?:</span>)?</td>"
                       r"\s*<td>([^<]+)</td>", page)
-    assert rows == [("api", "—", "20 per 1 s"), ("model", "large", "500 per 1 min"),
+    assert rows == [("api", "—", "1,200 per 1 min"), ("model", "large", "500 per 1 min"),
                     ("model", "small", "500 per 1 min")]
     large = page[page.index("<td>large</td>"):]
     large = large[:large.index("</tr>")]
@@ -436,9 +460,9 @@ async def test_the_quotas_page_and_metrics_show_the_rate_limits(
     assert {k: v for k, v in rated.items() if k not in timed} == {
         ("rota_rate_units_window", (("limit", "api"),)): 1.0,
         ("rota_rate_units_window", (("limit", "model"),)): 4.0,
-        ("rota_rate_units_limit", (("limit", "api"),)): 20.0,
+        ("rota_rate_units_limit", (("limit", "api"),)): 1200.0,
         ("rota_rate_units_limit", (("limit", "model"),)): 500.0,
-        ("rota_rate_period_seconds", (("limit", "api"),)): 1.0,
+        ("rota_rate_period_seconds", (("limit", "api"),)): 60.0,
         ("rota_rate_period_seconds", (("limit", "model"),)): 60.0,
         ("rota_rate_next_free_seconds", (("limit", "api"),)): 0.0,
         ("rota_rate_waiting_jobs", (("limit", "api"),)): 0.0,

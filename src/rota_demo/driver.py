@@ -255,9 +255,13 @@ class Demo:
                                            f"{c['running']} running, {c['due']} due, "
                                            f"{c['stuck']} stuck, "
                                            f"{c['later']} waiting for a reset")
-                    if c["due"] == 0 and c["running"] == 0 and n > 3:
-                        break
                     last = self.runs[-1].body
+                    # Done once nothing is due and the last run ended for want of work
+                    # (not its budget, which a stage waiting for its rate limit may
+                    # have spent sleeping).
+                    if c["due"] == 0 and c["running"] == 0 and n > 3 and \
+                            last.get("stopReason") != "time_budget":
+                        break
                     if not last.get("jobsDone") and not last.get("jobsFailed"):
                         # Nothing was ready (retries backing off): a scheduler calls again
                         # a little later rather than at once.
