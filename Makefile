@@ -6,10 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo demo-dashboard test lint bench bench-hosts chaos chaos-hosts clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml demo/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e ./demo
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -58,7 +59,7 @@ chaos-hosts: $(STAMP)
 	$(BIN)/python -m tools.chaos_hosts
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests tools
+	$(BIN)/ruff check src demo tests tools
 	$(BIN)/mypy
 
 clean:

@@ -708,7 +708,7 @@ async def test_progress_is_saved_after_a_batch_at_most_every_save_every_s(
         save_every: float, seen_done: list[int]) -> None:
     """The first batch's progress is saved at once; later saves wait SAVE_EVERY_S (the
     heartbeat and the end of the run save anyway)."""
-    monkeypatch.setattr("rota.runner.pipeline.SAVE_EVERY_S", save_every)
+    monkeypatch.setattr("rota.runner.recording.SAVE_EVERY_S", save_every)
     seen: list[int] = []
 
     async def handler(ctx: JobContext) -> None:

@@ -1,6 +1,6 @@
 """rota: fair, crash-safe background pipelines on one PostgreSQL jobs table."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .db import EmbeddedServer, schema_sql
 from .errors import (
@@ -27,15 +27,20 @@ from .runner import JobContext, Pipeline, RunResult, Stage
 from .schedule import Schedule, Scheduler, scheduled_tick
 from .settings import QueueSettings
 from .sync import SyncQueue
-from .web import cron_app, lazy_dashboard
 from .worker import Worker
 
 if TYPE_CHECKING:
-    from .web import dashboard_app
+    from .web import cron_app, dashboard_app
 
 
-# The dashboard is imported on first use (see rota.web).
-__getattr__ = lazy_dashboard(__name__)
+def __getattr__(name: str) -> Any:
+    """The web apps, imported on first use (PEP 562): ``import rota`` (and so every
+    worker) loads no web framework unless a web app is asked for."""
+    if name in ("cron_app", "dashboard_app"):
+        from . import web
+
+        return getattr(web, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

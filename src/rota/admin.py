@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -25,10 +25,27 @@ from .checks import require_aware, require_text
 from .db import migrations
 from .errors import InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
 from .job import Job, JobStatus
+from .store import AnyConn, Store
 
 if TYPE_CHECKING:
     from .plans import Plans
-    from .queue import AnyConn, Queue
+
+
+class AdminQueue(Protocol):
+    """What the admin operations use of a :class:`rota.Queue` (which binds them as its
+    methods: ``queue.list_jobs(...)``); typed by this protocol so that this module need
+    not import the queue's, which imports this one."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def schema(self) -> str: ...
+    @property
+    def plans(self) -> Plans: ...
+    @property
+    def clock_offset(self) -> timedelta: ...
+    def connection(self, conn: AnyConn | None = None
+                   ) -> AbstractAsyncContextManager[AnyConn]: ...
 
 #: The most rows one call of :func:`list_jobs` or :func:`list_runs` returns: a page is
 #: read into memory whole (listing 1,000,000 jobs at once took 23 s and 3 GB).
@@ -141,7 +158,7 @@ class DepthRow:
 
 
 async def list_jobs(
-    queue: Queue,
+    queue: AdminQueue,
     *,
     status: str | None = None,
     type: str | None = None,
@@ -202,7 +219,7 @@ async def list_jobs(
     )
 
 
-async def retry_job(queue: Queue, job_id: int, *, conn: AnyConn | None = None) -> RetryResult:
+async def retry_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = None) -> RetryResult:
     """Put a failed job back to pending, due now, with attempts and deferrals reset, as if
     newly enqueued (its ``last_error`` stays as history). A give-up hook still owed for
     it is cancelled: the job has not given up any more. Sleeping workers are woken.
@@ -247,7 +264,7 @@ async def retry_job(queue: Queue, job_id: int, *, conn: AnyConn | None = None) -
         job_id=job_id, status=job.status)
 
 
-async def cancel_job(queue: Queue, job_id: int, *, conn: AnyConn | None = None) -> Job:
+async def cancel_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = None) -> Job:
     """Cancel a pending job: it ends failed, with ``last_error`` ``'cancelled'``. It has
     given up like any failed job, so its give-up hook is owed: run it now with
     ``queue.run_give_up_hooks([job.id])`` (after the cancel commits), or maintenance
@@ -280,7 +297,7 @@ async def cancel_job(queue: Queue, job_id: int, *, conn: AnyConn | None = None) 
 
 
 async def list_runs(
-    queue: Queue,
+    queue: AdminQueue,
     *,
     limit: int = 20,
     before: datetime | RunRecord | None = None,
@@ -315,7 +332,7 @@ async def list_runs(
     return [RunRecord(**row) for row in rows]
 
 
-async def depth(queue: Queue, *, conn: AnyConn | None = None) -> list[DepthRow]:
+async def depth(queue: AdminQueue, *, conn: AnyConn | None = None) -> list[DepthRow]:
     """Open jobs (pending and running) per type and plan, as the claim would serve them.
 
     Reads only the pending and running jobs (their partial indexes), never the done and
@@ -341,7 +358,7 @@ async def depth(queue: Queue, *, conn: AnyConn | None = None) -> list[DepthRow]:
     return out
 
 
-async def missing_migrations(queue: Queue, *, conn: AnyConn | None = None) -> list[int]:
+async def missing_migrations(queue: AdminQueue, *, conn: AnyConn | None = None) -> list[int]:
     """The packaged migrations not yet applied to the queue's schema (``rota migrate``
     applies them). Long-running modes check this at start, rather than retry failing
     queries forever.
@@ -358,7 +375,7 @@ async def missing_migrations(queue: Queue, *, conn: AnyConn | None = None) -> li
     return sorted({version for version, _, _ in migrations()} - applied)
 
 
-async def _lenient_job(queue: Queue, job_id: int, conn: AnyConn) -> Job | None:
+async def _lenient_job(queue: AdminQueue, job_id: int, conn: AnyConn) -> Job | None:
     """One job as it is, values that cannot be loaded left as ``Unreadable`` (for an
     admin action's error message, which only needs its status and dedupe key)."""
     row = await queue.store.fetch_dict("get_job", {"id": job_id}, conn=conn)

@@ -4,9 +4,10 @@ hooks (docs/design.md, "The queue's rules"). A :class:`Queue` holds validated se
 (:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.claim`), and
 the admin operations (:mod:`rota.admin`).
 
-One piece (about 740 lines): every method is one transition of the job state machine
+One piece (about 850 lines): every method is one transition of the job state machine
 (docs/state-machine.md) under one claim fence, and they share the fence and the give-up
-path; split, each part would import the rest.
+path; split, each part would import the rest. The runner's transitions (heartbeat,
+postpone) are here too, so the runner issues no job statement of its own.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from psycopg.sql import Composed, Identifier
 from psycopg_pool import AsyncConnectionPool
 
 from . import db
-from .checks import INT_MAX, LATEST_DUE, require_due_time, require_text, storable_text
+from .checks import (
+    INT_MAX,
+    LATEST_DUE,
+    positive_int,
+    require_due_time,
+    require_text,
+    storable_text,
+)
 from .claim import ClaimUpkeep, FairClaim, UpkeepConfig
 from .errors import ConfigError, InvalidInput, UnreadableJob
 from .job import FailOutcome, Job
@@ -684,6 +692,110 @@ class Queue:
             await self.store.execute("give_up_done", {"id": job_id}, conn=c)
         return True
 
+    # -- what a pipeline asks of the queue ---------------------------------------------
+    # The runner (rota.runner) issues no job statement of its own: each transition it
+    # makes is one of these, or one of the transitions above (docs/design.md, "The
+    # runner").
+
+    def adopt_stage_rules(self, max_attempts_by_type: Mapping[str, int],
+                          give_up_hooks: Mapping[str, GiveUpHook | None]) -> None:
+        """Take a pipeline's per-type rules (its stages' ``max_attempts`` and
+        ``on_give_up``), all or nothing: everything is checked before anything changes.
+
+        Args:
+            max_attempts_by_type: type -> attempts for jobs enqueued from now on; a type
+                that already has a different per-type value is refused.
+            give_up_hooks: type -> its give-up hook, replacing any registered one; or
+                ``None``: the type has no hook, so, unless one is registered, a no-op
+                is, and its give-ups are recorded as handled instead of owed forever.
+
+        Raises:
+            ConfigError: a ``max_attempts`` that conflicts with this queue's per-type
+                setting.
+            InvalidInput, UnknownJobType: a bad type or count; nothing changed.
+        """
+        attempts = {self.check_type(t): positive_int(n, f"max_attempts for {t!r}")
+                    for t, n in max_attempts_by_type.items()}
+        for t, n in attempts.items():
+            current = self.max_attempts_by_type.get(t)
+            if current is not None and current != n:
+                raise ConfigError(f"stage {t!r}: max_attempts {n} conflicts with the "
+                                  f"queue's max_attempts_by_type {current}")
+        hooks = {self.check_type(t): h for t, h in give_up_hooks.items()}
+        self.max_attempts_by_type.update(attempts)
+        for t, hook in hooks.items():
+            if hook is not None:
+                self._give_up_hooks[t] = hook
+            else:
+                self._give_up_hooks.setdefault(t, _no_give_up_hook)
+
+    async def heartbeat(self, jobs: Sequence[Job], *, conn: AnyConn | None = None) -> int:
+        """Refresh the locks of claimed jobs a live run still holds (``locked_at`` =
+        now), so they never look stale while it lives ("the stale window is safe by
+        construction": docs/design.md, "Stale locks"). Fenced by each job's claim: a job
+        this claim lost is not touched.
+
+        Returns:
+            How many locks were refreshed.
+        """
+        fenced = [j for j in jobs if j.claim_token is not None]
+        if not fenced:
+            return 0
+        async with self.connection(conn) as c:
+            return await self.store.execute("heartbeat", {
+                "ids": [j.id for j in fenced],
+                "claim_tokens": [j.claim_token for j in fenced],
+                "offset": self.clock_offset}, conn=c)
+
+    async def postpone(self, job_type: str, until: datetime, *,
+                       conn: AnyConn | None = None) -> int:
+        """Make the claimable jobs of ``job_type`` wait until ``until`` (a quota's
+        reset, when a run skips the type's stage): pending jobs due earlier get
+        ``run_after = until`` (attempts and deferrals untouched), and running jobs whose
+        lock went stale with attempts left (a dead run's) go back to pending at
+        ``until``, their lost claim fenced (docs/design.md, "Quotas").
+
+        Returns:
+            How many jobs were postponed.
+
+        Raises:
+            NaiveDatetimeError: ``until`` has no time zone.
+        """
+        t = self.check_type(job_type)
+        require_due_time(until, "until")
+        async with self.connection(conn) as c:
+            return await self.store.execute("postpone", {
+                "type": t, "until": until, "offset": self.clock_offset,
+                "stale_after": self.stale_after}, conn=c)
+
+    async def has_pending_by(self, job_type: str, until: datetime, *,
+                             conn: AnyConn | None = None) -> bool:
+        """Whether a pending job of ``job_type`` is due by ``until`` (work left waiting
+        for a quota's reset, which makes a run's stop reason a quota one).
+
+        Raises:
+            NaiveDatetimeError: ``until`` has no time zone.
+        """
+        t = self.check_type(job_type)
+        require_due_time(until, "until")
+        async with self.connection(conn) as c:
+            row = await self.store.fetch_one("quota_blocked_work", {
+                "type": t, "until": until}, conn=c)
+        return row is not None and bool(row[0])
+
+    async def ensure_pool_size(self, connections: int) -> bool:
+        """Grow the queue's own pool to at least ``connections`` (what a pipeline's
+        stages need: docs/design.md, "Connections"); a caller's pool is never resized.
+
+        Returns:
+            Whether the pool was grown now.
+        """
+        pool = self._pool
+        if not self._owns_pool or pool.max_size >= connections:
+            return False
+        await pool.resize(pool.min_size, connections)
+        return True
+
     # -- helpers -----------------------------------------------------------------------
 
     def _fence(self, job: Job) -> dict[str, Any]:
@@ -702,6 +814,11 @@ class Queue:
     list_runs = _admin.list_runs
     depth = _admin.depth
     del _admin
+
+
+async def _no_give_up_hook(job: Job, conn: AnyConn) -> None:
+    """The give-up hook of a pipeline stage that declares none: its give-ups are
+    recorded as handled (docs/design.md, "Give-up hooks")."""
 
 
 async def check_idle_connection(conn: AnyConn) -> None:

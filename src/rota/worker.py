@@ -40,9 +40,9 @@ from .checks import require_duration
 from .errors import InvalidInput, first_line
 from .maintenance import Maintainer, Maintenance, Rescue
 from .queue import Queue
+from .runner.source import PipelineSource, check_time_budget, resolve_pipeline
 from .schedule import Scheduler
 from .settings import DEFAULT_PLATFORM_TIMEOUT
-from .web import PipelineSource, check_time_budget, resolve_pipeline
 
 log = logging.getLogger("rota.worker")
 

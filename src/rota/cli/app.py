@@ -22,8 +22,8 @@ from .. import admin, db
 from ..errors import ConfigError, first_line
 from ..plans import DEFAULT_PLANS, Plans
 from ..queue import AnyConn, Queue
+from ..runner.source import check_time_budget, resolve_pipeline
 from ..settings import QueueSettings
-from ..web import check_time_budget, resolve_pipeline
 from .errors import CliConfigError, is_database_error
 
 #: Seconds the CLI waits for a database connection before calling it unreachable.

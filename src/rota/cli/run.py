@@ -15,8 +15,8 @@ import psycopg
 from rich.table import Table
 
 from ..queue import Queue
+from ..runner.stage import HEALTHY_STOP_REASONS
 from ..settings import DEFAULT_PLATFORM_TIMEOUT
-from ..web import HEALTHY_STOP_REASONS
 from .app import (
     CONNECT_TIMEOUT,
     check_budget,

@@ -1,9 +1,16 @@
 """The pipeline runner (docs/design.md, "The runner").
 
-- :mod:`.stage`: :class:`Stage`, triggers, stop reasons, :class:`RunResult`;
 - :mod:`.context`: :class:`JobContext` (what a handler gets) and a run's state;
+- :mod:`.stage`: :class:`Stage`, triggers, stop reasons, :class:`RunResult`;
+- :mod:`.batching`: the claim size a stage's batch grows and shrinks to;
 - :mod:`.completer`: completing finished jobs in group commits;
-- :mod:`.pipeline`: :class:`Pipeline` and its run loop.
+- the three parts of a run: :mod:`.recording` (the ``runs`` row and the heartbeat),
+  :mod:`.batch` (one batch's handlers, concurrency, deadlines, settling) and
+  :mod:`.loop` (which stage next, the budget, the stop reason);
+- :mod:`.pipeline`: :class:`Pipeline`, the stages' configuration, which puts the three
+  together.
+
+Each module imports only those listed before it.
 """
 
 from ..maintenance import Maintainer

@@ -1,5 +1,9 @@
 """What a handler gets (:class:`JobContext`) and one run's mutable state
-(:class:`RunState`) (docs/design.md, "The runner")."""
+(:class:`RunState`) (docs/design.md, "The runner").
+
+This module imports nothing else of the runner: the stage, the loop, the batch runner
+and the recorder all build on it, so the runner's import graph has no cycle.
+"""
 
 from __future__ import annotations
 
@@ -13,21 +17,17 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, Protocol, TypeVar
 
 from psycopg_pool import PoolTimeout
 
 from ..checks import INT_MAX, require_text, storable_text
-from ..errors import InvalidInput, first_line
+from ..errors import ConfigError, InvalidInput, first_line
 from ..job import DeferJob, FailOutcome, Job
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
 from ..rates import NO_KEY, Grant, RateLimit, RateLimited
 from ..store import is_connection_failure
-from .stage import Outcome, Stage
-
-if TYPE_CHECKING:
-    from .pipeline import Pipeline
 
 log = logging.getLogger("rota.runner")
 T = TypeVar("T")
@@ -40,6 +40,28 @@ _SETTLE_RETRY_DELAYS = (0.1, 0.4, 1.0, 2.0)
 # (an int past 4,300 digits, a float past 1.8e308).
 _COUNTER_MAX = float(sys.float_info.max)
 _INT_COUNTER_MAX = 2**63 - 1
+
+#: How a claimed job left a run: completed, failed for a retry or for good, deferred,
+#: handed back as it was, or lost to another claim.
+Outcome = Literal["done", "retry", "failed", "deferred", "released", "lost"]
+
+
+class StageInfo(Protocol):
+    """The stage running a job as a :class:`JobContext` shows it (a
+    :class:`rota.Stage`; typed by this protocol so that this module need not import the
+    stage's, which imports this one for its handler types)."""
+
+    @property
+    def type(self) -> str:
+        """The job type the stage claims."""
+        ...
+
+
+#: Finds a quota or allowance by name (``Pipeline.quota``): what ``ctx.spend("name")``
+#: resolves its name with. Raises ``ConfigError`` for an unknown name.
+QuotaLookup = Callable[[str], "Quota | Allowance"]
+#: Resolves a rate limit named in ``ctx.take("name")`` (``Pipeline.rate_limit``).
+RateLookup = Callable[[str], RateLimit]
 
 
 class RunState:
@@ -70,7 +92,8 @@ class RunState:
         # again, the queue-clock instant the units are there) (docs/design.md, "Rates").
         self.rate_waits: dict[str, tuple[float, datetime]] = {}
         self.finishing: asyncio.Task[None] | None = None  # last batch's completion
-        self.prefetched: tuple[Stage, asyncio.Task[list[Job]]] | None = None
+        # The next batch claimed ahead: the stage type it is for, and its claim.
+        self.prefetched: tuple[str, asyncio.Task[list[Job]]] | None = None
         self.saved_at = -1e9  # monotonic time of the last save of the runs row
 
     def time_left(self) -> float:
@@ -145,16 +168,23 @@ class JobContext:
         queue: the :class:`rota.Queue`.
         run_id: the run's id (``runs.id``).
         stage: the :class:`Stage` running it.
+
+    Args:
+        job, queue, stage: as above.
+        run: the run's state (counters, budget).
+        quotas: resolves a quota name given to :meth:`spend` or :meth:`exhaust`
+            (``Pipeline.quota``).
     """
 
-    def __init__(self, job: Job, queue: Queue, stage: Stage, run: RunState,
-                 pipeline: Pipeline) -> None:
+    def __init__(self, job: Job, queue: Queue, stage: StageInfo, run: RunState,
+                 quotas: QuotaLookup, rate_limits: RateLookup | None = None) -> None:
         self.job = job
         self.queue = queue
         self.stage = stage
         self.run_id = run.id
         self._run = run
-        self._pipeline = pipeline
+        self._quotas = quotas
+        self._rate_limits = rate_limits
         self.started = False
         self.outcome: Outcome | None = None
         #: When the handler must be done (event loop clock); None until it starts.
@@ -239,7 +269,7 @@ class JobContext:
             QuotaExhausted: not enough units; nothing was spent.
             ConfigError: an unknown quota name.
         """
-        q = self._pipeline.quota(quota) if isinstance(quota, str) else quota
+        q = self._quotas(quota) if isinstance(quota, str) else quota
         if isinstance(q, Quota):
             left: int | None = await q.spend(self.queue, units)
             self._run.quota_units += units
@@ -256,7 +286,7 @@ class JobContext:
         :class:`~rota.quota.QuotaExhausted` so the runner defers this job to the reset.
         For an allowance when none applies to this job, raises ``DeferJob`` (due now).
         """
-        q = self._pipeline.quota(quota) if isinstance(quota, str) else quota
+        q = self._quotas(quota) if isinstance(quota, str) else quota
         if isinstance(q, Quota):
             raise await q.exhaust(self.queue)
         exc = await q.exhaust(self.queue, self.job.group_id)
@@ -288,7 +318,7 @@ class JobContext:
             ConfigError: an unknown limit name.
             InvalidInput: bad units, or more than ``burst`` before the fact.
         """
-        lim = self._pipeline.rate_limit(limit) if isinstance(limit, str) else limit
+        lim = self._rate_limit(limit)
         key = lim.key_for(self.job)
         if key is None:
             return Grant(await self.queue.now(), timedelta(0))
@@ -314,12 +344,19 @@ class JobContext:
             RateLimited: always, with ``free_at`` the backoff's end.
             InvalidInput: ``wait`` is not a positive duration.
         """
-        lim = self._pipeline.rate_limit(limit) if isinstance(limit, str) else limit
+        lim = self._rate_limit(limit)
         key = lim.key_for(self.job)
         key = NO_KEY if key is None else key
         until = await lim.backoff(self.queue, wait, key=key)
         self._run.add(f"rate.{lim.name}.backoffs")
         raise RateLimited(lim.name, key, 1, until)
+
+    def _rate_limit(self, limit: RateLimit | str) -> RateLimit:
+        if not isinstance(limit, str):
+            return limit
+        if self._rate_limits is None:
+            raise ConfigError(f"unknown rate limit {limit!r}: no rate limit is named here")
+        return self._rate_limits(limit)
 
     async def complete(self, *, conn: AnyConn | None = None) -> bool:
         """Mark the job done now (the runner does it when the handler returns).

@@ -159,17 +159,13 @@ async def wait_for_units(queue: Queue, run: RunState, stages: Iterable[Stage]) -
         if entry is None:
             continue
         look_at, free_at = entry
-        async with queue.connection() as c:
-            row = await queue.store.fetch_one("quota_blocked_work", {
-                "type": stage.type, "until": await queue.now()}, conn=c)
-        if row is None or not row[0]:
+        if not await queue.has_pending_by(stage.type, await queue.now()):
             del run.rate_waits[stage.type]
             continue
         if look_at >= run.deadline:
-            async with queue.connection() as c:
-                moved = await queue.store.execute("rate_postpone", {
-                    "type": stage.type, "until": free_at}, conn=c)
-            run.add("rate_postponed", moved)
+            # No run claims the type before then: its jobs (a dead run's stale ones
+            # too) wait as pending, as for a quota's reset.
+            run.add("rate_postponed", await queue.postpone(stage.type, free_at))
             continue
         soonest = look_at if soonest is None else min(soonest, look_at)
     if soonest is None:

@@ -7,25 +7,27 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, get_args
 
 from ..checks import positive_int, require_duration, require_text
 from ..errors import InvalidInput
 from ..queue import GiveUpHook
 from ..quota import Quota
 from ..rates import RateLimit, check_stage_limits
-
-if TYPE_CHECKING:
-    from .context import JobContext
+from .context import JobContext, Outcome
 
 Trigger = Literal["cron", "cli", "worker", "manual"]
 StopReason = Literal["no_work", "time_budget", "quota_reserve", "quota_exhausted", "error"]
 TRIGGERS: tuple[str, ...] = get_args(Trigger)
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
+#: Stop reasons that are not incidents (docs/design.md, "The runner"); only ``error`` is.
+HEALTHY_STOP_REASONS = frozenset(STOP_REASONS) - {"error"}
 
-Handler = Callable[["JobContext"], Awaitable[None]]
-BatchHandler = Callable[[list["JobContext"]], Awaitable[None]]
-Outcome = Literal["done", "retry", "failed", "deferred", "released", "lost"]
+Handler = Callable[[JobContext], Awaitable[None]]
+BatchHandler = Callable[[list[JobContext]], Awaitable[None]]
+
+__all__ = ["HEALTHY_STOP_REASONS", "STOP_REASONS", "TRIGGERS", "BatchHandler", "Handler",
+           "Outcome", "RunResult", "Stage", "StopReason", "Trigger"]
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,11 @@ echoed.
 from __future__ import annotations
 
 import hmac
-import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -24,14 +23,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..checks import require_duration
-from ..errors import ConfigError, InvalidInput
-from ..runner.stage import STOP_REASONS, Trigger
+from ..runner.source import (  # re-exported: the worker takes them without Starlette
+    PipelineSource,
+    RunnablePipeline,
+    check_time_budget,
+    resolve_pipeline,
+)
+from ..runner.stage import HEALTHY_STOP_REASONS, Trigger
 
 log = logging.getLogger("rota.web")
-
-
-#: Stop reasons that are not incidents (docs/design.md, "The runner"); only ``error`` is.
-HEALTHY_STOP_REASONS = frozenset(STOP_REASONS) - {"error"}
 
 # Tokens that a misconfigured client sends when its secret variable is unset
 # (JavaScript's `${undefined}`, a JSON null): they never authenticate, and a configured
@@ -60,59 +60,6 @@ class RunOutcome(Protocol):
     def summary(self) -> Mapping[str, Any]: ...
     @property
     def error(self) -> str | None: ...
-
-
-class RunnablePipeline(Protocol):
-    """The part of ``rota.runner.Pipeline`` the endpoint, the worker and the CLI use."""
-
-    async def run(self, *, trigger: Trigger, time_budget: timedelta) -> Any: ...
-
-
-#: A pipeline, or a zero-argument callable that returns one (or an awaitable of one);
-#: a factory is called once per request, so each run gets a fresh pipeline object.
-PipelineSource: TypeAlias = (
-    "RunnablePipeline | Callable[[], RunnablePipeline | Awaitable[RunnablePipeline]]"
-)
-
-
-async def resolve_pipeline(source: Any) -> Any:
-    """Return the pipeline a :data:`PipelineSource` stands for.
-
-    Anything with a ``run`` method is the pipeline itself; any other callable is a factory
-    and is called (and awaited when it returns an awaitable).
-
-    Raises:
-        InvalidInput: ``source`` is neither, or the factory returned no pipeline.
-    """
-    if callable(getattr(source, "run", None)):
-        return source
-    if not callable(source):
-        raise InvalidInput(
-            f"expected a pipeline (an object with a run method) or a factory of one, "
-            f"got {type(source).__name__}"
-        )
-    made = source()
-    if inspect.isawaitable(made):
-        made = await made
-    if not callable(getattr(made, "run", None)):
-        raise InvalidInput(
-            f"the pipeline factory returned {type(made).__name__}, not a pipeline"
-        )
-    return made
-
-
-def check_time_budget(pipeline: Any, time_budget: timedelta) -> None:
-    """Refuse a budget the pipeline's runs would refuse: one not shorter than its
-    ``platform_timeout`` (pipelines without one are not checked), so a long-running
-    process fails at start instead of at every run.
-
-    Raises:
-        ConfigError: ``time_budget >= pipeline.platform_timeout``.
-    """
-    timeout = getattr(pipeline, "platform_timeout", None)
-    if isinstance(timeout, timedelta) and time_budget >= timeout:
-        raise ConfigError(f"time_budget ({time_budget}) must be shorter than the "
-                          f"platform timeout ({timeout})")
 
 
 def usable_secret(secret: str | None) -> str | None:

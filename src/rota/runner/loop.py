@@ -1,0 +1,330 @@
+"""The run loop (docs/design.md, "The runner"): which stage's batch is claimed next,
+the time budget, the hard deadline, and why the run stopped.
+
+One :meth:`RunLoop.run` is one run: its row is started (:class:`.recording.RunRecorder`),
+maintenance and the schedules go first, then the loop claims one batch from the first
+stage that has work (and is not blocked by its quota), has it run
+(:class:`.batch.BatchRunner`), and starts again from the top, until there is no work,
+the budget is spent, or only quota-blocked work is left. Its order is the run's
+correctness: a batch is claimed only after the previous completion was handed over;
+unstarted jobs go back before the end is recorded; nothing outlives the hard deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Sequence
+from datetime import timedelta
+
+from ..errors import UnreadableJob
+from ..job import Job
+from ..maintenance import Maintainer
+from ..queue import Queue
+from ..quota import SHARED_SCOPE, Quota, QuotaExhausted
+from ..schedule import Scheduler
+from . import rates
+from .batch import BatchRunner
+from .batching import BatchSize
+from .completer import error_text
+from .context import RunState
+from .recording import RunRecorder
+from .stage import RunResult, Stage, StopReason, Trigger
+
+log = logging.getLogger("rota.runner")
+
+
+class RunOverran(Exception):
+    """The run was still busy at its hard deadline (a handler ignored its cancellation,
+    or the database stopped answering): it was cut, its jobs settled, and it ended in
+    error."""
+
+
+class RunLoop:
+    """The loop of one pipeline's runs.
+
+    Args:
+        queue: the :class:`rota.Queue`.
+        stages: in runner order (earlier stages win).
+        scheduler: the pipeline's schedules, run at the start of each run.
+        batches: runs each claimed batch.
+        recorder: writes the runs row and beats the heartbeat.
+        hard_limit: from a run's start to its hard deadline (the platform timeout less
+            the settle reserve): every handler is cut by then.
+        settle_reserve: the part of the platform timeout kept for settling after the
+            hard deadline.
+        sizes: claim sizes of the stages whose batch the runner chooses, by type, kept
+            across runs (the pipeline's; filled here).
+        connections: connections the stages and the runner need at once: the queue's
+            own pool is grown to that at the start of a run (docs/design.md,
+            "Connections").
+    """
+
+    def __init__(self, queue: Queue, stages: Sequence[Stage], *, scheduler: Scheduler,
+                 batches: BatchRunner, recorder: RunRecorder, hard_limit: timedelta,
+                 settle_reserve: timedelta, sizes: dict[str, BatchSize],
+                 connections: int) -> None:
+        self.queue = queue
+        self.stages = tuple(stages)
+        self.scheduler = scheduler
+        self.batches = batches
+        self.recorder = recorder
+        self.hard_limit = hard_limit
+        self.settle_reserve = settle_reserve
+        self.sizes = sizes
+        self.connections = connections
+
+    def batch_size(self, stage: Stage) -> int:
+        """The size of ``stage``'s next claim: its ``batch``, or when that is ``None``
+        the size the runner has settled on (:class:`~rota.runner.batching.BatchSize`)."""
+        if stage.batch is not None:
+            return stage.batch
+        return self.sizes.setdefault(stage.type, BatchSize(stage.concurrency)).size
+
+    async def run(self, trigger: Trigger, time_budget: timedelta, *,
+                  maintenance: Maintainer | None = None,
+                  stop: asyncio.Event | None = None) -> RunResult:
+        """One run (the caller checked ``trigger`` and ``time_budget``); see
+        :meth:`rota.Pipeline.run` for the rules, the result and what it raises."""
+        run = RunState(uuid.uuid4(), trigger, time_budget, self.hard_limit, stop)
+        started_at = await self.recorder.start(run)
+        pool_size = self.queue.pool.max_size
+        if await self.queue.ensure_pool_size(self.connections):
+            log.info("grew the queue's pool from %d to %d connections for %s", pool_size,
+                     self.connections, ", ".join(s.type for s in self.stages))
+        heartbeat = asyncio.create_task(self.recorder.heartbeat(run))
+        reason: StopReason
+        error: str | None = None
+        try:
+            if maintenance is not None:
+                for k, v in (await maintenance.run_once()).items():
+                    run.add(f"maintenance.{k}", v)
+            if self.scheduler.schedules:
+                for k, v in (await self.scheduler.run_once()).items():
+                    if v:
+                        run.add(f"schedules.{k}", v)
+            reason = await self._within_deadline(run)
+        except asyncio.CancelledError:
+            await self.recorder.finish_quietly(run, "error", "cancelled")
+            raise
+        except RunOverran as exc:  # said and settled in _within_deadline: no traceback
+            log.error("run %s ended in error: %s", run.id, exc)
+            reason, error = "error", error_text(exc)
+        except Exception as exc:
+            log.exception("run %s ended in error", run.id)
+            reason, error = "error", error_text(exc)
+        finally:
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+        finished_at = await self.recorder.save_end(run, reason, error)
+        log.info("run %s (%s) stopped %s: %d done, %d failed, %d deferred%s", run.id,
+                 trigger, reason, run.jobs_done, run.jobs_failed, run.jobs_deferred,
+                 f": {error}" if error else "")
+        return RunResult(run.id, trigger, reason, run.jobs_done, run.jobs_failed,
+                         run.jobs_deferred, run.quota_units, dict(run.summary), error,
+                         started_at, finished_at)
+
+    async def _within_deadline(self, run: RunState) -> StopReason:
+        """Run the loop, and cut it if it is still busy a quarter of the settle reserve
+        after the hard deadline: every handler was cancelled by that deadline, so only
+        a handler that ignores cancellation (or a database that stopped answering)
+        keeps it. It gets another quarter to stop; then what it held is settled here
+        and the run ends in error, with half the reserve left to record it, before the
+        platform timeout (docs/design.md, "Handler deadlines").
+
+        Raises:
+            RunOverran: the loop had to be cut.
+        """
+        task = asyncio.get_running_loop().create_task(self._loop(run))
+        grace = self.settle_reserve.total_seconds() / 4
+        cut_at = run.hard_deadline + grace
+        try:
+            await asyncio.wait({task}, timeout=max(cut_at - time.monotonic(), 0.0))
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.wait({task}, timeout=grace)
+            if not task.done():
+                await self._abandon(run)
+            raise
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.wait({task}, timeout=grace)
+        if not task.done():
+            await self._abandon(run)
+        elif not task.cancelled() and task.exception() is None:
+            return task.result()
+        raise RunOverran("the run was still busy after its hard deadline (a handler "
+                         "ignored its cancellation, or the database stopped answering): "
+                         "cut before the platform timeout")
+
+    async def _abandon(self, run: RunState) -> None:
+        """Settle what a loop left behind when it would not stop: jobs whose handler
+        did not stop when cancelled fail (retried with backoff), jobs never started go
+        back as they were. The handler may go on in the background; fencing makes its
+        late settlement a no-op."""
+        held = [c for c in list(run.held.values()) if not c.settled]
+        log.error("run %s: cut at its hard deadline; settling %d jobs it left behind",
+                  run.id, len(held))
+        unstarted = [c for c in held if not c.started]
+        if unstarted:
+            with contextlib.suppress(Exception):
+                await self.batches.hand_back(run, unstarted)
+        for c in held:
+            if c.started and not c.settled:
+                with contextlib.suppress(Exception):
+                    run.add("timed_out")
+                    await c.fail("timed out: the handler did not stop when cancelled at "
+                                 "the run's hard deadline")
+
+    async def _loop(self, run: RunState) -> StopReason:
+        try:
+            stop = await self._claim_and_run(run)
+        except BaseException:
+            if run.finishing is not None:  # let the last batch's completion land
+                await asyncio.gather(run.finishing, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await self._release_prefetched(run)
+            raise
+        try:
+            await self._finished(run)
+        finally:
+            await self._release_prefetched(run)
+        return stop
+
+    async def _claim_and_run(self, run: RunState) -> StopReason:
+        while True:
+            for i, stage in enumerate(self.stages):
+                # After the budget no new batch is claimed.
+                if run.out_of_time():
+                    return "time_budget"
+                if stage.type in run.skipped or rates.waiting(run, stage):
+                    continue
+                if stage.quota is not None:
+                    block = await self._quota_block(stage.quota, stage.quota_cost)
+                    if block is not None:
+                        await self._skip(run, stage, block)
+                        continue
+                if run.prefetched is not None and run.prefetched[0] == stage.type:
+                    task = run.prefetched[1]
+                    run.prefetched = None
+                    jobs = await task
+                else:
+                    room = (await rates.claim_room(self.queue, run, stage)
+                            if stage.limits else None)
+                    if room == 0:  # waiting for its rate limits' units
+                        continue
+                    jobs = await self._claim(run, stage, room)
+                # The previous batch's completion went on while this claim ran. If it
+                # failed (or the run is cancelled here), this batch was never started:
+                # hand it back untouched rather than leave it locked until stale.
+                try:
+                    await self._finished(run)
+                except BaseException:
+                    if jobs:
+                        with contextlib.suppress(Exception):
+                            await asyncio.shield(self.queue.release(jobs))
+                    raise
+                if not jobs:
+                    continue
+                if (stage.prefetch and stage.quota is None and not stage.limits
+                        and all(s.type in run.skipped for s in self.stages[:i])):
+                    run.prefetched = (stage.type, asyncio.get_running_loop().create_task(
+                        self._claim(run, stage)))
+                started = time.monotonic()
+                outcome = await self.batches.run(run, stage, jobs)
+                sizer = self.sizes.get(stage.type)
+                if sizer is not None:
+                    sizer.observe(len(jobs), time.monotonic() - started)
+                if outcome.completing is not None:
+                    run.finishing = asyncio.get_running_loop().create_task(
+                        self._complete_and_save(run, outcome.completing))
+                else:
+                    if outcome.blocked is not None:
+                        await self._skip(run, stage, outcome.blocked)
+                    await self.recorder.save_progress(run)
+                break  # start again from the top: earlier stages win
+            else:
+                # Only stages waiting for rate-limit units may have work: sleep until
+                # the first can go on (docs/design.md, "Rates").
+                if run.rate_waits and await rates.wait_for_units(self.queue, run,
+                                                                 self.stages):
+                    continue
+                if run.blocked:
+                    return ("quota_exhausted" if "exhausted" in run.blocked
+                            else "quota_reserve")
+                return "no_work"
+
+    async def _complete_and_save(self, run: RunState, completing: Awaitable[None]) -> None:
+        """A batch's completion, then the run's progress saved (the loop awaits it after
+        its next claim, so that claim and this completion overlap)."""
+        await completing
+        await self.recorder.save_progress(run)
+
+    async def _claim(self, run: RunState, stage: Stage,
+                     room: int | None = None) -> list[Job]:
+        """Claim a batch of ``stage`` (at most ``room`` jobs: what its rate limits
+        let start soon); rows that cannot be read were given up by the claim and count
+        as failed here (docs/design.md, "Bad data belongs to its job")."""
+        unreadable: list[UnreadableJob] = []
+        size = self.batch_size(stage) if room is None else min(self.batch_size(stage), room)
+        jobs = await self.queue.claim(stage.type, size, run_id=run.id,
+                                      unreadable=unreadable)
+        if unreadable:
+            run.jobs_failed += len(unreadable)
+            run.add("unreadable", len(unreadable))
+        return jobs
+
+    async def _release_prefetched(self, run: RunState) -> None:
+        """Hand back a prefetched batch the run ends without starting.
+
+        Raises:
+            What the prefetching claim raised, or what releasing raised.
+        """
+        if run.prefetched is None:
+            return
+        task = run.prefetched[1]
+        run.prefetched = None
+        jobs = await task
+        if jobs:
+            n = await self.queue.release(jobs)
+            run.add("prefetch_released", n)
+
+    async def _finished(self, run: RunState) -> None:
+        """Wait for the previous batch's completion (raising what it raised)."""
+        task, run.finishing = run.finishing, None
+        if task is not None:
+            await task
+
+    async def _quota_block(self, quota: Quota, cost: int) -> QuotaExhausted | None:
+        usage = await quota.usage(self.queue)
+        assert usage.remaining is not None
+        reason = quota.blocked(usage.remaining, cost)
+        if reason is None:
+            return None
+        return QuotaExhausted(quota.name, SHARED_SCOPE, usage.resets_at, reason,
+                              usage.remaining)
+
+    async def _skip(self, run: RunState, stage: Stage, block: QuotaExhausted) -> None:
+        """Skip a quota-blocked stage for the rest of the run; its pending jobs, and its
+        running jobs whose lock went stale (a dead run's, which no run would reclaim
+        before the reset), wait for the reset as pending (:meth:`rota.Queue.postpone`).
+        Work left waiting for it makes the run's stop reason a quota one."""
+        run.skipped.add(stage.type)
+        postponed = await self.queue.postpone(stage.type, block.resets_at)
+        if postponed > 0:
+            run.add("postponed", postponed)
+        if await self.queue.has_pending_by(stage.type, block.resets_at):
+            run.blocked.add(block.reason)
+        log.info("run %s: stage %r skipped: %s", run.id, stage.type, block)
+
+
+def handler_slots(stage: Stage) -> int:
+    """Handler calls of ``stage`` that may hold a connection at once."""
+    return 1 if stage.batch_handler is not None else stage.concurrency
+
+
+__all__ = ["RunLoop", "RunOverran", "handler_slots"]
