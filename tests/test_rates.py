@@ -9,6 +9,7 @@ import asyncio
 import bisect
 import itertools
 import json
+import math
 import os
 import re
 import subprocess
@@ -337,13 +338,14 @@ def busiest(instants: list[float]) -> int:
 
 def test_four_workers_share_one_limit_of_20_a_second(database_url: str,
                                                     migrated: str) -> None:
-    """4 processes x concurrency 8 against 20 a second: in every 1-second window of
-    handler starts at most 20 (+1: a start is read on the process's clock after the
-    take's reply and an event-loop turn, some milliseconds after the reserved instant
-    the bucket spaced 50 ms from its neighbours on PostgreSQL's clock, so one late start
-    can share a window with the one 1 s after its neighbour; on PostgreSQL's clock the
-    reserved instants never exceed 20), every job done with attempts 1, and the fleet
-    at >= 90 % of the limit."""
+    """4 processes x concurrency 8 against 20 a second. The limiter's guarantee is exact:
+    the instants the units were the jobs' (PostgreSQL's clock) are never more than 20 in
+    any 1-second window. Each handler starts at or after its instant, late by the take's
+    reply and an event-loop turn (this host's clock is the database's: one machine), so
+    a window of starts can only hold more than 20 when a start is later than the one 20
+    after it by over an emission interval (50 ms): at most 21 while the lateness varies
+    by less than 50 ms (an idle machine), 20 + ceil(spread / 50 ms) in general. Every job
+    ends done with attempts 1, and the fleet reaches >= 90 % of the limit."""
     jobs = 140
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(f"SELECT {migrated}.enqueue_many(%s::jsonb)",
@@ -374,9 +376,12 @@ def test_four_workers_share_one_limit_of_20_a_second(database_url: str,
     assert len(starts) == jobs
     # On PostgreSQL's clock, the instants the units were the jobs': never more than 20.
     assert busiest(sorted(grants)) == 20
-    starts.sort()
-    assert busiest(starts) <= 21
-    rate = (jobs - 1) / (starts[-1] - starts[0])
+    # No handler starts before its units are its own.
+    late = [start - grant for start, grant in zip(starts, grants, strict=True)]
+    assert min(late) >= 0, min(late)
+    spread = max(late) - min(late)
+    assert busiest(sorted(starts)) <= 20 + max(1, math.ceil(spread / 0.05)), spread
+    rate = (jobs - 1) / (max(starts) - min(starts))
     assert rate >= 18.0, rate
 
 
