@@ -242,6 +242,25 @@ async def test_a_job_whose_units_are_not_there_is_deferred_to_the_moment_they_ar
         ("done", 1, 1)]
 
 
+async def test_a_key_function_that_raises_fails_its_job_not_the_run(
+        make_queue: Any, aconn: psycopg.AsyncConnection[Any]) -> None:
+    queue = await make_queue(types=["call"])
+    limit = RateLimit("model", 100, SECOND, key=lambda job: job.payload["m"])
+
+    async def call(ctx: JobContext) -> None:
+        pass
+
+    pipeline = Pipeline(queue, [Stage("call", 10, 1, call, rate_limits=limit)])
+    await queue.enqueue("call", {"m": "a"})
+    await queue.enqueue("call", {"no model": True})
+    result = await pipeline.run("manual", timedelta(seconds=10))
+    assert (result.stop_reason, result.jobs_done, result.summary["retries"]) == (
+        "no_work", 1, 1)
+    cur = await aconn.execute(f"SELECT status, attempts, last_error FROM {queue.schema}.jobs"
+                              f" ORDER BY id")
+    assert await cur.fetchall() == [("done", 1, None), ("pending", 1, "KeyError: 'm'")]
+
+
 async def test_tokens_spent_after_the_fact_make_later_jobs_wait(
         make_queue: Any, aconn: psycopg.AsyncConnection[Any]) -> None:
     queue = await make_queue(types=["ask"])

@@ -179,7 +179,8 @@ class RateLimit:
             InvalidInput: bad units or key, or more units than ``burst`` before the fact.
         """
         positive_int(units, f"rate limit {self.name!r}: units")
-        require_text(key, "rate limit key") if key != NO_KEY else None
+        if key != NO_KEY:
+            require_text(key, "rate limit key")
         if not after and units > self.burst:
             raise InvalidInput(
                 f"rate limit {self.name!r}: {units} units can never be there at once "

@@ -86,10 +86,18 @@ async def take_for_job(queue: Queue, run: RunState, stage: Stage,
     declared, and wait until the last is the job's (at most ``max_wait`` each). When a
     limit has none within its wait, the job is deferred to the moment they will be
     there (no attempt burned) and ``False`` returned: the handler does not start. A unit
-    already taken of an earlier limit stays spent."""
+    already taken of an earlier limit stays spent. A key function that raises fails the
+    job as its handler would (retried with backoff), not the run."""
     wait = 0.0
     for lim in stage.limits:
-        key = lim.key_for(ctx.job)
+        try:
+            key = lim.key_for(ctx.job)
+        except Exception as exc:
+            log.info("job %s: rate limit %r: its key function raised %s", ctx.job.id,
+                     lim.name, type(exc).__name__)
+            ctx.started = True
+            await ctx.fail(exc)
+            return False
         if key is None:
             continue
         try:
