@@ -175,30 +175,14 @@ class ProviderLimitedModel:
         self.t = sql.Identifier(schema)
 
     async def complete(self, prompt: str, *, max_tokens: int) -> llm.Completion:
-        async with self.queue.connection() as conn, conn.transaction():
-            await conn.execute(self.q(
-                "INSERT INTO {t}.llm_bucket (id, tokens, at)"
-                " VALUES (1, %s, clock_timestamp()) ON CONFLICT (id) DO NOTHING"),
-                [self.capacity])
-            cur = await conn.execute(self.q(
-                "SELECT tokens, extract(epoch FROM clock_timestamp() - at)::float8"
-                " FROM {t}.llm_bucket WHERE id = 1 FOR UPDATE"))
+        async with self.queue.connection() as conn:
+            cur = await conn.execute(sql.SQL("SELECT ok, retry_after FROM {}.llm_admit(%s, %s)")
+                                     .format(self.t), [self.rate, self.capacity])
             row = await cur.fetchone()
-            assert row is not None
-            tokens = min(self.capacity, row[0] + max(row[1], 0.0) * self.rate)
-            ok = tokens >= 1.0
-            await conn.execute(self.q(
-                "UPDATE {t}.llm_bucket SET tokens = %s, at = clock_timestamp()"
-                " WHERE id = 1"), [tokens - 1.0 if ok else tokens])
-            await conn.execute(self.q(
-                "INSERT INTO {t}.llm_requests (at, status) VALUES (clock_timestamp(), %s)"),
-                [200 if ok else 429])
-        if not ok:
-            raise llm.ModelRateLimited(round((1.0 - tokens) / self.rate, 3))
+        assert row is not None
+        if not row[0]:
+            raise llm.ModelRateLimited(round(float(row[1]), 3))
         return await self.model.complete(prompt, max_tokens=max_tokens)
-
-    def q(self, text: str) -> sql.Composed:
-        return sql.SQL(text).format(t=self.t)
 
 
 def llm_rpm() -> int:

@@ -71,10 +71,10 @@ class DemoConfig:
 PROFILES = {
     "default": DemoConfig({"pro": 8, "standard": 11, "free": 12}, big_results=50, queries=2,
                           prespent_units=3_000, error_rate=0.03, timeout_rate=0.01,
-                          llm_failure_rate=0.3, max_seconds=150),
+                          llm_failure_rate=0.3, max_seconds=240),
     "short": DemoConfig({"pro": 3, "standard": 3, "free": 4}, big_results=15, queries=2,
                         prespent_units=7_400, error_rate=0.03, timeout_rate=0.0,
-                        llm_failure_rate=0.3, max_seconds=90),
+                        llm_failure_rate=0.3, max_seconds=150),
 }
 
 

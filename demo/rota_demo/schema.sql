@@ -79,3 +79,30 @@ CREATE TABLE IF NOT EXISTS {app}.llm_bucket (
     tokens float8 NOT NULL,
     at     timestamptz NOT NULL
 );
+
+-- One request to the stand-in: answered (ok) when the bucket holds one, else 429 with
+-- the seconds until it will. One call, under the bucket row's lock, its clock read
+-- after the lock is held.
+CREATE OR REPLACE FUNCTION {app}.llm_admit(p_rate float8, p_capacity float8)
+RETURNS TABLE (ok boolean, retry_after float8)
+LANGUAGE plpgsql AS $$
+DECLARE
+    b record;
+    t timestamptz;
+    v_tokens float8;
+BEGIN
+    INSERT INTO {app}.llm_bucket (id, tokens, at) VALUES (1, p_capacity, clock_timestamp())
+    ON CONFLICT (id) DO NOTHING;
+    SELECT * INTO b FROM {app}.llm_bucket WHERE id = 1 FOR UPDATE;
+    t := clock_timestamp();
+    v_tokens := least(p_capacity,
+                      b.tokens + greatest(extract(epoch FROM t - b.at), 0) * p_rate);
+    ok := v_tokens >= 1;
+    UPDATE {app}.llm_bucket
+    SET tokens = CASE WHEN ok THEN v_tokens - 1 ELSE v_tokens END, at = t
+    WHERE id = 1;
+    INSERT INTO {app}.llm_requests (at, status) VALUES (t, CASE WHEN ok THEN 200 ELSE 429 END);
+    retry_after := CASE WHEN ok THEN 0 ELSE (1 - v_tokens) / p_rate END;
+    RETURN NEXT;
+END
+$$;

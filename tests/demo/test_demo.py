@@ -14,7 +14,7 @@ def test_demo_short_profile_keeps_every_invariant(database_url: str) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "rota_demo", "--profile", "short",
          "--database-url", database_url],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True, text=True, timeout=300,
         env={**os.environ, "COLUMNS": "120"},
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
