@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-dashboard test lint bench bench-hosts chaos chaos-hosts clean
+.PHONY: demo demo-dashboard test test-django lint bench bench-hosts chaos chaos-hosts clean
 
 $(STAMP): pyproject.toml demo/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,8 +28,42 @@ NODE_STAMP := $(NODE_CLIENT)/node_modules/.package-lock.json
 $(NODE_STAMP): $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
 	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund
 
-test: $(STAMP) $(NODE_STAMP)
+# The Django backend's tests (tests/django_project) need Django 6, hence Python 3.12 or
+# newer, in a second virtualenv: DJANGO_PY names the interpreter, else the first 3.12+
+# found on PATH or under pyenv. None found is an error, never a silent skip.
+DJ_VENV := .venv-django
+DJ_STAMP := $(DJ_VENV)/.installed
+DJANGO_PY ?=
+
+$(DJ_STAMP): pyproject.toml
+	@py="$(DJANGO_PY)"; \
+	if [ -z "$$py" ]; then \
+	  for c in python3.14 python3.13 python3.12 \
+	           $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python \
+	           /root/.pyenv/versions/3.1[2-9]*/bin/python; do \
+	    if command -v "$$c" >/dev/null 2>&1 && \
+	       "$$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+	      py="$$(command -v "$$c")"; break; \
+	    fi; \
+	  done; \
+	fi; \
+	if [ -z "$$py" ]; then \
+	  echo "make: the Django tests need Python 3.12 or newer and none was found" \
+	       "(install one, or set DJANGO_PY=/path/to/python3.12)" >&2; exit 1; \
+	fi; \
+	echo "Django tests: $$py"; \
+	test -x $(DJ_VENV)/bin/python || "$$py" -m venv $(DJ_VENV)
+	$(DJ_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DJ_VENV)/bin/python -m pip install -q -e '.[dev]'
+	$(DJ_VENV)/bin/python -c 'import django; assert django.VERSION >= (6,), django.VERSION'
+	touch $(DJ_STAMP)
+
+test: $(STAMP) $(NODE_STAMP) $(DJ_STAMP)
 	ROTA_NODE_CLIENT=required $(BIN)/python -m pytest -n 2 -q
+	$(DJ_VENV)/bin/python -m pytest -n 2 -q tests/django_project
+
+test-django: $(DJ_STAMP)
+	$(DJ_VENV)/bin/python -m pytest -n 2 -q tests/django_project
 
 # Claim latency vs backlog (rota, the naive fair query, FIFO; builds up to 1M rows,
 # a few minutes), its EXPLAIN at 1M, and enqueue throughput vs procrastinate and
@@ -63,4 +97,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(NODE_CLIENT)/node_modules
+	rm -rf $(VENV) $(DJ_VENV) .pytest_cache .mypy_cache .ruff_cache $(NODE_CLIENT)/node_modules

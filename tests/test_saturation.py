@@ -106,7 +106,9 @@ async def test_no_computed_due_time_passes_the_latest_readable_one(queue: Queue)
     row = await queue.store.fetch_one("fail", {
         "id": claimed.id, "claim_token": claimed.claim_token, "offset": timedelta(0),
         "error": "x", "give_up": False, "backoff_base": ten_thousand_years,
-        "max_backoff": ten_thousand_years, "latest_due": LATEST_DUE})
+        "max_backoff": ten_thousand_years, "latest_due": LATEST_DUE,
+        "traceback": None, "error_type": None, "started_at": claimed.locked_at,
+        "schema_name": queue.schema})
     assert row == ("pending",)
     job = await queue.get_job(claimed.id)
     assert job is not None and job.run_after == LATEST_DUE

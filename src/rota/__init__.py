@@ -23,6 +23,7 @@ from .plans import DEFAULT_PLANS, Plan, Plans
 from .queue import Queue
 from .quota import Allowance, Quota, QuotaExhausted
 from .rates import RateLimit, RateLimited
+from .results import AttemptError, JobResult, ResultError, WaitTimeout
 from .runner import JobContext, Pipeline, RunResult, Stage
 from .schedule import Schedule, Scheduler, scheduled_tick
 from .settings import QueueSettings
@@ -46,6 +47,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DEFAULT_PLANS",
     "Allowance",
+    "AttemptError",
     "ConfigError",
     "DatabaseUnavailable",
     "DeferJob",
@@ -55,6 +57,7 @@ __all__ = [
     "Job",
     "JobContext",
     "JobNotFound",
+    "JobResult",
     "KilledRuns",
     "Maintenance",
     "MigrationError",
@@ -70,6 +73,7 @@ __all__ = [
     "QuotaExhausted",
     "RateLimit",
     "RateLimited",
+    "ResultError",
     "RotaError",
     "RunResult",
     "Schedule",
@@ -80,6 +84,7 @@ __all__ = [
     "UnknownGroup",
     "UnknownJobType",
     "UnknownPlan",
+    "WaitTimeout",
     "Worker",
     "cron_app",
     "dashboard_app",

@@ -25,6 +25,7 @@ from .checks import require_aware, require_text
 from .db import migrations
 from .errors import InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
 from .job import Job, JobStatus
+from .results import JobResult, result
 from .store import AnyConn, Store
 
 if TYPE_CHECKING:
@@ -264,6 +265,19 @@ async def retry_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = No
         job_id=job_id, status=job.status)
 
 
+async def show_job(queue: AdminQueue, job_id: int, *,
+                   conn: AnyConn | None = None) -> JobResult:
+    """One job with its return value and every failed attempt's error, message and
+    traceback (``rota jobs show ID``; docs/design.md, "Results"). The same as
+    ``queue.result(job_id)``.
+
+    Raises:
+        JobNotFound: no job has this id.
+        InvalidInput: ``job_id`` is not a positive int.
+    """
+    return await result(queue, _row_id(job_id, "job_id"), conn=conn)
+
+
 async def cancel_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = None) -> Job:
     """Cancel a pending job: it ends failed, with ``last_error`` ``'cancelled'``. It has
     given up like any failed job, so its give-up hook is owed: run it now with
@@ -286,7 +300,8 @@ async def cancel_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = N
     job_id = _row_id(job_id, "job_id")
     async with queue.connection(conn) as c:
         row = await queue.store.fetch_dict("cancel_job", {
-            "id": job_id, "offset": queue.clock_offset}, conn=c)
+            "id": job_id, "offset": queue.clock_offset, "schema_name": queue.schema},
+            conn=c)
         if row is not None:
             return Job.from_row(row, lenient=True)  # written: the answer must not fail
         job = await _lenient_job(queue, job_id, c)
@@ -416,4 +431,4 @@ def _limit(value: object) -> int:
 
 __all__ = ["JOB_STATUSES", "MAX_LIST_LIMIT", "DepthRow", "JobPage", "RetryResult",
            "RunRecord", "cancel_job", "depth", "list_jobs", "list_runs",
-           "missing_migrations", "retry_job"]
+           "missing_migrations", "retry_job", "show_job"]

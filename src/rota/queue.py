@@ -33,12 +33,12 @@ from .checks import (
     positive_int,
     require_due_time,
     require_text,
-    storable_text,
 )
 from .claim import ClaimUpkeep, FairClaim, UpkeepConfig
 from .errors import ConfigError, InvalidInput, UnreadableJob
 from .job import FailOutcome, Job
 from .plans import Plans
+from .results import ResultError, encode_result, error_record
 from .settings import QueueSettings, enqueue_error, enqueued_job
 from .store import AnyConn, Store, configure_connection
 
@@ -406,8 +406,17 @@ class Queue:
         shutdown)."""
         await self.upkeep.settle()
 
-    async def complete(self, job: Job, *, conn: AnyConn | None = None) -> bool:
-        """Mark a claimed job done, under its claim.
+    async def complete(self, job: Job, *, result: Any = None,
+                       conn: AnyConn | None = None) -> bool:
+        """Mark a claimed job done, under its claim, keeping ``result`` (docs/design.md,
+        "Results").
+
+        Args:
+            job: the claimed job.
+            result: the handler's return value, stored on the job (read it back with
+                :meth:`result`): JSON as a payload is (:func:`rota.job.encode_payload`),
+                at most ``max_payload_bytes``; ``None`` stores nothing.
+            conn: the caller's connection.
 
         Repeating it under the same claim is harmless and answers the same: a complete
         whose reply was lost with the connection, asked again, finds the job "already
@@ -417,9 +426,20 @@ class Queue:
             ``True`` when done by this claim (now or before); ``False`` when this claim
             lost the job (it was reclaimed after a stale lock, failed as stuck, or
             settled otherwise), and nothing changed.
+
+        Raises:
+            ResultError: ``result`` cannot be stored; the job was failed with that
+                error (given up at once: the value would not fit on a retry either)
+                rather than completed without it or lost.
         """
+        encoded = self._encoded_result(job, result)
+        if isinstance(encoded, ResultError):
+            await self._fail(job, encoded, give_up=True, conn=conn)
+            raise encoded
+        params = {**self._fence(job), "result": encoded, "started_at": job.locked_at,
+                  "schema_name": self.schema}
         async with self.connection(conn) as c:
-            if await self.store.execute("complete", self._fence(job), conn=c) == 1:
+            if await self.store.execute("complete", params, conn=c) == 1:
                 return True
             states = await self.claim_states([job], conn=c)
         return states.get(job.id) == "done"
@@ -448,19 +468,41 @@ class Queue:
         return {r[0]: r[1] for r in rows}
 
     async def complete_many(self, jobs: Sequence[Job], *,
+                            results: Sequence[Any] | None = None,
                             conn: AnyConn | None = None) -> list[bool]:
         """Mark claimed jobs done in one statement, each under its own claim (what
         :meth:`complete` does for one job, for a whole batch).
+
+        Args:
+            jobs: the claimed jobs.
+            results: one return value per job, in the same order (as
+                :meth:`complete`'s ``result``), or ``None`` for none at all.
+            conn: the caller's connection.
 
         Returns:
             One flag per job, in the order given: ``True`` when done, ``False`` when
             this claim lost that job (nothing changed for it). A job listed twice is
             completed once and gets the same flag both times.
+
+        Raises:
+            ResultError: a value cannot be stored; the message names its job and
+                nothing was written (fail that job, complete the others).
+            InvalidInput: ``results`` does not have one value per job.
         """
         batch = list(jobs)
         for j in batch:
             if not isinstance(j, Job):
                 raise InvalidInput(f"expected a rota.Job, got {type(j).__name__}")
+        values = list(results) if results is not None else [None] * len(batch)
+        if len(values) != len(batch):
+            raise InvalidInput(f"complete_many: {len(values)} results for "
+                               f"{len(batch)} jobs")
+        encoded_by_id: dict[int, str | None] = {}
+        for j, v in zip(batch, values, strict=True):
+            e = self._encoded_result(j, v)
+            if isinstance(e, ResultError):
+                raise e
+            encoded_by_id[j.id] = e
         # One order for every caller (type, group, served-count shard), so two batches
         # counting into the same bookkeeping rows take their locks in the same order.
         fenced = sorted((j for j in batch if j.claim_token is not None),
@@ -469,7 +511,9 @@ class Queue:
             return [False] * len(batch)
         params = {"ids": [j.id for j in fenced],
                   "claim_tokens": [j.claim_token for j in fenced],
-                  "offset": self.clock_offset}
+                  "results": [encoded_by_id[j.id] for j in fenced],
+                  "started_ats": [j.locked_at for j in fenced],
+                  "offset": self.clock_offset, "schema_name": self.schema}
         try:
             async with self.connection(conn) as c:
                 done = {r[0] for r in await self.store.fetch_all("complete_many", params,
@@ -485,10 +529,11 @@ class Queue:
             # Nothing was written (the statement was its own transaction): one by one.
             log.info("complete_many: deadlock detected, completing %d jobs one by one",
                      len(fenced))
-            done = {j.id for j in fenced if await self.complete(j)}
+            done = {j.id for j in fenced
+                    if await self.complete(j, result=encoded_by_id[j.id])}
         return [j.claim_token is not None and j.id in done for j in batch]
 
-    async def fail(self, job: Job, error: BaseException | str, *,
+    async def fail(self, job: Job, error: BaseException | str, *, give_up: bool = False,
                    conn: AnyConn | None = None) -> FailOutcome:
         """Record a failed attempt of a claimed job (docs/design.md,
         "Fail and backoff").
@@ -496,7 +541,10 @@ class Queue:
         With attempts left the job goes back to pending with
         ``run_after = now + min(backoff_base * 2**attempts, max_backoff)``; with attempts
         used up it becomes ``failed`` (``finished_at`` set) and its give-up hook runs.
-        The error text is kept in ``last_error`` (NUL characters escaped). Repeated
+        ``give_up`` ends it failed whatever its attempts (a failure no retry can mend).
+        The error text is kept in ``last_error`` (NUL characters escaped), and every
+        attempt's error, with an exception's traceback, bounded, in ``job_errors``
+        (:meth:`result`; docs/design.md, "Results"). Repeated
         under the same claim (a reply lost with the connection), it answers what the
         first one did (docs/design.md, "Settling twice").
 
@@ -504,12 +552,14 @@ class Queue:
             ``"retry"``, ``"failed"``, or ``"lost"`` when this claim no longer holds the
             job (nothing changed; also when this claim completed or deferred it).
         """
-        return await self._fail(job, error, conn=conn)
+        return await self._fail(job, error, give_up=give_up, conn=conn)
 
     async def _fail(self, job: Job, error: BaseException | str, *, give_up: bool = False,
                     conn: AnyConn | None = None) -> FailOutcome:
-        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        params = {**self._fence(job), "error": storable_text(text), "give_up": give_up,
+        text, kind, trace = error_record(error)
+        params = {**self._fence(job), "error": text, "error_type": kind, "traceback": trace,
+                  "give_up": give_up, "started_at": job.locked_at,
+                  "schema_name": self.schema,
                   "backoff_base": self.backoff_base, "max_backoff": self.max_backoff,
                   "latest_due": LATEST_DUE}
         async with self.connection(conn) as c:
@@ -618,7 +668,8 @@ class Queue:
         """
         async with self.connection() as c:
             rows = await self.store.fetch_dicts("fail_stuck", {
-                "offset": self.clock_offset, "stale_after": self.stale_after}, conn=c)
+                "offset": self.clock_offset, "stale_after": self.stale_after,
+                "schema_name": self.schema}, conn=c)
         stuck = sorted((Job.from_row(r, lenient=True) for r in rows), key=lambda j: j.id)
         await self.run_give_up_hooks()
         return stuck
@@ -798,6 +849,14 @@ class Queue:
 
     # -- helpers -----------------------------------------------------------------------
 
+    def _encoded_result(self, job: Job, value: Any) -> str | ResultError | None:
+        """``value`` checked and encoded for ``jobs.result``, or the error saying why it
+        cannot be stored (naming the job)."""
+        try:
+            return encode_result(value, self.max_payload_bytes)
+        except ResultError as exc:
+            return ResultError(f"job {job.id}: {exc}")
+
     def _fence(self, job: Job) -> dict[str, Any]:
         if not isinstance(job, Job):
             raise InvalidInput(f"expected a rota.Job, got {type(job).__name__}")
@@ -814,6 +873,13 @@ class Queue:
     list_runs = _admin.list_runs
     depth = _admin.depth
     del _admin
+
+    # Results (docs/design.md, "Results"): queue.result(job_id), queue.wait(job_id, ...).
+    from . import results as _results
+
+    result = _results.result
+    wait = _results.wait
+    del _results
 
 
 async def _no_give_up_hook(job: Job, conn: AnyConn) -> None:

@@ -25,6 +25,7 @@ decides how values cross the wire, so no call site can forget it:
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import struct
@@ -210,6 +211,23 @@ def is_connection_failure(exc: BaseException) -> bool:
 #: SQLSTATEs (besides class 08, "connection exception") that mean the server went away
 #: or would not take the connection: shutdown, crash, starting up, too many connections.
 _CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+async def listen_connect_args(pool: AsyncConnectionPool[Any]) -> tuple[str, dict[str, Any]]:
+    """A pool's conninfo and connection arguments (either may be given to the pool as a
+    callable, sync or async), with autocommit on: for a LISTENing connection of its own
+    beside the pool (the worker's wake-ups, :func:`rota.results.wait`)."""
+    conninfo: Any = pool.conninfo
+    kwargs: Any = pool.kwargs
+    if callable(conninfo):
+        conninfo = conninfo()
+        if inspect.isawaitable(conninfo):
+            conninfo = await conninfo
+    if callable(kwargs):
+        kwargs = kwargs()
+        if inspect.isawaitable(kwargs):
+            kwargs = await kwargs
+    return str(conninfo), {**(kwargs or {}), "autocommit": True}
 
 
 class RawStatement(NamedTuple):

@@ -13,6 +13,7 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 
 from .job import Job
+from .results import DEFAULT_POLL_EVERY, JobResult, sync_result, sync_wait
 from .settings import QueueSettings, enqueue_error, enqueued_job
 from .store import Statements, configure_cursor
 
@@ -97,3 +98,30 @@ class SyncQueue:
         if problem is not None:
             raise enqueue_error(problem)
         return int(created)
+
+    def result(self, conn: psycopg.Connection[Any], job_id: int) -> JobResult:
+        """As :meth:`rota.Queue.result`, on ``conn``: the job's status, return value and
+        every attempt's error (docs/design.md, "Results").
+
+        Raises:
+            JobNotFound: no job has this id.
+        """
+        return sync_result(self.statements, conn, job_id)
+
+    def wait(self, conn: psycopg.Connection[Any], job_id: int, *, timeout: timedelta,
+             poll_every: timedelta = DEFAULT_POLL_EVERY) -> JobResult:
+        """As :meth:`rota.Queue.wait`, on ``conn``: returns the job's result once it is
+        done or failed. With ``conn`` in autocommit mode it LISTENs for the job
+        (UNLISTENing before it returns); inside a transaction it polls every
+        ``poll_every`` (at read committed each read sees what committed; the
+        transaction is left open, so a job enqueued in it is not seen by workers until
+        the caller commits).
+
+        Raises:
+            WaitTimeout: still pending or running after ``timeout``.
+            JobNotFound: no job has this id.
+            InvalidInput: ``timeout`` or ``poll_every`` is not a positive ``timedelta``.
+        """
+        return sync_wait(self.statements, conn, job_id, timeout=timeout,
+                         poll_every=poll_every)
+

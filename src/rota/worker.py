@@ -43,6 +43,7 @@ from .queue import Queue
 from .runner.source import PipelineSource, check_time_budget, resolve_pipeline
 from .schedule import Scheduler
 from .settings import DEFAULT_PLATFORM_TIMEOUT
+from .store import listen_connect_args
 
 log = logging.getLogger("rota.worker")
 
@@ -360,20 +361,8 @@ class Worker:
 
 
 async def _connect_args(queue: Queue) -> tuple[str, dict[str, Any]]:
-    """The queue pool's conninfo and connection arguments (either may be given to the
-    pool as a callable, sync or async), with autocommit on for LISTEN."""
-    pool = queue.pool
-    conninfo: Any = pool.conninfo
-    kwargs: Any = pool.kwargs
-    if callable(conninfo):
-        conninfo = conninfo()
-        if inspect.isawaitable(conninfo):
-            conninfo = await conninfo
-    if callable(kwargs):
-        kwargs = kwargs()
-        if inspect.isawaitable(kwargs):
-            kwargs = await kwargs
-    return str(conninfo), {**(kwargs or {}), "autocommit": True}
+    """The queue pool's connection arguments, autocommit for LISTEN."""
+    return await listen_connect_args(queue.pool)
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:

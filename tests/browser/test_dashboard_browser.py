@@ -167,6 +167,41 @@ def test_an_injected_script_shows_as_text_and_never_runs(page: Any, live: Live) 
     assert SCRIPT in page.locator("pre.error").text_content()
 
 
+def test_a_jobs_result_and_each_failed_attempt_show_as_text(page: Any, live: Live) -> None:
+    """The job page (docs/design.md, "Results"): the return value, and each failed
+    attempt with its traceback behind a click; hostile text in both stays text."""
+
+    async def made() -> int:
+        async with Queue(live.database_url, schema=live.schema) as q:
+            job = await q.enqueue("report", {"n": 1})
+            assert job is not None
+            [claimed] = await q.claim("report", 1)
+            try:
+                raise ValueError(f"first try {SCRIPT}")
+            except ValueError as exc:
+                assert await q.fail(claimed, exc) == "retry"
+            q.clock_offset = timedelta(hours=1)
+            [again] = await q.claim("report", 1)
+            assert await q.complete(again, result={"html": SCRIPT, "rows": 3})
+            return job.id
+
+    with ThreadPoolExecutor(1) as pool:
+        job_id = pool.submit(asyncio.run, made()).result()
+    page.goto(f"{live.url}/jobs/{job_id}")
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.__pwned") is None
+    result = page.locator("pre.result").text_content()
+    assert result == '{\n  "html": "' + SCRIPT.replace('"', '\\"') + '",\n  "rows": 3\n}'
+    sync_api.expect(page.locator("li.attempt")).to_have_count(1)
+    assert page.locator("pre.attempt-error").text_content() == f"ValueError: first try {SCRIPT}"
+    trace = page.locator("pre.traceback")
+    sync_api.expect(trace).to_be_hidden()
+    page.get_by_text("Traceback", exact=True).click()
+    sync_api.expect(trace).to_be_visible()
+    assert trace.text_content().endswith(f"ValueError: first try {SCRIPT}\n")
+    assert page.errors == []
+
+
 def test_a_write_without_the_credential_or_token_is_refused(browser: Any, page: Any,
                                                             live: Live) -> None:
     s = live.seeded

@@ -1,5 +1,6 @@
 """Jobs: ``rota enqueue``, and ``rota jobs`` to list them (``failed``: with their last
-errors) and to ``retry`` or ``cancel`` one. The work is :mod:`rota.admin`'s."""
+errors), to ``show`` one with its result and errors, and to ``retry`` or ``cancel``
+one. The work is :mod:`rota.admin`'s."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .. import admin
 from ..errors import first_line
 from ..job import Job, too_deep
 from ..plans import Plans
+from ..results import JobResult, as_dict
 from .app import Target, build_pipeline, open_queue
 from .errors import RotaGroup
 from .options import json_option, make_target, target_options, wants_json
@@ -196,7 +198,8 @@ def jobs(ctx: click.Context, database_url: str | None, schema: str | None,
          app_spec: str | None, status: str | None, job_id: int | None,
          job_type: str | None, group_id: str | None, limit: int, before_id: int | None,
          as_json: bool) -> None:
-    """List jobs, newest first (or: jobs failed / jobs retry ID / jobs cancel ID)."""
+    """List jobs, newest first (or: jobs failed / jobs show ID / jobs retry ID /
+    jobs cancel ID)."""
     if ctx.invoked_subcommand is not None:
         return
     target = make_target(database_url, schema, app_spec)
@@ -259,6 +262,50 @@ def _job_command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
         f = click.argument("job_id", type=click.IntRange(min=1), metavar="ID")(json_option(f))
         return jobs.command(name)(target_options(f))
     return decorate
+
+
+@_job_command("show")
+def jobs_show(database_url: str | None, schema: str | None, app_spec: str | None,
+              job_id: int, as_json: bool) -> None:
+    """Job ID with its return value and every failed attempt's error and traceback."""
+    target = make_target(database_url, schema, app_spec)
+    as_json = wants_json(as_json)
+
+    async def go() -> JobResult:
+        async with open_queue(target) as queue:
+            return await admin.show_job(queue, job_id)
+
+    found = asyncio.run(go())
+    if as_json:
+        emit_json(as_dict(found))
+        return
+    j = found.job
+    out = console()
+    table = Table(title=f"job {j.id}", show_header=False)
+    table.add_column("field")
+    table.add_column("value", overflow="fold")
+    for name, value in [
+            ("type", j.type), ("group", j.group_id or "—"), ("status", j.status),
+            ("attempts", f"{j.attempts}/{j.max_attempts}"), ("deferrals", j.deferrals),
+            ("enqueued (UTC)", utc_time(j.created_at)),
+            ("run after (UTC)", utc_time(j.run_after)),
+            ("started (UTC)", utc_time(found.started_at)),
+            ("finished (UTC)", utc_time(j.finished_at)),
+            ("run", j.run_id or "—"),
+            ("payload", json.dumps(j.payload, ensure_ascii=False, default=str)),
+            ("result", "—" if found.value is None
+             else json.dumps(found.value, ensure_ascii=False))]:
+        add_row(table, name, value)
+    out.print(table)
+    if not found.errors:
+        click.echo("no failed attempts")
+    for e in found.errors:
+        click.echo(safe_text(f"attempt {e.attempt} failed {utc_time(e.failed_at)} UTC "
+                             f"(run {e.run_id or '—'}): {e.error}"))
+        if e.traceback:
+            # A traceback's lines, each shown literally (no terminal control).
+            for line in e.traceback.rstrip("\n").split("\n"):
+                click.echo("    " + safe_text(line))
 
 
 @_job_command("retry")

@@ -25,7 +25,7 @@ from ..queue import Queue
 from ..quota import SHARED_SCOPE, QuotaExhausted
 from ..rates import RateLimited
 from . import rates
-from .completer import Completer, error_text, settle_all
+from .completer import Completer, error_text, settle_all, with_results
 from .context import JobContext, QuotaLookup, RateLookup, RunState, retrying
 from .stage import Stage
 
@@ -143,7 +143,7 @@ class BatchRunner:
             await completer.wait_quietly()
             await self._release(run, ctxs, None)
 
-    async def _call(self, work: Awaitable[None], ctxs: list[JobContext], run: RunState,
+    async def _call(self, work: Awaitable[object], ctxs: list[JobContext], run: RunState,
                     stage: Stage, blocked: list[QuotaExhausted],
                     completer: Completer) -> None:
         """Run one handler call within its deadline and settle what it left unsettled
@@ -162,9 +162,10 @@ class BatchRunner:
         loop = asyncio.get_running_loop()
         timer = asyncio.timeout_at(loop.time() + (deadline - started))
         failure: Exception | None = None
+        value: object = None
         try:
             async with timer:
-                await work
+                value = await work
         except Exception as exc:  # DeferJob and QuotaExhausted included
             failure = exc
         # A job completed in the handler's own transaction is done only if that
@@ -176,7 +177,7 @@ class BatchRunner:
             run.add("timed_out", sum(1 for c in ctxs if not c.settled))
             await settle_all(ctxs, lambda c: c.fail(text))
         elif failure is None:
-            completer.add([c for c in ctxs if not c.settled])
+            completer.add(await with_results(ctxs, value))
         elif isinstance(failure, DeferJob):
             until = failure.until
             await settle_all(ctxs, lambda c: c.defer(until))

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 
 from ..checks import storable_text
 from ..queue import Queue
+from ..results import ResultError, encode_result
 from .context import JobContext, RunState, retrying
+
+log = logging.getLogger("rota.runner")
 
 
 class Completer:
@@ -39,7 +43,8 @@ class Completer:
         while self.pending:
             batch, self.pending = self.pending, []
             oks = await retrying(
-                functools.partial(self.queue.complete_many, [c.job for c in batch]),
+                functools.partial(self.queue.complete_many, [c.job for c in batch],
+                                  results=[c.result for c in batch]),
                 self.run, "complete")
             for c, ok in zip(batch, oks, strict=True):
                 c._settle("done" if ok else "lost")
@@ -61,6 +66,30 @@ class Completer:
     async def wait_quietly(self) -> None:
         if self.task is not None:
             await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def with_results(ctxs: list[JobContext], value: object) -> list[JobContext]:
+    """The jobs of a handler call that returned normally, ready to complete: a
+    one-job handler's return value becomes its job's result (a batch handler sets
+    ``ctx.result`` itself), each checked and encoded now, so the batch that completes
+    them cannot fail on one. A job whose value cannot be stored fails (given up: the
+    value would not fit on a retry either) with the error saying why (docs/design.md,
+    "Results")."""
+    if len(ctxs) == 1 and value is not None:
+        ctxs[0].result = value
+    ready = []
+    for ctx in ctxs:
+        if ctx.settled:
+            continue
+        if ctx.result is not None:
+            try:
+                ctx.result = encode_result(ctx.result, ctx.queue.max_payload_bytes)
+            except ResultError as exc:
+                log.info("job %s: %s", ctx.job.id, exc)
+                await ctx.fail(exc, give_up=True)
+                continue
+        ready.append(ctx)
+    return ready
 
 
 async def settle_all(ctxs: list[JobContext],

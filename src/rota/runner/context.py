@@ -27,6 +27,7 @@ from ..job import DeferJob, FailOutcome, Job
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
 from ..rates import NO_KEY, Grant, RateLimit, RateLimited
+from ..results import ResultError, encode_result
 from ..store import is_connection_failure
 
 log = logging.getLogger("rota.runner")
@@ -196,6 +197,9 @@ class JobContext:
         #: Units of the stage's rate limits taken for this job, by limit name: when
         #: they were the job's (docs/design.md, "Rates").
         self.rate_grants: dict[str, Grant] = {}
+        #: The job's result, stored when the runner completes it (docs/design.md,
+        #: "Results"): a handler's return value lands here; a batch handler sets it.
+        self.result: Any = None
 
     @property
     def settled(self) -> bool:
@@ -358,10 +362,12 @@ class JobContext:
             raise ConfigError(f"unknown rate limit {limit!r}: no rate limit is named here")
         return self._rate_limits(limit)
 
-    async def complete(self, *, conn: AnyConn | None = None) -> bool:
+    async def complete(self, *, result: Any = None, conn: AnyConn | None = None) -> bool:
         """Mark the job done now (the runner does it when the handler returns).
 
         Args:
+            result: the value stored as the job's result (see
+                :meth:`rota.Queue.complete`); ``None`` for none.
             conn: complete inside the handler's own transaction, so the job is done
                 if and only if the handler's writes commit. The run counts it done only
                 once the handler has returned and the runner has read it done under
@@ -373,24 +379,36 @@ class JobContext:
         Returns:
             ``False`` when this run lost the job (reclaimed after a stale lock); with
             ``conn``, ``True`` means the statement matched in that transaction.
+
+        Raises:
+            ResultError: ``result`` cannot be stored; the job failed with that error
+                (see :meth:`rota.Queue.complete`).
         """
         self._check_unsettled()
+        try:
+            encode_result(result, self.queue.max_payload_bytes)
+        except ResultError as exc:
+            await self.fail(exc, give_up=True)
+            raise
         if conn is not None:
-            ok = await self.queue.complete(self.job, conn=conn)
+            ok = await self.queue.complete(self.job, result=result, conn=conn)
             if ok:
                 self.in_caller_tx = True
             else:
                 self._settle("lost")
             return ok
-        ok = await retrying(lambda: self.queue.complete(self.job), self._run, "complete")
+        ok = await retrying(lambda: self.queue.complete(self.job, result=result),
+                            self._run, "complete")
         self._settle("done" if ok else "lost")
         return ok
 
-    async def fail(self, error: BaseException | str) -> FailOutcome:
+    async def fail(self, error: BaseException | str, *, give_up: bool = False) -> FailOutcome:
         """Record a failed attempt now (retry with backoff, or failed with give-up
-        hook); see :meth:`rota.Queue.fail`."""
+        hook; ``give_up``: failed whatever the attempts left); see
+        :meth:`rota.Queue.fail`."""
         self._check_unsettled()
-        outcome = await retrying(lambda: self.queue.fail(self.job, error), self._run, "fail")
+        outcome = await retrying(lambda: self.queue.fail(self.job, error, give_up=give_up),
+                                 self._run, "fail")
         self._settle(outcome)
         return outcome
 

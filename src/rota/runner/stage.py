@@ -23,7 +23,7 @@ STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 #: Stop reasons that are not incidents (docs/design.md, "The runner"); only ``error`` is.
 HEALTHY_STOP_REASONS = frozenset(STOP_REASONS) - {"error"}
 
-Handler = Callable[[JobContext], Awaitable[None]]
+Handler = Callable[[JobContext], Awaitable[object]]
 BatchHandler = Callable[[list[JobContext]], Awaitable[None]]
 
 __all__ = ["HEALTHY_STOP_REASONS", "STOP_REASONS", "TRIGGERS", "BatchHandler", "Handler",
@@ -45,8 +45,10 @@ class Stage:
             N items, a quota's ``quota_cost`` per claim).
         concurrency: how many of the batch's jobs run at the same time, > 0 (for a
             ``handler``; a ``batch_handler`` is one call for the whole batch).
-        handler: ``async def handler(ctx: JobContext) -> None``, run once per job. It
-            returns to complete the job, raises ``DeferJob(until)`` to defer it,
+        handler: ``async def handler(ctx: JobContext)``, run once per job. It
+            returns to complete the job (what it returns is stored as the job's
+            result, JSON as payloads are: docs/design.md, "Results"), raises
+            ``DeferJob(until)`` to defer it,
             lets :class:`~rota.quota.QuotaExhausted` through to defer it to the
             quota's reset, and raises anything else to fail it (retry with backoff,
             then failed). It may also settle the job itself with ``ctx.complete()``,
@@ -54,7 +56,8 @@ class Stage:
         batch_handler: ``async def batch_handler(ctxs: list[JobContext]) -> None``,
             instead of ``handler``: one call for the whole claimed batch (for an API
             that takes many items in one request). It settles jobs one by one through
-            their contexts; jobs it leaves unsettled are completed when it returns,
+            their contexts; jobs it leaves unsettled are completed when it returns
+            (each with its ``ctx.result`` as the job's result),
             or all deferred/failed as above when it raises.
         max_attempts: attempts for jobs of this type; the pipeline sets it as the
             queue's per-type setting, so it applies to jobs enqueued from then on.

@@ -1,15 +1,31 @@
 -- Complete a batch of jobs, each only under the claim that holds it (a lost one matches
--- nothing); the claims' tokens stay on the done rows, as in complete.sql. Rows are
--- visited in the order given (the caller sorts by type, group and fair_served shard, so
--- concurrent batches take fair_served's rows in one order).
-UPDATE {schema}.jobs j
-SET status = 'done',
-    finished_at = now() + %(offset)s::interval,
-    locked_at = NULL
-FROM (SELECT c.id, c.claim_token
-      FROM unnest(%(ids)s::bigint[], %(claim_tokens)s::uuid[]) WITH ORDINALITY
-           AS c(id, claim_token, n)
-      ORDER BY c.n
-      OFFSET 0) c
-WHERE j.id = c.id AND j.status = 'running' AND j.claim_token = c.claim_token
-RETURNING j.id
+-- nothing); the claims' tokens stay on the done rows, as in complete.sql, and so do
+-- their return values and claim times. Rows are visited in the order given (the caller
+-- sorts by type, group and fair_served shard, so concurrent batches take fair_served's
+-- rows in one order). One notification for the whole batch tells waiters which of
+-- their jobs settled ("*": too many to list, look again), sent only when a job of the
+-- batch has one (docs/design.md, "Results").
+WITH done AS (
+    UPDATE {schema}.jobs j
+    SET status = 'done',
+        finished_at = now() + %(offset)s::interval,
+        locked_at = NULL,
+        result = c.result::jsonb,
+        started_at = c.started_at
+    FROM (SELECT c.id, c.claim_token, c.result, c.started_at
+          FROM unnest(%(ids)s::bigint[], %(claim_tokens)s::uuid[], %(results)s::text[],
+                      %(started_ats)s::timestamptz[]) WITH ORDINALITY
+               AS c(id, claim_token, result, started_at, n)
+          ORDER BY c.n
+          OFFSET 0) c
+    WHERE j.id = c.id AND j.status = 'running' AND j.claim_token = c.claim_token
+    RETURNING j.id
+), told AS (
+    SELECT pg_notify('rota_settled', %(schema_name)s::text || ':'
+                     || CASE WHEN count(*) <= 300 THEN string_agg(d.id::text, ',')
+                             ELSE '*' END)
+    FROM done d
+    WHERE EXISTS (SELECT 1 FROM {schema}.job_waiters w WHERE w.job_id = d.id)
+    HAVING count(*) > 0
+)
+SELECT id FROM done WHERE (SELECT count(*) FROM told) >= 0

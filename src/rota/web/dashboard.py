@@ -376,9 +376,13 @@ def dashboard_app(
             return render(request, "error.html", "/jobs", now, 404, title="No such job",
                           heading="No such job", detail=f"There is no job {job_id}.")
         payload = json.dumps(row["payload"], indent=2, ensure_ascii=False, sort_keys=True)
+        result = (None if row["result"] is None else
+                  json.dumps(row["result"], indent=2, ensure_ascii=False, sort_keys=True))
+        errors = [{**e, "failed_at": datetime.fromisoformat(e["failed_at"])}
+                  for e in row["errors"] or []]
         writable = configured is not None and not read_only
         return render(request, "job.html", "/jobs", now, title=f"Job {job_id}", job=row,
-                      payload=payload,
+                      payload=payload, result=result, errors=errors,
                       can_retry=writable and row["status"] == "failed",
                       can_cancel=writable and row["status"] == "pending",
                       csrf=csrf_token(configured) if writable and configured else "")

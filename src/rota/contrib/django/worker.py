@@ -1,0 +1,165 @@
+"""Running Django tasks with rota's runner (``python manage.py rota_worker``;
+docs/django.md): a pipeline with three stages per queue name (its priority bands, high
+first: earlier stages win), whose handler imports the task and calls it, returning its
+value as the job's result (docs/design.md, "Results")."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterable
+from datetime import timedelta
+from inspect import iscoroutinefunction
+from traceback import format_exception
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
+from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+from django.tasks.base import TaskError
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
+from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
+from psycopg.conninfo import make_conninfo
+
+from ...queue import Queue
+from ...runner import JobContext, Pipeline, Stage
+from ...worker import Worker
+from .backend import RotaBackend, job_types
+
+#: The keys of Django's connection parameters that are not libpq's.
+_NOT_LIBPQ = frozenset({"cursor_factory", "context", "pool", "server_side_binding",
+                        "assume_role", "isolation_level", "prepare_threshold"})
+
+
+def backend(alias: str = "default") -> RotaBackend:
+    """The ``TASKS[alias]`` backend, checked to be rota's.
+
+    Raises:
+        TypeError: that backend is not :class:`RotaBackend`.
+    """
+    found = task_backends[alias]
+    if not isinstance(found, RotaBackend):
+        raise TypeError(f"TASKS[{alias!r}] is {type(found).__name__}, not rota's "
+                        f"RotaBackend")
+    return found
+
+
+def conninfo(b: RotaBackend) -> str:
+    """A libpq connection string for the backend's Django database (its NAME, USER,
+    PASSWORD, HOST, PORT and libpq OPTIONS, such as ``options`` and ``sslmode``)."""
+    wrapper = b.database()  # refuses a database that is not PostgreSQL, psycopg 3
+    params = {k: v for k, v in wrapper.get_connection_params().items()
+              if k not in _NOT_LIBPQ and isinstance(v, str | int)}
+    return make_conninfo("", **params)
+
+
+def make_queue(b: RotaBackend, **overrides: Any) -> Queue:
+    """A :class:`rota.Queue` on the backend's database and schema, with its settings
+    (``OPTIONS['QUEUE']``, the groups view); ``overrides`` win (tests pass
+    ``clock_offset``)."""
+    offset = overrides.pop("clock_offset", None)
+    queue = Queue(conninfo(b), **{**b.config.queue_settings(), **overrides})
+    if offset is not None:
+        queue.clock_offset = offset
+    return queue
+
+
+async def run_task(ctx: JobContext) -> Any:
+    """The handler of every Django task: import it, call it with its arguments (a
+    :class:`~django.tasks.TaskContext` first when it ``takes_context``, whose
+    ``attempt`` is this attempt's number), and return its value, JSON-normalized as
+    Django's own backends do. A sync task runs in a thread of its own, with Django's
+    stale connections closed before and after, as a request's are. Django's
+    ``task_started`` and ``task_finished`` signals are sent for each attempt."""
+    payload = ctx.job.payload
+    task = import_string(payload["task"])
+    args = list(payload.get("args", []))
+    kwargs = dict(payload.get("kwargs", {}))
+    result = TaskResult(
+        task=task, id=str(ctx.job.id), status=TaskResultStatus.RUNNING,
+        enqueued_at=ctx.job.created_at, started_at=ctx.job.locked_at,
+        last_attempted_at=ctx.job.locked_at, finished_at=None, args=args,
+        kwargs=kwargs, backend=task.backend, errors=[],
+        worker_ids=[str(ctx.run_id)] * ctx.job.attempts)
+    if task.takes_context:
+        args = [TaskContext(task_result=result), *args]
+    # Django's task signals, once per attempt: task_finished says how this attempt
+    # ended (a FAILED attempt with attempts left is retried: docs/django.md).
+    await task_started.asend(sender=RotaBackend, task_result=result)
+    try:
+        if iscoroutinefunction(task.func):
+            value = normalize_json(await task.func(*args, **kwargs))
+        else:
+            value = normalize_json(await sync_to_async(_call_sync, thread_sensitive=False)(
+                task.func, args, kwargs))
+    except Exception as exc:
+        object.__setattr__(result, "status", TaskResultStatus.FAILED)
+        object.__setattr__(result, "finished_at", timezone.now())
+        result.errors.append(TaskError(
+            exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            traceback="".join(format_exception(exc))))
+        await task_finished.asend(sender=RotaBackend, task_result=result)
+        raise
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "_return_value", value)
+    await task_finished.asend(sender=RotaBackend, task_result=result)
+    return value
+
+
+def _call_sync(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    close_old_connections()
+    try:
+        return func(*args, **kwargs)
+    finally:
+        close_old_connections()
+
+
+def make_pipeline(b: RotaBackend, queue: Queue, *, queue_names: Iterable[str] | None = None,
+                  concurrency: int | None = None, batch: int | None = None) -> Pipeline:
+    """The pipeline that runs the backend's tasks: for each queue name (default: the
+    backend's ``QUEUES``) its three priority bands, high first.
+
+    Args:
+        concurrency: tasks of one stage run at once (default ``WORKER['concurrency']``
+            or 4).
+        batch: jobs claimed at once (default ``WORKER['batch']``, else the runner sizes
+            it).
+    """
+    names = sorted(queue_names if queue_names is not None else b.queues)
+    conc = concurrency or int(b.config.worker.get("concurrency", 4))
+    size = batch if batch is not None else b.config.worker.get("batch")
+    stages = [Stage(t, size, conc, run_task) for name in names for t in job_types(name)]
+    return Pipeline(queue, stages)
+
+
+async def run_worker(b: RotaBackend, *, queue_names: Iterable[str] | None = None,
+                     concurrency: int | None = None, batch: int | None = None,
+                     once: bool = False, clock_offset: timedelta | None = None,
+                     time_budget: timedelta | None = None) -> None:
+    """Run the backend's tasks: with ``once``, one run until no work is left (or the
+    budget ends); otherwise a :class:`rota.Worker` (LISTEN/NOTIFY, time budgets, stop
+    reasons, maintenance) until SIGTERM or SIGINT, after which the run in flight claims
+    nothing more and finishes its jobs (a second signal stops at once)."""
+    extra = {} if clock_offset is None else {"clock_offset": clock_offset}
+    budget = time_budget or timedelta(seconds=float(b.config.worker.get("time_budget", 220)))
+    async with make_queue(b, **extra) as queue:
+        pipeline = make_pipeline(b, queue, queue_names=queue_names,
+                                 concurrency=concurrency, batch=batch)
+        if once:
+            await pipeline.run(trigger="cli", time_budget=budget)
+            return
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        main = asyncio.current_task()
+
+        def on_signal() -> None:
+            if stop.is_set() and main is not None:
+                main.cancel()  # a second signal: stop now
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        await Worker(pipeline, time_budget=budget).run_forever(stop)

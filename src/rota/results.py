@@ -1,0 +1,466 @@
+"""Job results (docs/design.md, "Results"): a handler's return value stored on the job
+when it completes, every failed attempt's error (message and traceback, bounded) kept
+beside it, and reading or waiting for them (:func:`result`, :func:`wait`, bound as
+``queue.result`` and ``queue.wait``).
+
+A return value goes through the payload encoder and limits (:func:`rota.job.encode_payload`,
+``max_payload_bytes``, :data:`rota.job.MAX_PAYLOAD_DEPTH`); one that cannot be stored
+fails the job at completion with an error that says why (:class:`ResultError`), so the
+job is never left done without it, nor lost.
+
+Waiting listens on the channel ``rota_settled`` and registers the waiter in
+``job_waiters``: the statements that settle a job for good (complete, complete_many,
+fail when attempts are used up, the stuck-job sweep, cancel) notify it with
+``SCHEMA:ID[,ID…]`` (``SCHEMA:*`` for "look again") when a job they settle has a
+waiter, so completions nobody waits for pay nothing; the waiter reads the job again at
+least every ``poll_every`` in case a notification is missed (a connection through a
+pooler that drops LISTEN, a job given up by its deferral cap, which does not notify).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import traceback as tb
+import uuid
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol, cast
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from .checks import require_duration, storable_text
+from .errors import InvalidInput, JobNotFound, PayloadError, RotaError
+from .job import MAX_PAYLOAD_DEPTH, Job, JobStatus, encode_payload
+from .store import AnyConn, Statements, Store, configure_cursor, listen_connect_args
+
+
+class ResultReader(Protocol):
+    """What :func:`result` uses of a :class:`rota.Queue` (which binds it as its method:
+    ``queue.result(id)``); a protocol, so that this module need not import the queue's,
+    which imports this one."""
+
+    @property
+    def store(self) -> Store: ...
+    def connection(self, conn: AnyConn | None = None
+                   ) -> AbstractAsyncContextManager[AnyConn]: ...
+
+
+class ResultsQueue(ResultReader, Protocol):
+    """What :func:`wait` uses of a :class:`rota.Queue` besides: its schema and pool."""
+
+    @property
+    def schema(self) -> str: ...
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]: ...
+
+#: The channel settled jobs are announced on (the payload names the schema).
+SETTLED_CHANNEL = "rota_settled"
+#: How much of an attempt's error message is kept (characters).
+MAX_ERROR_CHARS = 4000
+#: How much of an attempt's traceback is kept (characters): its first
+#: ``TRACEBACK_HEAD_CHARS`` and its end, where the exception was raised.
+MAX_TRACEBACK_CHARS = 16000
+TRACEBACK_HEAD_CHARS = 2000
+#: How often :func:`wait` reads the job again when no notification came.
+DEFAULT_POLL_EVERY = timedelta(seconds=1)
+
+FINISHED: tuple[JobStatus, ...] = ("done", "failed")
+
+
+class ResultError(PayloadError):
+    """A handler's return value cannot be stored: not JSON as payloads are
+    (:func:`rota.job.encode_payload`), nested deeper than
+    :data:`rota.job.MAX_PAYLOAD_DEPTH`, or larger than the queue's
+    ``max_payload_bytes``. The job fails with this error's text rather than completing
+    without its value."""
+
+
+class WaitTimeout(RotaError, TimeoutError):
+    """:func:`wait` gave up: the job was not done or failed within the timeout.
+
+    Attributes:
+        job_id: the job waited for.
+        status: its status when the wait gave up.
+        timeout: the timeout given.
+    """
+
+    def __init__(self, job_id: int, status: str, timeout: timedelta) -> None:
+        super().__init__(f"job {job_id} is still {status} after waiting "
+                         f"{timeout.total_seconds():g} s")
+        self.job_id = job_id
+        self.status = status
+        self.timeout = timeout
+
+
+class EncodedResult(str):
+    """A return value already checked and encoded (JSON text): the runner checks a
+    value when its handler returns, so the batch that completes it cannot fail on it."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class AttemptError:
+    """One failed attempt of a job, as kept in ``job_errors``.
+
+    Attributes:
+        attempt: the attempt's number (1 for the first; a job retried by hand counts
+            from 1 again).
+        error: ``"Type: message"``, at most :data:`MAX_ERROR_CHARS` characters.
+        error_type: the exception's class as ``module.qualname``
+            (``"builtins.ValueError"``), or ``None`` for an error given as text.
+        traceback: the formatted traceback, at most :data:`MAX_TRACEBACK_CHARS`
+            characters (its start and its end), or ``None`` (a timeout, a stuck job,
+            an error given as text).
+        run_id: the run (worker) that ran the attempt, or ``None``.
+        started_at: when the attempt was claimed (aware UTC, queue clock), or ``None``.
+        failed_at: when it failed (aware UTC, queue clock).
+    """
+
+    attempt: int
+    error: str
+    error_type: str | None
+    traceback: str | None
+    run_id: uuid.UUID | None
+    started_at: datetime | None
+    failed_at: datetime
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A job's outcome as :func:`result` reads it.
+
+    Attributes:
+        job: the job row (status, attempts, payload, times…).
+        value: the handler's return value once the job is done (``None`` before, and
+            for a handler that returned ``None``), as JSON reads it back.
+        errors: every failed attempt's error, oldest first.
+        started_at: when the attempt that settled the job was claimed (aware UTC,
+            queue clock); for a running job, when it was claimed (or its lock last
+            refreshed); ``None`` for a job never tried.
+    """
+
+    job: Job
+    value: Any
+    errors: list[AttemptError]
+    started_at: datetime | None
+
+    @property
+    def status(self) -> JobStatus:
+        """The job's status: ``pending``, ``running``, ``done`` or ``failed``."""
+        return self.job.status
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job is done or failed (it will not run again by itself)."""
+        return self.job.status in FINISHED
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects deeper than ``limit`` (iteratively, so
+    no recursion limit is met on the way)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list | tuple):
+            if d + 1 > limit:
+                return True
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
+def encode_result(value: Any, max_bytes: int) -> EncodedResult | None:
+    """Check and encode a handler's return value for ``jobs.result``.
+
+    Args:
+        value: what the handler returned; ``None`` stores nothing.
+        max_bytes: the queue's ``max_payload_bytes`` (UTF-8 bytes of the JSON text).
+
+    Returns:
+        The JSON text, or ``None`` for ``None``.
+
+    Raises:
+        ResultError: the value cannot be stored (the message says why, as for a
+            payload, but naming the return value).
+    """
+    if value is None:
+        return None
+    if isinstance(value, EncodedResult):
+        return value
+    try:
+        if _depth_exceeds(value, MAX_PAYLOAD_DEPTH):
+            raise ResultError(f"the return value is nested deeper than {MAX_PAYLOAD_DEPTH} "
+                              f"levels, more than can be read back")
+        text = encode_payload(value)
+    except ResultError:
+        raise
+    except PayloadError as exc:
+        message = str(exc).removeprefix("payload")
+        raise ResultError(f"the return value{message}") from None
+    # Counted as a payload's size is: on the JSON text as PostgreSQL prints it, with a
+    # space after each ":" and "," (docs/design.md, "Enqueue"): at most twice the
+    # compact text's bytes, at most four bytes a character, so short values need no count.
+    if len(text) * 8 > max_bytes and (size := _printed_size(value)) > max_bytes:
+        raise ResultError(f"the return value is {size} bytes of JSON, larger than the "
+                          f"maximum {max_bytes} (max_payload_bytes)")
+    return EncodedResult(text)
+
+
+def _printed_size(value: Any) -> int:
+    """UTF-8 bytes of ``value``'s JSON text as PostgreSQL's jsonb prints it."""
+    printed = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "),
+                               default=str).encode(value)
+    return len(printed.encode("utf-8"))
+
+
+def error_record(error: BaseException | str) -> tuple[str, str | None, str | None]:
+    """An attempt's error as ``(message, class, traceback)``, storable and bounded: the
+    message ``"Type: message"`` cut at :data:`MAX_ERROR_CHARS`, the exception's class as
+    ``module.qualname``, the traceback (an exception's own) cut to its first
+    :data:`TRACEBACK_HEAD_CHARS` and its last characters, :data:`MAX_TRACEBACK_CHARS`
+    in all; class and traceback are ``None`` for an error given as text."""
+    if isinstance(error, str):
+        return storable_text(_cut(error, MAX_ERROR_CHARS)), None, None
+    message = _cut(f"{type(error).__name__}: {error}", MAX_ERROR_CHARS)
+    trace: str | None = None
+    if error.__traceback__ is not None:
+        trace = "".join(tb.format_exception(error))
+        if len(trace) > MAX_TRACEBACK_CHARS:
+            cut = len(trace) - MAX_TRACEBACK_CHARS
+            marker = f"\n... ({cut} characters left out) ...\n"
+            tail = MAX_TRACEBACK_CHARS - TRACEBACK_HEAD_CHARS - len(marker)
+            trace = trace[:TRACEBACK_HEAD_CHARS] + marker + trace[-tail:]
+        trace = storable_text(trace)
+    kind = type(error)
+    return (storable_text(message), storable_text(f"{kind.__module__}.{kind.__qualname__}"),
+            trace)
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit - 1] + "…"
+
+
+def result_from_row(row: dict[str, Any]) -> JobResult:
+    """A :class:`JobResult` from a row of ``get_result.sql``."""
+    errors = [AttemptError(
+        attempt=e["attempt"], error=e["error"], error_type=e["error_type"],
+        traceback=e["traceback"],
+        run_id=uuid.UUID(e["run_id"]) if e["run_id"] else None,
+        started_at=_instant(e["started_at"]),
+        failed_at=cast(datetime, _instant(e["failed_at"])))
+        for e in (row["errors"] or [])]
+    started = row["started_at"] if row["status"] in FINISHED else row["locked_at"]
+    return JobResult(job=Job.from_row(row, lenient=True), value=row["result"],
+                     errors=errors, started_at=started)
+
+
+def _instant(text: str | None) -> datetime | None:
+    # json_agg prints timestamptz in ISO 8601 with the session's offset.
+    return None if text is None else datetime.fromisoformat(text).astimezone(UTC)
+
+
+def as_dict(found: JobResult) -> dict[str, Any]:
+    """A :class:`JobResult` as plain data (``rota jobs show ID --json``, the dashboard):
+    the job's fields, ``result`` (its return value), ``started_at`` and ``errors`` (a
+    list of each attempt's fields, oldest first). Times stay datetimes and ids UUIDs,
+    for the caller's JSON encoder."""
+    j = found.job
+    return {
+        "id": j.id, "type": j.type, "group_id": j.group_id, "status": j.status,
+        "payload": j.payload, "dedupe_key": j.dedupe_key, "attempts": j.attempts,
+        "max_attempts": j.max_attempts, "deferrals": j.deferrals,
+        "run_after": j.run_after, "created_at": j.created_at,
+        "started_at": found.started_at, "finished_at": j.finished_at,
+        "run_id": j.run_id, "last_error": j.last_error,
+        "give_up_pending": j.give_up_pending, "result": found.value,
+        "errors": [{"attempt": e.attempt, "error": e.error, "error_type": e.error_type,
+                    "traceback": e.traceback,
+                    "run_id": e.run_id, "started_at": e.started_at,
+                    "failed_at": e.failed_at} for e in found.errors],
+    }
+
+
+def settled_ids(payload: str, schema: str) -> set[int] | None:
+    """The job ids a ``rota_settled`` notification names for ``schema``: a set, ``None``
+    for "any" (``SCHEMA:*``), or an empty set for another schema's."""
+    name, _, ids = payload.partition(":")
+    if name != schema:
+        return set()
+    if ids == "*":
+        return None
+    return {int(i) for i in ids.split(",") if i.isdigit()}
+
+
+async def result(queue: ResultReader, job_id: int, *, conn: AnyConn | None = None) -> JobResult:
+    """A job's status, return value and every attempt's error (docs/design.md,
+    "Results").
+
+    Args:
+        job_id: the job.
+        conn: the caller's connection.
+
+    Returns:
+        The :class:`JobResult`.
+
+    Raises:
+        JobNotFound: no job has this id (never existed, or pruned with its result).
+        InvalidInput: ``job_id`` is not a positive int.
+    """
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id < 2**63:
+        raise InvalidInput(f"job_id must be an int between 1 and {2**63 - 1}, "
+                           f"got {job_id!r}")
+    async with queue.connection(conn) as c:
+        row = await queue.store.fetch_dict("get_result", {"id": job_id}, conn=c)
+    if row is None:
+        raise JobNotFound(job_id)
+    return result_from_row(row)
+
+
+# The deadline is a duration the caller names (the rule "durations are timedelta"), not
+# an asyncio.timeout around the call: it must end in WaitTimeout with the job's status.
+async def wait(queue: ResultsQueue, job_id: int, *, timeout: timedelta,  # noqa: ASYNC109
+               poll_every: timedelta = DEFAULT_POLL_EVERY) -> JobResult:
+    """Wait until a job is done or failed and return its :class:`JobResult`.
+
+    Listens on ``rota_settled`` on a connection of its own (opened like the worker's
+    listening connection) and reads the job when a notification names it, and at least
+    every ``poll_every`` (polling alone when listening is refused).
+
+    Args:
+        job_id: the job.
+        timeout: how long to wait at most, a positive ``timedelta``.
+        poll_every: the longest time between two reads of the job.
+
+    Returns:
+        The job's result, ``status`` ``done`` or ``failed``.
+
+    Raises:
+        WaitTimeout: the job was still pending or running after ``timeout``.
+        JobNotFound: no job has this id.
+        InvalidInput: ``timeout`` or ``poll_every`` is not a positive ``timedelta``.
+    """
+    require_duration(timeout, "timeout")
+    require_duration(poll_every, "poll_every")
+    deadline = time.monotonic() + timeout.total_seconds()
+    # Listening, then registered as a waiter, then reading the job: a settlement that
+    # commits after the read finds the waiter and notifies; one whose statement began
+    # before the registration committed is found by the next poll.
+    listener = await _listen(queue)
+    waiter = {"id": job_id, "waiter": uuid.uuid4()}
+    if listener is not None:
+        async with queue.connection() as c:
+            await queue.store.execute("waiter_add", waiter, conn=c)
+    try:
+        while True:
+            found = await result(queue, job_id)
+            if found.finished:
+                return found
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(job_id, found.status, timeout)
+            await _next_notice(listener, queue.schema, job_id,
+                               min(left, poll_every.total_seconds()))
+    finally:
+        if listener is not None:
+            await listener.close()
+            async with queue.connection() as c:
+                await queue.store.execute("waiter_remove", waiter, conn=c)
+
+
+async def _listen(queue: ResultsQueue) -> psycopg.AsyncConnection[Any] | None:
+    """A connection LISTENing on ``rota_settled``, or ``None`` (then polling alone)."""
+    try:
+        conninfo, kwargs = await listen_connect_args(queue.pool)
+        conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+    except (psycopg.Error, OSError):
+        return None
+    try:
+        await conn.execute(f"LISTEN {SETTLED_CHANNEL}")
+    except psycopg.Error:
+        await conn.close()
+        return None
+    return conn
+
+
+async def _next_notice(listener: psycopg.AsyncConnection[Any] | None, schema: str,
+                       job_id: int, seconds: float) -> None:
+    """Return when a notification names ``job_id`` (or any job of ``schema``), or after
+    ``seconds``."""
+    if listener is None:
+        await asyncio.sleep(seconds)
+        return
+    end = time.monotonic() + seconds
+    try:
+        while (left := end - time.monotonic()) > 0:
+            async for note in listener.notifies(timeout=left):
+                ids = settled_ids(note.payload, schema)
+                if ids is None or job_id in ids:
+                    return
+    except psycopg.Error:
+        await asyncio.sleep(max(end - time.monotonic(), 0))
+
+
+def sync_result(queue_statements: Statements, conn: psycopg.Connection[Any],
+                job_id: int) -> JobResult:
+    """:func:`result` on a sync connection (see :meth:`rota.SyncQueue.result`)."""
+    cur = conn.cursor(row_factory=dict_row)
+    configure_cursor(cur)
+    row = cur.execute(queue_statements.sql("get_result"), {"id": job_id}).fetchone()
+    if row is None:
+        raise JobNotFound(job_id)
+    return result_from_row(row)
+
+
+def sync_wait(queue_statements: Statements, conn: psycopg.Connection[Any], job_id: int, *,
+              timeout: timedelta, poll_every: timedelta = DEFAULT_POLL_EVERY) -> JobResult:
+    """:func:`wait` on a sync connection (see :meth:`rota.SyncQueue.wait`): it listens
+    when ``conn`` is in autocommit mode (a transaction would hold notifications back
+    until it ends) and polls otherwise, reading inside the caller's transaction (at
+    read committed each read sees what committed before it; the transaction is never
+    ended here)."""
+    require_duration(timeout, "timeout")
+    require_duration(poll_every, "poll_every")
+    deadline = time.monotonic() + timeout.total_seconds()
+    listening = conn.autocommit
+    waiter = {"id": job_id, "waiter": uuid.uuid4()}
+    if listening:  # as :func:`wait` does: listening, registered, then reading
+        conn.execute(f"LISTEN {SETTLED_CHANNEL}")
+        conn.execute(queue_statements.sql("waiter_add"), waiter)
+    schema = queue_statements.schema
+    try:
+        while True:
+            # Inside the caller's transaction (read committed), each read sees what
+            # committed before it; the caller's transaction is never ended here.
+            found = sync_result(queue_statements, conn, job_id)
+            if found.finished:
+                return found
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(job_id, found.status, timeout)
+            step = min(left, poll_every.total_seconds())
+            if not listening:
+                time.sleep(step)
+                continue
+            end = time.monotonic() + step
+            while (rest := end - time.monotonic()) > 0:
+                hit = False
+                for note in conn.notifies(timeout=rest, stop_after=1):
+                    ids = settled_ids(note.payload, schema)
+                    hit = ids is None or job_id in ids
+                if hit:
+                    break
+    finally:
+        if listening and not conn.closed:
+            conn.execute(f"UNLISTEN {SETTLED_CHANNEL}")
+            conn.execute(queue_statements.sql("waiter_remove"), waiter)
+
+
+__all__ = ["AttemptError", "EncodedResult", "JobResult", "ResultError", "WaitTimeout",
+           "as_dict", "encode_result", "error_record", "result", "wait"]

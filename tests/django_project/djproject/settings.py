@@ -1,0 +1,77 @@
+"""A small real Django project using rota's task backend: its tables live in the schema
+ROTA_DJANGO_SCHEMA (one per test process, made by tests/django_project/conftest.py),
+rota's in SCHEMA_rota, on DATABASE_URL."""
+
+import os
+
+from psycopg.conninfo import conninfo_to_dict
+
+SCHEMA = os.environ["ROTA_DJANGO_SCHEMA"]
+_db = conninfo_to_dict(os.environ.get("DATABASE_URL",
+                                      "postgresql://postgres@127.0.0.1:5432/test"))
+
+SECRET_KEY = "rota-tests-only"
+DEBUG = False
+ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "djproject.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "rota.contrib.django",
+    "tenants",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": _db.get("dbname", "test"),
+        "USER": _db.get("user", ""),
+        "PASSWORD": _db.get("password", ""),
+        "HOST": _db.get("host", ""),
+        "PORT": _db.get("port", ""),
+        "OPTIONS": {"options": f"-c search_path={SCHEMA}"},
+        # A worker runs many tasks a second: keep its threads' connections (the
+        # default, 0, reconnects for every task as for every request).
+        "CONN_MAX_AGE": 60,
+    },
+    # Not PostgreSQL: a task backend on it refuses to enqueue (ImproperlyConfigured).
+    "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+}
+TASKS = {
+    "default": {
+        "BACKEND": "rota.contrib.django.RotaBackend",
+        "QUEUES": ["default", "bands", "fair"],
+        "OPTIONS": {
+            "SCHEMA": f"{SCHEMA}_rota",
+            "GROUPS": {"MODEL": "tenants.Tenant", "GROUP_ID": "slug", "PLAN": "plan",
+                       "ACTIVE": "active"},
+            "QUEUE": {"max_attempts": 3},
+            "WORKER": {"concurrency": 4},
+        },
+    },
+    "lite": {
+        "BACKEND": "rota.contrib.django.RotaBackend",
+        "OPTIONS": {"DATABASE": "lite", "SCHEMA": f"{SCHEMA}_rota"},
+    },
+}

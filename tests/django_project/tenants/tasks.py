@@ -1,0 +1,49 @@
+"""The project's tasks."""
+
+from django.dispatch import receiver
+from django.tasks import task
+from django.tasks.signals import task_finished, task_started
+
+from .models import Ran
+
+
+@task(group="tenant")
+def record(tenant: str, label: str) -> dict[str, object]:
+    """Record that it ran; return what it did."""
+    Ran.objects.create(tenant=tenant, label=label)
+    return {"tenant": tenant, "label": label,
+            "runs": Ran.objects.filter(tenant=tenant, label=label).count()}
+
+
+@task(group="tenant", takes_context=True, max_attempts=3)
+def flaky(context, tenant: str) -> None:  # type: ignore[no-untyped-def]
+    """Fails on every attempt, naming it."""
+    raise ValueError(f"attempt {context.attempt} for {tenant}")
+
+
+@task(group=lambda tenant, label: tenant, queue_name="bands")
+async def banded(tenant: str, label: str) -> str:
+    """An async task that records the order it ran in."""
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(Ran.objects.create)(tenant=tenant, label=label)
+    return label
+
+
+@task(group="tenant", queue_name="fair")
+def fair(tenant: str, i: int) -> int:
+    Ran.objects.create(tenant=tenant, label=f"fair{i}")
+    return i
+
+
+@task()
+def plain(x: int) -> int:
+    return x * 2
+
+
+@receiver(task_started)
+@receiver(task_finished)
+def note_signal(sender, task_result, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    """Django's task signals reach the project's receivers (for `plain` only)."""
+    if task_result.task.name == "plain":
+        Ran.objects.create(tenant="signals", label=f"plain {task_result.status}")
