@@ -1257,6 +1257,34 @@ CREATE TABLE {schema}.schedules (
     updated_at timestamptz NOT NULL
 );
 
+-- Every failed attempt's error (docs/design.md, "Results"), pruned with its job
+-- (prune_done.sql deletes both in one statement). No foreign key: its trigger would run
+-- on every claim and completion.
+CREATE TABLE {schema}.job_errors (
+    job_id     bigint NOT NULL,
+    id         bigint GENERATED ALWAYS AS IDENTITY,
+    attempt    integer NOT NULL,          -- jobs.attempts when it failed (1 = first)
+    run_id     uuid,                      -- the run (worker) that ran the attempt
+    started_at timestamptz,               -- when the attempt was claimed (queue clock)
+    failed_at  timestamptz NOT NULL,      -- queue clock
+    error      text NOT NULL,             -- "Type: message", bounded
+    error_type text,                      -- the exception's class, module.qualname
+    traceback  text,                      -- bounded (head and tail); null without one
+    PRIMARY KEY (job_id, id)
+);
+
+-- Who is waiting for a job (docs/design.md, "Results"): Queue.wait adds a row while it
+-- waits, and the statements that settle a job notify rota_settled only for jobs with
+-- one, so completions pay for a notification (a lock every notifying commit in the
+-- database takes in turn) only when someone is listening.
+CREATE TABLE {schema}.job_waiters (
+    job_id     bigint NOT NULL,
+    waiter     uuid NOT NULL,
+    since      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job_id, waiter)
+);
+
+-- == Rate limits (migration 008) ========================================================
 
 -- Rate limits shared by every worker (docs/design.md, "Rates"): one bucket row per
 -- (limit, key), spent by rate_take under the row's lock, so every process on every host
@@ -1364,32 +1392,3 @@ BEGIN
     RETURN QUERY SELECT true, free_at, extract(epoch FROM free_at - t)::float8;
 END
 $$;
-=======
--- Every failed attempt's error (docs/design.md, "Results"), pruned with its job
--- (prune_done.sql deletes both in one statement). No foreign key: its trigger would run
--- on every claim and completion.
-CREATE TABLE {schema}.job_errors (
-    job_id     bigint NOT NULL,
-    id         bigint GENERATED ALWAYS AS IDENTITY,
-    attempt    integer NOT NULL,          -- jobs.attempts when it failed (1 = first)
-    run_id     uuid,                      -- the run (worker) that ran the attempt
-    started_at timestamptz,               -- when the attempt was claimed (queue clock)
-    failed_at  timestamptz NOT NULL,      -- queue clock
-    error      text NOT NULL,             -- "Type: message", bounded
-    error_type text,                      -- the exception's class, module.qualname
-    traceback  text,                      -- bounded (head and tail); null without one
-    PRIMARY KEY (job_id, id)
-);
-
--- Who is waiting for a job (docs/design.md, "Results"): Queue.wait adds a row while it
--- waits, and the statements that settle a job notify rota_settled only for jobs with
--- one, so completions pay for a notification (a lock every notifying commit in the
--- database takes in turn) only when someone is listening.
-CREATE TABLE {schema}.job_waiters (
-    job_id     bigint NOT NULL,
-    waiter     uuid NOT NULL,
-    since      timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (job_id, waiter)
-);
-
--- == Rate limits (migration 008) =================================================
