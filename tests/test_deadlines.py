@@ -358,6 +358,6 @@ def test_one_sigterm_stops_serve_within_the_platform_timeout(
     elapsed = time.monotonic() - t0
     caller.join(timeout=10)
     assert elapsed < 4.0, (elapsed, err)
-    assert p.returncode == -signal.SIGTERM, err  # uvicorn re-raises the signal it caught
-    assert answer["status"] == 200 and answer["body"]["stopReason"] == "time_budget"
+    assert p.returncode == 0, err  # not killed by the signal uvicorn re-raises
+    assert answer["status"] == 200 and answer["body"]["stopReason"] == "interrupted"
     assert "rota.web: cron run" in err  # rota's own INFO lines are shown

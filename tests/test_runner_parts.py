@@ -257,7 +257,7 @@ async def test_the_loop_claims_nothing_once_asked_to_stop(queue: Queue,
     stop.set()
     result = await make_loop(queue, [Stage("t", 1, 1, handler)]).run(
         "worker", BUDGET, stop=stop)
-    assert (result.stop_reason, result.jobs_done, result.summary) == ("time_budget", 0, {})
+    assert (result.stop_reason, result.jobs_done, result.summary) == ("interrupted", 0, {})
     assert await rows(aconn, queue, "jobs", "id, status, attempts") == [
         (i, "pending", 0) for i in ids]
 

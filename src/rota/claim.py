@@ -91,7 +91,7 @@ class FairClaim:
         groups, per = self._probe.get(job_type, self._floor(limit))
         retried = False
         statement = self.statement()
-        async with self.store.connection(conn) as c:
+        async with self.store.deadline(), self.store.connection(conn) as c:
             while True:
                 # Times are loaded guarded (about 0.25 µs a value): a value that cannot be
                 # loaded becomes Unreadable on its job, so no client-side error can come
@@ -260,6 +260,14 @@ class ClaimUpkeep:
             finally:
                 self._stopping = False
                 self._task = None
+
+    def abandon(self) -> None:
+        """Cancel the background loop without waiting for it (a queue closing while
+        the database does not answer: docs/operations.md, "Network partitions and
+        timeouts")."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
 
     def request(self, job_type: str) -> None:
         """Ask for a round for ``job_type`` (a claim of that type just ran)."""

@@ -12,6 +12,7 @@ postpone) are here too, so the runner issues no job statement of its own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import select
 import time
@@ -43,6 +44,10 @@ from .settings import QueueSettings, enqueue_error, enqueued_job
 from .store import AnyConn, Store, configure_connection
 
 log = logging.getLogger("rota.queue")
+
+#: How long :meth:`Queue.close` waits for the claim's upkeep to finish its due rounds
+#: before it cancels them.
+CLOSE_DEADLINE = timedelta(seconds=5)
 
 GiveUpHook = Callable[[Job, AnyConn], Awaitable[None]]
 ClaimObserver = Callable[[str, float], None]  # (job type, seconds) after each claim
@@ -158,10 +163,31 @@ class Queue:
 
     async def close(self) -> None:
         """Stop the claim's upkeep (after its due rounds) and close the queue's own
-        pool."""
-        await self.upkeep.stop()
+        pool, within about :data:`CLOSE_DEADLINE` and a second whatever the database
+        does (docs/operations.md, "Network partitions and timeouts"): upkeep still
+        waiting for the database then is cancelled and left to end in the background
+        (psycopg cancels its statement and discards its connection within 10 s), and
+        the pool closes without waiting for connections in use."""
+        stopping = asyncio.ensure_future(self.upkeep.stop())
+        try:
+            done, _ = await asyncio.wait({stopping}, timeout=CLOSE_DEADLINE.total_seconds())
+        except asyncio.CancelledError:
+            stopping.cancel()
+            raise
+        if stopping in done:
+            stopping.result()
+        else:
+            # Cancelled, not waited for: psycopg's cancellation of a statement over a
+            # silent link takes up to 10 s more, and then closes its connection.
+            log.warning("closing the queue: the claim's upkeep got no answer from the "
+                        "database within %g s; cancelled", CLOSE_DEADLINE.total_seconds())
+            stopping.cancel()
+            stopping.add_done_callback(_retrieve)
+            self.upkeep.abandon()
         if self._owns_pool and not self._pool.closed:
-            await self._pool.close()
+            # Its background workers only connect (and a connection attempt to a
+            # server that does not answer lasts connect_timeout): a second for them.
+            await self._pool.close(timeout=1.0)
 
     async def __aenter__(self) -> Queue:
         await self.open()
@@ -916,6 +942,13 @@ def _has_input(fd: int) -> bool:
         return bool(poller.poll(0))
     readable, _, _ = select.select([fd], [], [], 0)
     return bool(readable)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Read an abandoned task's outcome, so asyncio does not log it as never
+    retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 __all__ = ["AnyConn", "GiveUpHook", "Queue"]

@@ -30,8 +30,8 @@ _KEY_PASSWORD = re.compile(
 
 #: The loggers whose records are redacted: rota's, and the pool's that rota opens.
 LOGGERS = ("rota", "rota.claim", "rota.cli", "rota.queue", "rota.runner",
-           "rota.web", "rota.web.dashboard", "rota.web.metrics", "rota.worker",
-           "psycopg.pool")
+           "rota.store", "rota.web", "rota.web.dashboard", "rota.web.metrics",
+           "rota.worker", "psycopg.pool")
 
 
 def redact(text: str, conninfo: str | None = None) -> str:

@@ -19,7 +19,8 @@ CREATE TABLE {schema}.runs (
     id            uuid PRIMARY KEY,
     trigger       text NOT NULL CHECK (trigger IN ('cron', 'cli', 'worker', 'manual')),
     stop_reason   text CHECK (stop_reason IN
-                    ('no_work', 'time_budget', 'quota_reserve', 'quota_exhausted', 'error')),
+                    ('no_work', 'time_budget', 'quota_reserve', 'quota_exhausted', 'error',
+                     'interrupted')),
     jobs_done     integer NOT NULL DEFAULT 0,
     jobs_failed   integer NOT NULL DEFAULT 0,
     jobs_deferred integer NOT NULL DEFAULT 0,

@@ -28,6 +28,29 @@ from .plans import DEFAULT_PLANS, Plans
 # invocation after DEFAULT_PLATFORM_TIMEOUT; a run stops claiming after its budget.
 DEFAULT_PLATFORM_TIMEOUT = timedelta(seconds=300)
 DEFAULT_TIME_BUDGET = timedelta(seconds=220)
+
+
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def default_time_budget(platform_timeout: timedelta) -> timedelta:
+    """The time budget of a run when none is given: the share of ``platform_timeout``
+    that :data:`DEFAULT_TIME_BUDGET` is of :data:`DEFAULT_PLATFORM_TIMEOUT` (11/15:
+    220 s of 300 s, 44 s of 60 s), so an app with a short platform timeout gets a budget
+    it accepts and keeps the same share for finishing what is in flight
+    (docs/design.md, "Handler deadlines").
+
+    Args:
+        platform_timeout: the pipeline's platform timeout, positive.
+
+    Returns:
+        The budget, rounded down to whole milliseconds.
+    """
+    # Whole microseconds (timedelta // timedelta), so 300 s gives exactly 220 s.
+    exact = platform_timeout * (DEFAULT_TIME_BUDGET // _MICROSECOND) \
+        // (DEFAULT_PLATFORM_TIMEOUT // _MICROSECOND)
+    return timedelta(milliseconds=exact // timedelta(milliseconds=1))
+
 # The failure backoff's ceiling (docs/design.md, "Fail and backoff"): River caps its
 # retry backoff too; an hour keeps a job with many attempts retrying within the day.
 DEFAULT_MAX_BACKOFF = timedelta(hours=1)

@@ -21,12 +21,23 @@ decides how values cross the wire, so no call site can forget it:
   nested deeper than the decoder goes, a year past 9999) becomes an
   :class:`~rota.job.Unreadable` in its place instead of failing the whole statement,
   so one bad row is named, not fatal (docs/design.md, "Bad data belongs to its job").
+
+Every statement also has a deadline on the client's side (:data:`STATEMENT_DEADLINE`,
+or a shorter one its caller passes): a server that stopped answering while the
+connection stays open (a frozen server, a hung proxy or pooler: TCP stays up, so
+keepalives and ``tcp_user_timeout`` never fire) would otherwise hold the caller
+forever. At the deadline the statement is cancelled, its connection discarded, the
+pool's idle connections replaced (they most likely go over the same silent link), and
+:class:`StatementDeadline` raised (docs/operations.md, "Network partitions and
+timeouts").
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
+import logging
 import re
 import struct
 import weakref
@@ -52,6 +63,13 @@ from .job import Unreadable
 AnyConn = psycopg.AsyncConnection[Any]
 Params = Mapping[str, Any]
 Row = TypeVar("Row")
+
+log = logging.getLogger("rota.store")
+
+#: A statement's client-side deadline unless its caller passes a shorter one: the
+#: server's own ``statement_timeout`` (5 min, :data:`rota.db.SESSION_DEFAULTS`) and 15 s,
+#: so a live server always answers first, with its own error.
+STATEMENT_DEADLINE = timedelta(minutes=5, seconds=15)
 
 _INTERVAL_OID = psycopg.postgres.types["interval"].oid
 _TIMESTAMPTZ_OID = psycopg.postgres.types["timestamptz"].oid
@@ -213,6 +231,12 @@ def is_connection_failure(exc: BaseException) -> bool:
 _CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 
 
+class StatementDeadline(psycopg.OperationalError):
+    """A statement got no answer within its client-side deadline: it was cancelled and
+    its connection discarded. A connection failure (:func:`is_connection_failure`):
+    the statement may or may not have committed."""
+
+
 async def listen_connect_args(pool: AsyncConnectionPool[Any]) -> tuple[str, dict[str, Any]]:
     """A pool's conninfo and connection arguments (either may be given to the pool as a
     callable, sync or async), with autocommit on: for a LISTENing connection of its own
@@ -336,6 +360,44 @@ class Store(Statements):
         async with self.pool.connection() as c:
             yield c
 
+    @asynccontextmanager
+    async def deadline(self, seconds: float | None = None) -> AsyncIterator[None]:
+        """Bound the statements of the block on the client's side (see the module's
+        docstring).
+
+        Args:
+            seconds: the deadline; ``None`` for :data:`STATEMENT_DEADLINE`.
+
+        Raises:
+            StatementDeadline: the block was still waiting for the database at the
+                deadline. Its statement was cancelled (psycopg asks the server to
+                cancel it and, when that gets no answer within 5 s either, closes the
+                connection, so this comes at most about 10 s after the deadline) and
+                the pool's idle connections are being replaced.
+        """
+        limit = STATEMENT_DEADLINE.total_seconds() if seconds is None else seconds
+        timer = asyncio.timeout(limit)
+        try:
+            async with timer:
+                yield
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            await self.discard_idle()
+            raise StatementDeadline(
+                f"the database did not answer within {limit:g} s (client-side deadline): "
+                f"the statement was cancelled and its connection discarded") from None
+
+    async def discard_idle(self) -> None:
+        """Replace the pool's idle connections, and its busy ones as they come back
+        (after a statement met its deadline, the rest most likely share its silent
+        link). Closing a connection sends no more than a Terminate message, so this
+        never waits on the network."""
+        try:
+            await self.pool.drain()
+        except Exception as exc:  # the pool is closed or closing: nothing to replace
+            log.debug("could not drain the pool: %s", first_line(exc, with_type=True))
+
     @staticmethod
     def cursor(conn: AnyConn, row_factory: AsyncRowFactory[Row], *,
                guard_times: bool = True, raw: bool = False) -> psycopg.AsyncCursor[Row]:
@@ -360,46 +422,51 @@ class Store(Statements):
         configure_cursor(cur, guard_times=guard_times)
         return cur
 
+    # Each method below runs its statement within a client-side deadline (taking the
+    # pool's connection included): ``deadline`` seconds, or STATEMENT_DEADLINE; it
+    # raises StatementDeadline at it (see :meth:`deadline`).
+
     async def execute(self, name: str, params: Params, *, conn: AnyConn | None = None,
-                      prepare: bool | None = None) -> int:
+                      prepare: bool | None = None, deadline: float | None = None) -> int:
         """Run the statement; return its row count (rows written, or -1)."""
-        async with self.connection(conn) as c:
+        async with self.deadline(deadline), self.connection(conn) as c:
             cur = self.cursor(c, tuple_row, guard_times=False)
             await cur.execute(self.sql(name), params, prepare=prepare)
             return cur.rowcount
 
-    async def fetch_one(self, name: str, params: Params, *,
-                        conn: AnyConn | None = None) -> tuple[Any, ...] | None:
+    async def fetch_one(self, name: str, params: Params, *, conn: AnyConn | None = None,
+                        deadline: float | None = None) -> tuple[Any, ...] | None:
         """Run the statement; return its first row as a tuple, or ``None`` (for
         statements whose times are the clock's: see :meth:`fetch_dicts` for rows)."""
-        async with self.connection(conn) as c:
+        async with self.deadline(deadline), self.connection(conn) as c:
             cur = self.cursor(c, tuple_row, guard_times=False)
             await cur.execute(self.sql(name), params)
             return await cur.fetchone()
 
-    async def fetch_all(self, name: str, params: Params, *,
-                        conn: AnyConn | None = None) -> list[tuple[Any, ...]]:
+    async def fetch_all(self, name: str, params: Params, *, conn: AnyConn | None = None,
+                        deadline: float | None = None) -> list[tuple[Any, ...]]:
         """Run the statement; return every row as a tuple (ids, statuses, counts)."""
-        async with self.connection(conn) as c:
+        async with self.deadline(deadline), self.connection(conn) as c:
             cur = self.cursor(c, tuple_row, guard_times=False)
             await cur.execute(self.sql(name), params)
             return await cur.fetchall()
 
-    async def fetch_dicts(self, name: str, params: Params, *,
-                          conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    async def fetch_dicts(self, name: str, params: Params, *, conn: AnyConn | None = None,
+                          deadline: float | None = None) -> list[dict[str, Any]]:
         """Run the statement; return every row as a dict keyed by column name (a value
         that could not be loaded is an :class:`~rota.job.Unreadable`)."""
-        async with self.connection(conn) as c:
+        async with self.deadline(deadline), self.connection(conn) as c:
             cur = self.cursor(c, dict_row)
             await cur.execute(self.sql(name), params)
             return await cur.fetchall()
 
-    async def fetch_dict(self, name: str, params: Params, *,
-                         conn: AnyConn | None = None) -> dict[str, Any] | None:
+    async def fetch_dict(self, name: str, params: Params, *, conn: AnyConn | None = None,
+                         deadline: float | None = None) -> dict[str, Any] | None:
         """Run the statement; return its first row as a dict, or ``None``."""
-        rows = await self.fetch_dicts(name, params, conn=conn)
+        rows = await self.fetch_dicts(name, params, conn=conn, deadline=deadline)
         return rows[0] if rows else None
 
 
-__all__ = ["AnyConn", "SecondsBinaryDumper", "SecondsDumper", "Statements", "Store",
-           "configure_connection", "configure_cursor", "is_connection_failure"]
+__all__ = ["STATEMENT_DEADLINE", "AnyConn", "SecondsBinaryDumper", "SecondsDumper",
+           "StatementDeadline", "Statements", "Store", "configure_connection",
+           "configure_cursor", "is_connection_failure", "listen_connect_args"]

@@ -7,7 +7,9 @@ Waking has two paths, so neither is a single point of failure:
 * LISTEN/NOTIFY: a statement trigger on ``jobs`` (the schema's ``notify_jobs_inserted``)
   makes every INSERT notify a channel named
   exactly like the queue's schema; the worker keeps one connection listening on it and
-  reconnects (with backoff) when it drops, for example across a database restart.
+  reconnects (with backoff) when it drops, for example across a database restart, or
+  when it stops answering while staying open (a check every ``keepalive`` with a
+  ``liveness_timeout``: docs/operations.md, "A database that stops answering").
 * Polling: the worker never sleeps longer than ``idle_poll`` without asking the database
   when the next job is due, which also catches what no INSERT announces (a job retried by
   UPDATE, a stale lock becoming reclaimable, a group unpaused, a notification missed
@@ -26,12 +28,13 @@ so a flood of them costs one ``next_due`` query per interval, not one each
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -42,13 +45,19 @@ from .maintenance import Maintainer, Maintenance, Rescue
 from .queue import Queue
 from .runner.source import PipelineSource, check_time_budget, resolve_pipeline
 from .schedule import Scheduler
-from .settings import DEFAULT_PLATFORM_TIMEOUT
+from .settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET, default_time_budget
 from .store import listen_connect_args
 
 log = logging.getLogger("rota.worker")
+T = TypeVar("T")
 
 #: How often the worker fails stuck jobs between daily maintenance runs.
 DEFAULT_RESCUE_EVERY = timedelta(minutes=1)
+
+#: How long the worker's own statements (the listening connection's check, the look at
+#: when the next job is due) may wait for an answer (docs/operations.md, "Network
+#: partitions and timeouts").
+LIVENESS_TIMEOUT = timedelta(seconds=5)
 
 #: Errors that no retry fixes: rota's tables or schema are missing (``rota migrate``).
 _FATAL_DB_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
@@ -65,7 +74,9 @@ class Worker:
             pipeline's ``queue`` attribute.
         idle_poll: the longest sleep without asking the database (the polling fallback).
         time_budget: each run's budget; a worker's runs end at it and the next one starts
-            at once, so ``runs`` rows stay bounded in time.
+            at once, so ``runs`` rows stay bounded in time. Default 11/15 of the
+            pipeline's platform timeout (220 s of 300 s:
+            :func:`rota.settings.default_time_budget`).
         maintenance: an object with ``async run_once() -> dict[str, int]``; default
             ``rota.Maintenance(queue, platform_timeout=pipeline.platform_timeout)`` (stuck
             jobs, killed runs, pruning). Runs when the worker starts and then every
@@ -81,7 +92,13 @@ class Worker:
         reconnect_delay: first wait before reconnecting the listening connection; it
             doubles on each failure up to ``idle_poll``.
         keepalive: how long the listening connection may stay silent before the worker
-            checks it with ``SELECT 1`` (a dropped network shows up there).
+            checks it with ``SELECT 1`` (default 5 s).
+        liveness_timeout: how long that check, and the worker's own look at when the
+            next job is due, may wait for an answer (default 5 s). A connection that
+            stays open but stops answering (a frozen server, a hung proxy: TCP stays
+            up, so no keepalive fires) is so noticed within ``keepalive`` plus
+            ``liveness_timeout`` (10 s by default), logged once, discarded and replaced
+            (docs/operations.md, "Network partitions and timeouts").
         wake_interval: the shortest time between two looks at the database that
             notifications cause (a debounce: a flood of NOTIFY from any role costs at
             most one ``next_due`` query per interval); default 0.2 s.
@@ -97,19 +114,22 @@ class Worker:
         *,
         queue: Queue | None = None,
         idle_poll: timedelta = timedelta(seconds=5),
-        time_budget: timedelta = timedelta(seconds=220),
+        time_budget: timedelta | None = None,
         maintenance: Maintainer | None = None,
         maintain_every: timedelta | None = timedelta(days=1),
         rescue_every: timedelta | None = DEFAULT_RESCUE_EVERY,
         reconnect_delay: timedelta = timedelta(seconds=0.5),
-        keepalive: timedelta = timedelta(seconds=30),
+        keepalive: timedelta = timedelta(seconds=5),
+        liveness_timeout: timedelta = LIVENESS_TIMEOUT,
         wake_interval: timedelta = timedelta(seconds=0.2),
         on_run: Callable[[Any], None] | None = None,
     ) -> None:
         self._source = pipeline
         self._queue = queue
         self.idle_poll = require_duration(idle_poll, "idle_poll")
-        self.time_budget = require_duration(time_budget, "time_budget")
+        self.time_budget = (None if time_budget is None
+                            else require_duration(time_budget, "time_budget"))
+        self._budget = self.time_budget or DEFAULT_TIME_BUDGET  # set when it starts
         self.maintain_every = (
             None if maintain_every is None else require_duration(maintain_every, "maintain_every")
         )
@@ -118,6 +138,10 @@ class Worker:
         )
         self.reconnect_delay = require_duration(reconnect_delay, "reconnect_delay")
         self.keepalive = require_duration(keepalive, "keepalive")
+        self.liveness_timeout = require_duration(liveness_timeout, "liveness_timeout")
+        # Whether the last look at the database failed: a failure is logged as a
+        # warning once, until the database answers again.
+        self._unreachable = False
         self.wake_interval = require_duration(wake_interval, "wake_interval")
         self._maintenance = maintenance
         self._on_run = on_run
@@ -141,9 +165,11 @@ class Worker:
         ``run`` takes ``stop``), lets what is in flight finish within its handler
         deadlines (so within the platform timeout), and hands unstarted jobs back as
         they were; after it no new run or maintenance starts. An idle worker returns at
-        once. Database errors are logged
-        and retried with a backoff (from ``reconnect_delay``, doubling up to
-        ``idle_poll``), except rota's tables or schema missing, which no retry fixes.
+        once, even while it waits for a database that does not answer. Database
+        errors are logged once (until it answers again) and retried with a backoff
+        (from ``reconnect_delay``, doubling up to ``idle_poll``), except rota's tables
+        or schema missing, which no retry fixes. After every run it asks again when
+        the next job is due and sleeps until then (at most ``idle_poll``).
 
         Raises:
             InvalidInput: the pipeline has no queue and none was given.
@@ -156,7 +182,9 @@ class Worker:
         queue = self._queue if self._queue is not None else getattr(pipeline, "queue", None)
         if not isinstance(queue, Queue):
             raise InvalidInput("Worker needs a rota.Queue: pass queue= or give the pipeline one")
-        check_time_budget(pipeline, self.time_budget)
+        self._budget = self.time_budget or default_time_budget(
+            getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
+        check_time_budget(pipeline, self._budget)
         types = _stage_types(pipeline)
         scheduler = getattr(pipeline, "scheduler", None)
         if not isinstance(scheduler, Scheduler):
@@ -170,6 +198,10 @@ class Worker:
             pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
         next_rescue = time.monotonic() + (self.rescue_every or timedelta(0)).total_seconds()
         backoff = self.reconnect_delay.total_seconds()
+        # Whether the last run touched no job although work was due (a stage blocked by
+        # its quota's reserve, say): due work that is still there then waits for a
+        # wake-up, not another run at once.
+        stalled = False
         try:
             while not stop_event.is_set():
                 if maintainer is not None and time.monotonic() >= next_maintenance:
@@ -180,30 +212,46 @@ class Worker:
                     if stop_event.is_set():  # asked to stop during the maintenance run
                         break
                 if rescuer is not None and time.monotonic() >= next_rescue:
-                    next_rescue = time.monotonic() + await self._rescue(rescuer)
+                    rescued = await _until_stopped(stop_event, self._rescue(rescuer))
+                    if rescued is None:  # asked to stop while waiting for the database
+                        break
+                    next_rescue = time.monotonic() + rescued
                 # Cleared before asking, so an enqueue committed after the question was
                 # asked still wakes the wait below.
                 self._wake.clear()
                 asked_at = time.monotonic()
                 try:
-                    due_in = await self._next_due(queue, types)
-                    if scheduler is not None:  # wake in time for the next tick
-                        due_in = _earliest(due_in, await scheduler.due_in())
+                    # A stop request ends the wait for the database at once (nothing is
+                    # held while asking), so one SIGTERM stops an idle worker whatever
+                    # the database does.
+                    asked = await _until_stopped(stop_event, self._due_in(
+                        queue, types, scheduler))
+                    if asked is None:
+                        break
+                    due_in = asked[0]
                 except _FATAL_DB_ERRORS:
                     raise
                 except (psycopg.Error, OSError, TimeoutError) as exc:
-                    log.warning("cannot reach the database (%s); retrying in %.1fs",
-                                first_line(exc, with_type=True), backoff)
+                    self._cannot_reach(exc, backoff)
                     due_in, outcome = None, "error"
                 else:
+                    if self._unreachable:
+                        self._unreachable = False
+                        log.info("the database answers again")
                     outcome = "idle"
-                    if due_in is not None and due_in <= 0:
+                    if due_in is not None and due_in <= 0 and not stalled:
                         if stop_event.is_set():  # asked to stop while asking
                             break
                         outcome = await self._run_once(pipeline)
-                        if outcome == "progress":
+                        if outcome != "error":
+                            # Ask again: the due time as it stands after the run (a
+                            # retry's backoff, a deferral, a run_after it enqueued, a
+                            # schedule's next tick) decides the sleep, never the one
+                            # read before it.
                             backoff = self.reconnect_delay.total_seconds()
+                            stalled = outcome == "stalled"
                             continue
+                stalled = False
                 if outcome == "error":
                     # The database is down or the run broke: back off (doubling up to
                     # idle_poll); the listener reconnecting (the database is back) or a
@@ -242,7 +290,7 @@ class Worker:
         there is more), ``"stalled"`` when it touched none, ``"error"`` when it raised or
         stopped with ``error``."""
         try:
-            result = await pipeline.run(trigger="worker", time_budget=self.time_budget,
+            result = await pipeline.run(trigger="worker", time_budget=self._budget,
                                         **self._stop_arg(pipeline))
         except Exception as exc:
             log.error("run failed: %s", first_line(exc, with_type=True))
@@ -277,13 +325,35 @@ class Worker:
                          ", ".join(f"{k}={v}" for k, v in counters.items()))
         return self.rescue_every.total_seconds()
 
+    def _cannot_reach(self, exc: BaseException, backoff: float) -> None:
+        """Log a failed look at the database: a warning the first time, then quietly
+        until it answers again (a database down for an hour is one line, not 720)."""
+        text = first_line(exc, with_type=True)
+        if self._unreachable:
+            log.debug("still cannot reach the database (%s); retrying in %.1fs", text,
+                      backoff)
+        else:
+            self._unreachable = True
+            log.warning("cannot reach the database (%s); retrying (from %.1fs, up to "
+                        "%.1fs apart) and saying so when it answers again", text, backoff,
+                        self.idle_poll.total_seconds())
+
+    async def _due_in(self, queue: Queue, types: Sequence[str] | None,
+                      scheduler: Scheduler | None) -> tuple[float | None]:
+        """When the next job (or schedule tick) is due, in seconds (a one-tuple, so
+        :func:`_until_stopped` can tell "never" from "stopped")."""
+        due_in = await self._next_due(queue, types)
+        if scheduler is not None:  # wake in time for the next tick
+            due_in = _earliest(due_in, await scheduler.due_in())
+        return (due_in,)
+
     async def _next_due(self, queue: Queue, types: Sequence[str] | None) -> float | None:
-        async with queue.connection() as conn:
-            row = await queue.store.fetch_one("next_due", {
-                "types": list(types) if types is not None else None,
-                "offset": queue.clock_offset,
-                "stale_after": queue.stale_after,
-            }, conn=conn)
+        await queue.open()
+        row = await queue.store.fetch_one("next_due", {
+            "types": list(types) if types is not None else None,
+            "offset": queue.clock_offset,
+            "stale_after": queue.stale_after,
+        }, deadline=self.liveness_timeout.total_seconds())
         return None if row is None or row[0] is None else float(row[0])
 
     def _maintainer(self, pipeline: Any, queue: Queue) -> Maintainer:
@@ -302,7 +372,7 @@ class Worker:
         every = self.maintain_every.total_seconds()
         try:
             if "maintenance" in inspect.signature(pipeline.run).parameters:
-                result = await pipeline.run(trigger="worker", time_budget=self.time_budget,
+                result = await pipeline.run(trigger="worker", time_budget=self._budget,
                                             maintenance=maintainer,
                                             **self._stop_arg(pipeline))
                 self._record(result)
@@ -336,26 +406,41 @@ class Worker:
         lost."""
         delay = self.reconnect_delay.total_seconds()
         channel = sql.SQL("LISTEN {}").format(sql.Identifier(queue.schema))
+        limit = self.liveness_timeout.total_seconds()
+        lost = False  # logged once until the connection is back
         while not stop_event.is_set():
+            conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 conninfo, kwargs = await _connect_args(queue)
-                conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
-                async with conn:
-                    await conn.execute(channel)
-                    self.listen_pid = conn.info.backend_pid
-                    self.listening.set()
-                    self._wake.set()
-                    delay = self.reconnect_delay.total_seconds()
-                    while True:
-                        async for _ in conn.notifies(timeout=self.keepalive.total_seconds()):
-                            self._wake.set()
-                        await conn.execute("SELECT 1")
-            except (psycopg.Error, OSError) as exc:
-                log.warning("listening connection lost (%s); reconnecting in %.1fs",
-                            first_line(exc, with_type=True), delay)
+                # Connecting and LISTEN are bounded too: a proxy may take the TCP
+                # connection and never answer.
+                conn = await _within(limit + float(kwargs.get("connect_timeout") or 10),
+                                     psycopg.AsyncConnection.connect(conninfo, **kwargs))
+                await _within(limit, conn.execute(channel))
+                self.listen_pid = conn.info.backend_pid
+                self.listening.set()
+                self._wake.set()
+                delay = self.reconnect_delay.total_seconds()
+                if lost:
+                    lost = False
+                    log.info("listening connection back")
+                while True:
+                    async for _ in conn.notifies(timeout=self.keepalive.total_seconds()):
+                        self._wake.set()
+                    # The liveness check: a connection that stays open but no longer
+                    # answers shows up only here.
+                    await _within(limit, conn.execute("SELECT 1"))
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                if not lost:
+                    lost = True
+                    log.warning("listening connection lost (%s); reconnecting (from "
+                                "%.1fs apart), and saying so when it is back",
+                                first_line(exc, with_type=True), delay)
             finally:
                 self.listening.clear()
                 self.listen_pid = None
+                if conn is not None:
+                    _discard(conn)
             await _wait_any(stop_event, None, delay)
             delay = min(delay * 2, self.idle_poll.total_seconds())
 
@@ -363,6 +448,62 @@ class Worker:
 async def _connect_args(queue: Queue) -> tuple[str, dict[str, Any]]:
     """The queue pool's connection arguments, autocommit for LISTEN."""
     return await listen_connect_args(queue.pool)
+
+
+async def _within(seconds: float, work: Awaitable[T]) -> T:
+    """``work``'s result, or :class:`TimeoutError` at once after ``seconds``: the
+    work is cancelled but not waited for (psycopg's cancellation of a statement over a
+    silent link takes up to 10 s more; it then closes the connection itself).
+
+    Raises:
+        TimeoutError: no result within ``seconds``.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if task in done:
+        return task.result()
+    task.cancel()
+    task.add_done_callback(_retrieve)
+    raise TimeoutError(f"no answer within {seconds:g} s")
+
+
+async def _until_stopped(stop: asyncio.Event, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or ``None`` as soon as ``stop`` is set (the work is then
+    cancelled, not waited for: it holds nothing a stop must settle)."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        stopper.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    task.add_done_callback(_retrieve)
+    return None
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Read an abandoned task's outcome, so asyncio does not log it as never
+    retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _discard(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Close the listening connection without waiting on the network: ``close`` only
+    sends a Terminate message, but an ``async with`` exit would wait for a statement
+    still being cancelled."""
+    if not conn.closed:
+        with contextlib.suppress(Exception):
+            conn.pgconn.finish()
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:

@@ -23,7 +23,7 @@ from ..errors import ConfigError, first_line
 from ..plans import DEFAULT_PLANS, Plans
 from ..queue import AnyConn, Queue
 from ..runner.source import check_time_budget, resolve_pipeline
-from ..settings import QueueSettings
+from ..settings import DEFAULT_PLATFORM_TIMEOUT, QueueSettings, default_time_budget
 from .errors import CliConfigError, is_database_error
 
 #: Seconds the CLI waits for a database connection before calling it unreachable.
@@ -246,6 +246,17 @@ async def load_pipeline(target: Target, queue: Queue) -> tuple[Any, Any]:
         if is_database_error(exc):
             raise
         raise app_error(target.app_spec, exc) from None
+
+
+def resolve_budget(pipeline: Any, budget: float | None) -> float:
+    """The ``--budget`` in seconds, checked (:func:`check_budget`), or when it is
+    ``None`` the app's default: 11/15 of its platform timeout (220 s of 300 s:
+    :func:`rota.settings.default_time_budget`)."""
+    if budget is None:
+        timeout = getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT)
+        return default_time_budget(timeout).total_seconds()
+    check_budget(pipeline, budget)
+    return budget
 
 
 def check_budget(pipeline: Any, budget: float) -> None:

@@ -14,6 +14,7 @@ from ..queue import Queue
 from .app import CONNECT_TIMEOUT, build_pipeline, require_migrated
 from .errors import CliConfigError
 from .options import make_target, target_options
+from .serving import serve_until_signal
 
 
 @click.command("dashboard")
@@ -30,9 +31,8 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
 
     Without ROTA_DASHBOARD_SECRET it starts only with --read-only on a loopback
     address (127.0.0.1, ::1, localhost); otherwise it exits 2, as it does when the
-    database is unreachable or its schema is not migrated."""
-    import uvicorn
-
+    database is unreachable or its schema is not migrated. SIGINT or SIGTERM stops it
+    (exit 0) once the requests in flight have ended."""
     from ..web.auth import is_loopback
     from ..web.cron import usable_secret
     from ..web.dashboard import dashboard_app
@@ -58,4 +58,4 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
                         close_queue=True)
     click.echo(f"rota dashboard on http://{host}:{port}/ (schema {queue.schema!r}"
                f"{', read-only' if read_only else ''})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    serve_until_signal(app, host=host, port=port)

@@ -4,6 +4,7 @@ back, until a signal) and ``rota serve`` (the cron endpoint under uvicorn)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import sys
@@ -19,10 +20,10 @@ from ..runner.stage import HEALTHY_STOP_REASONS
 from ..settings import DEFAULT_PLATFORM_TIMEOUT
 from .app import (
     CONNECT_TIMEOUT,
-    check_budget,
     load_pipeline,
     open_queue,
     require_migrated,
+    resolve_budget,
     run_async,
 )
 from .options import POSITIVE_SECONDS, json_option, make_target, target_options
@@ -31,10 +32,10 @@ from .output import (
     console,
     emit_json,
     log_to_stderr,
-    safe_text,
     summary_text,
     with_progress,
 )
+from .serving import serve_until_signal
 
 
 def _run_row(result: Any) -> dict[str, Any]:
@@ -50,32 +51,137 @@ def _run_row(result: Any) -> dict[str, Any]:
     }
 
 
+#: The exit status after a second SIGINT or SIGTERM stopped a run at once (128 + SIGINT,
+#: the shell's convention for "interrupted"); a first signal lets the run end and exits 0.
+EXIT_STOPPED_AT_ONCE = 130
+#: The exit status when a stopping process had to end at its platform timeout without
+#: settling (the database stopped answering).
+EXIT_AT_PLATFORM_TIMEOUT = 1
+
+#: ``--budget``'s help, shared by run, worker and serve.
+BUDGET_HELP = ("Each run's time budget: no new batch is claimed after it. Must be "
+               "shorter than the app's platform timeout; default 11/15 of it (220 s of "
+               "the default 300 s, 44 s of 60 s).")
+
+
+class StopOnSignals:
+    """The first SIGINT or SIGTERM is a stop request (``stop`` is set and ``message``
+    printed to stderr), the second a stop at once (the task that created this, the
+    command's main task, is cancelled). Installed before anything else, so a signal
+    during start-up is a stop request too (docs/design.md, "Handler deadlines").
+
+    Once :meth:`bound` has been given the app's platform timeout, the process also
+    ends by then after the first signal (unless its run is over: :meth:`disarm`;
+    closing the queue is bounded on its own), whatever the database does: a run whose
+    database stopped answering cannot settle, and is left to maintenance (its jobs go
+    stale, its run is marked killed) rather than outliving the platform timeout
+    (docs/operations.md, "A database that stops answering")."""
+
+    def __init__(self, stop: asyncio.Event, message: str) -> None:
+        self.stop = stop
+        self.message = message
+        self.main_task = asyncio.current_task()
+        self.loop = asyncio.get_running_loop()
+        self.signalled_at: float | None = None
+        self.platform_timeout: float | None = None
+        self.armed: asyncio.TimerHandle | None = None
+        self.disarmed = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.loop.add_signal_handler(sig, self._on_signal)
+
+    def bound(self, platform_timeout: timedelta) -> None:
+        """End the process at ``platform_timeout`` after the first signal."""
+        self.platform_timeout = platform_timeout.total_seconds()
+        if self.signalled_at is not None:
+            self._arm()
+
+    def _on_signal(self) -> None:
+        if self.stop.is_set() and self.main_task is not None:
+            self.main_task.cancel()
+            return
+        click.echo(self.message, err=True)
+        self.stop.set()
+        if self.signalled_at is None:
+            self.signalled_at = self.loop.time()
+            if self.platform_timeout is not None:
+                self._arm()
+
+    def disarm(self) -> None:
+        """The run is over (closing the queue is bounded on its own): no exit at the
+        platform timeout any more."""
+        self.disarmed = True
+        if self.armed is not None:
+            self.armed.cancel()
+
+    def _arm(self) -> None:
+        assert self.signalled_at is not None and self.platform_timeout is not None
+        if self.disarmed:
+            return
+        # Just before the platform timeout (a second of 300 s, 2.5 % of a short one),
+        # so the exit is ours, not a SIGKILL; a run that settles ends before it, since
+        # its hard deadline leaves a reserve (docs/design.md, "Handler deadlines").
+        margin = min(1.0, self.platform_timeout * 0.025)
+        self.armed = self.loop.call_at(self.signalled_at + self.platform_timeout - margin,
+                                       _exit_at_platform_timeout)
+
+
+def _exit_at_platform_timeout() -> None:
+    """End the process now: it is about to outlive its platform timeout."""
+    click.echo("error: the run could not settle within the platform timeout (the "
+               "database does not answer): exiting; maintenance marks the run killed "
+               "and its jobs are retried when their locks go stale", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_AT_PLATFORM_TIMEOUT)
+
+
+def stop_arg(pipeline: Any, stop: asyncio.Event) -> dict[str, Any]:
+    """``stop=`` for a pipeline whose ``run`` takes it (a :class:`rota.Pipeline` does);
+    an app's own object may not."""
+    if "stop" in inspect.signature(pipeline.run).parameters:
+        return {"stop": stop}
+    return {}
+
+
 @click.command()
 @target_options
-@click.option("--budget", type=POSITIVE_SECONDS, default=220.0, show_default=True,
-              metavar="SECONDS",
-              help="Time budget: no new batch is claimed after it. Must be shorter than "
-                   "the app's platform timeout (300 s unless the app says otherwise).")
+@click.option("--budget", type=POSITIVE_SECONDS, default=None, metavar="SECONDS",
+              help=BUDGET_HELP)
 @json_option
 def run(database_url: str | None, schema: str | None, app_spec: str | None,
-        budget: float, as_json: bool) -> None:
+        budget: float | None, as_json: bool) -> None:
     """Run the pipeline once within the budget (for a CronJob or a systemd timer).
 
     The run ends before the app's platform timeout whatever its handlers do (each is
-    cancelled at its deadline). Exits 1 when the run stopped with `error`; 2 when it
-    could not start (bad app or budget, database unreachable)."""
+    cancelled at its deadline). On SIGINT (Ctrl-C) or SIGTERM it claims nothing more,
+    lets the jobs in flight finish (each within its handler deadline), hands its
+    unstarted jobs back as they were, records the run as stopped `interrupted` and
+    exits 0. A second signal stops at once (exit 130): the jobs in flight are handed
+    back too, their attempt returned. Exits 1 when the run stopped with `error`; 2
+    when it could not start (bad app or budget, database unreachable)."""
     target = make_target(database_url, schema, app_spec)
     target.require_app()
 
     async def go() -> Any:
+        stop = asyncio.Event()
+        signals = StopOnSignals(stop, "stopping: no more jobs are claimed; the jobs in "
+                                      "flight finish (signal again to stop now)")
         async with open_queue(target) as queue:
             _, pipeline = await load_pipeline(target, queue)
-            check_budget(pipeline, budget)
-            return await with_progress(
-                pipeline.run(trigger="cli", time_budget=timedelta(seconds=budget)),
-                "running the pipeline", budget)
+            seconds = resolve_budget(pipeline, budget)
+            signals.bound(getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
+            result = await with_progress(
+                pipeline.run(trigger="cli", time_budget=timedelta(seconds=seconds),
+                             **stop_arg(pipeline, stop)),
+                "running the pipeline", seconds)
+            signals.disarm()
+            return result
 
-    result = run_async(go())
+    try:
+        result = run_async(go())
+    except asyncio.CancelledError:
+        click.echo("stopped at once: the jobs in flight were handed back", err=True)
+        sys.exit(EXIT_STOPPED_AT_ONCE)
     row = _run_row(result)
     if as_json:
         emit_json(row)
@@ -93,28 +199,26 @@ def run(database_url: str | None, schema: str | None, app_spec: str | None,
 
 @click.command()
 @target_options
-@click.option("--budget", type=POSITIVE_SECONDS, default=220.0, show_default=True,
-              metavar="SECONDS", help="Each run's time budget (shorter than the app's "
-                                      "platform timeout).")
+@click.option("--budget", type=POSITIVE_SECONDS, default=None, metavar="SECONDS",
+              help=BUDGET_HELP)
 @click.option("--idle-poll", type=POSITIVE_SECONDS, default=5.0, show_default=True,
               metavar="SECONDS", help="Longest sleep without asking the database.")
 @click.option("--no-maintenance", is_flag=True,
               help="Do not run maintenance: neither the daily run nor the stuck-job "
                    "rescue every minute.")
 def worker(database_url: str | None, schema: str | None, app_spec: str | None,
-           budget: float, idle_poll: float, no_maintenance: bool) -> None:
+           budget: float | None, idle_poll: float, no_maintenance: bool) -> None:
     """Run the pipeline back to back; sleep until the next job is due, wake on enqueue.
 
     On SIGINT or SIGTERM the current run claims nothing more, lets the jobs in flight
     finish (each within its handler deadline, so within the platform timeout), hands
-    its unstarted jobs back as they were, and the worker exits 0, starting no new run
-    or maintenance. A second signal stops at once (exit 130): the current run's
-    unstarted jobs are handed back, and its jobs in flight are failed (the claim
-    already counted the attempt), so they are retried after their backoff, or give up
-    if it was their last attempt.
+    its unstarted jobs back as they were, records the run as stopped `interrupted`,
+    and the worker exits 0, starting no new run or maintenance. A second signal stops
+    at once (exit 130): the current run's jobs in flight are handed back too, their
+    attempt returned, and run again by the next worker.
 
     Between runs it fails stuck jobs every minute; full maintenance (killed runs,
-    pruning) runs daily.
+    pruning) runs daily. Each run is logged once, to stderr.
 
     Exits 2 at start, before looping, when the app or its settings are wrong, the
     budget is not below the app's platform timeout, the database is unreachable or its
@@ -125,46 +229,29 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
     target.require_app()
     log_to_stderr()
 
-    def report(result: Any) -> None:
-        click.echo(safe_text(
-            f"run {result.run_id} stopped {result.stop_reason}: "
-            f"done={result.jobs_done} failed={result.jobs_failed} "
-            f"deferred={result.jobs_deferred} units={result.quota_units}"))
-
     async def go() -> None:
         stop = asyncio.Event()
-        main_task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-
-        def on_signal() -> None:
-            if stop.is_set() and main_task is not None:
-                main_task.cancel()
-            else:
-                click.echo("stopping after the current run (signal again to stop now)",
-                           err=True)
-                stop.set()
-
-        # Installed first, so a signal during start-up is a stop request too.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
+        signals = StopOnSignals(stop, "stopping after the current run (signal again to "
+                                      "stop now)")
         async with open_queue(target) as queue:
             await require_migrated(queue)
             _, pipeline = await load_pipeline(target, queue)
-            check_budget(pipeline, budget)
+            seconds = resolve_budget(pipeline, budget)
+            signals.bound(getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
             w = Worker(pipeline, queue=queue, idle_poll=timedelta(seconds=idle_poll),
-                       time_budget=timedelta(seconds=budget),
+                       time_budget=timedelta(seconds=seconds),
                        maintain_every=None if no_maintenance else timedelta(days=1),
-                       rescue_every=None if no_maintenance else timedelta(minutes=1),
-                       on_run=report)
+                       rescue_every=None if no_maintenance else timedelta(minutes=1))
             if stop.is_set():
                 return
             click.echo(f"worker listening on schema {queue.schema!r}", err=True)
             await w.run_forever(stop)
+            signals.disarm()
 
     try:
         run_async(go())
     except asyncio.CancelledError:
-        sys.exit(130)
+        sys.exit(EXIT_STOPPED_AT_ONCE)
     click.echo("worker stopped", err=True)
 
 
@@ -172,24 +259,24 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
 @target_options
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--budget", type=POSITIVE_SECONDS, default=220.0, show_default=True,
-              metavar="SECONDS", help="Each cron run's time budget (shorter than the "
-                                      "app's platform timeout).")
+@click.option("--budget", type=POSITIVE_SECONDS, default=None, metavar="SECONDS",
+              help=BUDGET_HELP)
 @click.option("--metrics", is_flag=True, help="Also serve GET /metrics (Prometheus; "
               "credential ROTA_DASHBOARD_SECRET, needed unless --host is loopback).")
 def serve(database_url: str | None, schema: str | None, app_spec: str | None,
-          host: str, port: int, budget: float, metrics: bool) -> None:
+          host: str, port: int, budget: float | None, metrics: bool) -> None:
     """Serve GET /api/cron under uvicorn (the secret comes from CRON_SECRET).
 
     rota's own log lines (refused requests, run outcomes) go to stderr with uvicorn's.
-    On SIGTERM it stops taking requests and exits once the run in flight has ended,
-    which it does before the app's platform timeout.
+    On SIGINT or SIGTERM it stops taking requests; the run in flight claims nothing
+    more, lets its jobs in flight finish, hands its unstarted jobs back and stops
+    `interrupted`, before the app's platform timeout; then it exits 0. A second signal
+    stops the run at once: the jobs in flight are handed back too, the request is
+    answered 503, and it exits 0.
 
     Exits 2 at start when the app or its settings are wrong, the budget is not below
     the app's platform timeout, the database is unreachable or its schema is not
     migrated."""
-    import uvicorn
-
     from ..web import cron_app, usable_secret
 
     target = make_target(database_url, schema, app_spec)
@@ -197,28 +284,30 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
     url = target.url()
     queue = Queue(url, **target.queue_settings())
 
-    async def check() -> tuple[Any, Any]:
+    async def check() -> tuple[Any, Any, float]:
         async with await psycopg.AsyncConnection.connect(
                 url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
             await require_migrated(queue, conn)
         # A factory is called once here, so a broken one is refused now rather than
         # on every cron request.
         made, pipeline = await load_pipeline(target, queue)
-        check_budget(pipeline, budget)
-        return made, pipeline
+        return made, pipeline, resolve_budget(pipeline, budget)
 
-    made, pipeline = asyncio.run(check())
+    made, pipeline, seconds = asyncio.run(check())
     log_to_stderr()
     secret = os.environ.get("CRON_SECRET")
     if usable_secret(secret) is None:
         click.echo("warning: CRON_SECRET is not set: /api/cron will refuse every request",
                    err=True)
-    app = cron_app(made, secret=secret, time_budget=timedelta(seconds=budget), queue=queue)
+    stop, stop_now = asyncio.Event(), asyncio.Event()
+    app = cron_app(made, secret=secret, time_budget=timedelta(seconds=seconds), queue=queue,
+                   stop=stop, stop_now=stop_now)
     if metrics:
         from ..web.metrics import mount_metrics
         mount_metrics(app, queue, pipeline=made, host=host,
                       secret=os.environ.get("ROTA_DASHBOARD_SECRET"))
     platform_timeout = getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT)
     # A run in flight ends before its platform timeout; uvicorn waits no longer for it.
-    uvicorn.run(app, host=host, port=port, log_level="info",
-                timeout_graceful_shutdown=max(1, int(platform_timeout.total_seconds())))
+    serve_until_signal(app, host=host, port=port,
+                       graceful_seconds=platform_timeout.total_seconds(), on_stop=stop.set,
+                       on_stop_now=stop_now.set)

@@ -250,13 +250,32 @@ class BatchRunner:
         if n < len(ctxs):  # reclaimed by another run meanwhile
             run.add("lost", len(ctxs) - n)
 
+    async def _hand_back_interrupted(self, run: RunState,
+                                     ctxs: list[JobContext]) -> None:
+        """Hand back, as they were, the jobs whose handlers a stop request cut (a
+        second SIGINT or SIGTERM): counted ``interrupted`` in the summary."""
+        cut = [c for c in ctxs if not c.settled and c.started and not c.in_caller_tx]
+        if not cut:
+            return
+        try:
+            await self.hand_back(run, cut)
+        except Exception:
+            log.exception("run %s: could not hand back interrupted jobs", run.id)
+        else:
+            run.add("interrupted", len(cut))
+
     async def _release(self, run: RunState, ctxs: list[JobContext],
                        blocked: QuotaExhausted | None) -> None:
         """Hand back what a batch still holds: jobs never started go back as they were
         (attempts and deferrals unchanged: docs/design.md, "Defer"); when the stage's
         quota is gone, the skip that follows moves them to its reset. Jobs started but
         unsettled (the run is ending in error or cancelled) are failed, so they are
-        retried after backoff rather than waiting for the stale window."""
+        retried after backoff rather than waiting for the stale window; when the run
+        was asked to stop (cancelled by a second signal), they are handed back too,
+        their attempt returned: an operator's stop is not the job's failure
+        (docs/design.md, "The runner")."""
+        if run.stopping():
+            await self._hand_back_interrupted(run, ctxs)
         unstarted = [c for c in ctxs if not c.settled and not c.started]
         if unstarted:
             try:

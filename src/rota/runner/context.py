@@ -109,6 +109,11 @@ class RunState:
         return (time.monotonic() >= self.deadline
                 or (self.stop is not None and self.stop.is_set()))
 
+    def stopping(self) -> bool:
+        """Whether the run was asked to stop (its ``stop`` event is set: a signal to
+        its process): it then stops ``interrupted`` (docs/design.md, "The runner")."""
+        return self.stop is not None and self.stop.is_set()
+
     def past_hard_deadline(self) -> bool:
         return time.monotonic() >= self.hard_deadline
 

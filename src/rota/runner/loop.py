@@ -108,7 +108,10 @@ class RunLoop:
                         run.add(f"schedules.{k}", v)
             reason = await self._within_deadline(run)
         except asyncio.CancelledError:
-            await self.recorder.finish_quietly(run, "error", "cancelled")
+            if run.stopping():  # a second stop request: its jobs were handed back
+                await self.recorder.finish_quietly(run, "interrupted", None)
+            else:
+                await self.recorder.finish_quietly(run, "error", "cancelled")
             raise
         except RunOverran as exc:  # said and settled in _within_deadline: no traceback
             log.error("run %s ended in error: %s", run.id, exc)
@@ -198,9 +201,9 @@ class RunLoop:
     async def _claim_and_run(self, run: RunState) -> StopReason:
         while True:
             for i, stage in enumerate(self.stages):
-                # After the budget no new batch is claimed.
+                # After the budget, or once asked to stop, no new batch is claimed.
                 if run.out_of_time():
-                    return "time_budget"
+                    return "interrupted" if run.stopping() else "time_budget"
                 if stage.type in run.skipped or rates.waiting(run, stage):
                     continue
                 if stage.quota is not None:

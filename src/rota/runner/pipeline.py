@@ -243,8 +243,9 @@ class Pipeline:
                 (default 220 s of 300 s; the gap is for finishing what is in flight).
             maintenance: run this first (for example a :class:`rota.Maintenance`); its
                 counters land in the summary as ``maintenance.*``.
-            stop: an event that ends the budget early when set (a worker's SIGTERM):
-                nothing more is claimed, what is in flight finishes.
+            stop: an event that ends the budget early when set (a SIGTERM to the
+                process): nothing more is claimed, what is in flight finishes, and the
+                run stops ``interrupted``.
 
         After maintenance, the pipeline's schedules enqueue their due ticks
         (:meth:`rota.schedule.Scheduler.run_once`; non-zero counters land in the summary
@@ -263,7 +264,10 @@ class Pipeline:
                 database is down; maintenance later marks such a run "killed").
             asyncio.CancelledError: the run was cancelled; it is recorded as ended in
                 error ("cancelled") when the database allows, its unstarted jobs are
-                deferred and its jobs in flight failed (retried later).
+                deferred and its jobs in flight failed (retried later). Cancelled
+                once ``stop`` was set (a second signal), it is recorded as
+                ``interrupted`` and its jobs in flight are handed back, their attempt
+                returned.
         """
         if trigger not in TRIGGERS:
             raise InvalidInput(f"trigger must be one of {', '.join(TRIGGERS)}, got {trigger!r}")

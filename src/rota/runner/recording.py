@@ -167,7 +167,8 @@ class RunRecorder:
                 return finished_at
         raise AssertionError("unreachable")
 
-    async def finish_quietly(self, run: RunState, stop: StopReason, error: str) -> None:
+    async def finish_quietly(self, run: RunState, stop: StopReason,
+                             error: str | None) -> None:
         """Record the run's end once, logging instead of raising (a cancelled run)."""
         try:
             await self.save(run, final=True, stop_reason=stop, error=error)

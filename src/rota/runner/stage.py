@@ -17,7 +17,8 @@ from ..rates import RateLimit, check_stage_limits
 from .context import JobContext, Outcome
 
 Trigger = Literal["cron", "cli", "worker", "manual"]
-StopReason = Literal["no_work", "time_budget", "quota_reserve", "quota_exhausted", "error"]
+StopReason = Literal["no_work", "time_budget", "quota_reserve", "quota_exhausted", "error",
+                     "interrupted"]
 TRIGGERS: tuple[str, ...] = get_args(Trigger)
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 #: Stop reasons that are not incidents (docs/design.md, "The runner"); only ``error`` is.

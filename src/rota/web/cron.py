@@ -10,9 +10,11 @@ echoed.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import inspect
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any, Protocol
@@ -108,6 +110,8 @@ def cron_app(
     secret: str | None,
     time_budget: timedelta = timedelta(seconds=220),
     queue: Any = None,
+    stop: asyncio.Event | None = None,
+    stop_now: asyncio.Event | None = None,
 ) -> Starlette:
     """Build the cron endpoint's ASGI app.
 
@@ -135,6 +139,12 @@ def cron_app(
         queue: an object with ``async close()`` (the ``rota.Queue`` the pipeline uses)
             that the app closes at shutdown, for ``rota serve``; ``None`` when the caller
             manages it.
+        stop: an event that, once set (``rota serve``'s SIGTERM), makes the run in
+            flight claim nothing more and stop ``interrupted``, given to pipelines
+            whose ``run`` takes ``stop``.
+        stop_now: an event that, once set (``rota serve``'s second signal), cancels
+            the run in flight: it hands its jobs back and stops ``interrupted``, and
+            the request is answered 503 ``{"error": "stopped at once"}``.
 
     Raises:
         InvalidInput: ``time_budget`` is not a positive ``timedelta``.
@@ -163,7 +173,12 @@ def cron_app(
                                 headers={"WWW-Authenticate": 'Bearer realm="rota"'})
         try:
             runner = await resolve_pipeline(pipeline)
-            result = await runner.run(trigger="cron", time_budget=budget)
+            stopping = ({"stop": stop} if stop is not None and "stop" in
+                        inspect.signature(runner.run).parameters else {})
+            result = await _run_unless(
+                stop_now, runner.run(trigger="cron", time_budget=budget, **stopping))
+            if result is None:
+                return JSONResponse({"error": "stopped at once"}, status_code=503)
         except Exception as exc:
             log.exception("cron run could not run")
             return JSONResponse({"error": f"run failed: {type(exc).__name__}"},
@@ -197,6 +212,29 @@ def cron_app(
         ],
         lifespan=lifespan,
     )
+
+
+async def _run_unless(stop_now: asyncio.Event | None, work: Awaitable[Any]) -> Any:
+    """``work``'s result, or ``None`` once it was cancelled because ``stop_now`` was set
+    (waiting for it to settle: a cancelled run hands its jobs back and records its
+    end)."""
+    task = asyncio.ensure_future(work)
+    if stop_now is None:
+        return await task
+    waiter = asyncio.ensure_future(stop_now.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        waiter.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})
+    if task.cancelled():
+        return None
+    return task.result()
 
 
 __all__ = [
