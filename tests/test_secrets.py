@@ -44,10 +44,27 @@ MALFORMED = [
     (PASSWORD, f"host=127.0.0.1 password={PASSWORD} bogus"),
     (PASSWORD, f"host=127.0.0.1 password='{PASSWORD}"),
     (f"{PASSWORD}'x", f"host=127.0.0.1 password='{PASSWORD}\\'x' bogus"),
+    # The scheme mangled or missing: libpq reads key=value and quotes the whole string.
+    (PASSWORD, f"postgres//u:{PASSWORD}@127.0.0.1/db"),
+    (PASSWORD, f"postgresql//u:{PASSWORD}@127.0.0.1/db"),
+    (PASSWORD, f"postgres:/u:{PASSWORD}@127.0.0.1/db"),
+    (PASSWORD, f"postgresql:u:{PASSWORD}@127.0.0.1/db"),
+    (PASSWORD, f"//u:{PASSWORD}@127.0.0.1/db"),
+    (PASSWORD, f"u:{PASSWORD}@127.0.0.1/db"),
+    (PASSWORD, f"postgres:\\u:{PASSWORD}@127.0.0.1/db"),
+    (f"Qx9v@{PASSWORD}", f"postgres//u:Qx9v@{PASSWORD}@127.0.0.1/db"),
+    (f"Qx9v {PASSWORD}", f"postgres//u:Qx9v {PASSWORD}@127.0.0.1/db"),
+    # No @: libpq reads the password as the port.
+    (PASSWORD, f"postgresql://u:{PASSWORD}/db"),
+    (PASSWORD, f"postgresql://u:{PASSWORD}"),
+    (PASSWORD, f"postgresql://h1:5432,u:{PASSWORD}/db"),
 ]
 MALFORMED_IDS = ["bad-percent", "mistyped-scheme", "unencoded-slash", "unencoded-at",
                  "space", "bad-ipv6", "bad-query", "query-password", "query-sslpassword",
-                 "keyvalue", "unterminated-quote", "quoted-keyvalue"]
+                 "keyvalue", "unterminated-quote", "quoted-keyvalue", "no-scheme-colon",
+                 "no-scheme-colon-ql", "scheme-one-slash", "scheme-no-slashes",
+                 "no-scheme", "bare-userinfo", "backslashes", "no-scheme-unencoded-at",
+                 "no-scheme-space", "no-at-port", "no-at-no-db", "no-at-second-host"]
 
 #: Well-formed, but the connection fails (nothing listens on port 1; a bad sslmode).
 UNREACHABLE = [
@@ -116,6 +133,11 @@ def test_no_command_shows_the_password_of_a_bad_url(
     f"postgresql://u@h/db?sslpassword={PASSWORD}",
     f"PGPASSWORD={PASSWORD} psql",
     f"Password = {PASSWORD}",
+    f'missing "=" after "postgres//u:{PASSWORD}@host/db" in connection info string',
+    f"postgresql:u:{PASSWORD}@h/db",
+    f"u:{PASSWORD}@h",
+    f"(u:{PASSWORD}@h",
+    f"'//u:Qx9v@{PASSWORD}@h/db'",
 ])
 def test_redact_hides_every_form_of_password(text: str) -> None:
     assert leaks(redact(text), PASSWORD.replace(" ", "")) == [], redact(text)
@@ -126,6 +148,21 @@ def test_redact_keeps_what_is_not_a_password() -> None:
     text = 'connection to server at "db.example" (10.0.0.1), port 5432 failed: timeout'
     assert redact(text) == text
     assert redact("postgresql://u@h/db?sslmode=require") == "postgresql://u@h/db?sslmode=require"
+    for kept in ("at 12:30 mail a@b", 'File "x.py", line 3: foo@bar', "git@github.com:x/y",
+                 "postgresql://u@[::1]:5432/db"):
+        assert redact(kept) == kept
+
+
+def test_a_scheme_less_url_is_redacted_exactly() -> None:
+    url = f"postgres//u:{PASSWORD}@127.0.0.1/db"
+    with pytest.raises(DatabaseUnavailable) as exc:
+        Queue(url)
+    assert str(exc.value) == ('malformed database URL: missing "=" after '
+                              '"postgres//u:***@127.0.0.1/db" in connection info string')
+    with pytest.raises(DatabaseUnavailable) as exc:
+        Queue(f"postgresql://u:{PASSWORD}/db")
+    assert str(exc.value) == ("malformed database URL: its port is not a number (in a URL, "
+                              "user:password needs an @ before the host)")
 
 
 def all_rota_loggers() -> set[str]:

@@ -15,7 +15,7 @@ Stages in runner order (earlier stages win; the work-generating search is last):
 Configuration comes from the environment, so the CLI (``rota run|worker|serve --app
 rota_demo.app:build_pipeline``) and the demo driver build the same app:
 
-- ``ROTA_DEMO_SCHEMA``: the application's schema (default ``nakodo``).
+- ``ROTA_DEMO_SCHEMA``: the application's schema (default ``rota_demo_app``).
 - ``ROTA_DEMO_YOUTUBE_URL``: base URL of a YouTube Data API stand-in; without it the real
   API is used with ``YOUTUBE_API_KEY``.
 - ``ROTA_DEMO_PROFILE``: ``default`` (the product's real durations: 15 min stale window,
@@ -118,8 +118,8 @@ def profile() -> Profile:
 
 
 def app_schema() -> str:
-    """The application's schema name (``ROTA_DEMO_SCHEMA``, default ``nakodo``)."""
-    return os.environ.get("ROTA_DEMO_SCHEMA", "nakodo")
+    """The application's schema name (``ROTA_DEMO_SCHEMA``, default ``rota_demo_app``)."""
+    return os.environ.get("ROTA_DEMO_SCHEMA", "rota_demo_app")
 
 
 def queue_settings() -> dict[str, Any]:

@@ -112,7 +112,7 @@ class Demo:
         self.rng = random.Random(seed)
         tag = secrets.token_hex(4)  # not seeded: concurrent demos on one database never collide
         self.schema = f"rota_demo_{tag}"
-        self.app_schema = f"nakodo_demo_{tag}"
+        self.app_schema = f"rota_demo_app_{tag}"
         self.secret = secrets.token_urlsafe(32)
         self.env = {
             **os.environ,
@@ -498,23 +498,23 @@ class Demo:
 DASHBOARD_PORT = 8080
 
 
-async def _serve_dashboard(queue: Queue, port: int) -> None:
+async def _serve_dashboard(queue: Queue, sock: socket.socket) -> None:
     """Serve rota's dashboard on the demo's data, read-only on loopback (no secret
-    needed there), until Ctrl-C."""
+    needed there), on ``sock`` (bound before the demo ran) until Ctrl-C."""
     import uvicorn
 
     from rota import dashboard_app
 
     app = dashboard_app(queue, read_only=True, quotas=demo_app.QUOTAS)
+    port = sock.getsockname()[1]
     console.print(f"dashboard on this demo's data: http://127.0.0.1:{port}/ "
                   f"(read-only; Ctrl-C ends it and cleans up)")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    await server.serve()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    await server.serve(sockets=[sock])
 
 
 async def _main(url: str, config: DemoConfig, seed: int, keep: bool,
-                dashboard: bool = False) -> int:
+                dashboard: socket.socket | None = None) -> int:
     demo = Demo(url, config, seed)
     started = time.monotonic()
     queue = Queue(url, schema=demo.schema)
@@ -526,8 +526,8 @@ async def _main(url: str, config: DemoConfig, seed: int, keep: bool,
         maintained = demo.maintain()
         code = await demo.report(queue, maintained)
         console.print(f"demo took {time.monotonic() - started:.0f} s")
-        if dashboard:
-            await _serve_dashboard(queue, DASHBOARD_PORT)
+        if dashboard is not None:
+            await _serve_dashboard(queue, dashboard)
         else:
             console.print(
                 f"dashboard: http://127.0.0.1:{DASHBOARD_PORT}/ on a demo's data: "
@@ -546,12 +546,18 @@ def run(database_url: str | None, profile: str, seed: int, keep: bool,
     failed).
 
     Raises:
-        click.ClickException: the database is unreachable, or a server the demo starts
-            did not come up.
+        click.ClickException: the database is unreachable, a server the demo starts
+            did not come up, or (with ``dashboard``) port 8080 is taken, which is found
+            out before the demo runs.
     """
+    sock = None
+    if dashboard:
+        from rota.cli.listening import listen_socket
+
+        sock = listen_socket("127.0.0.1", DASHBOARD_PORT, port_option=None)
     with _database(database_url) as url:
         try:
             psycopg.connect(url, connect_timeout=5).close()
         except psycopg.OperationalError as exc:
             raise click.ClickException(f"database unreachable: {str(exc).strip()}") from None
-        return asyncio.run(_main(url, PROFILES[profile], seed, keep, dashboard))
+        return asyncio.run(_main(url, PROFILES[profile], seed, keep, sock))

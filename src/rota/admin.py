@@ -24,7 +24,7 @@ from psycopg.pq import TransactionStatus
 from .checks import require_aware, require_text
 from .db import migrations
 from .errors import InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
-from .job import Job, JobStatus
+from .job import Job, JobStatus, no_give_up_hook
 from .results import JobResult, result
 from .store import AnyConn, Store
 
@@ -429,6 +429,121 @@ def _limit(value: object) -> int:
     return value
 
 
-__all__ = ["JOB_STATUSES", "MAX_LIST_LIMIT", "DepthRow", "JobPage", "RetryResult",
-           "RunRecord", "cancel_job", "depth", "list_jobs", "list_runs",
-           "missing_migrations", "retry_job", "show_job"]
+@dataclass(frozen=True)
+class GroupRow:
+    """A group as the claim reads it (docs/design.md, "Groups and plans").
+
+    Attributes:
+        group_id: the group's id.
+        owner_id: whose plan and allowances apply; ``None`` for none.
+        plan: a plan id (``None``: no owner, ranked as the middle plan).
+        active: ``False`` when paused (its jobs are not claimable).
+    """
+
+    group_id: str
+    owner_id: str | None
+    plan: str | None
+    active: bool
+
+
+#: ``set_group``'s default for a field left out: keep what the group has.
+KEEP: Any = object()
+
+
+class GroupsQueue(AdminQueue, Protocol):
+    """What :func:`set_group` uses besides :class:`AdminQueue`: whether groups are the
+    application's, and the queue's own upsert (its checks: plan, text)."""
+
+    @property
+    def external_groups(self) -> bool: ...
+    async def upsert_group(self, group_id: str, *, plan: str | None, active: bool = True,
+                           owner_id: str | None = None,
+                           conn: AnyConn | None = None) -> None: ...
+
+
+async def set_group(queue: GroupsQueue, group_id: str, *, owner_id: str | None = KEEP,
+                    plan: str | None = KEEP, active: bool = KEEP) -> tuple[GroupRow, bool]:
+    """Create a group, or change the fields given of an existing one (the others stay):
+    one transaction, the row locked while it is read and written. A new group gets
+    ``plan=None``, ``owner_id=None`` and ``active=True`` for what is left out.
+
+    Args:
+        group_id: the group's id.
+        owner_id, plan, active: the new values (:data:`KEEP`: unchanged); ``None``
+            clears the owner or the plan.
+
+    Returns:
+        The group as written, and whether it was created.
+
+    Raises:
+        UnknownPlan: ``plan`` is not in the queue's plans.
+        ConfigError: the queue reads groups from an application relation.
+        InvalidInput: an id that is not text.
+    """
+    gid = require_text(group_id, "group_id")
+    assert gid is not None
+    async with queue.connection() as c, c.transaction():
+        old = None
+        if not queue.external_groups:
+            old = await queue.store.fetch_dict("group_get", {"group_id": gid}, conn=c)
+        row = GroupRow(
+            group_id=gid,
+            owner_id=owner_id if owner_id is not KEEP else (old or {}).get("owner_id"),
+            plan=plan if plan is not KEEP else (old or {}).get("plan"),
+            active=active if active is not KEEP else (old or {}).get("active", True))
+        await queue.upsert_group(row.group_id, plan=row.plan, active=row.active,
+                                 owner_id=row.owner_id, conn=c)
+    return row, old is None
+
+
+async def list_groups(queue: AdminQueue, *, limit: int = 50, after: str | None = None,
+                      conn: AnyConn | None = None) -> list[GroupRow]:
+    """Groups in ``group_id`` order, from rota's groups table or the application's
+    groups relation (whichever the queue reads).
+
+    Args:
+        limit: the most groups returned, 1 to :data:`MAX_LIST_LIMIT`.
+        after: only groups whose id sorts after it (the last id of the previous page).
+        conn: the caller's connection.
+
+    Raises:
+        InvalidInput: ``limit`` out of range.
+    """
+    params = {"limit": _limit(limit), "after": require_text(after, "after", allow_none=True)}
+    async with queue.connection(conn) as c:
+        rows = await queue.store.fetch_dicts("list_groups", params, conn=c)
+    return [GroupRow(**row) for row in rows]
+
+
+def give_up_hook_state(job_type: str, status: str, give_up_pending: bool,
+                       hooks: Mapping[str, object]) -> str:
+    """What a job's give-up hook did, as ``rota jobs`` and the dashboard both say it
+    (docs/design.md, "Give-up hooks"): one answer for every view.
+
+    Args:
+        job_type, status, give_up_pending: the job's columns.
+        hooks: the give-up hooks of the process asking, by job type
+            (``queue.give_up_hooks``: the app's, once its pipeline is built; empty
+            without an app).
+
+    Returns:
+        ``owed`` (failed, its hook not yet run), ``ran`` (given up, and its type has a
+        hook: a give-up is only recorded as handled once the hook has committed),
+        ``none`` (given up; its type has no hook), ``not owed`` (given up, handled, and
+        this process does not know the type's hooks: pass ``--app``), or ``—`` (it has
+        not given up).
+    """
+    if give_up_pending:
+        return "owed"
+    if status != "failed":
+        return "—"
+    hook = hooks.get(job_type)
+    if hook is None:
+        return "not owed"
+    return "none" if hook is no_give_up_hook else "ran"
+
+
+__all__ = ["JOB_STATUSES", "KEEP", "MAX_LIST_LIMIT", "DepthRow", "GroupRow", "JobPage",
+           "RetryResult", "RunRecord", "cancel_job", "depth", "give_up_hook_state",
+           "list_groups", "list_jobs", "list_runs", "missing_migrations", "retry_job",
+           "set_group", "show_job"]

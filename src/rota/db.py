@@ -294,9 +294,10 @@ def _check_recorded(recorded: dict[int, tuple[str, str]], shipped: tuple[Migrati
 def check_conninfo(conninfo: str) -> str:
     """Validate a libpq connection string or URL without connecting.
 
-    Refuses what libpq cannot parse, and a URL whose user name or password holds an
-    unencoded ``@`` or ``/``: libpq would read the rest of the password as the host, the
-    port or the database name, where connection errors would show it.
+    Refuses what libpq cannot parse, a port that is not a number (a URL's password with
+    no ``@`` after it is read as the port), and a URL whose user name or password holds
+    an unencoded ``@`` or ``/``: libpq would read the rest of the password as the host,
+    the port or the database name, where connection errors would show it.
 
     Returns:
         ``conninfo``, unchanged.
@@ -306,10 +307,16 @@ def check_conninfo(conninfo: str) -> str:
             (docs/operations.md, "Secrets").
     """
     try:
-        psycopg.conninfo.conninfo_to_dict(conninfo)
+        params = psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
         raise DatabaseUnavailable(
             f"malformed database URL: {redact(first_line(exc), conninfo)}") from None
+    ports = str(params.get("port") or "").split(",")
+    if any(p.strip() and not p.strip().isdigit() for p in ports):
+        # Not echoed: ``postgresql://u:PASSWORD/db`` (no @) reads the password as the port.
+        raise DatabaseUnavailable(
+            "malformed database URL: its port is not a number (in a URL, user:password "
+            "needs an @ before the host)")
     if _splits_userinfo(conninfo):
         raise DatabaseUnavailable(
             f"malformed database URL {redact(conninfo, conninfo)!r}: an @ or / in its user "

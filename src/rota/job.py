@@ -283,3 +283,9 @@ def encode_payload(payload: Any) -> str:
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not JSON-serializable: {exc}") from None
     return text
+
+
+async def no_give_up_hook(job: Job, conn: object) -> None:
+    """The give-up hook of a job type that declares none (a pipeline registers it for
+    each stage without ``on_give_up``): the give-up is recorded as handled instead of
+    owed forever, and :func:`rota.admin.give_up_hook_state` reports it as ``none``."""

@@ -38,6 +38,7 @@ from .checks import (
 from .claim import ClaimUpkeep, FairClaim, UpkeepConfig
 from .errors import ConfigError, InvalidInput, UnreadableJob
 from .job import FailOutcome, Job
+from .job import no_give_up_hook as _no_give_up_hook
 from .plans import Plans
 from .results import ResultError, encode_result, error_record
 from .settings import QueueSettings, enqueue_error, enqueued_job
@@ -906,11 +907,6 @@ class Queue:
     result = _results.result
     wait = _results.wait
     del _results
-
-
-async def _no_give_up_hook(job: Job, conn: AnyConn) -> None:
-    """The give-up hook of a pipeline stage that declares none: its give-ups are
-    recorded as handled (docs/design.md, "Give-up hooks")."""
 
 
 async def check_idle_connection(conn: AnyConn) -> None:

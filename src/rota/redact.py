@@ -3,12 +3,13 @@ the password of any connection string in a text by ``***``, and :class:`RedactSe
 does it to the log records of rota's loggers, exception text included.
 
 What counts as a password: the ``user:password@`` of a URL (any scheme, so a mistyped
-``postgresq://`` too), and the value of ``password=``, ``sslpassword=`` or any other
-``…password=`` key, in key/value conninfo (quoted or not), a URL's query string or an
-environment-style ``PGPASSWORD=``. Given the connection string a message is about,
-:func:`redact` also removes that string's password wherever the message quotes it, even
-a piece of it (libpq's parse errors quote the token they stumbled on:
-``invalid percent-encoded token: "hunter2%zz"``).
+``postgresq://`` too, and with the scheme mangled or missing: ``postgres//u:pw@host``,
+``postgresql:u:pw@host``, ``u:pw@host``), and the value of ``password=``,
+``sslpassword=`` or any other ``…password=`` key, in key/value conninfo (quoted or
+not), a URL's query string or an environment-style ``PGPASSWORD=``. Given the
+connection string a message is about, :func:`redact` also removes that string's
+password wherever the message quotes it, even a piece of it (libpq's parse errors quote
+the token they stumbled on: ``invalid percent-encoded token: "hunter2%zz"``).
 
 This module imports nothing from rota, so every other module may use it.
 """
@@ -24,6 +25,16 @@ MASK = "***"
 # scheme://user:PASSWORD@ — the password runs to the last @ of the unbroken run, since an
 # unencoded @ in a password is the commonest way to write a malformed URL.
 _URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/?#@\"']*:)([^\s\"]*)(@)")
+# A URL's userinfo whatever its scheme became (``postgres//u:PASSWORD@h``,
+# ``postgresql:u:PASSWORD@h``, ``u:PASSWORD@h``): a word that starts after a boundary,
+# a colon not followed by ``/`` (that is a scheme's ``://``), then to the last ``@`` of
+# the run.
+_USERINFO_PASSWORD = re.compile(
+    r"(?:(?<=^)|(?<=[\s\"'/\\]))([^\s:/@\"'\\=]+:)(?!/)([^\s\"]*)(@)")
+# The same in the connection string a message is about, where the password runs to the
+# string's last @ (a space in it is a malformed password, not the end of one).
+_CONNINFO_USERINFO = re.compile(
+    r"(?:(?<=^)|(?<=[\s\"'/\\]))[^\s:/@\"'\\=]+:(?!/)(.*)@", re.S)
 # password=VALUE, sslpassword='VALUE', PGPASSWORD=VALUE, ?password=VALUE&…
 _KEY_PASSWORD = re.compile(
     r"(?i)(\w*password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&'\"]+)")
@@ -56,6 +67,7 @@ def redact(text: str, conninfo: str | None = None) -> str:
                 if len(secret) >= 3:  # shorter ones would garble the text, not hide much
                     text = text.replace(secret, MASK)
     text = _URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    text = _USERINFO_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
     return _KEY_PASSWORD.sub(lambda m: m.group(1) + MASK, text)
 
 
@@ -74,6 +86,10 @@ def _secret_spans(conninfo: str) -> list[tuple[int, int]]:
             colon = conninfo.find(":", start, end) if end > start else -1
             if colon >= 0:
                 spans.append((colon + 1, end))
+    else:  # a mangled or missing scheme: a userinfo is still a userinfo, spaces and all
+        userinfo = _CONNINFO_USERINFO.search(conninfo)
+        if userinfo:
+            spans.append(userinfo.span(1))
     spans += [m.span(2) for m in _KEY_PASSWORD.finditer(conninfo)]
     return [(a, b) for a, b in spans if b > a]
 

@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -249,3 +250,80 @@ def test_pages_refresh_in_place_without_a_reload(page: Any, live: Live) -> None:
     sync_api.expect(page.locator("#content .asof")).not_to_have_text(before, timeout=15_000)
     assert page.input_value("input[name=group]") == "acm"
     assert page.errors == []
+
+
+# An inline element that wraps has one client rectangle per line; an inline-block (the
+# group's cell, cut with an ellipsis) is one line-height tall exactly when on one line.
+_LINES = """els => els.map(e => getComputedStyle(e).display === 'inline'
+    ? e.getClientRects().length
+    : Math.round(e.getBoundingClientRect().height
+                 / parseFloat(getComputedStyle(e).lineHeight)))"""
+
+
+def test_at_1400_px_nothing_wraps_and_runs_and_jobs_link_both_ways(
+    browser: Any, live: Live,
+) -> None:
+    """At 1,400 px: start times, stop reasons (with their colour square), group names and
+    plans each on one line; the same cells under the old layout (1,100 px, wrapping
+    allowed) do wrap, so the check can fail. A run links to its page, which links to its
+    jobs; each of those links to its own page, which links back to the run."""
+    context = browser.new_context(http_credentials={"username": "rota", "password": SECRET},
+                                  viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    with psycopg.connect(live.database_url) as c:  # the newest run claimed three jobs
+        run_id = c.execute(sql.SQL("SELECT id FROM {}.runs ORDER BY started_at DESC LIMIT 1")
+                           .format(sql.Identifier(live.schema))).fetchone()[0]
+        s = live.seeded
+        c.execute(sql.SQL("UPDATE {}.jobs SET run_id = %s WHERE id = ANY(%s)")
+                  .format(sql.Identifier(live.schema)),
+                  [run_id, [s.failed_id, s.running_id, s.done_id]])
+    try:
+        SHOTS.mkdir(exist_ok=True)
+        for path, selectors, count in [
+            ("/runs", "table.runs time.one-line, table.runs .reason.one-line", 16),
+            ("/jobs", "table.jobs time.one-line, table.jobs td.group .one-line", 50 * 3),
+            ("/jobs?status=pending",  # the long group names: EVIL_GROUP, paused-co
+             "table.jobs time.one-line, table.jobs td.group .one-line", 8 * 3),
+        ]:
+            page.goto(live.url + path)
+            cells = page.locator(selectors)
+            lines = cells.evaluate_all(_LINES)
+            assert len(lines) == count and set(lines) == {1}, (path, lines)
+            name = path.replace("/", "-").replace("?", "-").replace("=", "-")
+            page.screenshot(path=SHOTS / f"1400{name}.png", full_page=True)
+            page.evaluate("""() => {  /* the CSP refuses a style tag; the CSSOM is fine */
+                document.querySelector('main').style.maxWidth = '1100px';
+                for (const e of document.querySelectorAll('.one-line, td.id'))
+                    e.style.whiteSpace = 'normal';
+            }""")
+            if path != "/jobs":  # (its first page's groups are short: acme, globex)
+                assert max(cells.evaluate_all(_LINES)) > 1, path  # the old layout wrapped
+        # The hostile group id, longer than its cell: one line, cut with an ellipsis.
+        evil = page.locator("table.jobs td.group .one-line", has_text="evil")
+        assert evil.count() == 1 and evil.get_attribute("title") == EVIL_GROUP
+
+        page.goto(live.url + "/runs")
+        link = page.locator(f"table.runs a.run-link[href$='/runs/{run_id}']")
+        assert link.text_content() == str(run_id)[:8]
+        link.click()
+        page.wait_for_url(f"{live.url}/runs/{run_id}")
+        sync_api.expect(page.locator("h1")).to_contain_text(f"Run {str(run_id)[:8]}")
+        page.locator("a.jobs-link").click()
+        page.wait_for_url(f"{live.url}/jobs?run={run_id}")
+        ids = page.locator("table.jobs tbody tr td:first-child a").all_text_contents()
+        assert ids == [str(i) for i in sorted([s.failed_id, s.running_id, s.done_id],
+                                              reverse=True)]
+        assert set(page.locator("table.jobs a.run-link").all_text_contents()) == {
+            str(run_id)[:8]}
+        page.locator(f"table.jobs a[href$='/jobs/{s.failed_id}']").click()
+        page.wait_for_url(f"{live.url}/jobs/{s.failed_id}")
+        page.locator("dl.fields a.run-link").click()
+        page.wait_for_url(f"{live.url}/runs/{run_id}")
+        page.screenshot(path=SHOTS / "1400-run.png", full_page=True)
+        assert page.goto(f"{live.url}/jobs?run=nope").status == 400
+        assert page.goto(f"{live.url}/runs/{uuid.uuid4()}").status == 404
+        assert errors == []
+    finally:
+        context.close()

@@ -36,6 +36,8 @@ def test_demo_short_profile_keeps_every_invariant(database_url: str) -> None:
     # The report says how close to the model's limit the fleet came.
     assert re.search(r"0 answered 429; rate reached: \d+/min over the busiest 10 s "
                      r"\(\d+% of the limit\)", " ".join(text.split())), text[-3000:]
+    # Both schemas carry the demo's own name, and one tag, so they are found together.
+    assert re.search(r"; schemas rota_demo_([0-9a-f]{8}) / rota_demo_app_\1;", text), text[:600]
     # It ends by saying where the dashboard shows a demo's data, and how to get there.
     assert text.strip().splitlines()[-1].startswith(
         "dashboard: http://127.0.0.1:8080/ on a demo's data: `make demo-dashboard`"), text[-500:]

@@ -100,6 +100,8 @@ def stop_postgres(state: dict[str, str]) -> None:
                         "stop"], capture_output=True, user=user or None, timeout=60)
     if pgdata:
         shutil.rmtree(pgdata, ignore_errors=True)
+    if state.get("pg_placed"):  # the binaries' copy, when the installed ones were private
+        shutil.rmtree(state["pg_placed"], ignore_errors=True)
 
 
 def sweep_leftovers() -> list[str]:

@@ -65,9 +65,20 @@ class BridgePostgres:
         self.bin, self.origin = _binaries()
         self.kind = f"{self.origin} on {self.address}"
         self.user = _system_user()
+        # The embedded binaries in a directory the server's user cannot reach (a clone
+        # under /root or mktemp -d): run a copy, as rota.embedded does.
+        self.placed: Path | None = None
+        if self.user is not None and subprocess.run(
+                ["test", "-x", str(self.bin / "initdb")], user=self.user, cwd="/",
+                check=False).returncode != 0:
+            from rota.embedded import place_binaries
+
+            self.placed = Path(tempfile.mkdtemp(prefix="rota-hosts-bin-"))
+            self.placed.chmod(0o755)
+            self.bin = place_binaries(self.bin, self.placed / "pg")
         self.pgdata = Path(tempfile.mkdtemp(prefix="rota-hosts-pg-"))
         network.save_state(pgdata=str(self.pgdata), pg_bin=str(self.bin),
-                           pg_user=self.user or "")
+                           pg_user=self.user or "", pg_placed=str(self.placed or ""))
         self.url = f"postgresql://postgres@{self.address}:{PORT}/postgres"
         if self.user is not None:
             entry = pwd.getpwnam(self.user)
@@ -100,3 +111,5 @@ class BridgePostgres:
                 self._pg("pg_ctl", "-w", "-t", "60", "-D", str(self.pgdata), "-m", "fast",
                          "stop")
         shutil.rmtree(self.pgdata, ignore_errors=True)
+        if self.placed is not None:
+            shutil.rmtree(self.placed, ignore_errors=True)

@@ -2,10 +2,11 @@
 server, and inspection of jobs, runs, queue depth and schedules. One module per command
 group: :mod:`.run` (run, worker, serve), :mod:`.jobs` (enqueue, jobs),
 :mod:`.inspection` (migrate, schema, runs, depth, maintain), :mod:`.schedules`
-(schedules), :mod:`.limits` (limits); :mod:`.app` loads the app and opens the queue,
-:mod:`.output` prints, :mod:`.errors` turns failures into one line and an exit code.
-The commands only parse, call the library (:mod:`rota.admin`, :class:`rota.Queue`,
-:func:`rota.maintain`, :class:`rota.Scheduler`, :func:`rota.rates.rate_states`) and print.
+(schedules), :mod:`.groups` (groups set, groups list), :mod:`.limits` (limits);
+:mod:`.app` loads the app and opens the queue, :mod:`.output` prints, :mod:`.errors`
+turns failures into one line and an exit code. The commands only parse, call the
+library (:mod:`rota.admin`, :class:`rota.Queue`, :func:`rota.maintain`,
+:class:`rota.Scheduler`, :func:`rota.rates.rate_states`) and print.
 
 How an application describes its pipeline: an *app* import path ``module:attribute``
 (``--app`` or ``ROTA_APP``; the current directory is importable, as with uvicorn) naming
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import click
 
-from . import dashboard, inspection, jobs, limits, run, schedules
+from . import dashboard, groups, inspection, jobs, limits, run, schedules
 from .errors import CliConfigError, CliError, RotaGroup, as_cli_error
 from .output import safe_text, with_progress
 
@@ -56,7 +57,8 @@ def cli() -> None:
 
 for _command in (inspection.migrate, inspection.schema, run.run, run.worker, run.serve,
                  jobs.enqueue, jobs.jobs, inspection.runs, inspection.maintain,
-                 inspection.depth, schedules.schedules, dashboard.dashboard):
+                 inspection.depth, schedules.schedules, dashboard.dashboard,
+                 groups.groups):
     cli.add_command(_command)
 cli.add_command(limits.limits)  # rate limits (docs/design.md, "Rates")
 

@@ -13,6 +13,7 @@ import psycopg
 from ..queue import Queue
 from .app import CONNECT_TIMEOUT, build_pipeline, require_migrated
 from .errors import CliConfigError
+from .listening import listen_socket, warn_short_secret
 from .options import make_target, target_options
 from .serving import serve_until_signal
 
@@ -42,6 +43,7 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
         raise CliConfigError(
             "ROTA_DASHBOARD_SECRET is not set: without a credential the dashboard "
             "serves only with --read-only on a loopback address (--host 127.0.0.1)")
+    warn_short_secret("ROTA_DASHBOARD_SECRET", secret)
     target = make_target(database_url, schema, app_spec)
     url = target.url()
     queue = Queue(url, **target.queue_settings())
@@ -56,6 +58,8 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
     pipeline = asyncio.run(check())
     app = dashboard_app(queue, secret=secret, read_only=read_only, pipeline=pipeline,
                         close_queue=True)
-    click.echo(f"rota dashboard on http://{host}:{port}/ (schema {queue.schema!r}"
-               f"{', read-only' if read_only else ''})", err=True)
-    serve_until_signal(app, host=host, port=port)
+    sock = listen_socket(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"rota dashboard on http://{shown}:{sock.getsockname()[1]}/ "
+               f"(schema {queue.schema!r}{', read-only' if read_only else ''})", err=True)
+    serve_until_signal(app, host=host, port=port, sock=sock)

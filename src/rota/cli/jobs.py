@@ -19,9 +19,10 @@ from .. import admin
 from ..errors import first_line
 from ..job import Job, too_deep
 from ..plans import Plans
+from ..queue import Queue
 from ..results import JobResult, as_dict
-from .app import Target, build_pipeline, open_queue
-from .errors import RotaGroup
+from .app import Target, build_pipeline, load_pipeline, open_queue
+from .errors import CliConfigError, RotaGroup
 from .options import json_option, make_target, target_options, wants_json
 from .output import add_row, console, emit_json, safe_text, short, utc_time
 
@@ -112,7 +113,8 @@ def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
         async with open_queue(target) as queue:
             if target.app is not None:
                 # The stages' settings (max_attempts) apply to what is enqueued.
-                await build_pipeline(target, queue)
+                _, pipeline = await load_pipeline(target, queue)
+                check_app_type(target, queue, pipeline, job_type)
             return await queue.enqueue(job_type, payload, group_id=group_id,
                                        dedupe_key=dedupe_key, run_after=run_after,
                                        max_attempts=max_attempts)
@@ -126,6 +128,26 @@ def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
     else:
         click.echo(safe_text(
             f"enqueued job {job.id} ({job.type}), due {utc_time(job.run_after)} UTC"))
+
+
+def check_app_type(target: Target, queue: Queue, pipeline: Any, job_type: str) -> None:
+    """Refuse to enqueue a type the app given (``--app``/``ROTA_APP``) would never run:
+    none of its stages claims it, and the queue does not declare it (``types``, for jobs
+    another process runs). Without an app any type may be enqueued.
+
+    Raises:
+        CliConfigError: ``job_type`` is unknown to the app (the message names its stage
+            types); nothing is enqueued.
+    """
+    stage_types = [s.type for s in pipeline.stages]
+    if job_type in stage_types or (queue.types is not None and job_type in queue.types):
+        return
+    extra = sorted(set(queue.types or ()) - set(stage_types))
+    declared = f"; the queue also declares {', '.join(extra)}" if extra else ""
+    raise CliConfigError(
+        f"unknown job type {job_type!r}: app {target.app_spec!r} runs the stage types "
+        f"{', '.join(stage_types)}{declared} (without --app/ROTA_APP any type may be "
+        "enqueued)")
 
 
 # -- jobs: list ---------------------------------------------------------------------------------
@@ -231,13 +253,34 @@ def jobs(ctx: click.Context, database_url: str | None, schema: str | None,
 def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | None,
                 job_type: str | None, group_id: str | None, limit: int,
                 before_id: int | None, as_json: bool) -> None:
-    """Failed jobs with their last errors, newest first."""
+    """Failed jobs with their last errors, newest first.
+
+    The give-up hook column: `owed` (not yet run), `ran`, `none` (the type has no
+    hook), `not owed` (handled; pass --app to tell `ran` from `none`)."""
     target = make_target(database_url, schema, app_spec)
     as_json = wants_json(as_json)
-    page = asyncio.run(_page(target, status="failed", type=job_type, group_id=group_id,
-                             limit=limit, before_id=before_id))
+
+    async def go() -> tuple[admin.JobPage, dict[str, Any]]:
+        async with open_queue(target) as queue:
+            if target.app is not None:
+                await build_pipeline(target, queue)  # registers the app's give-up hooks
+            return (await admin.list_jobs(queue, status="failed", type=job_type,
+                                          group_id=group_id, limit=limit,
+                                          before_id=before_id),
+                    dict(queue.give_up_hooks))
+
+    page, hooks = asyncio.run(go())
+
+    def hook_state(j: Job) -> str:
+        return admin.give_up_hook_state(j.type, j.status, j.give_up_pending, hooks)
+
     if as_json:
-        emit_json(_json_rows(page))
+        rows = _json_rows(page)
+        states = {j.id: hook_state(j) for j in page.jobs}
+        for row in rows:
+            if row["id"] in states:
+                row["give_up_hook"] = states[row["id"]]
+        emit_json(rows)
         _next_page(page, as_json)
         return
     table = Table(title=f"failed jobs ({len(page.jobs) + len(page.unreadable)} shown)")
@@ -246,7 +289,7 @@ def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | No
         table.add_column(col, overflow="fold")
     for j in page.jobs:
         add_row(table, j.id, j.type, j.group_id or "—", f"{j.attempts}/{j.max_attempts}",
-                utc_time(j.finished_at), "owed" if j.give_up_pending else "ran",
+                utc_time(j.finished_at), hook_state(j),
                 j.last_error or "")
     _unreadable_rows(table, page, 7)
     console().print(table)

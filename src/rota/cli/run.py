@@ -26,6 +26,7 @@ from .app import (
     resolve_budget,
     run_async,
 )
+from .listening import listen_socket, warn_short_secret
 from .options import POSITIVE_SECONDS, json_option, make_target, target_options
 from .output import (
     add_row,
@@ -299,6 +300,11 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
     if usable_secret(secret) is None:
         click.echo("warning: CRON_SECRET is not set: /api/cron will refuse every request",
                    err=True)
+    else:
+        warn_short_secret("CRON_SECRET", usable_secret(secret))
+    if metrics:
+        warn_short_secret("ROTA_DASHBOARD_SECRET",
+                          usable_secret(os.environ.get("ROTA_DASHBOARD_SECRET")))
     stop, stop_now = asyncio.Event(), asyncio.Event()
     app = cron_app(made, secret=secret, time_budget=timedelta(seconds=seconds), queue=queue,
                    stop=stop, stop_now=stop_now)
@@ -308,6 +314,6 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
                       secret=os.environ.get("ROTA_DASHBOARD_SECRET"))
     platform_timeout = getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT)
     # A run in flight ends before its platform timeout; uvicorn waits no longer for it.
-    serve_until_signal(app, host=host, port=port,
+    serve_until_signal(app, host=host, port=port, sock=listen_socket(host, port),
                        graceful_seconds=platform_timeout.total_seconds(), on_stop=stop.set,
                        on_stop_now=stop_now.set)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -23,6 +24,7 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def serve_until_signal(app: Any, *, host: str, port: int,
+                       sock: socket.socket | None = None,
                        graceful_seconds: float | None = None,
                        on_stop: Callable[[], None] | None = None,
                        on_stop_now: Callable[[], None] | None = None) -> None:
@@ -32,6 +34,9 @@ def serve_until_signal(app: Any, *, host: str, port: int,
     Args:
         app: the ASGI app.
         host, port: where to listen.
+        sock: the socket to serve on, already bound to ``host``:``port`` and listening
+            (:func:`rota.cli.listening.listen_socket`: a port in use is then a one-line
+            error before this is called); ``None``: uvicorn binds it.
         graceful_seconds: how long, after the first signal, requests in flight may take
             to end (``None``: without limit).
         on_stop: called in the server's event loop at the first signal, before uvicorn
@@ -65,7 +70,7 @@ def serve_until_signal(app: Any, *, host: str, port: int,
     # down: a handler that does nothing, so the process ends normally.
     previous = {sig: signal.signal(sig, _ignore) for sig in _SIGNALS}
     try:
-        server.run()
+        server.run(sockets=None if sock is None else [sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

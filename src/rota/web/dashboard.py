@@ -179,6 +179,16 @@ def _int(params: Any, name: str) -> int | None:
     return int(value)
 
 
+def _uuid(params: Any, name: str) -> uuid.UUID | None:
+    value = _text(params, name)
+    if value is None:
+        return None
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidInput(f"{name} must be a run id (a UUID)") from None
+
+
 async def retry_or_cancel(queue: Queue, action: str, job_id: int) -> bool:
     """Retry a failed job or cancel a pending one (:func:`rota.admin.retry_job`,
     :func:`rota.admin.cancel_job`); a cancel then runs the give-up hooks the queue has.
@@ -337,6 +347,19 @@ def dashboard_app(
                       next_url=next_url, first_page=before is None)
 
     @page
+    async def run_page(request: Request) -> Response:
+        run_id: uuid.UUID = request.path_params["id"]
+        async with queue.connection() as conn:
+            now = await queries.now(queue, conn)
+            row = await queries.run(queue, conn, run_id)
+        if row is None:
+            return render(request, "error.html", "/runs", now, 404, title="No such run",
+                          heading="No such run",
+                          detail=f"There is no run {run_id} (runs are kept 30 days).")
+        return render(request, "run.html", "/runs", now, title=f"Run {str(run_id)[:8]}",
+                      run=row)
+
+    @page
     async def jobs(request: Request) -> Response:
         params = request.query_params
         status = _text(params, "status")
@@ -344,15 +367,17 @@ def dashboard_app(
             raise InvalidInput(f"status must be one of {', '.join(queries.STATUSES)}")
         job_type, group_id, job_id = (_text(params, "type"), _text(params, "group"),
                                       _int(params, "id"))
-        filters: dict[str, str | int | None] = {"type": job_type, "status": status,
-                                                "group": group_id, "id": job_id}
+        run_id = _uuid(params, "run")
+        filters: dict[str, str | int | None] = {
+            "type": job_type, "status": status, "group": group_id, "id": job_id,
+            "run": None if run_id is None else str(run_id)}
         before = _int(params, "before")
         async with queue.connection() as conn:
             now = await queries.now(queue, conn)
             types = await queries.job_types(queue, conn)
             found = await queries.jobs_page(
                 queue, conn, job_type=job_type, status=status, group_id=group_id,
-                job_id=job_id, before=before, limit=PAGE_SIZE)
+                job_id=job_id, before=before, limit=PAGE_SIZE, run_id=run_id)
         base = str(request.scope.get("root_path", "")).rstrip("/")
         kept = {k: v for k, v in filters.items() if v is not None}
 
@@ -381,8 +406,10 @@ def dashboard_app(
         errors = [{**e, "failed_at": datetime.fromisoformat(e["failed_at"])}
                   for e in row["errors"] or []]
         writable = configured is not None and not read_only
+        hook = admin.give_up_hook_state(row["type"], row["status"], row["give_up_pending"],
+                                        queue.give_up_hooks)
         return render(request, "job.html", "/jobs", now, title=f"Job {job_id}", job=row,
-                      payload=payload, result=result, errors=errors,
+                      payload=payload, result=result, errors=errors, give_up_hook=hook,
                       can_retry=writable and row["status"] == "failed",
                       can_cancel=writable and row["status"] == "pending",
                       csrf=csrf_token(configured) if writable and configured else "")
@@ -443,6 +470,7 @@ def dashboard_app(
             Route("/", overview),
             Route("/fairness", fairness),
             Route("/runs", runs),
+            Route("/runs/{id:uuid}", run_page),
             Route("/jobs", jobs),
             Route("/jobs/{id:int}", job_page),
             Route("/jobs/{id:int}/retry", retry, methods=["POST"]),

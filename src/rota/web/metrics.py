@@ -21,7 +21,8 @@ holding a collector that reads the database when scraped and the claim histogram
   ``FAILED_PER_TYPE`` failed jobs of each type (no index on their finished_at; see
   dashboard_throughput.sql). ``plan`` is the plan of the job's group now (``none``:
   no group or no plan).
-- ``rota_runs_total{stop_reason}`` (counter): finished runs ever, from the runs table.
+- ``rota_runs_total{stop_reason}`` (counter): finished runs in the runs table, which
+  maintenance prunes after 30 days (the count falls then: a counter reset).
 - ``rota_claim_duration_seconds{type}`` (histogram): claims made through this
   process's queue (``Queue.claim_observers``): a dashboard mounted in the app that
   runs the pipeline, or ``rota serve --metrics``.

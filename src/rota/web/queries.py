@@ -228,9 +228,10 @@ class JobsPage:
 
 async def jobs_page(queue: Queue, conn: AnyConn, *, job_type: str | None,
                     status: str | None, group_id: str | None, job_id: int | None,
-                    before: int | None, limit: int,
+                    before: int | None, limit: int, run_id: uuid.UUID | None = None,
                     scan: int = JOBS_SCAN_IDS) -> JobsPage:
-    """Jobs matching the filters, newest first, reading at most ``scan`` ids."""
+    """Jobs matching the filters (``run_id``: the run that claimed them last), newest
+    first, reading at most ``scan`` ids."""
     ids = await _rows(queue, conn, "dashboard_id_range", {})
     high, lowest = ids[0]["high"], ids[0]["low"]
     if high is None:
@@ -242,7 +243,7 @@ async def jobs_page(queue: Queue, conn: AnyConn, *, job_type: str | None,
         low = max(start - scan, lowest)
     rows = await _rows(queue, conn, "dashboard_jobs", {
         "before": start, "low": low, "type": job_type, "status": status,
-        "group_id": group_id, "limit": limit})
+        "group_id": group_id, "run_id": run_id, "limit": limit})
     if job_id is not None:
         nxt = None
     elif len(rows) == limit:
@@ -250,6 +251,12 @@ async def jobs_page(queue: Queue, conn: AnyConn, *, job_type: str | None,
     else:
         nxt = low if low > lowest else None
     return JobsPage(rows, start, low, nxt)
+
+
+async def run(queue: Queue, conn: AnyConn, run_id: uuid.UUID) -> dict[str, Any] | None:
+    """One run as ``/runs`` shows it, or ``None`` (no such run, or pruned)."""
+    rows = await _rows(queue, conn, "dashboard_run", {"id": run_id})
+    return rows[0] if rows else None
 
 
 async def job(queue: Queue, conn: AnyConn, job_id: int) -> dict[str, Any] | None:
@@ -332,7 +339,8 @@ async def finished_between(queue: Queue, conn: AnyConn, types: Sequence[str],
 
 
 async def runs_by_stop_reason(queue: Queue, conn: AnyConn) -> dict[str, int]:
-    """Finished runs ever, by stop reason."""
+    """Finished runs in the runs table (pruned after 30 days by default), by stop
+    reason."""
     rows = await _rows(queue, conn, "dashboard_metrics_runs", {})
     return {r["stop_reason"]: int(r["n"]) for r in rows}
 

@@ -1,0 +1,119 @@
+"""Groups: ``rota groups set`` creates a group or changes its owner, plan or status, and
+``rota groups list`` lists them (docs/design.md, "Groups and plans"). The work is
+:mod:`rota.admin`'s (:func:`~rota.admin.set_group`, :func:`~rota.admin.list_groups`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import click
+from rich.table import Table
+
+from .. import admin
+from .app import open_queue
+from .errors import RotaGroup
+from .options import json_option, make_target, target_options, wants_json
+from .output import add_row, console, emit_json, safe_text
+
+
+def _describe(row: admin.GroupRow) -> str:
+    return (f"owner {row.owner_id if row.owner_id is not None else '—'}, "
+            f"plan {row.plan if row.plan is not None else '— (ranked as the middle plan)'}, "
+            f"{'active' if row.active else 'paused'}")
+
+
+@click.group(cls=RotaGroup)
+@target_options
+@json_option
+def groups(database_url: str | None, schema: str | None, app_spec: str | None,
+           as_json: bool) -> None:
+    """Create or change groups (set) and list them (list).
+
+    A group's plan ranks its jobs in the claim, its owner's allowances are what its jobs
+    spend, and a paused group's jobs are not claimed. The plan ids are the app's
+    (`--app`: its queue_settings' plans), else rota's default plans."""
+
+
+@groups.command("set")
+@target_options
+@click.argument("group_id", metavar="GROUP")
+@click.option("--owner", "owner_id", metavar="ID", help="The owner whose allowances the "
+              "group's jobs spend.")
+@click.option("--no-owner", is_flag=True, help="Clear the owner.")
+@click.option("--plan", metavar="PLAN", help="The plan id that ranks the group's jobs.")
+@click.option("--no-plan", is_flag=True, help="Clear the plan (ranked as the middle plan).")
+@click.option("--active/--paused", "active", default=None,
+              help="Claim the group's jobs, or pause them.")
+@json_option
+def groups_set(database_url: str | None, schema: str | None, app_spec: str | None,
+               group_id: str, owner_id: str | None, no_owner: bool, plan: str | None,
+               no_plan: bool, active: bool | None, as_json: bool) -> None:
+    """Create group GROUP, or change what is given of an existing one (the rest stays;
+    a new group has no owner and no plan and is active unless told otherwise).
+    Queued jobs are not rewritten: the change applies from the next claim."""
+    for flag, value, clear in (("owner", owner_id, no_owner), ("plan", plan, no_plan)):
+        if value is not None and clear:
+            raise click.UsageError(f"--{flag} and --no-{flag} contradict each other")
+    target = make_target(database_url, schema, app_spec)
+    as_json = wants_json(as_json)
+    changes: dict[str, Any] = {}
+    if owner_id is not None or no_owner:
+        changes["owner_id"] = owner_id
+    if plan is not None or no_plan:
+        changes["plan"] = plan
+    if active is not None:
+        changes["active"] = active
+
+    async def go() -> tuple[admin.GroupRow, bool]:
+        async with open_queue(target) as queue:
+            return await admin.set_group(queue, group_id, **changes)
+
+    row, created = asyncio.run(go())
+    if as_json:
+        emit_json({**dataclasses.asdict(row), "created": created})
+    else:
+        click.echo(safe_text(f"{'created' if created else 'updated'} group "
+                             f"{row.group_id!r}: {_describe(row)}"))
+
+
+@groups.command("list")
+@target_options
+@click.option("--limit", type=click.IntRange(1, admin.MAX_LIST_LIMIT), default=50,
+              show_default=True, help="The most groups shown.")
+@click.option("--after", metavar="GROUP", help="Only groups whose id sorts after GROUP: "
+              "the cursor of the next page, which a page prints when there is one.")
+@json_option
+def groups_list(database_url: str | None, schema: str | None, app_spec: str | None,
+                limit: int, after: str | None, as_json: bool) -> None:
+    """Groups in id order, with owner, plan and status (from the app's groups
+    relation when its queue_settings name one)."""
+    target = make_target(database_url, schema, app_spec)
+    as_json = wants_json(as_json)
+
+    async def go() -> list[admin.GroupRow]:
+        async with open_queue(target) as queue:
+            # One more than asked: whether there is a next page.
+            return await admin.list_groups(queue, limit=min(limit + 1, admin.MAX_LIST_LIMIT),
+                                           after=after)
+
+    rows = asyncio.run(go())
+    more = len(rows) > limit
+    rows = rows[:limit]
+    if as_json:
+        emit_json([dataclasses.asdict(r) for r in rows])
+    else:
+        plans = target.plans()
+        table = Table(title=f"groups ({len(rows)} shown)")
+        for col in ("group", "owner", "plan", "status"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            plan = ("—" if r.plan is None else
+                    f"{plans[r.plan].name} ({r.plan})" if r.plan in plans else
+                    f"{r.plan} (unknown)")
+            add_row(table, r.group_id, r.owner_id or "—", plan,
+                    "active" if r.active else "paused")
+        console().print(table)
+    if more and rows:
+        click.echo(safe_text(f"next page: --after {rows[-1].group_id}"), err=as_json)

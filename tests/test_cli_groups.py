@@ -1,0 +1,114 @@
+"""`rota groups set` and `rota groups list` against a real database: a group is created,
+then only the fields given change; the claim sees the plan and the pause; bad values are
+one line and exit 2, writing nothing; a queue reading the application's groups relation
+lists it and refuses to set."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_cli import APP, Rota, one_line_error
+from tests.test_cli import write_app as write_app  # a fixture, asked for by name
+
+
+@pytest.fixture
+def rota(database_url: str, schema: str) -> Rota:
+    r = Rota(database_url, schema)
+    r("migrate")
+    return r
+
+
+def groups_table(rota: Rota) -> list[tuple[object, ...]]:
+    return rota.sql("SELECT group_id, owner_id, plan, active FROM {s}.groups ORDER BY 1")
+
+
+def test_set_creates_then_changes_only_what_is_given(rota: Rota) -> None:
+    assert rota("groups", "set", "acme", "--owner", "u1", "--plan", "pro").stdout == (
+        "created group 'acme': owner u1, plan pro, active\n")
+    assert rota.json("groups", "set", "acme", "--paused") == {
+        "group_id": "acme", "owner_id": "u1", "plan": "pro", "active": False,
+        "created": False}
+    assert rota("groups", "set", "acme", "--plan", "free").stdout == (
+        "updated group 'acme': owner u1, plan free, paused\n")
+    assert rota("groups", "set", "bare").stdout == (
+        "created group 'bare': owner —, plan — (ranked as the middle plan), active\n")
+    assert rota("groups", "set", "acme", "--no-owner", "--no-plan", "--active").stdout == (
+        "updated group 'acme': owner —, plan — (ranked as the middle plan), active\n")
+    assert groups_table(rota) == [("acme", None, None, True), ("bare", None, None, True)]
+
+
+def test_the_claim_sees_the_plan_and_the_pause(rota: Rota) -> None:
+    rota("groups", "set", "low", "--plan", "free")
+    rota("groups", "set", "high", "--plan", "pro")
+    rota("enqueue", "echo", "{}", "--group", "low")
+    rota("enqueue", "echo", "{}", "--group", "high")
+    rota("groups", "set", "high", "--paused")
+    assert rota.json("run", "--app", APP, "--budget", "10")["jobsDone"] == 1
+    assert rota.sql("SELECT group_id, status FROM {s}.jobs ORDER BY id") == [
+        ("low", "done"), ("high", "pending")]
+    rota("groups", "set", "high", "--active")
+    assert rota.json("run", "--app", APP, "--budget", "10")["jobsDone"] == 1
+
+
+def test_list_pages_in_id_order_with_plan_names(rota: Rota) -> None:
+    for gid, plan in [("c", "pro"), ("a", "free"), ("b", None), ("d", "gone")]:
+        args = ["--plan", plan] if plan else []
+        if plan == "gone":  # a plan since removed from the app's plans
+            rota.sql("INSERT INTO {s}.groups (group_id, plan) VALUES ('d', 'gone')")
+        else:
+            rota("groups", "set", gid, *args)
+    rota("groups", "set", "b", "--owner", "o-7", "--paused")
+    assert rota.json("groups", "list") == [
+        {"group_id": "a", "owner_id": None, "plan": "free", "active": True},
+        {"group_id": "b", "owner_id": "o-7", "plan": None, "active": False},
+        {"group_id": "c", "owner_id": None, "plan": "pro", "active": True},
+        {"group_id": "d", "owner_id": None, "plan": "gone", "active": True}]
+    page = rota("groups", "list", "--limit", "2")
+    assert page.stderr == ""
+    lines = page.stdout.splitlines()
+    assert lines[-1] == "next page: --after b"
+    assert any("│ a " in line and "Free (free)" in line and "active" in line
+               for line in lines), page.stdout
+    assert any("│ b " in line and "o-7" in line and "paused" in line for line in lines)
+    assert not any("│ c " in line for line in lines)
+    result = rota("groups", "list", "--limit", "2", "--after", "b", "--json")
+    assert [g["group_id"] for g in json.loads(result.stdout)] == ["c", "d"]
+    assert result.stderr == ""
+    text = rota("groups", "list", "--after", "c").stdout
+    assert "gone (unknown)" in text and "next page" not in text
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--plan", "platinum"], "error: unknown plan 'platinum'"),
+    (["--plan", "pro", "--no-plan"], "Error: --plan and --no-plan contradict each other"),
+    (["--owner", "u", "--no-owner"], "Error: --owner and --no-owner contradict each other"),
+])
+def test_bad_values_are_one_line_exit_2_and_write_nothing(
+    rota: Rota, args: list[str], message: str,
+) -> None:
+    rota("groups", "set", "g", "--plan", "free")
+    result = rota("groups", "set", "g", *args, ok=False)
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr, result.stderr
+    assert groups_table(rota) == [("g", None, "free", True)]
+
+
+def test_an_application_groups_relation_is_listed_and_never_written(
+    rota: Rota, write_app: object,
+) -> None:
+    rota.sql("CREATE TABLE {s}.app_groups (group_id text, owner_id text, plan text, "
+             "active boolean)")
+    rota.sql("INSERT INTO {s}.app_groups VALUES ('x', 'o', 'pro', true)")
+    source = ("from rota import Pipeline, Stage\n"
+              "async def h(ctx): pass\n"
+              "def build(queue):\n"
+              "    return Pipeline(queue, [Stage('echo', 1, 1, h)])\n"
+              f"build.queue_settings = {{'groups': '{rota.schema}.app_groups'}}\n")
+    app = f"{write_app(source)}:build"  # type: ignore[operator]
+    assert rota.json("groups", "list", "--app", app) == [
+        {"group_id": "x", "owner_id": "o", "plan": "pro", "active": True}]
+    result = rota("groups", "set", "x", "--paused", "--app", app, ok=False)
+    one_line_error(result, "error: this queue reads groups from the application's relation")
+    assert rota.sql("SELECT active FROM {s}.app_groups") == [(True,)]
