@@ -238,6 +238,24 @@ def test_unknown_options_are_refused() -> None:
         RotaBackend("x", {"OPTIONS": {"SHEMA": "rota"}})
 
 
+@pytest.mark.parametrize(("queue", "message"), [
+    ({"backoff_base": 1},
+     "rota: TASKS['x']['OPTIONS'] (SCHEMA, QUEUE): backoff_base must be a "
+     "datetime.timedelta, got int"),
+    ({"max_atempts": 5},
+     "rota: TASKS['x']['OPTIONS'] (SCHEMA, QUEUE): QueueSettings.__init__() got an "
+     "unexpected keyword argument 'max_atempts'"),
+])
+def test_bad_queue_settings_are_improperly_configured(
+    queue: dict[str, object], message: str,
+) -> None:
+    # A bad value is Django's configuration error naming the option, as an unknown key
+    # is, not a rota exception out of every manage.py command's system checks.
+    with pytest.raises(ImproperlyConfigured) as e:
+        RotaBackend("x", {"OPTIONS": {"QUEUE": queue}})
+    assert str(e.value) == message
+
+
 def test_importing_rota_does_not_import_django() -> None:
     code = "import rota, rota.contrib, sys; assert 'django' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
