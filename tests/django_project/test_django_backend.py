@@ -25,7 +25,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.test import Client
 from django.utils import timezone
 from tenants.models import Ran, Tenant
-from tenants.tasks import banded, fair, flaky, plain, record
+from tenants.tasks import banded, fair, flaky, plain, record, unstorable
 
 from rota import UnknownGroup
 from rota.contrib.django import RotaBackend, job_type
@@ -151,6 +151,27 @@ def test_a_raising_task_retries_with_backoff_and_ends_failed_with_every_tracebac
         result.return_value  # noqa: B018
     assert result.finished_at is not None and result.started_at is not None
     assert len(set(result.worker_ids)) == 3  # three runs, one attempt each
+
+
+@pytest.mark.parametrize(("kind", "error"), [
+    ("set", "ResultError: the return value is not JSON-serializable: Unsupported type: "
+            "<class 'set'>"),
+    ("large", "ResultError: the return value is 2000002 bytes of JSON, larger than the "
+              "maximum 1048576 (max_payload_bytes)"),
+])
+def test_a_return_value_that_cannot_be_stored_fails_the_task_at_once(
+    kind: str, error: str,
+) -> None:
+    # As a handler's (docs/design.md, "Results"): failed for good on its first attempt,
+    # saying why, not retried as if the task had raised.
+    result = unstorable.enqueue(kind)
+    run_once("--queue", "default")
+    result.refresh()
+    found = job_row(result.id)
+    assert (result.status, found.job.attempts, found.job.last_error) == (
+        TaskResultStatus.FAILED, 1, error)
+    assert [e.exception_class_path for e in result.errors] == ["rota.results.ResultError"]
+    assert result.errors[0].traceback.endswith(error + "\n")
 
 
 def test_run_after_is_honoured() -> None:

@@ -24,6 +24,7 @@ from django.utils.module_loading import import_string
 from psycopg.conninfo import make_conninfo
 
 from ...queue import Queue
+from ...results import EncodedResult, ResultError, encode_result
 from ...runner import JobContext, Pipeline, Stage
 from ...worker import Worker
 from .backend import RotaBackend, job_types
@@ -90,23 +91,50 @@ async def run_task(ctx: JobContext) -> Any:
     await task_started.asend(sender=RotaBackend, task_result=result)
     try:
         if iscoroutinefunction(task.func):
-            value = normalize_json(await task.func(*args, **kwargs))
+            returned = await task.func(*args, **kwargs)
         else:
-            value = normalize_json(await sync_to_async(_call_sync, thread_sensitive=False)(
-                task.func, args, kwargs))
+            returned = await sync_to_async(_call_sync, thread_sensitive=False)(
+                task.func, args, kwargs)
     except Exception as exc:
-        object.__setattr__(result, "status", TaskResultStatus.FAILED)
-        object.__setattr__(result, "finished_at", timezone.now())
-        result.errors.append(TaskError(
-            exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
-            traceback="".join(format_exception(exc))))
-        await task_finished.asend(sender=RotaBackend, task_result=result)
+        await _finished_failed(result, exc)
         raise
+    try:
+        value, encoded = _storable(returned, ctx.queue.max_payload_bytes)
+    except ResultError as exc:
+        # A value that cannot be stored fails the task for good, as a handler's does
+        # (docs/design.md, "Results"): it would not fit on a retry either.
+        await _finished_failed(result, exc)
+        await ctx.fail(exc, give_up=True)
+        return None
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "finished_at", timezone.now())
     object.__setattr__(result, "_return_value", value)
     await task_finished.asend(sender=RotaBackend, task_result=result)
-    return value
+    return encoded
+
+
+def _storable(returned: Any, max_bytes: int) -> tuple[Any, EncodedResult | None]:
+    """A task's return value JSON-normalized as Django's own backends do, and as the
+    job's result will store it.
+
+    Raises:
+        ResultError: it is not JSON (a set, an object) or too large to store.
+    """
+    try:
+        value = normalize_json(returned)
+    except (TypeError, ValueError) as exc:
+        raise ResultError(f"the return value is not JSON-serializable: {exc}") from None
+    return value, encode_result(value, max_bytes)
+
+
+async def _finished_failed(result: TaskResult, exc: BaseException) -> None:
+    """Record ``exc`` as this attempt's error on ``result`` and send ``task_finished``."""
+    object.__setattr__(result, "status", TaskResultStatus.FAILED)
+    object.__setattr__(result, "finished_at", timezone.now())
+    result.errors.append(TaskError(
+        exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        traceback="".join(format_exception(exc))))
+    await task_finished.asend(sender=RotaBackend, task_result=result)
 
 
 def _call_sync(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
