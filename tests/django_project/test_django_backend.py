@@ -277,6 +277,24 @@ def test_bad_queue_settings_are_improperly_configured(
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--queue", "defualt"], "CommandError: unknown queue 'defualt': TASKS['default']"
+                             "['QUEUES'] is ['bands', 'default', 'fair']"),
+    (["--concurrency", "0"], "CommandError: --concurrency must be at least 1, got 0"),
+    (["--batch", "-1"], "CommandError: --batch must be at least 1, got -1"),
+    (["--time-budget", "-5"], "CommandError: time_budget must be positive, got "
+                              "-1 day, 23:59:55"),
+    (["--time-budget", "400"], "CommandError: time_budget (0:06:40) must be shorter "
+                               "than the platform timeout (0:05:00)"),
+])
+def test_rota_worker_refuses_bad_arguments_in_one_line(args: list[str], message: str) -> None:
+    # Not a traceback, and not a worker that waits for ever on a misspelt queue (or
+    # runs 4 at a time when told 0).
+    p = worker("--once", *args)
+    out, err = p.communicate(timeout=120)
+    assert (p.returncode, out, err) == (1, "", message + "\n")
+
+
 def test_importing_rota_does_not_import_django() -> None:
     code = "import rota, rota.contrib, sys; assert 'django' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
