@@ -25,7 +25,8 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.test import Client
 from django.utils import timezone
 from tenants.models import Ran, Tenant
-from tenants.tasks import banded, fair, flaky, plain, record, unstorable
+from tenants.tasks import banded, fair, flaky, nap, plain, record, unstorable
+from tests.helpers import wait_for
 
 from rota import UnknownGroup
 from rota.contrib.django import RotaBackend, job_type
@@ -241,6 +242,49 @@ def test_two_tenants_interleave_fairly() -> None:
     # bench/RESULTS.md, "Fairness": rota's claim puts them at median 52, at most 104.
     assert (statistics.median(small_pos), max(small_pos)) == (52.5, 104)
     assert small_pos[:3] == [1, 2, 3]
+
+
+# -- stopping rota_worker ---------------------------------------------------------------
+
+
+def _started(result_id: str) -> bool:
+    return bool(job_row(result_id).job.status == "running")
+
+
+def _stop_reason(run_id: object) -> str:
+    with connection.cursor() as cur:
+        cur.execute(f'SELECT stop_reason FROM "{backend().config.schema}".runs '
+                    "WHERE id = %s", [run_id])
+        return str(cur.fetchone()[0])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_one_signal_to_rota_worker_once_lets_the_task_finish(sig: signal.Signals) -> None:
+    # `rota_worker --once` (for cron) as `rota run`: the task in flight finishes, the run
+    # is recorded interrupted, exit 0 (SIGTERM used to kill it with the task running).
+    result = nap.enqueue(2)
+    w = worker("--once", "--queue", "default")
+    wait_for(lambda: _started(result.id), timeout=60, what="the task to start")
+    w.send_signal(sig)
+    out, err = w.communicate(timeout=60)
+    assert w.returncode == 0, (out, err)
+    found = job_row(result.id)
+    assert (found.job.status, found.job.attempts, found.value) == ("done", 1, "rested")
+    assert _stop_reason(found.job.run_id) == "interrupted"
+
+
+def test_a_second_signal_to_rota_worker_hands_the_task_back_and_exits_130() -> None:
+    result = nap.enqueue(2)
+    w = worker("--once", "--queue", "default")
+    wait_for(lambda: _started(result.id), timeout=60, what="the task to start")
+    w.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    w.send_signal(signal.SIGTERM)
+    out, err = w.communicate(timeout=60)
+    assert (w.returncode, out) == (130, ""), err
+    assert err.endswith("stopped at once: the tasks in flight were handed back\n"), err
+    found = job_row(result.id)
+    assert (found.job.status, found.job.attempts, found.errors) == ("pending", 0, [])
 
 
 # -- configuration ------------------------------------------------------------------------

@@ -169,25 +169,27 @@ async def run_worker(b: RotaBackend, *, queue_names: Iterable[str] | None = None
                      time_budget: timedelta | None = None) -> None:
     """Run the backend's tasks: with ``once``, one run until no work is left (or the
     budget ends); otherwise a :class:`rota.Worker` (LISTEN/NOTIFY, time budgets, stop
-    reasons, maintenance) until SIGTERM or SIGINT, after which the run in flight claims
-    nothing more and finishes its jobs (a second signal stops at once)."""
+    reasons, maintenance). Either way, on SIGTERM or SIGINT the run in flight claims
+    nothing more, finishes its jobs and is recorded ``interrupted``; a second signal
+    stops at once, handing the jobs in flight back (this coroutine is then cancelled:
+    :class:`asyncio.CancelledError`)."""
     extra = {} if clock_offset is None else {"clock_offset": clock_offset}
     budget = time_budget or timedelta(seconds=float(b.config.worker.get("time_budget", 220)))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+
+    def on_signal() -> None:
+        if stop.is_set() and main is not None:
+            main.cancel()  # a second signal: stop now
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
     async with make_queue(b, **extra) as queue:
         pipeline = make_pipeline(b, queue, queue_names=queue_names,
                                  concurrency=concurrency, batch=batch)
         if once:
-            await pipeline.run(trigger="cli", time_budget=budget)
+            await pipeline.run(trigger="cli", time_budget=budget, stop=stop)
             return
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        main = asyncio.current_task()
-
-        def on_signal() -> None:
-            if stop.is_set() and main is not None:
-                main.cancel()  # a second signal: stop now
-            stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
         await Worker(pipeline, time_budget=budget).run_forever(stop)

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from .....cli.run import EXIT_STOPPED_AT_ONCE
 from .....errors import ConfigError, InvalidInput
 from ...worker import backend, run_worker
 
@@ -62,3 +64,6 @@ class Command(BaseCommand):  # type: ignore[misc]
                 time_budget=None if budget is None else timedelta(seconds=budget)))
         except (ConfigError, InvalidInput) as exc:  # a handler's never reaches here
             raise CommandError(str(exc)) from None
+        except asyncio.CancelledError:  # a second SIGINT/SIGTERM, as for `rota worker`
+            self.stderr.write("stopped at once: the tasks in flight were handed back")
+            sys.exit(EXIT_STOPPED_AT_ONCE)
