@@ -96,7 +96,7 @@ async def explain(queue: Queue, conn: Any) -> str:
     prepared, names = claim.text, claim.names
     args = ", ".join(sql.Literal(params[n]).as_string(conn) for n in names)
     async with conn.transaction(force_rollback=True):
-        await conn.execute(queue.sql("claim_settings"))
+        await conn.execute(queue.sql("fair/claim_settings"))
         await conn.execute("PREPARE rota_claim AS " + prepared)
         cur = await conn.execute(f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE rota_claim({args})")
         rota_plan = "\n".join(r[0] for r in await cur.fetchall())

@@ -18,6 +18,8 @@ from psycopg import sql
 
 from rota import Queue
 from rota.db import migrate
+from rota.fair import Violation
+from rota.store import Statements
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,6 +96,21 @@ async def queue(make_queue: Any) -> Queue:
 
 
 @pytest.fixture
+def fair_exact(database_url: str, schema: str) -> Iterator[None]:
+    """After the test: the fair claim's bookkeeping in the test's schema keeps every
+    invariant of its contract (src/rota/fair/verify.sql, what `rota verify` runs);
+    concurrency, oracle and chaos tests use it (``pytest.mark.usefixtures``)."""
+    yield
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                              (f"{schema}.fair_groups",)).fetchone()
+        if not exists or not exists[0]:
+            return  # the test never migrated its schema
+        rows = conn.execute(Statements(schema).sql("fair/verify")).fetchall()
+    assert [str(Violation(*r)) for r in rows] == []
+
+
+@pytest.fixture
 async def aconn(database_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """A separate autocommit connection for assertions straight from the tables."""
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
@@ -104,7 +121,7 @@ async def aconn(database_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]
 ENQUEUE_ONLY_GRANTS = (
     "GRANT USAGE ON SCHEMA {schema} TO {role}",
     "GRANT EXECUTE ON FUNCTION {schema}.enqueue(text, jsonb, text, text, timestamptz,"
-    " integer), {schema}.enqueue_many(jsonb) TO {role}",
+    " integer, jsonb), {schema}.enqueue_many(jsonb) TO {role}",
 )
 
 
@@ -115,12 +132,12 @@ def enqueue_only_role(database_url: str) -> Iterator[Any]:
     schema)."""
     made: list[str] = []
 
-    def make(schema: str) -> str:
+    def make(schema: str, grants: tuple[str, ...] = ENQUEUE_ONLY_GRANTS) -> str:
         role = f"rota_enq_{uuid.uuid4().hex[:10]}"
         made.append(role)
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
-            for grant in ENQUEUE_ONLY_GRANTS:
+            for grant in grants:
                 conn.execute(sql.SQL(grant).format(schema=sql.Identifier(schema),
                                                    role=sql.Identifier(role)))
         return role

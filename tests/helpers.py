@@ -11,6 +11,8 @@ import psycopg
 from psycopg import sql
 
 from rota import Queue
+from rota.fair import Violation
+from rota.store import Statements
 
 
 async def enqueue_jobs(queue: Queue, job_type: str, n: int, **kw: Any) -> list[int]:
@@ -46,3 +48,11 @@ def wait_for(check: Callable[[], Any], timeout: float = 20, what: str = "the che
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+async def fair_violations(conn: psycopg.AsyncConnection[Any],
+                          schema: str) -> list[Violation]:
+    """The fair claim's contract (src/rota/fair/verify.sql) on ``conn``, inside whatever
+    transaction it has open (timestamps in its session's TimeZone)."""
+    cur = await conn.execute(Statements(schema).sql("fair/verify"))
+    return [Violation(*row) for row in await cur.fetchall()]

@@ -16,12 +16,15 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from rota import Queue
-from rota.claim import ClaimUpkeep, FairClaim
 from rota.db import migrate
+from rota.fair import ClaimUpkeep, FairClaim
 
 from .oracle import insert_rows, oracle_ids
 from .test_fast_claim import recount
 from .test_oracle import group_st, job_st
+
+# After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
+pytestmark = pytest.mark.usefixtures("fair_exact")
 
 STALE = timedelta(seconds=8)
 
@@ -34,7 +37,7 @@ def no_upkeep(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def upkeep(queue: Queue, conn: Any, type_: str = "t") -> None:
     """One round of the claim upkeep, as of the queue's clock, on ``conn``."""
-    await conn.execute(queue.sql("claim_upkeep"), {
+    await conn.execute(queue.sql("fair/upkeep"), {
         "type": type_, "advance": True, "offset": queue.clock_offset,
         "served_window": queue.served_window})
 

@@ -1,6 +1,6 @@
 """Another role cannot stall or flood a queue's claim bookkeeping: the served window's
 edge is coordinated by row locks on rota's own fair_edge table (docs/fast-claim.md,
-"Served counts without a hot row"), which only roles granted the schema can take. An
+"Writers: three protocols and one shard rule"), which only roles granted the schema can take. An
 advisory lock, by contrast, any role of the database can take on any key."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Equal keys never make the fair claim's probe grow (docs/fast-claim.md, "Ties"): jobs
-written by one statement share one created_at, groups share served counts, and a bound
+"""Equal keys never make the fair claim's probe grow (docs/fast-claim.md, "The claim",
+step 4): jobs written by one statement share one created_at, groups share served counts, and a bound
 can equal the batch's last key. The claim still gives exactly the oracle's order."""
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import pytest
 from rota import Queue
 
 from .test_fast_claim import claim_equals_oracle, recount
+
+# After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
+pytestmark = pytest.mark.usefixtures("fair_exact")
 
 
 async def _load(queue: Queue, groups: int, per_group: int,

@@ -17,6 +17,9 @@ from psycopg import sql
 from rota import JobContext, Pipeline, Queue, Stage
 from tests.helpers import job_state
 
+# After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
+pytestmark = pytest.mark.usefixtures("fair_exact")
+
 AConn = psycopg.AsyncConnection[Any]
 
 

@@ -15,6 +15,9 @@ from rota import InvalidInput, Job, Pipeline, Queue, Stage
 
 from .test_fast_claim import claim_equals_oracle, recount
 
+# After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
+pytestmark = pytest.mark.usefixtures("fair_exact")
+
 
 async def status(aconn: Any, queue: Queue, job_id: int) -> tuple[str, Any]:
     cur = await aconn.execute(sql.SQL("SELECT status, claim_token FROM {} WHERE id = %s")

@@ -25,6 +25,9 @@ from psycopg import sql
 
 from rota import Job, Queue
 
+# After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
+pytestmark = pytest.mark.usefixtures("fair_exact")
+
 AConn = psycopg.AsyncConnection[Any]
 
 

@@ -147,6 +147,7 @@ async def test_a_handler_that_ignores_cancellation_cannot_hold_the_run(
     pipeline = Pipeline(queue, [Stage("t", 2, 1, stubborn, timeout=timedelta(seconds=0.2))],
                         platform_timeout=timedelta(seconds=4),
                         heartbeat_every=timedelta(seconds=0.3))
+    task: asyncio.Task[Any] | None = None
     try:
         t0 = time.monotonic()
         task = asyncio.create_task(pipeline.run(time_budget=timedelta(seconds=1)))
@@ -174,6 +175,11 @@ async def test_a_handler_that_ignores_cancellation_cannot_hold_the_run(
         for t in holders:
             t.cancel()
         await asyncio.sleep(0.05)
+        if task is not None and not task.done():
+            # An assertion failed before the run ended: end it, so the test fails at once
+            # instead of its queue's teardown waiting on the run's connections.
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_the_cron_endpoint_answers_before_the_platform_timeout(

@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from rota import Queue
+
+# After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
+pytestmark = pytest.mark.usefixtures("fair_exact")
 
 
 async def enqueue(queue: Queue, group: str | None, n: int, type_: str = "t") -> list[int]:

@@ -14,69 +14,20 @@ import pytest
 from psycopg import sql
 
 from rota import Queue
-from rota.claim import FairClaim, UpkeepConfig
+from rota.fair import FairClaim, UpkeepConfig
 
 from . import test_oracle
+from .helpers import fair_violations
 from .oracle import oracle_ids
 from .test_oracle import _check, oracle_examples
 
-# Every way the bookkeeping can disagree with the jobs it summarizes; empty when exact.
-RECOUNT = """
-WITH pending AS (
-    SELECT type, group_id, created_at, run_after
-    FROM {s}.jobs WHERE status = 'pending' AND group_id IS NOT NULL
-),
-served AS (  -- served since the edge: running, and done at or after it
-    SELECT j.type, j.group_id, count(*) AS n
-    FROM {s}.jobs j LEFT JOIN {s}.fair_edge e ON e.type = j.type
-    WHERE j.group_id IS NOT NULL
-      AND (j.status = 'running'
-           OR (j.status = 'done' AND j.finished_at >= coalesce(e.edge, '-infinity')))
-    GROUP BY j.type, j.group_id
-),
-kept AS (
-    SELECT fg.type, fg.group_id, fg.head_lb, fg.head_until, fg.ready_lb, fg.plan, fg.active,
-           fg.served_n + coalesce((SELECT sum(d.n) FROM {s}.fair_served d
-                                 WHERE d.type = fg.type AND d.group_id = fg.group_id), 0)
-             AS n
-    FROM {s}.fair_groups fg
-)
-SELECT DISTINCT 'pending job without a row or outside its bounds: ' || p.group_id
-FROM pending p LEFT JOIN kept k ON k.type = p.type AND k.group_id = p.group_id
-WHERE k.group_id IS NULL OR k.ready_lb > p.run_after
-   OR (k.head_lb > p.created_at AND k.head_until > p.run_after)
-UNION ALL
-SELECT 'served count ' || coalesce(k.n, 0) || ' <> ' || coalesce(d.n, 0) || ': '
-       || coalesce(d.group_id, k.group_id)
-FROM served d FULL JOIN kept k ON k.type = d.type AND k.group_id = d.group_id
-WHERE coalesce(k.n, 0) <> coalesce(d.n, 0)
-UNION ALL
-SELECT 'unfolded deltas for a group without a row: ' || d.group_id
-FROM {s}.fair_served d
-WHERE NOT EXISTS (SELECT 1 FROM {s}.fair_groups f
-                  WHERE f.type = d.type AND f.group_id = d.group_id)
-  AND NOT EXISTS (SELECT 1 FROM served x WHERE x.type = d.type AND x.group_id = d.group_id)
-  AND d.n <> 0
-UNION ALL
-SELECT 'plan or active copy differs: ' || k.group_id
-FROM kept k JOIN {s}.groups g ON g.group_id = k.group_id
-WHERE k.plan IS DISTINCT FROM g.plan OR k.active <> g.active
-UNION ALL
-SELECT DISTINCT 'plan missing from fair_plans: ' || k.plan
-FROM kept k
-WHERE k.plan IS NOT NULL AND NOT EXISTS (
-    SELECT 1 FROM {s}.fair_plans p WHERE p.type = k.type AND p.plan = k.plan)
-UNION ALL
-SELECT 'copy of a missing group is not (no plan, active): ' || k.group_id
-FROM kept k
-WHERE NOT EXISTS (SELECT 1 FROM {s}.groups g WHERE g.group_id = k.group_id)
-  AND (k.plan IS NOT NULL OR NOT k.active)
-"""
-
+# After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
+pytestmark = pytest.mark.usefixtures("fair_exact")
 
 async def recount(conn: Any, schema: str) -> list[str]:
-    cur = await conn.execute(sql.SQL(RECOUNT).format(s=sql.Identifier(schema)))
-    return [r[0] for r in await cur.fetchall()]
+    """Every way the bookkeeping disagrees with the jobs it summarizes, as the contract
+    (src/rota/fair/verify.sql, `rota verify`) names them; empty when exact."""
+    return [str(v) for v in await fair_violations(conn, schema)]
 
 
 async def claim_equals_oracle(queue: Queue, url: str, type_: str, limit: int) -> None:
@@ -84,7 +35,9 @@ async def claim_equals_oracle(queue: Queue, url: str, type_: str, limit: int) ->
     async with await psycopg.AsyncConnection.connect(url) as conn:
         expected = await oracle_ids(queue, conn, type_, limit)
         got = [j.id for j in await queue.claim(type_, limit, conn=conn)]
+        violations = await fair_violations(conn, queue.schema)
         await conn.rollback()
+    assert [str(v) for v in violations] == []
     assert got == expected
 
 

@@ -10,7 +10,12 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from rota import JobContext, Pipeline, Queue, Quota, Stage
+
+# After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
+pytestmark = pytest.mark.usefixtures("fair_exact")
 
 
 async def test_runs_that_end_early_leave_untouched_jobs_as_they_were(

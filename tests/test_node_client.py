@@ -30,6 +30,7 @@ from .helpers import wait_for
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "clients" / "node"
 APP = "tests.cli_app:build_pipeline"
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def node() -> str:
@@ -74,7 +75,8 @@ def test_node_enqueues_in_its_transactions_and_a_worker_runs_the_committed_half(
         assert worker.poll() is None, worker.communicate()
         out = subprocess.run([node_bin, "enqueue-demo.js"], cwd=CLIENT, capture_output=True,
                              text=True, timeout=300,
-                             env={**env, "ROTA_ROLE": role, "JOBS": "1000"})
+                             env={**env, "ROTA_ROLE": role, "JOBS": "1000",
+                                  "TRACEPARENT": TRACEPARENT})
         assert out.returncode == 0, out.stderr
         report = json.loads(out.stdout)
         committed = sorted(int(i) for i in report["committed"])
@@ -87,6 +89,9 @@ def test_node_enqueues_in_its_transactions_and_a_worker_runs_the_committed_half(
         wait_for(lambda: query("SELECT count(*) FROM {s}.jobs WHERE status = 'done'")[0][0]
                  >= 500, 180, "the worker to run 500 jobs")
         jobs = query("SELECT id, status, attempts, payload FROM {s}.jobs ORDER BY id")
+        # Every job carries the service's trace context (docs/operations.md, "Traces").
+        assert query("SELECT DISTINCT trace_context FROM {s}.jobs") == [
+            ({"traceparent": TRACEPARENT},)]
         # Exactly the committed jobs exist, and each ran once.
         assert [j[0] for j in jobs] == committed
         assert {(j[1], j[2]) for j in jobs} == {("done", 1)}

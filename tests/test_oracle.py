@@ -16,6 +16,7 @@ from psycopg import sql
 
 from rota import Queue
 
+from .helpers import fair_violations
 from .oracle import insert_rows, oracle_ids
 
 T = TypeVar("T", bound=Callable[..., None])
@@ -50,6 +51,8 @@ async def _check(url: str, schema: str, groups: list[tuple[Any, bool]],
             claimed = await queue.claim(type_, limit, conn=conn)
             assert [c.id for c in claimed] == expected
             assert all(c.status == "running" for c in claimed)
+        # The triggers kept the bookkeeping of the rows written and the claims made.
+        assert [str(v) for v in await fair_violations(conn, schema)] == []
         await conn.rollback()
 
 

@@ -45,7 +45,8 @@ def test_the_library_wheel_holds_rota_alone(tmp_path: Path) -> None:
     wheel = build_wheel(tree, tmp_path / "dist")
     assert top_level(wheel) == {"rota"}
     assert entry_points(wheel) == "[console_scripts]\nrota = rota.cli:main\n"
-    assert "rota/sql/claim.sql" in wheel.namelist()
+    assert {"rota/fair/claim.sql", "rota/fair/bookkeeping.sql", "rota/fair/verify.sql",
+            "rota/sql/complete.sql"} <= set(wheel.namelist())
 
 
 @pytest.mark.timeout(600)

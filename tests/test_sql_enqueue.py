@@ -335,7 +335,7 @@ async def test_sql_errors_carry_the_sqlstate_and_the_argument(
     ([{"type": "t"}], "item 0: needs 'type' and 'payload'"),
     ([{"type": "t", "payload": {}, "prio": 1, "at": 2}],
      "item 0: needs 'type' and 'payload', may have 'group_id', 'dedupe_key', 'run_after', "
-     "'max_attempts'; unexpected ['at', 'prio']"),
+     "'max_attempts', 'trace_context'; unexpected ['at', 'prio']"),
     ([{"type": 5, "payload": {}}], "item 0: job type must be a non-empty string, got 5"),
     ([{"type": "t", "payload": {}, "group_id": 7}],
      "item 0: group_id must be a non-empty string, got 7"),

@@ -5,7 +5,8 @@
 //
 // Environment: DATABASE_URL (libpq URL), ROTA_SCHEMA (default rota), ROTA_ROLE (run as
 // this role, SET ROLE: one that may only enqueue), JOBS (default 1000), JOB_TYPE
-// (default echo).
+// (default echo), TRACEPARENT (a W3C traceparent every job carries, as a traced
+// service's current span would give it; default none).
 import pg from 'pg';
 import { rota, RotaError } from './rota.js';
 
@@ -14,6 +15,8 @@ const type = process.env.JOB_TYPE ?? 'echo';
 const queue = rota(process.env.ROTA_SCHEMA ?? 'rota');
 const client = new pg.Client({ connectionString: process.env.DATABASE_URL });
 const PER_TRANSACTION = 10;
+const traceContext = process.env.TRACEPARENT
+  ? { traceparent: process.env.TRACEPARENT } : undefined;
 
 await client.connect();
 try {
@@ -31,12 +34,12 @@ try {
     let ids;
     if (t % 4 === 3) { // every fourth transaction as one batch
       ids = await queue.enqueueMany(client, ns.map((n) => (
-        { type, payload: { n, from: 'node' }, dedupeKey: `node:${n}` })));
+        { type, payload: { n, from: 'node' }, dedupeKey: `node:${n}`, traceContext })));
     } else {
       ids = [];
       for (const n of ns) {
         ids.push(await queue.enqueue(client, type, { n, from: 'node' },
-          { dedupeKey: `node:${n}` }));
+          { dedupeKey: `node:${n}`, traceContext }));
       }
     }
     // Asking again while the job is open creates nothing.

@@ -29,6 +29,13 @@ const RULES = new Set(['22023', '23503', '42704', '54000']);
 const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_$]{0,62}$/;
 
 /**
+ * The W3C Trace Context of the span enqueueing a job (with @opentelemetry/api:
+ * `propagation.inject(context.active(), carrier)`); the job's handler span continues
+ * that trace (docs/operations.md, "Traces").
+ * @typedef {{traceparent: string, tracestate?: string}} TraceContext
+ */
+
+/**
  * The queue in `schema` (default "rota").
  * @param {string} [schema]
  */
@@ -37,7 +44,7 @@ export function rota(schema = 'rota') {
     throw new TypeError(`schema ${JSON.stringify(schema)} is not a valid identifier`);
   }
   const s = `"${schema}"`;
-  const one = `SELECT ${s}.enqueue($1, $2::jsonb, $3, $4, $5::timestamptz, $6) AS id`;
+  const one = `SELECT ${s}.enqueue($1, $2::jsonb, $3, $4, $5::timestamptz, $6, $7::jsonb) AS id`;
   const many = `SELECT id FROM ${s}.enqueue_many($1::jsonb) AS id`;
   return {
     /**
@@ -47,14 +54,15 @@ export function rota(schema = 'rota') {
      * @param {string} type
      * @param {unknown} payload any JSON value (sent as JSON.stringify makes it)
      * @param {{groupId?: string, dedupeKey?: string, runAfter?: Date,
-     *          maxAttempts?: number}} [options]
+     *          maxAttempts?: number, traceContext?: TraceContext}} [options]
      * @returns {Promise<string | null>}
      */
     async enqueue(client, type, payload, options = {}) {
-      const { groupId = null, dedupeKey = null, runAfter = null, maxAttempts = null } =
-        options;
+      const { groupId = null, dedupeKey = null, runAfter = null, maxAttempts = null,
+        traceContext = null } = options;
       const params = [type, json(payload), groupId, dedupeKey,
-        runAfter === null ? null : instant(runAfter), maxAttempts];
+        runAfter === null ? null : instant(runAfter), maxAttempts,
+        traceContext === null ? null : JSON.stringify(traceContext)];
       const { rows } = await run(client, one, params);
       return rows[0].id;
     },
@@ -64,7 +72,8 @@ export function rota(schema = 'rota') {
      * order given (duplicates of open jobs, or of earlier items, have none).
      * @param {import('pg').ClientBase} client
      * @param {Array<{type: string, payload: unknown, groupId?: string,
-     *                dedupeKey?: string, runAfter?: Date, maxAttempts?: number}>} jobs
+     *                dedupeKey?: string, runAfter?: Date, maxAttempts?: number,
+     *                traceContext?: TraceContext}>} jobs
      * @returns {Promise<string[]>}
      */
     async enqueueMany(client, jobs) {
@@ -75,6 +84,7 @@ export function rota(schema = 'rota') {
         dedupe_key: j.dedupeKey ?? null,
         run_after: j.runAfter == null ? null : instant(j.runAfter),
         max_attempts: j.maxAttempts ?? null,
+        trace_context: j.traceContext ?? null,
       }));
       const { rows } = await run(client, many, [JSON.stringify(items)]);
       return rows.map((r) => r.id);

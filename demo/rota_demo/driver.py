@@ -306,6 +306,8 @@ class Demo:
                 .format(a))
             ledger = await cur.fetchone()
             checks = await self.invariants(cur)
+            checks.append(("the fair claim's bookkeeping matches the jobs (rota verify)",
+                           not await queue.verify()))
             lost_jobs = await self.lost_jobs(cur, queue)
         async with httpx.AsyncClient() as http:
             usage = (await http.get(f"{self.youtube_url}/youtube/v3/_usage", timeout=5)).json()

@@ -398,7 +398,7 @@ async def _lenient_job(queue: AdminQueue, job_id: int, conn: AnyConn) -> Job | N
 
 
 def _claim_priority(plans: Plans, plan_id: str | None) -> int:
-    # As the claim ranks (sql/claim.sql): no plan ranks as the middle plan, an unknown
+    # As the claim ranks (fair/claim.sql): no plan ranks as the middle plan, an unknown
     # plan id as the lowest.
     if plan_id is None:
         return plans.middle.priority

@@ -10,6 +10,7 @@ import re
 import string
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, NamedTuple
 
 import psycopg
@@ -62,8 +63,16 @@ def identifier(name: object, what: str = "schema", *, qualified: bool = False
 
 @cache
 def statement_text(name: str) -> str:
-    """The text of the named statement in ``rota/sql/NAME.sql``."""
-    return resources.files("rota").joinpath("sql", f"{name}.sql").read_text("utf-8")
+    """The text of the named statement: ``rota/sql/NAME.sql``, or for a name
+    ``PACKAGE/NAME`` the file ``rota/PACKAGE/NAME.sql`` (the fair claim's statements
+    live in its package, ``rota/fair/``)."""
+    return _statement_file(name).read_text("utf-8")
+
+
+def _statement_file(name: str) -> Traversable:
+    package, _, base = name.rpartition("/")
+    folder = resources.files("rota").joinpath(package or "sql")
+    return folder.joinpath(f"{base}.sql")
 
 
 def statement(name: str, schema: sql.Identifier, groups: sql.Identifier,
@@ -71,12 +80,14 @@ def statement(name: str, schema: sql.Identifier, groups: sql.Identifier,
     """The named statement with ``{schema}`` and ``{groups}`` filled in, quoted, and
     each other placeholder ``{key}`` replaced by a named statement (itself filled in the
     same way): ``fragments[key]`` when given (a choice made at run time, such as the
-    claim's pool), else the file ``rota/sql/KEY.sql`` (a block shared by several
-    statements, such as ``{fenced_claims}``)."""
+    claim's pool), else the file ``KEY.sql`` beside the statement (a block shared by
+    several statements, such as ``{fenced_claims}`` or the claim's ``{claim_head}``)."""
     text = statement_text(name)
+    package = name.rpartition("/")[0]
     keys = {f for _, f, _, _ in string.Formatter().parse(text) if f}
-    parts = {k: statement(fragments.get(k, k), schema, groups, **fragments)
-             for k in keys - {"schema", "groups", name}}
+    parts = {k: statement(fragments.get(k, f"{package}/{k}" if package else k), schema,
+                          groups, **fragments)
+             for k in keys - {"schema", "groups", name.rpartition("/")[2]}}
     return sql.SQL(text).format(schema=schema, groups=groups, **parts)
 
 
@@ -109,11 +120,20 @@ def migrations() -> tuple[Migration, ...]:
     return tuple(sorted(out))
 
 
+#: A line of schema.sql replaced by a file of the package (``-- @include fair/x.sql``).
+_INCLUDE = re.compile(r"^-- @include (\S+)$", re.MULTILINE)
+
+
 @cache
 def schema_text() -> str:
     """``rota/schema.sql``: the current schema, with the ``{schema}`` placeholder, for
-    fresh installs. It equals every migration applied in order."""
-    return resources.files("rota").joinpath("schema.sql").read_text("utf-8")
+    fresh installs, each ``-- @include PATH`` line replaced by the file ``rota/PATH``
+    (the fair claim's bookkeeping lives in its package, ``fair/bookkeeping.sql``). It
+    equals every migration applied in order."""
+    text = resources.files("rota").joinpath("schema.sql").read_text("utf-8")
+    return _INCLUDE.sub(
+        lambda m: resources.files("rota").joinpath(m.group(1)).read_text("utf-8").rstrip(),
+        text)
 
 
 _VERSION_TABLE = """CREATE TABLE IF NOT EXISTS {schema}.rota_migrations (

@@ -77,6 +77,10 @@ class Job:
     created_at: datetime
     finished_at: datetime | None
     give_up_pending: bool
+    #: The W3C Trace Context of the span that enqueued the job (``{"traceparent": ...,
+    #: "tracestate": ...}``), or ``None``; its handler's span continues that trace
+    #: (:mod:`rota.tracing`).
+    trace_context: Mapping[str, str] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], *, lenient: bool = False) -> Job:

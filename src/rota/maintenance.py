@@ -35,7 +35,7 @@ DEFAULT_RUNS_RETENTION = timedelta(days=30)
 
 class Maintainer(Protocol):
     """The shape every maintenance service has (the claim's upkeep,
-    :class:`rota.claim.ClaimUpkeep`, too): a name for its counters and ``run_once``."""
+    :class:`rota.fair.ClaimUpkeep`, too): a name for its counters and ``run_once``."""
 
     name: str
 

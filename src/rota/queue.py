@@ -1,7 +1,7 @@
 """The queue: enqueue, claim, complete, fail, defer, release, stuck jobs and give-up
 hooks (docs/design.md, "The queue's rules"). A :class:`Queue` holds validated settings
 (:class:`rota.settings.QueueSettings`), the store every statement runs through
-(:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.claim`), and
+(:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.fair`), and
 the admin operations (:mod:`rota.admin`).
 
 One piece (about 850 lines): every method is one transition of the job state machine
@@ -27,7 +27,7 @@ import psycopg
 from psycopg.sql import Composed, Identifier
 from psycopg_pool import AsyncConnectionPool
 
-from . import db
+from . import db, tracing
 from .checks import (
     INT_MAX,
     LATEST_DUE,
@@ -35,8 +35,8 @@ from .checks import (
     require_due_time,
     require_text,
 )
-from .claim import ClaimUpkeep, FairClaim, UpkeepConfig
 from .errors import ConfigError, InvalidInput, UnreadableJob
+from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
 from .job import FailOutcome, Job
 from .job import no_give_up_hook as _no_give_up_hook
 from .plans import Plans
@@ -68,6 +68,9 @@ class Queue:
             ``psycopg_pool.AsyncConnectionPool`` the caller owns (autocommit or not).
             rota's own pool adds the timeouts the string does not set
             (:func:`rota.db.with_connection_defaults`).
+        tracer_provider: the OpenTelemetry ``TracerProvider`` rota's spans go to
+            (docs/operations.md, "Traces"); default the global one. Ignored without
+            ``opentelemetry-api``.
         **settings: see :class:`rota.settings.QueueSettings` (schema, plans, groups,
             types, max_attempts, max_attempts_by_type, stale_after, served_window,
             backoff_base, max_backoff, max_deferrals, max_payload_bytes); an application ``groups``
@@ -97,8 +100,11 @@ class Queue:
     max_deferrals = _setting("max_deferrals", "Deferrals before a job gives up, or None.")
     max_payload_bytes = _setting("max_payload_bytes", "Largest payload, UTF-8 bytes.")
 
-    def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], **settings: Any):
+    def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], *,
+                 tracer_provider: Any = None, **settings: Any):
         self.settings = QueueSettings(**settings)
+        #: rota's spans (:mod:`rota.tracing`; no-ops without ``opentelemetry-api``).
+        self.tracer = tracing.Tracer(tracer_provider)
         self._give_up_hooks: dict[str, GiveUpHook] = {}
         self.claim_observers: list[ClaimObserver] = []  # metrics (rota.web.metrics)
         if isinstance(conninfo_or_pool, str):
@@ -281,7 +287,10 @@ class Queue:
     ) -> Job | None:
         """Enqueue one job through the database's ``enqueue_jobs``, the rules every
         caller shares, in one statement: checks, group check, INSERT … ON CONFLICT DO
-        NOTHING (docs/design.md, "Enqueue").
+        NOTHING (docs/design.md, "Enqueue"). The job keeps the W3C Trace Context of
+        the enqueue's span (a child of the current span), so its handler's span
+        continues the caller's trace (:mod:`rota.tracing`; docs/operations.md,
+        "Traces").
 
         Args:
             type: the job type (the stage that runs it).
@@ -308,16 +317,20 @@ class Queue:
         params = self.settings.enqueue_params(
             type, payload, group_id=group_id, dedupe_key=dedupe_key, run_after=run_after,
             max_attempts=max_attempts)
-        async with self.connection(conn) as c:
-            row = await self.store.fetch_dict("enqueue", params, conn=c)
-        return enqueued_job(row)
+        with self.tracer.enqueue(params["type"], 1) as sending:
+            params["trace_context"] = sending.trace_context
+            async with self.connection(conn) as c:
+                row = await self.store.fetch_dict("enqueue", params, conn=c)
+            job = enqueued_job(row)
+            sending.sent([job.id] if job is not None else [], 1 if job is not None else 0)
+        return job
 
     async def enqueue_many(
         self, items: Iterable[Mapping[str, Any]], *, conn: AnyConn | None = None
     ) -> int:
         """Enqueue a batch in one statement through the database's ``enqueue_jobs`` (the
         rules of :meth:`enqueue`, item by item, then one group check and one INSERT over
-        arrays).
+        arrays). One enqueue span for the batch: every job keeps its trace context.
 
         Args:
             items: mappings with ``type`` and ``payload`` and optionally ``group_id``,
@@ -336,14 +349,20 @@ class Queue:
         params = self.settings.enqueue_many_params(items)
         if not params["types"]:
             return 0
-        async with self.connection(conn) as c:
-            # One statement: on our own autocommit connection it is its own transaction;
-            # on a caller's connection, the caller's transaction holds it.
-            row = await self.store.fetch_one("enqueue_many", params, conn=c)
-        assert row is not None
-        created, problem = row
-        if problem is not None:
-            raise enqueue_error(problem)
+        types = set(params["types"])
+        with self.tracer.enqueue(types.pop() if len(types) == 1 else None,
+                                 len(params["types"])) as sending:
+            params["trace_context"] = sending.trace_context
+            params["count"] = len(params["types"])
+            async with self.connection(conn) as c:
+                # One statement: on our own autocommit connection it is its own
+                # transaction; on a caller's connection, the caller's transaction holds it.
+                row = await self.store.fetch_one("enqueue_many", params, conn=c)
+            assert row is not None
+            created, problem = row
+            if problem is not None:
+                raise enqueue_error(problem)
+            sending.sent([], int(created))
         return int(created)
 
     async def publish_settings(self, *, conn: AnyConn | None = None) -> None:
@@ -409,10 +428,13 @@ class Queue:
         if conn is None:
             await self.open()
         started = time.perf_counter()
-        claimed = await self.fair_claim.claim(
-            t, limit, plans=self.plans, clock_offset=self.clock_offset,
-            stale_after=self.stale_after, served_window=self.served_window,
-            run_id=run_id, conn=conn)
+        with self.tracer.claim(t, limit) as claiming:
+            retries = self.fair_claim.retries.get(t, 0)
+            claimed = await self.fair_claim.claim(
+                t, limit, plans=self.plans, clock_offset=self.clock_offset,
+                stale_after=self.stale_after, served_window=self.served_window,
+                run_id=run_id, conn=conn)
+            claiming.claimed(len(claimed), self.fair_claim.retries.get(t, 0) - retries)
         for observe in self.claim_observers:
             observe(t, time.perf_counter() - started)
         jobs: list[Job] = []
@@ -433,6 +455,38 @@ class Queue:
         shutdown)."""
         await self.upkeep.settle()
 
+    async def verify(self) -> list[Violation]:
+        """Check the fair claim's bookkeeping against the jobs table: every invariant of
+        docs/fast-claim.md ("The contract") in one read-only statement, safe on a live
+        queue (``rota verify``).
+
+        Returns:
+            The :class:`rota.fair.Violation` list (type, group, invariant, expected,
+            found), by type, group and invariant; empty when the bookkeeping is exact.
+        """
+        return await self.fair_claim.verify()
+
+    async def repair_bookkeeping(self) -> RepairReport:
+        """Rebuild the fair claim's bookkeeping from the jobs table in one transaction
+        (``rota verify --repair``): writers of jobs wait for it, claims stay exact.
+
+        Returns:
+            A :class:`rota.fair.RepairReport`: the violations found, the rows written.
+
+        Raises:
+            RepairFailed: the rebuilt bookkeeping still broke an invariant (nothing
+                kept).
+        """
+        return await self.fair_claim.repair(self.clock_offset)
+
+    async def oldest_due_probe(self, types: Sequence[str], k: int, *,
+                               conn: AnyConn | None = None) -> list[dict[str, Any]]:
+        """The dashboard's probe for the longest-waiting due jobs, through the claim's
+        bookkeeping (:meth:`rota.fair.FairClaim.oldest_due`)."""
+        return await self.fair_claim.oldest_due(types, k, clock_offset=self.clock_offset,
+                                                conn=conn)
+
+    @tracing.settle_traced("complete")
     async def complete(self, job: Job, *, result: Any = None,
                        conn: AnyConn | None = None) -> bool:
         """Mark a claimed job done, under its claim, keeping ``result`` (docs/design.md,
@@ -494,6 +548,7 @@ class Queue:
             "claim_tokens": [j.claim_token for j in fenced]}, conn=conn)
         return {r[0]: r[1] for r in rows}
 
+    @tracing.settle_traced("complete")
     async def complete_many(self, jobs: Sequence[Job], *,
                             results: Sequence[Any] | None = None,
                             conn: AnyConn | None = None) -> list[bool]:
@@ -530,10 +585,12 @@ class Queue:
             if isinstance(e, ResultError):
                 raise e
             encoded_by_id[j.id] = e
-        # One order for every caller (type, group, served-count shard), so two batches
-        # counting into the same bookkeeping rows take their locks in the same order.
+        # Job rows are locked in id order, the one order of every statement that locks
+        # several jobs. The served-count changes a completion makes go to the writing
+        # session's own fair_served shard (the shard rule, fair_shard()), so two batches
+        # never wait on each other's bookkeeping rows.
         fenced = sorted((j for j in batch if j.claim_token is not None),
-                        key=lambda j: (j.type, j.group_id or "", j.id % 8, j.id))
+                        key=lambda j: j.id)
         if not fenced:
             return [False] * len(batch)
         params = {"ids": [j.id for j in fenced],
@@ -560,6 +617,7 @@ class Queue:
                     if await self.complete(j, result=encoded_by_id[j.id])}
         return [j.claim_token is not None and j.id in done for j in batch]
 
+    @tracing.settle_traced("fail")
     async def fail(self, job: Job, error: BaseException | str, *, give_up: bool = False,
                    conn: AnyConn | None = None) -> FailOutcome:
         """Record a failed attempt of a claimed job (docs/design.md,
@@ -602,6 +660,7 @@ class Queue:
             return "failed"
         return "retry"
 
+    @tracing.settle_traced("defer")
     async def defer(
         self, jobs: Job | Iterable[Job], until: datetime | None = None, *,
         conn: AnyConn | None = None,
@@ -651,6 +710,7 @@ class Queue:
             await self.run_give_up_hooks(gave_up)
         return sum(1 for r in rows if r[1] == "pending")
 
+    @tracing.settle_traced("release")
     async def release(self, jobs: Iterable[Job], *, not_before: datetime | None = None,
                       conn: AnyConn | None = None) -> int:
         """Hand claimed jobs back as if they had never been claimed: pending again, the
@@ -766,7 +826,8 @@ class Queue:
             # A row that cannot be read still gave up: its hook runs with the
             # Unreadable values in the job (docs/design.md, "Give-up hooks").
             job = Job.from_row(row, lenient=True)
-            await self._give_up_hooks[job.type](job, c)
+            with self.tracer.give_up(job):
+                await self._give_up_hooks[job.type](job, c)
             await self.store.execute("give_up_done", {"id": job_id}, conn=c)
         return True
 

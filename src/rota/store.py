@@ -1,7 +1,8 @@
 """The one data-access seam: every statement rota runs goes through a :class:`Store`.
 
-A statement is a file ``rota/sql/NAME.sql`` (one statement each, parameterized,
-``{schema}`` and ``{groups}`` filled in with validated, quoted identifiers). The store
+A statement is a file ``rota/sql/NAME.sql``, or ``rota/fair/NAME.sql`` for the fair
+claim's (named ``fair/NAME``) (one statement each, parameterized, ``{schema}`` and
+``{groups}`` filled in with validated, quoted identifiers). The store
 holds the queue's identifiers and its connection pool, and runs statements by name on
 a pooled connection or on the caller's (``conn=``, inside the caller's transaction).
 The queue, the claim, the runner, quotas, maintenance, the worker, the admin
@@ -311,7 +312,8 @@ class Statements:
         self._raw: dict[tuple[str, tuple[tuple[str, str], ...]], RawStatement] = {}
 
     def sql(self, name: str, **fragments: str) -> Composed:
-        """The statement ``rota/sql/NAME.sql`` for this schema and groups relation, each
+        """The statement ``NAME`` (``rota/sql/NAME.sql``; ``fair/X``: ``rota/fair/X.sql``)
+        for this schema and groups relation, each
         ``{key}`` placeholder of ``fragments`` replaced by that named statement (composed
         once per queue and kept)."""
         key = (name, tuple(sorted(fragments.items())))

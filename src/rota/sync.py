@@ -12,6 +12,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 
+from . import tracing
 from .job import Job
 from .results import DEFAULT_POLL_EVERY, JobResult, sync_result, sync_wait
 from .settings import QueueSettings, enqueue_error, enqueued_job
@@ -58,12 +59,17 @@ class SyncQueue:
     :class:`rota.Queue` (its :class:`rota.settings.QueueSettings` and the store's
     :class:`rota.store.Statements`), so the two paths cannot drift.
 
+    Each enqueue is traced as :class:`rota.Queue`'s is: the job keeps the trace context
+    of its enqueue span, a child of the current span (a web request's), on
+    ``tracer_provider`` (default the global one; docs/operations.md, "Traces").
+
     Raises:
         InvalidInput: a bad setting.
     """
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, *, tracer_provider: Any = None, **settings: Any) -> None:
         self.settings = QueueSettings(**settings)
+        self.tracer = tracing.Tracer(tracer_provider)
         self.statements = Statements(self.settings.schema, self.settings.groups)
 
     @property
@@ -79,24 +85,33 @@ class SyncQueue:
     def enqueue(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> Job | None:
         """As :meth:`rota.Queue.enqueue`, on ``conn``. Returns the job, or ``None`` for a
         duplicate of an open job. Raises the same errors."""
-        cur = conn.cursor(row_factory=dict_row)
-        configure_cursor(cur)
-        cur.execute(self.statements.sql("enqueue"), params)
-        row = cur.fetchone()
-        return enqueued_job(row)
+        with self.tracer.enqueue(params["type"], 1) as sending:
+            params["trace_context"] = sending.trace_context
+            cur = conn.cursor(row_factory=dict_row)
+            configure_cursor(cur)
+            cur.execute(self.statements.sql("enqueue"), params)
+            job = enqueued_job(cur.fetchone())
+            sending.sent([job.id] if job is not None else [], 1 if job is not None else 0)
+        return job
 
     @_checked_by(QueueSettings.enqueue_many_params)
     def enqueue_many(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> int:
         """As :meth:`rota.Queue.enqueue_many`, on ``conn``. Returns how many were created."""
         if not params["types"]:
             return 0
-        cur = conn.cursor(row_factory=tuple_row)
-        configure_cursor(cur)
-        row = cur.execute(self.statements.sql("enqueue_many"), params).fetchone()
-        assert row is not None
-        created, problem = row
-        if problem is not None:
-            raise enqueue_error(problem)
+        types = set(params["types"])
+        with self.tracer.enqueue(types.pop() if len(types) == 1 else None,
+                                 len(params["types"])) as sending:
+            params["trace_context"] = sending.trace_context
+            params["count"] = len(params["types"])
+            cur = conn.cursor(row_factory=tuple_row)
+            configure_cursor(cur)
+            row = cur.execute(self.statements.sql("enqueue_many"), params).fetchone()
+            assert row is not None
+            created, problem = row
+            if problem is not None:
+                raise enqueue_error(problem)
+            sending.sent([], int(created))
         return int(created)
 
     def result(self, conn: psycopg.Connection[Any], job_id: int) -> JobResult:

@@ -27,6 +27,7 @@ def test_demo_short_profile_keeps_every_invariant(database_url: str) -> None:
         "ok  every draft that gave up after spending was refunded",
         "ok  every run finished or marked killed",
         "ok  the SIGKILLed run is visible as killed",
+        "ok  the fair claim's bookkeeping matches the jobs (rota verify)",
         "no job lost",
     ):
         assert line in text, text[-3000:]

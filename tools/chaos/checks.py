@@ -14,6 +14,9 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from rota.fair import Violation
+from rota.store import Statements
+
 from .profile import Profile
 from .workload import STAGES, AnyConn
 
@@ -535,7 +538,18 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
         r.violations.append("PostgreSQL was never restarted")
     if not out.kills:
         r.violations.append("no worker was killed")
+    await check_bookkeeping(conn, schema, r)
     return r
+
+
+async def check_bookkeeping(conn: AnyConn, schema: str, r: Findings) -> None:
+    """The fair claim's contract (src/rota/fair/verify.sql, as ``rota verify`` runs it)
+    on the drained queue: each violation is one of the run's."""
+    cur = conn.cursor()
+    await cur.execute(Statements(schema).sql("fair/verify"))
+    found = [Violation(*row) for row in await cur.fetchall()]
+    r.figures["bookkeeping_violations"] = len(found)
+    r.violations += [f"fair bookkeeping: {v}" for v in found]
 
 
 def explain_repeat(effect: dict[str, Any], after: list[dict[str, Any]],

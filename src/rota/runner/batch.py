@@ -20,6 +20,7 @@ from datetime import timedelta
 
 from psycopg_pool import PoolTimeout
 
+from .. import tracing
 from ..job import DeferJob, Job
 from ..queue import Queue
 from ..quota import SHARED_SCOPE, QuotaExhausted
@@ -92,8 +93,8 @@ class BatchRunner:
         try:
             if stage.batch_handler is not None:
                 todo.clear()
-                await self._call(stage.batch_handler(ctxs), ctxs, run, stage, blocked,
-                                 completer)
+                await self._traced_call(stage.batch_handler(ctxs), ctxs, run, stage,
+                                        blocked, completer)
             else:
                 handler = stage.handler
                 assert handler is not None
@@ -103,8 +104,8 @@ class BatchRunner:
                     # started stay in `todo` and are handed back below.
                     while todo and not run.out_of_time() and not blocked:
                         ctx = todo.popleft()
-                        await self._call(handler(ctx), [ctx], run, stage, blocked,
-                                         completer)
+                        await self._traced_call(handler(ctx), [ctx], run, stage,
+                                                blocked, completer)
 
                 async with asyncio.TaskGroup() as tg:
                     for _ in range(min(stage.concurrency, len(ctxs))):
@@ -128,6 +129,18 @@ class BatchRunner:
         finally:
             await completer.wait_quietly()
             await self._release(run, ctxs, None)
+
+    async def _traced_call(self, work: Awaitable[object], ctxs: list[JobContext],
+                           run: RunState, stage: Stage, blocked: list[QuotaExhausted],
+                           completer: Completer) -> None:
+        """:meth:`_call` with a span per job (rota.tracing): each ends when its job is
+        settled; one handler's is current while it runs, so what it enqueues and logs
+        belongs to its trace (a batch handler's jobs may belong to many traces: it runs
+        under the run's span)."""
+        for ctx in ctxs:
+            ctx.span = self.queue.tracer.start_process(ctx.job, run.trace, run.id)
+        with tracing.current(ctxs[0].span if len(ctxs) == 1 else None):
+            await self._call(work, ctxs, run, stage, blocked, completer)
 
     async def _call(self, work: Awaitable[object], ctxs: list[JobContext], run: RunState,
                     stage: Stage, blocked: list[QuotaExhausted],

@@ -7,6 +7,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 
+from .. import tracing
 from ..checks import storable_text
 from ..queue import Queue
 from ..results import ResultError, encode_result
@@ -40,6 +41,12 @@ class Completer:
             self.task = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
+        # Under the run's span: the task was started from a handler's, and the
+        # completions serve many handlers (rota.tracing).
+        with tracing.current(self.run.trace.span):
+            await self._flush_pending()
+
+    async def _flush_pending(self) -> None:
         while self.pending:
             batch, self.pending = self.pending, []
             oks = await retrying(

@@ -21,6 +21,7 @@ from typing import Any, Literal, NoReturn, Protocol, TypeVar
 
 from psycopg_pool import PoolTimeout
 
+from .. import tracing
 from ..checks import INT_MAX, require_text, storable_text
 from ..errors import InvalidInput, first_line
 from ..job import DeferJob, FailOutcome, Job
@@ -90,6 +91,7 @@ class RunState:
         # The next batch claimed ahead: the stage type it is for, and its claim.
         self.prefetched: tuple[str, asyncio.Task[list[Job]]] | None = None
         self.saved_at = -1e9  # monotonic time of the last save of the runs row
+        self.trace = tracing.RunTrace(None)  # the run's span (rota.tracing)
 
     def time_left(self) -> float:
         """Seconds left in the budget (0 once it is spent or a stop was asked for)."""
@@ -195,6 +197,10 @@ class JobContext:
         #: The job's result, stored when the runner completes it (docs/design.md,
         #: "Results"): a handler's return value lands here; a batch handler sets it.
         self.result: Any = None
+        #: The span of this handler run (an OpenTelemetry span, or None without
+        #: tracing): a batch handler may make it current (``rota.tracing.current``) to
+        #: enqueue under this job's trace (docs/operations.md, "Traces").
+        self.span: Any = None
 
     @property
     def settled(self) -> bool:
@@ -247,6 +253,7 @@ class JobContext:
         else:
             await cm.__aexit__(None, None, None)
 
+    @tracing.spend_traced
     async def spend(self, quota: Quota | Allowance | str, units: int = 1) -> int | None:
         """Spend units of a shared quota, or of the job's owner's allowance, atomically
         in the database; committed at once, whatever the handler does next.
@@ -338,6 +345,7 @@ class JobContext:
         hook; ``give_up``: failed whatever the attempts left); see
         :meth:`rota.Queue.fail`."""
         self._check_unsettled()
+        tracing.record_failure(self.span, error)
         outcome = await retrying(lambda: self.queue.fail(self.job, error, give_up=give_up),
                                  self._run, "fail")
         self._settle(outcome)
@@ -386,6 +394,7 @@ class JobContext:
         self.outcome = outcome
         self._run.held.pop(self.job.id, None)
         run = self._run
+        tracing.end_process(self.span, outcome, run.out_of_time())
         if outcome == "done":
             run.jobs_done += 1
         elif outcome == "failed":

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 
+from .. import tracing
 from ..errors import UnreadableJob
 from ..job import Job
 from ..maintenance import Maintainer
@@ -85,10 +86,15 @@ class RunLoop:
 
     async def run(self, trigger: Trigger, time_budget: timedelta, *,
                   maintenance: Maintainer | None = None,
-                  stop: asyncio.Event | None = None) -> RunResult:
+                  stop: asyncio.Event | None = None,
+                  trace: tracing.RunTrace | None = None) -> RunResult:
         """One run (the caller checked ``trigger`` and ``time_budget``); see
-        :meth:`rota.Pipeline.run` for the rules, the result and what it raises."""
+        :meth:`rota.Pipeline.run` for the rules, the result and what it raises.
+        ``trace``: the run's span (:meth:`rota.tracing.Tracer.run`), if any."""
         run = RunState(uuid.uuid4(), trigger, time_budget, self.hard_limit, stop)
+        if trace is not None:
+            run.trace = trace
+            trace.started(run.id)
         started_at = await self.recorder.start(run)
         pool_size = self.queue.pool.max_size
         if await self.queue.ensure_pool_size(self.connections):

@@ -251,7 +251,14 @@ class Pipeline:
         if time_budget >= self.platform_timeout:
             raise ConfigError(f"time_budget ({time_budget}) must be shorter than the "
                               f"platform timeout ({self.platform_timeout})")
-        return await self.loop.run(trigger, time_budget, maintenance=maintenance, stop=stop)
+        with self.queue.tracer.run(trigger) as trace:
+            result = await self.loop.run(trigger, time_budget, maintenance=maintenance,
+                                         stop=stop, trace=trace)
+            trace.ended(result.stop_reason, {
+                "jobs_done": result.jobs_done, "jobs_failed": result.jobs_failed,
+                "jobs_deferred": result.jobs_deferred, "quota_units": result.quota_units,
+            }, result.error)
+        return result
 
 
 __all__ = ["RUNNER_CONNECTIONS", "Pipeline", "RunOverran"]

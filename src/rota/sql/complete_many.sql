@@ -1,10 +1,10 @@
 -- Complete a batch of jobs, each only under the claim that holds it (a lost one matches
 -- nothing); the claims' tokens stay on the done rows, as in complete.sql, and so do
 -- their return values and claim times. Rows are visited in the order given (the caller
--- sorts by type, group and fair_served shard, so concurrent batches take fair_served's
--- rows in one order). One notification for the whole batch tells waiters which of
--- their jobs settled ("*": too many to list, look again), sent only when a job of the
--- batch has one (docs/design.md, "Results").
+-- sorts them by id, the one order of every statement that locks several jobs). One
+-- notification for the whole batch tells waiters which of their jobs settled ("*":
+-- too many to list, look again), sent only when a job of the batch has one
+-- (docs/design.md, "Results").
 WITH done AS (
     UPDATE {schema}.jobs j
     SET status = 'done',

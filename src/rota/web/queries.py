@@ -32,7 +32,7 @@ JOBS_SCAN_IDS = 20_000
 #: Pending jobs of each type a page counts at most (the metrics count them all).
 PENDING_CAP = 10_000
 #: Groups per type probed for the oldest due jobs: first the fewest, then more when the
-#: answer is not proven exact (dashboard_oldest_due.sql).
+#: answer is not proven exact (rota/fair/oldest_due.sql).
 OLDEST_DUE_PROBES = (32, 128)
 
 
@@ -107,15 +107,14 @@ async def oldest_due(queue: Queue, conn: AnyConn, types: Sequence[str], *,
                      groups: int = 10) -> Waiting:
     """The oldest due job's wait per type and the ``groups`` longest-waiting groups,
     probing the groups the claim's bookkeeping says could hold them, more of them
-    until the answer is exact (see dashboard_oldest_due.sql), at most
+    until the answer is exact (see rota/fair/oldest_due.sql), at most
     ``OLDEST_DUE_PROBES[-1]`` per type."""
     by_type: dict[str, float | None] = {}
     exact: dict[str, bool] = {}
     top: list[dict[str, Any]] = []
     top_exact = True
     for k in OLDEST_DUE_PROBES:
-        rows = await _rows(queue, conn, "dashboard_oldest_due", {"types": list(types),
-                                                                  "k": k})
+        rows = await queue.oldest_due_probe(types, k, conn=conn)
         clock = rows[0]["now"] if rows else None
         next_bound = {r["type"]: r["next_bound"] for r in rows}
         best: dict[str, datetime] = {}
@@ -343,6 +342,24 @@ async def runs_by_stop_reason(queue: Queue, conn: AnyConn) -> dict[str, int]:
     reason."""
     rows = await _rows(queue, conn, "dashboard_metrics_runs", {})
     return {r["stop_reason"]: int(r["n"]) for r in rows}
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """How far the database's xmin horizon lags (horizon_age.sql): ``seconds`` since the
+    oldest transaction of this database holding a snapshot or an xid began (0: none),
+    and ``transactions``: how many transactions the horizon lags, replication slots and
+    standbys' feedback included. Lower bounds for a role that cannot read other roles'
+    sessions (docs/operations.md, "Long transactions")."""
+
+    seconds: float
+    transactions: int
+
+
+async def horizon(queue: Queue, conn: AnyConn) -> Horizon:
+    """The xmin horizon's age (see :class:`Horizon`)."""
+    row = (await _rows(queue, conn, "horizon_age", {}))[0]
+    return Horizon(float(row["seconds"]), int(row["transactions"]))
 
 
 def discover_quotas(pipeline: Any) -> list[Quota | Allowance]:

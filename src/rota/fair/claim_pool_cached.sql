@@ -1,5 +1,11 @@
--- The claim's group pool (fragment of claim.sql) for rota's own groups table, whose
--- plan and active fair_groups copies in the same transaction as every change. Each plan
+-- Fragment of claim.sql, put in place of its pool placeholder: the group pool for
+-- rota's own groups table, whose plan and active fair_groups copies in the same
+-- transaction as every change.
+-- Needs:   CTEs clock, special, served_delta, edge_fix, running_old, stale_head (and
+--          stale, through groupless_head.sql); parameters type, probe_groups.
+-- Defines: CTEs levels, pool(group_id, head_lb, head_id, served_n, served_lb, plan,
+--          active); includes claim_head.sql and groupless_head.sql.
+-- Each plan
 -- present is walked through fair_groups_walk_idx by (served_n, head_lb), reading at most
 -- probe_groups + 1 groups per plan: for a group outside `special`, served_n is its exact
 -- served count, so the walk's order is the order of (served, head_lb). The plans
@@ -35,7 +41,7 @@ pool AS (
     UNION ALL
     -- The special groups, with exact served counts. Their rows are fetched one by one
     -- (LATERAL … OFFSET 0 keeps each a parameterized index lookup; joined flat, the
-    -- generic plan hashed all of fair_groups and groups: 20 ms at 10,000 groups).
+    -- generic plan hashed all of fair_groups and groups, (bench/RESULTS.md, "Planner notes")).
     SELECT s.group_id, hd.head, hd.head_id,
            coalesce(fg.served_n, 0),
            coalesce(fg.served_n, 0) + coalesce(dd.n, 0) + coalesce(ef.n, 0)

@@ -2,8 +2,8 @@
 -- whose oldest due job may have waited longest, per type, with how long it has: since
 -- its run_after, or since its creation when that is later (as `rota depth` counts it).
 -- Groups in paused groups are left out; jobs with no group count as one more "group".
--- Bounded, without reading the backlog (reading every pending job cost 420-770 ms at
--- 1,000,000 pending): the claim's bookkeeping fair_groups (docs/fast-claim.md) keeps,
+-- Bounded, without reading the backlog (bench/RESULTS.md has what reading every pending
+-- job cost at 1,000,000 pending): the claim's bookkeeping fair_groups (docs/fast-claim.md) keeps,
 -- per type and group, head_lb and head_until such that every pending job has
 -- head_lb <= created_at or head_until <= run_after, and ready_lb <= every pending
 -- run_after. So a group's due jobs have waited since no earlier than

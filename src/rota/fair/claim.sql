@@ -32,6 +32,18 @@
 --      asks again with more groups, more jobs per group, or more candidates.
 -- Locks are taken with SKIP LOCKED, which never waits, so the claim cannot deadlock
 -- with sweepers or batch deferrals even though it locks in fair order, not id order.
+--
+-- Fragments: the pool placeholder below is claim_pool_cached.sql (rota's groups table)
+-- or claim_pool_scan.sql (an application's groups relation), chosen by
+-- FairClaim.statement; each states what it needs from this statement and defines.
+-- Needs:   parameters type, limit, run_id, offset, stale_after, served_window,
+--          plan_ids, plan_priorities, middle_priority, lowest_priority, probe_groups,
+--          probe_per, candidates.
+-- Defines: CTEs clock, plan_priority, running_old, edge_fix, served_delta, stale,
+--          stale_head, special (read by the pool); the pool's CTEs; then keyed, walk,
+--          probe, ranked, ordered, cand, kth, unread, blocked, locked, last_locked,
+--          blocked_after, claimed. Returns the claimed jobs' columns, claim_order and
+--          retry (one row with retry set, and nothing claimed, when the proof failed).
 WITH clock AS (
     SELECT now() + %(offset)s::interval AS now,
            now() + %(offset)s::interval - %(served_window)s::interval AS ws,
@@ -106,8 +118,8 @@ special AS (
     SELECT sh.group_id FROM stale_head sh
     UNION
     -- Groups whose head bound has run out (fair_groups_expiry_idx; the constant bound
-    -- lets the generic plan use the partial index: a seq scan of fair_groups cost
-    -- 1.6 ms at 10,000 groups).
+    -- lets the generic plan use the partial index instead of a seq scan of fair_groups,
+    -- (bench/RESULTS.md, "Planner notes")).
     SELECT fg.group_id FROM {schema}.fair_groups fg, clock c
     WHERE fg.type = %(type)s AND fg.head_until <= c.now AND fg.head_until < 'infinity'
 ),
@@ -144,8 +156,8 @@ probe AS (
          WHERE p.type = %(type)s AND p.group_id = w.group_id AND p.status = 'pending'
            -- `+ interval '0'` keeps run_after out of the index condition: the planner
            -- otherwise picks jobs_pending_ready_idx and sorts the group's ready jobs
-           -- (0.022 ms a group at 100k pending) instead of reading jobs_pending_idx in
-           -- order and stopping after probe_per + 1 rows (0.005 ms).
+           -- instead of reading jobs_pending_idx in order and stopping after
+           -- probe_per + 1 rows (bench/RESULTS.md, "Planner notes").
            AND p.run_after + interval '0' <= c.now
          ORDER BY p.created_at, p.id
          LIMIT %(probe_per)s + 1)
@@ -169,8 +181,8 @@ ranked AS (
     FROM probe pr
 ),
 -- The best `candidates` jobs read, and the next one, which bounds the rest (LIMIT also
--- tells the planner how few they are, so `locked` fetches them by primary key: a hash
--- join over jobs instead cost 75 ms).
+-- tells the planner how few they are, so `locked` fetches them by primary key rather
+-- than by a hash join over jobs, (bench/RESULTS.md, "Planner notes")).
 ordered AS MATERIALIZED (
     SELECT r.id, r.group_id, r.priority, r.served + r.pos - 1 AS fair, r.created_at,
            row_number() OVER (ORDER BY r.priority DESC, r.served + r.pos - 1,
@@ -217,8 +229,8 @@ blocked AS (
 -- Lock in fair order, one candidate at a time by primary key, re-checking eligibility on
 -- the row's latest version (a concurrent claimer may have committed since this
 -- statement's snapshot) and skipping rows a concurrent claimer holds. LATERAL keeps
--- it a nested loop by id whatever the estimates (a hash join over jobs here read
--- 300,000 rows, 75 ms), and the LIMIT stops locking once the batch is full.
+-- it a nested loop by id whatever the estimates (not a hash join over jobs,
+-- (bench/RESULTS.md, "Planner notes")), and the LIMIT stops locking once the batch is full.
 locked AS (
     SELECT x.id, p.ord
     FROM (SELECT * FROM cand ORDER BY ord) p  -- ordered before the lateral: lock lazily
@@ -235,8 +247,8 @@ locked AS (
           -- Still claimable as last committed: a row another claimer took since this
           -- statement's snapshot would be locked here, fail the recheck, and stay
           -- locked (holding up that claimer's completion) until this claim commits.
-          -- Only a version some transaction has updated or locked (xmax set) is asked
-          -- (a function call each: about 1 ms for a claim of 25 when every row was).
+          -- Only a version some transaction has updated or locked (xmax set) is asked:
+          -- a function call per candidate is not free (bench/RESULTS.md, "Planner notes").
           AND (j.xmax = '0'::xid
                OR {schema}.fair_still_claimable(j.id, c.now, c.stale_before))
         FOR UPDATE SKIP LOCKED

@@ -1,8 +1,12 @@
--- The claim's group pool (fragment of claim.sql) for a groups relation that is the
--- application's (a view, say): plan and active can change there without rota knowing,
--- so every group with pending jobs is read with its live plan and exact served count.
--- Correct, but its cost grows with the number of groups (about 20 ms at 10,000 groups
--- on 2 cores); rota's own groups table uses claim_pool_cached.sql instead.
+-- Fragment of claim.sql, put in place of its pool placeholder: the group pool for a
+-- groups relation that is the application's (a view, say): plan and active can change
+-- there without rota knowing, so every group with pending jobs is read with its live
+-- plan and exact served count. Correct, but its cost grows with the number of groups
+-- (bench/RESULTS.md); rota's own groups table uses claim_pool_cached.sql instead.
+-- Needs:   CTEs clock, served_delta, edge_fix, running_old, stale_head (and stale,
+--          through groupless_head.sql); parameter type.
+-- Defines: CTE pool(group_id, head_lb, head_id, served_n, served_lb, plan, active);
+--          includes claim_head.sql and groupless_head.sql.
 pool AS (
     SELECT fg.group_id, hd.head AS head_lb, hd.head_id, fg.served_n,
            fg.served_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0)

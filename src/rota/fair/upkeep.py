@@ -1,14 +1,8 @@
-"""The fair claim and its upkeep (docs/design.md, "The fair claim";
-docs/fast-claim.md for how it stays exact without reading the backlog).
-
-- :class:`FairClaim` runs the claim statement (``sql/claim.sql``) and sizes its probe:
-  how many least-served groups, and how many jobs per group, it reads before it can
-  prove it holds the best batch.
-- :class:`ClaimUpkeep` is the claim's maintenance service, in the shape of every
-  maintenance task (:mod:`rota.maintenance`): validated settings, ``run_once()``
-  returning counters, and ``start()``/``stop()`` for its background loop. It folds
-  completions into the served counts, renews head bounds, moves the served window's
-  edge and vacuums the bookkeeping tables, off the claim's path.
+"""The claim's upkeep service (docs/fast-claim.md, "The upkeep"): folds the served-count
+changes into ``fair_groups``, renews head bounds, moves the served window's edge and
+vacuums the bookkeeping tables, off the claim's path. Its SQL is ``upkeep.sql``
+(``fair_fold``, ``fair_advance`` of ``bookkeeping.sql``), ``vacuum.sql`` and
+``may_vacuum.sql``.
 """
 
 from __future__ import annotations
@@ -16,147 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import operator
 import time
-import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-from psycopg.rows import tuple_row
-
-from .checks import positive_int, positive_seconds
-from .job import Job
-from .plans import Plans
-from .store import AnyConn, RawStatement, Store
+from ..checks import positive_seconds
+from ..store import Store
 
 log = logging.getLogger("rota.claim")
-
-
-class FairClaim:
-    """Claims jobs of one queue in fair order, one statement per claim.
-
-    Args:
-        store: the queue's store.
-        upkeep: told after every claim that the type's bookkeeping wants a round.
-    """
-
-    # The smallest probe a claim starts from: groups and jobs per group (tests set it to
-    # (1, 1) to drive every claim through the retries).
-    probe_floor: tuple[int, int] | None = None
-
-    def __init__(self, store: Store, upkeep: ClaimUpkeep) -> None:
-        self.store = store
-        self.upkeep = upkeep
-        self._probe: dict[str, tuple[int, int]] = {}  # probe sizes that sufficed, per type
-        self._probe_calm: dict[str, int] = {}  # claims in a row that needed no retry
-        # Claim statements re-run because the probe could not prove the batch, per type
-        # (tests and bench/ check that ties and locked candidates do not make it grow).
-        self.retries: dict[str, int] = {}
-
-    def statement(self) -> RawStatement:
-        """The claim: it walks fair_groups' copy of plan and active for rota's own groups
-        table, and reads an application's groups relation live."""
-        pool = "claim_pool_scan" if self.store.external_groups else "claim_pool_cached"
-        return self.store.raw("claim", pool=pool)
-
-    async def claim(self, job_type: str, limit: int, *, plans: Plans,
-                    clock_offset: timedelta, stale_after: timedelta,
-                    served_window: timedelta, run_id: uuid.UUID | None = None,
-                    conn: AnyConn | None = None) -> list[Job]:
-        """Claim up to ``limit`` jobs of ``job_type``; see :meth:`rota.Queue.claim`.
-
-        Returns:
-            The claimed jobs in fair order, made leniently: a row holding a value that
-            could not be loaded is claimed like the others and has it as an
-            :class:`~rota.job.Unreadable` (see :attr:`rota.Job.problems`).
-
-        Raises:
-            InvalidInput: ``limit`` is not an int in 1..2**31-1.
-        """
-        positive_int(limit, "limit")
-        # Over-fetch fair candidates so a claimer that finds the head locked by a
-        # concurrent claimer usually fills its batch from the next ones in order (when
-        # not, the statement says "cand" and the claim reads on).
-        candidates = limit * 4 + 16
-        params = {
-            "type": job_type,
-            "limit": limit,
-            "run_id": run_id,
-            "offset": clock_offset,
-            "stale_after": stale_after,
-            "served_window": served_window,
-            **plans.claim_params(),
-        }
-        groups, per = self._probe.get(job_type, self._floor(limit))
-        retried = False
-        statement = self.statement()
-        async with self.store.deadline(), self.store.connection(conn) as c:
-            while True:
-                # Times are loaded guarded (about 0.25 µs a value): a value that cannot be
-                # loaded becomes Unreadable on its job, so no client-side error can come
-                # between the claim and its commit.
-                cur = self.store.cursor(c, tuple_row, guard_times=True, raw=True)
-                # Settings and claim pipelined into one round trip. On our own autocommit
-                # connection they form one implicit transaction, committed by the
-                # pipeline's Sync (no BEGIN and COMMIT round trips: a claim was 4 round
-                # trips, now 1); on the caller's connection they join its transaction
-                # (psycopg opens it if needed and the caller commits, as for every
-                # `conn=` call). A claim cancelled after it was sent may commit with no
-                # one to run its jobs: they come back as stale locks (docs/design.md,
-                # "Claim").
-                async with c.pipeline():
-                    await c.execute(self.store.sql("claim_settings"), prepare=True)
-                    await cur.execute(statement.text, statement.params(
-                        {**params, "probe_groups": groups, "probe_per": per,
-                         "candidates": candidates}), prepare=True)
-                # Read after the pipeline's Sync: its results came back with it, in the
-                # one round trip.
-                rows = await cur.fetchall()
-                retry = rows[0][-1] if len(rows) == 1 else None
-                if retry is None:
-                    break
-                # The bound did not prove the probed jobs hold the best batch (or a
-                # concurrent claimer holds candidates and more may be claimable): read
-                # more groups, more jobs per group or more candidates, and ask again
-                # (nothing was claimed).
-                if "groups" in retry:
-                    groups *= 2
-                if "per" in retry:
-                    per *= 2
-                if "cand" in retry:
-                    candidates *= 2
-                retried = True
-                self.retries[job_type] = self.retries.get(job_type, 0) + 1
-        self._remember(job_type, limit, groups, per, retried)
-        # A claim on the caller's connection asks for upkeep too: an application that
-        # always claims inside its own transaction would otherwise never fold.
-        self.upkeep.request(job_type)
-        if not rows:
-            return []
-        # Tuple rows: the job's columns, then claim_order, then retry.
-        assert cur.description is not None
-        make = Job.row_maker([col.name for col in cur.description], lenient=True)
-        rows.sort(key=operator.itemgetter(-2))
-        return [make(r) for r in rows]
-
-    def _floor(self, limit: int) -> tuple[int, int]:
-        return self.probe_floor or (limit * 2 + 8, 2)
-
-    def _remember(self, job_type: str, limit: int, groups: int, per: int,
-                  retried: bool) -> None:
-        """Start the next claim of this type from the probe sizes that sufficed, drifting
-        back toward the smallest useful ones so one unusual claim does not stick: by an
-        eighth after every 8 claims in a row that needed no retry (a retry costs a whole
-        claim, a few more groups probed far less)."""
-        floor_groups, floor_per = self._floor(limit)
-        calm = 0 if retried else self._probe_calm.get(job_type, 0) + 1
-        if calm >= 8:
-            calm = 0
-            groups -= max(1, groups // 8)
-            per -= max(1, per // 8)
-        self._probe_calm[job_type] = calm
-        self._probe[job_type] = (max(floor_groups, groups), max(floor_per, per))
 
 
 @dataclass(frozen=True)
@@ -341,7 +202,7 @@ class ClaimUpkeep:
         if advance:
             self._advanced[job_type] = now
         clock_offset, served_window = self._settings()
-        row = await self.store.fetch_one("claim_upkeep", {
+        row = await self.store.fetch_one("fair/upkeep", {
             "type": job_type, "advance": advance,
             "offset": clock_offset, "served_window": served_window,
         })
@@ -360,9 +221,9 @@ class ClaimUpkeep:
         """VACUUM the claim's bookkeeping tables (small, rewritten all the time). Each
         fold leaves a dead row version and a dead walk-index entry per group, at the
         front of the walk where the least-served groups are; autovacuum looks at a
-        database about once a minute (autovacuum_naptime), by when a busy queue had
-        left tens of thousands, which tripled the walk's cost at 1,000,000 pending
-        jobs. SKIP_LOCKED: never waits. A role that may not vacuum them is told once.
+        database every autovacuum_naptime, by when a busy queue has left tens of
+        thousands, slowing the walk (bench/RESULTS.md, "Planner notes").
+        SKIP_LOCKED: never waits. A role that may not vacuum them is told once.
 
         Returns:
             1 when it vacuumed, else 0.
@@ -377,7 +238,7 @@ class ClaimUpkeep:
                              "bookkeeping of %s is left to autovacuum", self.store.schema)
                     return 0
                 if not self._vacuum_allowed:  # asked once: ownership does not change
-                    row = await self.store.fetch_one("may_vacuum_bookkeeping",
+                    row = await self.store.fetch_one("fair/may_vacuum",
                                                      {"schema": self.store.schema}, conn=c)
                     self._vacuum_allowed = bool(row and row[0])
                 if not self._vacuum_allowed:
@@ -386,11 +247,11 @@ class ClaimUpkeep:
                     log.info("not allowed to VACUUM %s's bookkeeping tables (not their "
                              "owner); autovacuum does it", self.store.schema)
                     return 0
-                await self.store.execute("vacuum_bookkeeping", {}, conn=c)
+                await self.store.execute("fair/vacuum", {}, conn=c)
                 return 1
         except Exception:
             log.exception("VACUUM of the claim bookkeeping failed")
             return 0
 
 
-__all__ = ["ClaimUpkeep", "FairClaim", "UpkeepConfig"]
+__all__ = ["ClaimUpkeep", "UpkeepConfig"]

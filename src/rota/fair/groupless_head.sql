@@ -1,4 +1,7 @@
--- A lower bound of the group-less jobs' head (fragment of the claim's pools): the first
+-- Fragment of claim_pool_cached.sql and claim_pool_scan.sql, a FROM item.
+-- Needs:   CTE stale (claim.sql); parameter type.
+-- Defines: a derived table of at most one row (head, head_id), for the caller to alias.
+-- A lower bound of the group-less jobs' head: the first
 -- group-less job of the type by (created_at, id), pending (due or not: one index entry,
 -- where the first due one could sit behind many deferred ones) or stale. No row when
 -- there is none.

@@ -1,0 +1,185 @@
+"""The fair claim (docs/design.md, "The fair claim"; docs/fast-claim.md for how it stays
+exact without reading the backlog).
+
+:class:`FairClaim` runs the claim statement (``claim.sql`` with its fragments) and sizes
+its probe: how many least-served groups, and how many jobs per group, it reads before it
+can prove it holds the best batch. It is also the one door to the bookkeeping tables for
+the rest of rota: the dashboard's oldest-due probe (``oldest_due.sql``), the contract
+check (``verify.sql``) and the rebuild (``repair.sql``).
+"""
+
+from __future__ import annotations
+
+import operator
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from psycopg.rows import tuple_row
+
+from ..checks import positive_int
+from ..job import Job
+from ..plans import Plans
+from ..store import AnyConn, RawStatement, Store
+from . import contract
+from .contract import RepairReport, Violation
+from .upkeep import ClaimUpkeep
+
+
+class FairClaim:
+    """Claims jobs of one queue in fair order, one statement per claim.
+
+    Args:
+        store: the queue's store.
+        upkeep: told after every claim that the type's bookkeeping wants a round.
+    """
+
+    # The smallest probe a claim starts from: groups and jobs per group (tests set it to
+    # (1, 1) to drive every claim through the retries).
+    probe_floor: tuple[int, int] | None = None
+
+    def __init__(self, store: Store, upkeep: ClaimUpkeep) -> None:
+        self.store = store
+        self.upkeep = upkeep
+        self._probe: dict[str, tuple[int, int]] = {}  # probe sizes that sufficed, per type
+        self._probe_calm: dict[str, int] = {}  # claims in a row that needed no retry
+        # Claim statements re-run because the probe could not prove the batch, per type
+        # (tests and bench/ check that ties and locked candidates do not make it grow).
+        self.retries: dict[str, int] = {}
+
+    def statement(self) -> RawStatement:
+        """The claim: it walks fair_groups' copy of plan and active for rota's own groups
+        table, and reads an application's groups relation live."""
+        pool = ("fair/claim_pool_scan" if self.store.external_groups
+                else "fair/claim_pool_cached")
+        return self.store.raw("fair/claim", pool=pool)
+
+    async def claim(self, job_type: str, limit: int, *, plans: Plans,
+                    clock_offset: timedelta, stale_after: timedelta,
+                    served_window: timedelta, run_id: uuid.UUID | None = None,
+                    conn: AnyConn | None = None) -> list[Job]:
+        """Claim up to ``limit`` jobs of ``job_type``; see :meth:`rota.Queue.claim`.
+
+        Returns:
+            The claimed jobs in fair order, made leniently: a row holding a value that
+            could not be loaded is claimed like the others and has it as an
+            :class:`~rota.job.Unreadable` (see :attr:`rota.Job.problems`).
+
+        Raises:
+            InvalidInput: ``limit`` is not an int in 1..2**31-1.
+        """
+        positive_int(limit, "limit")
+        # Over-fetch fair candidates so a claimer that finds the head locked by a
+        # concurrent claimer usually fills its batch from the next ones in order (when
+        # not, the statement says "cand" and the claim reads on).
+        candidates = limit * 4 + 16
+        params = {
+            "type": job_type,
+            "limit": limit,
+            "run_id": run_id,
+            "offset": clock_offset,
+            "stale_after": stale_after,
+            "served_window": served_window,
+            **plans.claim_params(),
+        }
+        groups, per = self._probe.get(job_type, self._floor(limit))
+        retried = False
+        statement = self.statement()
+        async with self.store.deadline(), self.store.connection(conn) as c:
+            while True:
+                # Times are loaded guarded (a small cost a value): a value that cannot be
+                # loaded becomes Unreadable on its job, so no client-side error can come
+                # between the claim and its commit.
+                cur = self.store.cursor(c, tuple_row, guard_times=True, raw=True)
+                # Settings and claim pipelined into one round trip. On our own autocommit
+                # connection they form one implicit transaction, committed by the
+                # pipeline's Sync (no BEGIN and COMMIT round trips: a claim was 4 round
+                # trips, now 1); on the caller's connection they join its transaction
+                # (psycopg opens it if needed and the caller commits, as for every
+                # `conn=` call). A claim cancelled after it was sent may commit with no
+                # one to run its jobs: they come back as stale locks (docs/design.md,
+                # "Claim").
+                async with c.pipeline():
+                    await c.execute(self.store.sql("fair/claim_settings"), prepare=True)
+                    await cur.execute(statement.text, statement.params(
+                        {**params, "probe_groups": groups, "probe_per": per,
+                         "candidates": candidates}), prepare=True)
+                # Read after the pipeline's Sync: its results came back with it, in the
+                # one round trip.
+                rows = await cur.fetchall()
+                retry = rows[0][-1] if len(rows) == 1 else None
+                if retry is None:
+                    break
+                # The bound did not prove the probed jobs hold the best batch (or a
+                # concurrent claimer holds candidates and more may be claimable): read
+                # more groups, more jobs per group or more candidates, and ask again
+                # (nothing was claimed).
+                if "groups" in retry:
+                    groups *= 2
+                if "per" in retry:
+                    per *= 2
+                if "cand" in retry:
+                    candidates *= 2
+                retried = True
+                self.retries[job_type] = self.retries.get(job_type, 0) + 1
+        self._remember(job_type, limit, groups, per, retried)
+        # A claim on the caller's connection asks for upkeep too: an application that
+        # always claims inside its own transaction would otherwise never fold.
+        self.upkeep.request(job_type)
+        if not rows:
+            return []
+        # Tuple rows: the job's columns, then claim_order, then retry.
+        assert cur.description is not None
+        make = Job.row_maker([col.name for col in cur.description], lenient=True)
+        rows.sort(key=operator.itemgetter(-2))
+        return [make(r) for r in rows]
+
+    async def oldest_due(self, types: Sequence[str], k: int, *, clock_offset: timedelta,
+                         conn: AnyConn | None = None) -> list[dict[str, Any]]:
+        """Probe the ``k`` groups of each type whose due jobs may have waited longest, as
+        the head bounds say (``oldest_due.sql``, for the dashboard and the metrics).
+
+        Returns:
+            Rows ``type, group_id, plan, due_since, next_bound, now`` (see the
+            statement's header for when the answer is exact).
+        """
+        return await self.store.fetch_dicts("fair/oldest_due", {
+            "types": list(types), "k": k, "offset": clock_offset}, conn=conn)
+
+    async def verify(self) -> list[Violation]:
+        """Check the bookkeeping against ``jobs`` (``verify.sql``, one read-only
+        statement); see :func:`rota.fair.contract.verify`.
+
+        Returns:
+            Every violation, by type, group and invariant; empty when exact.
+        """
+        return await contract.verify(self.store)
+
+    async def repair(self, clock_offset: timedelta) -> RepairReport:
+        """Rebuild the bookkeeping from ``jobs`` in one transaction; see
+        :func:`rota.fair.contract.repair` (arguments, locks, errors)."""
+        report = await contract.repair(self.store, clock_offset)
+        self._probe.clear()  # sizes that sufficed on the old rows say nothing now
+        return report
+
+    def _floor(self, limit: int) -> tuple[int, int]:
+        return self.probe_floor or (limit * 2 + 8, 2)
+
+    def _remember(self, job_type: str, limit: int, groups: int, per: int,
+                  retried: bool) -> None:
+        """Start the next claim of this type from the probe sizes that sufficed, drifting
+        back toward the smallest useful ones so one unusual claim does not stick: by an
+        eighth after every 8 claims in a row that needed no retry (a retry costs a whole
+        claim, a few more groups probed far less)."""
+        floor_groups, floor_per = self._floor(limit)
+        calm = 0 if retried else self._probe_calm.get(job_type, 0) + 1
+        if calm >= 8:
+            calm = 0
+            groups -= max(1, groups // 8)
+            per -= max(1, per // 8)
+        self._probe_calm[job_type] = calm
+        self._probe[job_type] = (max(floor_groups, groups), max(floor_per, per))
+
+
+__all__ = ["FairClaim"]

@@ -1,0 +1,64 @@
+-- The rebuild (docs/fast-claim.md, "The contract"), under repair_lock's locks after
+-- repair_clear: one fair_groups row per (type, group) with pending jobs or a served
+-- count, from jobs, on the queue's clock (now() + offset):
+--   served_n   the group's running jobs and its done jobs at or after the type's edge
+--              (fair_served is left empty);
+--   ready_lb   the earliest run_after of its pending jobs ('infinity': none);
+--   head       the first job ready now by (created_at, id), valid until the earliest
+--              run_after of the older jobs not ready (as fair_fold renews it); none
+--              ready: the oldest pending job, valid forever; none pending: 'infinity';
+--   plan, active  copied from rota's groups table (no row: none, true);
+-- and the plans present added to fair_plans. Returns the number of rows written.
+-- Needs: parameter offset.
+WITH clock AS (SELECT now() + %(offset)s::interval AS now),
+counted AS (
+    SELECT j.type, j.group_id,
+           count(*) FILTER (WHERE j.status = 'running'
+                              OR (j.status = 'done'
+                                  AND j.finished_at >= coalesce(e.edge, '-infinity')))
+             AS served,
+           min(j.run_after) FILTER (WHERE j.status = 'pending') AS ready
+    FROM {schema}.jobs j
+    LEFT JOIN {schema}.fair_edge e ON e.type = j.type
+    WHERE j.group_id IS NOT NULL AND j.status IN ('pending', 'running', 'done')
+    GROUP BY j.type, j.group_id
+),
+heads AS (
+    SELECT c.type, c.group_id, c.served, c.ready,
+           coalesce(rh.created_at, ah.created_at, 'infinity') AS head_lb,
+           coalesce(rh.id, ah.id, 0) AS head_id,
+           CASE WHEN rh.id IS NULL THEN 'infinity'::timestamptz
+                ELSE coalesce((SELECT min(o.run_after) FROM {schema}.jobs o
+                               WHERE o.type = c.type AND o.group_id = c.group_id
+                                 AND o.status = 'pending'
+                                 AND (o.created_at, o.id) < (rh.created_at, rh.id)),
+                              'infinity') END AS head_until
+    FROM counted c
+    CROSS JOIN clock k
+    LEFT JOIN LATERAL (
+        SELECT j.created_at, j.id FROM {schema}.jobs j
+        WHERE j.type = c.type AND j.group_id = c.group_id AND j.status = 'pending'
+          AND j.run_after <= k.now
+        ORDER BY j.created_at, j.id LIMIT 1) rh ON true
+    LEFT JOIN LATERAL (
+        SELECT j.created_at, j.id FROM {schema}.jobs j
+        WHERE j.type = c.type AND j.group_id = c.group_id AND j.status = 'pending'
+        ORDER BY j.created_at, j.id LIMIT 1) ah ON true
+    WHERE c.served > 0 OR c.ready IS NOT NULL
+),
+rows AS (
+    INSERT INTO {schema}.fair_groups AS fg (type, group_id, head_lb, head_id, head_until,
+                                            ready_lb, served_n, plan, active)
+    SELECT h.type, h.group_id, h.head_lb, h.head_id, h.head_until,
+           coalesce(h.ready, 'infinity'), h.served, g.plan, coalesce(g.active, true)
+    FROM heads h
+    LEFT JOIN {schema}.groups g ON g.group_id = h.group_id
+    ORDER BY h.type, h.group_id
+    RETURNING fg.type, fg.plan
+),
+plans AS (
+    INSERT INTO {schema}.fair_plans (type, plan)
+    SELECT DISTINCT r.type, r.plan FROM rows r WHERE r.plan IS NOT NULL
+    ON CONFLICT DO NOTHING
+)
+SELECT count(*) FROM rows

@@ -1,3 +1,0 @@
--- The claim upkeep's periodic VACUUM of the fair-claim bookkeeping (see Queue.
--- _vacuum_bookkeeping): small tables whose rows are rewritten by every fold.
-VACUUM (SKIP_LOCKED) {schema}.fair_groups, {schema}.fair_served

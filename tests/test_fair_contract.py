@@ -1,0 +1,404 @@
+"""The fair claim's contract (docs/fast-claim.md, "The contract"): `rota verify` notices
+each kind of damage to the bookkeeping, naming the group and the value expected and
+found; `rota verify --repair` rebuilds it from the jobs table, on a damaged queue and on
+a live one with claims running on other connections, after which the claim is still
+the oracle's. And the package's boundaries: one shard rule, and no code outside
+`rota/fair/` that touches the bookkeeping tables."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from psycopg import sql
+
+from rota import Queue
+from rota.cli import cli
+from rota.fair import Violation
+
+from .test_fast_claim import claim_equals_oracle
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def run(aconn: Any, queue: Queue, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    """A statement on the test's own connection ({s}: the queue's schema), its rows."""
+    cur = await aconn.execute(sql.SQL(query).format(s=sql.Identifier(queue.schema)),
+                              params or None)
+    return await cur.fetchall() if cur.description else []
+
+
+async def scenario(queue: Queue, aconn: Any) -> dict[str, Any]:
+    """Three groups of type t, the bookkeeping folded and its edge moved:
+    g1 (pro) two jobs claimed, one of them completed, and one pending; g2 (free) two
+    pending; g3 (no plan) a job deferred an hour, then a newer one ready now (so its
+    head bound is valid only until the deferred one comes due).
+    Returns the pending jobs' (created_at, id, run_after) as UTC text, by group."""
+    await queue.upsert_group("g1", plan="pro")
+    await queue.upsert_group("g2", plan="free")
+    await queue.upsert_group("g3", plan=None)
+    for _ in range(3):
+        await queue.enqueue("t", {}, group_id="g1")
+    for _ in range(2):
+        await queue.enqueue("t", {}, group_id="g2")
+    await queue.enqueue("t", {}, group_id="g3", run_after=(
+        await queue.now()) + timedelta(hours=1))
+    await queue.enqueue("t", {}, group_id="g3")
+    claimed = await queue.claim("t", 2)
+    assert [j.group_id for j in claimed] == ["g1", "g1"]
+    assert await queue.complete(claimed[0])
+    await queue.upkeep.run_once()  # folds, moves the edge to the window start
+    assert await queue.verify() == []
+    await aconn.execute("SET TIME ZONE 'UTC'")
+    jobs: dict[str, list[tuple[str, int, str]]] = {}
+    for g, created, id_, ready in await run(aconn, queue, (
+            "SELECT group_id, created_at::text, id, run_after::text FROM {s}.jobs"
+            " WHERE status = 'pending' ORDER BY created_at, id")):
+        jobs.setdefault(g, []).append((created, id_, ready))
+    return jobs
+
+
+async def bounds(aconn: Any, queue: Queue, group: str) -> tuple[str, int, str, str]:
+    """The group's (head_lb, head_id, head_until, ready_lb), timestamps as UTC text."""
+    rows = await run(aconn, queue, "SELECT head_lb::text, head_id, head_until::text,"
+                     " ready_lb::text FROM {s}.fair_groups WHERE type = 't'"
+                     " AND group_id = %s", group)
+    return rows[0]  # type: ignore[return-value]
+
+
+def head(created: str, id_: int, ready: str) -> str:
+    return f"(head_lb, head_id) <= ({created}, {id_}) or head_until <= {ready}"
+
+
+async def test_a_served_count_off_by_some_is_named_with_both_counts(
+        queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    await run(aconn, queue, "UPDATE {s}.fair_groups SET served_n = served_n + 5"
+              " WHERE group_id = 'g1'")
+    assert await queue.verify() == [Violation("t", "g1", "served", "2", "7")]
+
+
+async def test_a_stray_served_shard_is_counted_in_found(queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    await run(aconn, queue, "INSERT INTO {s}.fair_served VALUES ('t', 'g2', 999, 1)")
+    assert await queue.verify() == [Violation("t", "g2", "served", "0", "1")]
+
+
+async def test_a_head_lb_above_the_first_job_names_that_job(
+        queue: Queue, aconn: Any) -> None:
+    jobs = await scenario(queue, aconn)
+    await run(aconn, queue, "UPDATE {s}.fair_groups SET head_lb = head_lb + interval"
+              " '1 hour' WHERE group_id = 'g2'")
+    lb, hid, until, _ = await bounds(aconn, queue, "g2")
+    assert until == "infinity"
+    assert await queue.verify() == [
+        Violation("t", "g2", "head", head(*jobs["g2"][0]), f"({lb}, {hid}), head_until {until}")]
+
+
+async def test_a_head_id_past_the_first_job_of_its_instant_names_that_job(
+        queue: Queue, aconn: Any) -> None:
+    jobs = await scenario(queue, aconn)
+    created, first_id, _ = jobs["g2"][0]
+    await run(aconn, queue, "UPDATE {s}.fair_groups SET head_lb = %s, head_id = %s"
+              " WHERE group_id = 'g2'", created, first_id + 1)
+    assert await queue.verify() == [
+        Violation("t", "g2", "head", head(*jobs["g2"][0]),
+                  f"({created}, {first_id + 1}), head_until infinity")]
+
+
+async def test_a_head_until_past_an_older_deferred_job_names_that_job(
+        queue: Queue, aconn: Any) -> None:
+    jobs = await scenario(queue, aconn)
+    deferred, ready = jobs["g3"]
+    lb, hid, until, _ = await bounds(aconn, queue, "g3")
+    assert (lb, hid, until) == (ready[0], ready[1], deferred[2])  # what the writers kept
+    await run(aconn, queue, "UPDATE {s}.fair_groups SET head_until = 'infinity'"
+              " WHERE group_id = 'g3'")
+    assert await queue.verify() == [
+        Violation("t", "g3", "head", head(*deferred), f"({lb}, {hid}), head_until infinity")]
+
+
+async def test_a_ready_lb_after_a_pending_job_is_named(queue: Queue, aconn: Any) -> None:
+    jobs = await scenario(queue, aconn)
+    await run(aconn, queue, "UPDATE {s}.fair_groups SET ready_lb = ready_lb + interval"
+              " '1 hour' WHERE group_id = 'g2'")
+    *_, ready_lb = await bounds(aconn, queue, "g2")
+    assert await queue.verify() == [
+        Violation("t", "g2", "ready_lb", f"<= {jobs['g2'][0][2]}", ready_lb)]
+
+
+async def test_a_moved_edge_shows_in_the_served_counts_it_moved_across(
+        queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    # Past g1's done job: it no longer counts against this edge, but served_n says it does.
+    await run(aconn, queue, "UPDATE {s}.fair_edge SET edge = now() + interval '1 hour'")
+    assert await queue.verify() == [Violation("t", "g1", "served", "1", "2")]
+
+
+async def test_a_missing_edge_row_counts_every_done_job(queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    await run(aconn, queue, "UPDATE {s}.jobs SET finished_at = now() - interval '3 days'"
+              " WHERE status = 'done'")  # before the edge: the trigger uncounts it
+    assert await queue.verify() == []
+    await run(aconn, queue, "DELETE FROM {s}.fair_edge")  # no row: -infinity
+    assert await queue.verify() == [Violation("t", "g1", "served", "2", "1")]
+
+
+async def test_a_plan_copy_that_differs_from_the_groups_table_is_named(
+        queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    await run(aconn, queue, "UPDATE {s}.fair_groups SET plan = 'free' WHERE group_id = 'g1'")
+    assert await queue.verify() == [Violation("t", "g1", "plan", "'pro'", "'free'")]
+
+
+async def test_an_active_copy_that_differs_is_named(queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    await run(aconn, queue, "UPDATE {s}.fair_groups SET active = false WHERE group_id = 'g2'")
+    assert await queue.verify() == [Violation("t", "g2", "active", "true", "false")]
+
+
+async def test_a_plan_missing_from_fair_plans_is_named(queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    await run(aconn, queue, "DELETE FROM {s}.fair_plans WHERE plan = 'pro'")
+    assert await queue.verify() == [
+        Violation("t", "g1", "fair_plans", "plan 'pro' listed", "not listed")]
+
+
+async def test_a_group_with_pending_jobs_and_no_row_is_named(
+        queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    await run(aconn, queue, "DELETE FROM {s}.fair_groups WHERE group_id = 'g2'")
+    assert await queue.verify() == [
+        Violation("t", "g2", "row", "a fair_groups row (2 pending jobs)", "none")]
+
+
+# -- rota verify ------------------------------------------------------------------------
+
+
+async def test_rota_verify_exits_0_when_exact_and_1_naming_each_violation(
+        queue: Queue, aconn: Any, database_url: str) -> None:
+    await scenario(queue, aconn)
+    env = {"DATABASE_URL": database_url, "ROTA_SCHEMA": queue.schema, "COLUMNS": "250"}
+
+    def invoke(*args: str) -> Any:
+        return CliRunner().invoke(cli, ["verify", *args], env=env, catch_exceptions=False)
+
+    async def rota(*args: str) -> Any:  # the command runs its own event loop
+        return await asyncio.to_thread(invoke, *args)
+
+    clean = await rota()
+    assert (clean.exit_code, clean.stdout) == (0, "violations: none\n")
+    assert json.loads((await rota("--json")).stdout) == {"violations": []}
+    await run(aconn, queue, "UPDATE {s}.fair_groups SET served_n = served_n + 5"
+              " WHERE group_id = 'g1'")
+    await run(aconn, queue, "UPDATE {s}.fair_groups SET active = false WHERE group_id = 'g2'")
+    broken = await rota("--schema", queue.schema)  # the target options of every command
+    assert broken.exit_code == 1
+    rows = [line.split("│")[1:-1] for line in broken.stdout.splitlines() if "│" in line]
+    assert "violations (2)" in broken.stdout
+    assert [[c.strip() for c in r] for r in rows] == [
+        ["t", "g1", "served", "2", "7"],
+        ["t", "g2", "active", "true", "false"]]
+    as_json = await rota("--json")
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout) == {"violations": [
+        {"type": "t", "group_id": "g1", "invariant": "served", "expected": "2", "found": "7"},
+        {"type": "t", "group_id": "g2", "invariant": "active", "expected": "true",
+         "found": "false"}]}
+    repaired = await rota("--repair", "--json")
+    assert repaired.exit_code == 0
+    assert json.loads(repaired.stdout) == {
+        "violations": [],
+        "repaired": {"found": json.loads(as_json.stdout)["violations"], "groups": 3}}
+
+
+# -- the rebuild --------------------------------------------------------------------------
+
+
+async def test_repair_rebuilds_every_kind_of_damage_and_the_claim_stays_the_oracles(
+        queue: Queue, aconn: Any, database_url: str) -> None:
+    await scenario(queue, aconn)
+    for damage in (
+            "UPDATE {s}.fair_groups SET served_n = served_n + 5 WHERE group_id = 'g1'",
+            "INSERT INTO {s}.fair_served VALUES ('t', 'g2', 999, 3)",
+            "UPDATE {s}.fair_groups SET head_lb = 'infinity', ready_lb = 'infinity'"
+            " WHERE group_id = 'g2'",
+            "UPDATE {s}.fair_groups SET head_until = 'infinity' WHERE group_id = 'g3'",
+            "UPDATE {s}.fair_groups SET plan = 'free', active = false WHERE group_id = 'g1'",
+            "DELETE FROM {s}.fair_plans"):
+        await run(aconn, queue, damage)
+    broken = await queue.verify()
+    assert {(v.group_id, v.invariant) for v in broken} == {
+        ("g1", "served"), ("g2", "served"), ("g2", "head"), ("g2", "ready_lb"),
+        ("g3", "head"), ("g1", "plan"), ("g1", "active"), ("g1", "fair_plans"),
+        ("g2", "fair_plans")}
+    report = await queue.repair_bookkeeping()
+    assert (report.found, report.groups) == (broken, 3)
+    assert await queue.verify() == []
+    assert await run(aconn, queue, "SELECT count(*) FROM {s}.fair_served") == [(0,)]
+    await claim_equals_oracle(queue, database_url, "t", 4)
+    # The rebuilt rows are what the writers and the upkeep keep from here on.
+    for j in await queue.claim("t", 3):
+        assert await queue.complete(j)
+    await queue.upkeep.run_once()
+    assert await queue.verify() == []
+    await claim_equals_oracle(queue, database_url, "t", 4)
+
+
+async def test_repair_on_a_live_queue_keeps_claims_exact(
+        make_queue: Any, aconn: Any, database_url: str) -> None:
+    """Three workers, each with its own queue (pool), claim, complete, fail and defer
+    on their own connections while enqueuers add jobs and the rebuild runs again and
+    again: every rebuild sees the bookkeeping exact (writers wait for its lock), and
+    afterwards it is exact and the claim is the oracle's."""
+    queue: Queue = await make_queue()
+    for g in range(12):
+        await queue.upsert_group(f"g{g}", plan=("free", "standard", "pro")[g % 3])
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": f"g{i % 12}"}
+                              for i in range(300)])
+    workers = [await make_queue() for _ in range(3)]
+    stop = asyncio.Event()
+    counts = {"claimed": 0, "repairs": 0}
+
+    async def work(q: Queue) -> None:
+        n = 0
+        while not stop.is_set():
+            for j in await q.claim("t", 3):
+                n += 1
+                if n % 7 == 0:
+                    await q.fail(j, "boom")
+                elif n % 5 == 0:
+                    await q.defer(j)
+                else:
+                    await q.complete(j)
+                counts["claimed"] += 1
+            await asyncio.sleep(0)
+
+    async def enqueue() -> None:
+        i = 0
+        while not stop.is_set():
+            await queue.enqueue("t", {}, group_id=f"g{i % 12}")
+            i += 1
+            await asyncio.sleep(0.005)
+
+    async def repair() -> None:
+        while counts["repairs"] < 5:
+            report = await queue.repair_bookkeeping()
+            assert report.found == []  # the writers kept it exact up to the lock
+            counts["repairs"] += 1
+            await asyncio.sleep(0.05)
+        stop.set()
+
+    await asyncio.wait_for(asyncio.gather(
+        *(work(q) for q in workers), enqueue(), repair()), timeout=120)
+    assert counts["repairs"] == 5 and counts["claimed"] > 0
+    for q in workers:
+        await q.settle()
+    assert await queue.verify() == []
+    await claim_equals_oracle(queue, database_url, "t", 10)
+
+
+# -- the package's boundaries --------------------------------------------------------------
+
+
+async def test_every_writer_of_fair_served_writes_the_shard_the_rule_gives_it(
+        queue: Queue, aconn: Any) -> None:
+    """The shard rule (fair_shard): a claim, a completion, an insert of a running job and
+    a deletion, each from this test's own connection, write this connection's shard
+    only; an edge move writes shard 0."""
+    await queue.upsert_group("g", plan="pro")
+    await queue.enqueue("t", {}, group_id="g")
+    await queue.enqueue("t", {}, group_id="g")
+    pid = (await run(aconn, queue, "SELECT pg_backend_pid() % 32767"))[0][0]
+    assert (await run(aconn, queue, "SELECT {s}.fair_shard(), {s}.fair_shard(true)")) == [
+        (pid, 0)]
+    await run(aconn, queue, "UPDATE {s}.jobs SET status = 'running', locked_at = now(),"
+              " attempts = 1 WHERE id = (SELECT min(id) FROM {s}.jobs)")  # a claim
+    await run(aconn, queue, "UPDATE {s}.jobs SET status = 'done', finished_at = now(),"
+              " locked_at = NULL WHERE status = 'running'")  # a completion
+    await run(aconn, queue, "INSERT INTO {s}.jobs (type, group_id, payload, status,"
+              " max_attempts, run_after, created_at, locked_at, attempts)"
+              " VALUES ('t', 'g', '{{}}', 'running', 3, now(), now(), now(), 1)")
+    await run(aconn, queue, "DELETE FROM {s}.jobs WHERE status = 'running'")
+    assert await run(aconn, queue, "SELECT shard, n FROM {s}.fair_served") == [(pid, 1)]
+    # The edge moves past the done job: it leaves the count, in shard 0.
+    await run(aconn, queue, "SELECT {s}.fair_advance('t', now() + interval '1 hour')")
+    assert await run(aconn, queue, "SELECT shard, n FROM {s}.fair_served ORDER BY shard"
+                     ) == [(0, -1), (pid, 1)]
+    assert await queue.verify() == []
+
+
+def test_only_the_fair_package_touches_the_bookkeeping_tables() -> None:
+    """Outside src/rota/fair/ (and the migrations, which are history), no code or SQL
+    statement names fair_groups, fair_served, fair_edge, fair_plans or a fair_ function
+    (queue.py calls FairClaim's methods); comments may name them."""
+    src = ROOT / "src" / "rota"
+    name = re.compile(r"\bfair_(groups|served|edge|plans|fold|advance|shard|count_served|"
+                      r"note_pending|lock_edges|still_claimable|insert_groups)\b")
+    touching = [f"{p.relative_to(src)}: {line.strip()}" for p in sorted(src.rglob("*"))
+                if p.suffix in (".py", ".sql") and "fair" not in p.relative_to(src).parts
+                and p.parent.name != "migrations"
+                for line in p.read_text("utf-8").splitlines()
+                if name.search(line) and not line.lstrip().startswith(("--", "#"))]
+    assert touching == []
+
+
+def test_only_the_queue_and_rota_verify_import_the_fair_package() -> None:
+    """fair/ is one room: inside the library only queue.py (FairClaim, ClaimUpkeep) and
+    the CLI's verify command (its result types) import it, and it imports no module that
+    imports it back."""
+    src = ROOT / "src" / "rota"
+    imports = re.compile(r"^\s*from (\.+fair|rota\.fair)\b.* import|^\s*import rota\.fair",
+                         re.MULTILINE)
+    entering = sorted(str(p.relative_to(src)) for p in src.rglob("*.py")
+                      if "fair" not in p.relative_to(src).parts
+                      and imports.search(p.read_text("utf-8")))
+    assert entering == ["cli/verify.py", "queue.py"]
+    back = re.compile(r"^\s*from \.\.(queue|cli|web|runner|worker)\b", re.MULTILINE)
+    assert [p.name for p in (src / "fair").glob("*.py") if back.search(p.read_text())] == []
+
+
+def test_each_claim_fragment_says_what_it_needs_and_defines() -> None:
+    fair = ROOT / "src" / "rota" / "fair"
+    for fragment in ("claim_pool_cached", "claim_pool_scan", "claim_head", "groupless_head"):
+        top = (fair / f"{fragment}.sql").read_text("utf-8").split("\n\n")[0]
+        assert "-- Needs:" in top and "-- Defines:" in top, fragment
+
+
+def test_comments_name_no_migration_numbers() -> None:
+    """Outside the migrations themselves, no SQL comment names a migration by number."""
+    src = ROOT / "src" / "rota"
+    numbered = re.compile(r"--.*\b(migration \d{3}|\d{3}_\w+\.sql|^-- \d{3}:)")
+    found = [f"{p.name}: {line.strip()}" for p in src.rglob("*.sql")
+             if p.parent.name != "migrations"
+             for line in p.read_text("utf-8").splitlines() if numbered.search(line)]
+    assert found == []
+
+
+def test_fresh_install_includes_the_bookkeeping_file() -> None:
+    from rota import db
+    text = db.schema_text()
+    book = (ROOT / "src" / "rota" / "fair" / "bookkeeping.sql").read_text("utf-8")
+    assert book.rstrip() in text and "@include" not in text
+    core = (ROOT / "src" / "rota" / "schema.sql").read_text("utf-8")
+    assert "fair_groups" not in core and core.count("-- @include fair/bookkeeping.sql") == 1
+
+
+@pytest.mark.parametrize("damage", ["served"])
+def test_the_fixture_used_after_concurrency_tests_fails_on_a_violation(
+        migrated: str, database_url: str, damage: str) -> None:
+    """fair_exact (tests/conftest.py) reads the same contract: damage it and the query
+    the fixture runs names the group."""
+    from rota.store import Statements
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("INSERT INTO {}.fair_served VALUES ('t', 'gx', 1, 4)")
+                     .format(sql.Identifier(migrated)))
+        rows = conn.execute(Statements(migrated).sql("fair/verify")).fetchall()
+    assert [Violation(*r) for r in rows] == [Violation("t", "gx", damage, "0", "4")]
