@@ -241,11 +241,12 @@ class BatchRunner:
                 c._settle("lost")
 
     async def hand_back(self, run: RunState, ctxs: list[JobContext], *,
-                        after_run: bool = False) -> None:
+                        after_run: bool = False, counted: str = "released") -> None:
         """Release claimed jobs as they were: attempts and deferrals unchanged, the due
         time kept (or, ``after_run``, not before this run's budget ends, so it does not
-        claim them again) (docs/design.md, "Defer"). Counts them ``released`` (and
-        ``lost`` for those another run reclaimed meanwhile).
+        claim them again) (docs/design.md, "Defer"). Counts them under ``counted`` in
+        the summary (``released``: claimed, not started; ``interrupted``: started, cut
+        by a stop request), and ``lost`` those another run reclaimed meanwhile.
 
         Raises:
             What releasing raised once retries were spent.
@@ -259,7 +260,7 @@ class BatchRunner:
         for c in ctxs:
             c.outcome = "released"
             run.held.pop(c.job.id, None)
-        run.add("released", n)
+        run.add(counted, n)
         if n < len(ctxs):  # reclaimed by another run meanwhile
             run.add("lost", len(ctxs) - n)
 
@@ -271,11 +272,9 @@ class BatchRunner:
         if not cut:
             return
         try:
-            await self.hand_back(run, cut)
+            await self.hand_back(run, cut, counted="interrupted")
         except Exception:
             log.exception("run %s: could not hand back interrupted jobs", run.id)
-        else:
-            run.add("interrupted", len(cut))
 
     async def _release(self, run: RunState, ctxs: list[JobContext],
                        blocked: QuotaExhausted | None) -> None:
