@@ -8,7 +8,10 @@ database). --quick stops the claim sizes at 100k (the 1M build takes a minute or
 builds the workload matrix at 100,000 pending jobs instead of 1,000,000, drains 5,000
 jobs instead of 20,000, runs procrastinate's fairness only with its lock, and times the
 dashboard's pages at 100,000 jobs instead of 1,000,000 (bench/dashboard.py), and runs
-the many-workers part (bench/workers.py) once instead of twice. --hosts adds
+the many-workers part (bench/workers.py) once instead of twice, pins the xmin horizon
+for 60 s at 100,000 pending jobs only (bench/pinned.py; otherwise 10 minutes, at
+100,000 and 1,000,000) and runs one round of enqueue-to-start (bench/start.py) instead of
+two. --hosts adds
 the multi-host part (bench/hosts.py: namespaced hosts and a private server of its own,
 root only; alone: make bench-hosts)."""
 
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import psycopg
 
-from . import claim_latency, dashboard, drain, enqueue, fairness, matrix, workers
+from . import claim_latency, dashboard, drain, enqueue, fairness, matrix, pinned, start, workers
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -53,10 +56,13 @@ def main() -> None:
     fair = fairness.main(url, quick=quick)
     pages = dashboard.main(url, 100_000 if quick else 1_000_000)
     many = workers.main(url, rounds=1 if quick else 2, jobs=200_000)
+    horizon = pinned.main(url, quick=quick)
+    to_start = start.main(url, rounds=1 if quick else 2)
     (RESULTS / "results.json").write_text(json.dumps(
         {"machine": info, "claim_latency_ms": claims, "enqueue_jobs_per_s": enq,
          "drain_jobs_per_s": drained, "fairness": fair, "dashboard": pages,
-         "matrix": cells, "workers": many}, indent=2))
+         "matrix": cells, "workers": many, "pinned": horizon, "start_ms": to_start},
+        indent=2))
     print("\nclaim latency (ms):\n" + claim_latency.header())
     for pending, r in sorted(claims["by_pending"].items()):
         print(claim_latency.row(pending, r))
@@ -71,6 +77,8 @@ def main() -> None:
     print("\nfairness:" + fairness.report(fair))
     print("\n" + dashboard.report(pages["jobs"], pages["median_ms"]))
     print("\nmany workers:\n" + workers.report(many))
+    print("\npinned horizon (claim of 25, p50):\n" + pinned.report(horizon))
+    print("\nenqueue to start (idle worker):\n" + start.report(to_start))
     if "--hosts" in sys.argv:
         from . import hosts
 

@@ -5,10 +5,12 @@ each app has its own registry; `rota serve --metrics` needs the credential."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
@@ -133,6 +135,27 @@ async def test_claims_are_timed_per_type_and_groups_are_never_labels(queue: Queu
     await queue.claim("search", 1)
     assert samples((await endpoint.render()).decode())[
         "rota_claim_duration_seconds_count", (("type", "search"),)] == 3
+
+
+async def test_a_transaction_held_open_shows_as_the_xmin_horizons_age(
+    queue: Queue, database_url: str
+) -> None:
+    """A REPEATABLE READ transaction that has read holds the horizon: after 1.1 s and
+    five transactions committed elsewhere, the gauges say at least that. (The database
+    is shared with other tests, whose transactions can only make them larger.)"""
+    endpoint = MetricsEndpoint(queue)
+    async with (await psycopg.AsyncConnection.connect(database_url) as holder,
+                await psycopg.AsyncConnection.connect(database_url, autocommit=True) as other):
+        await holder.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        await holder.execute(sql.SQL("SELECT count(*) FROM {}").format(queue.table("jobs")))
+        for _ in range(5):  # each its own transaction, each given an xid
+            await other.execute("SELECT txid_current()")
+        await asyncio.sleep(1.1)
+        held = samples((await endpoint.render()).decode())
+        await holder.rollback()
+    endpoint.close()
+    assert held["rota_oldest_xmin_age_seconds", ()] >= 1.1
+    assert held["rota_oldest_xmin_age_transactions", ()] >= 5
 
 
 async def test_each_app_has_its_own_registry(queue: Queue) -> None:

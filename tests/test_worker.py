@@ -120,6 +120,44 @@ async def test_worker_wakes_within_a_second_of_an_enqueue_and_stops_on_request(
     assert await cur.fetchall() == [("worker", "no_work", 1)] * 3
 
 
+async def test_a_notification_waits_only_after_a_look_that_found_nothing_to_run(
+    tagged: tuple[Queue, str], aconn: psycopg.AsyncConnection[Any], schema: str,
+) -> None:
+    """With an hour of wake_interval and of idle poll, each enqueue is still started on
+    its notification, since each look before it ran a job; a bare notification's look
+    finds nothing, and the next notification then waits out the interval."""
+    queue, _ = tagged
+    worker = echo_worker(queue, idle_poll=3600, wake_interval=timedelta(hours=1))
+    looks = 0
+    looked = asyncio.Event()
+    next_due = worker._next_due
+
+    async def counted(*args: Any) -> float | None:
+        nonlocal looks
+        looks += 1
+        looked.set()
+        return await next_due(*args)
+
+    worker._next_due = counted  # type: ignore[method-assign]
+    async with running(worker):
+        for _ in range(3):
+            await wait_done(aconn, schema, await enqueue_elsewhere(aconn, schema))
+        await asyncio.sleep(0.3)  # its look after the last run is over: it sleeps
+        before = looks
+        looked.clear()
+        await aconn.execute("SELECT pg_notify(%s, 'nothing')", [schema])
+        await asyncio.wait_for(looked.wait(), 10)
+        await asyncio.sleep(0.1)  # the look's answer is in
+        assert looks == before + 1
+        held = await enqueue_elsewhere(aconn, schema)
+        await asyncio.sleep(1.0)
+        row = await (await aconn.execute(sql.SQL("SELECT status FROM {}.jobs WHERE id = %s")
+                                         .format(sql.Identifier(schema)), [held])).fetchone()
+        assert row == ("pending",)
+        assert looks == before + 1
+    assert worker.runs == 3
+
+
 async def test_worker_sleeps_until_the_next_job_is_due(
     tagged: tuple[Queue, str], aconn: psycopg.AsyncConnection[Any], schema: str,
 ) -> None:

@@ -20,9 +20,11 @@ something is due, so an idle worker writes no ``runs`` rows. A pipeline's schedu
 count as due at their next tick (:meth:`rota.schedule.Scheduler.due_in`), so the sleep
 ends in time for it and the run that starts then enqueues it. A notification is only a
 hint to look: any role connected to the database may send one on any channel, so its
-payload is ignored, and notifications end a sleep at most once per ``wake_interval``,
-so a flood of them costs one ``next_due`` query per interval, not one each
-(docs/operations.md, "Security").
+payload is ignored. A notification starts a look at once, unless the last look a
+notification caused found nothing to run: then it waits until ``wake_interval`` after
+that look. So an enqueue is started within a round trip or two, while a flood of
+notifications with nothing due costs one ``next_due`` query per interval, not one each
+(docs/operations.md, "Security" and "Notifications").
 """
 
 from __future__ import annotations
@@ -99,9 +101,10 @@ class Worker:
             up, so no keepalive fires) is so noticed within ``keepalive`` plus
             ``liveness_timeout`` (10 s by default), logged once, discarded and replaced
             (docs/operations.md, "Network partitions and timeouts").
-        wake_interval: the shortest time between two looks at the database that
-            notifications cause (a debounce: a flood of NOTIFY from any role costs at
-            most one ``next_due`` query per interval); default 0.2 s.
+        wake_interval: after a look that a notification caused and that found nothing
+            to run, the shortest time until a notification causes the next one (a flood
+            of NOTIFY from any role costs at most one ``next_due`` query per interval);
+            a look that ran jobs lets the next notification look at once. Default 0.2 s.
         on_run: called with each run's result (for the CLI's log line).
 
     Raises:
@@ -146,6 +149,11 @@ class Worker:
         self._maintenance = maintenance
         self._on_run = on_run
         self._wake = asyncio.Event()
+        # Whether the coming look was caused by a notification, and when the last such
+        # look found nothing to run (monotonic; None: it ran jobs, or there was none).
+        self._notified = False
+        self._wasted_look: float | None = None
+        self._reconnected = False  # the listener's own wake-up, not a notification
         #: Set while the listening connection is up and LISTENing (for tests and health).
         self.listening = asyncio.Event()
         #: The listening connection's server process id, while it is up.
@@ -243,6 +251,7 @@ class Worker:
                         if stop_event.is_set():  # asked to stop while asking
                             break
                         outcome = await self._run_once(pipeline)
+                        self._looked(asked_at, outcome)
                         if outcome != "error":
                             # Ask again: the due time as it stands after the run (a
                             # retry's backoff, a deferral, a run_after it enqueued, a
@@ -251,6 +260,7 @@ class Worker:
                             backoff = self.reconnect_delay.total_seconds()
                             stalled = outcome == "stalled"
                             continue
+                self._looked(asked_at, outcome)
                 stalled = False
                 if outcome == "error":
                     # The database is down or the run broke: back off (doubling up to
@@ -275,15 +285,36 @@ class Worker:
 
     async def _sleep(self, stop_event: asyncio.Event, seconds: float,
                      asked_at: float) -> None:
-        """Sleep up to ``seconds``; a notification ends it early, but not sooner than
-        ``wake_interval`` after ``asked_at`` (the last look at the database), since
-        anyone can send one."""
+        """Sleep up to ``seconds`` after ``asked_at`` (the last look at the database); a
+        notification ends it early (see :meth:`_notification_hold`)."""
         await _wait_any(stop_event, self._wake, seconds)
-        now = time.monotonic()
-        hold = min(asked_at + self.wake_interval.total_seconds(),
-                   asked_at + seconds) - now
+        if stop_event.is_set() or not self._wake.is_set():
+            return
+        # The listener's wake-up after (re)connecting is its own, not a stranger's.
+        self._notified, self._reconnected = not self._reconnected, False
+        hold = min(self._notification_hold(), asked_at + seconds) - time.monotonic()
         if hold > 0:
             await _wait_any(stop_event, None, hold)
+
+    def _notification_hold(self) -> float:
+        """Until when (monotonic) a notification must wait before it causes a look.
+
+        Anyone can send one, so a look it causes is a hint followed, not a command: when
+        the last such look found nothing to run, the next waits until ``wake_interval``
+        after it (a flood costs one look per interval). When it ran jobs (or no
+        notification caused one yet), the next looks at once: an enqueue is started
+        within the round trips of a look and a claim, not a debounce."""
+        if self._wasted_look is None:
+            return 0.0
+        return self._wasted_look + self.wake_interval.total_seconds()
+
+    def _looked(self, asked_at: float, outcome: str) -> None:
+        """Note what the look at ``asked_at`` led to, when a notification caused it:
+        ``progress`` (jobs ran) frees the next notification's look; anything else holds
+        it (see :meth:`_notification_hold`)."""
+        if self._notified:
+            self._notified = False
+            self._wasted_look = None if outcome == "progress" else asked_at
 
     async def _run_once(self, pipeline: Any) -> str:
         """One run. Returns ``"progress"`` when it touched jobs (or ran out of budget:
@@ -419,6 +450,7 @@ class Worker:
                 await _within(limit, conn.execute(channel))
                 self.listen_pid = conn.info.backend_pid
                 self.listening.set()
+                self._reconnected = True
                 self._wake.set()
                 delay = self.reconnect_delay.total_seconds()
                 if lost:

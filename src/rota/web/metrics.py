@@ -26,6 +26,12 @@ holding a collector that reads the database when scraped and the claim histogram
 - ``rota_claim_duration_seconds{type}`` (histogram): claims made through this
   process's queue (``Queue.claim_observers``): a dashboard mounted in the app that
   runs the pipeline, or ``rota serve --metrics``.
+- ``rota_oldest_xmin_age_seconds``, ``rota_oldest_xmin_age_transactions`` (gauges):
+  how long the oldest transaction of the database that holds a snapshot or an xid has
+  been open, and how many transactions the xmin horizon lags (replication slots and
+  standbys included): while either grows, vacuum removes nothing newer, and every
+  queue's tables, rota's claim bookkeeping among them, fill with dead row versions
+  (docs/operations.md, "Long transactions"; horizon_age.sql).
 - ``rota_quota_units_used{quota}``, ``rota_quota_units_remaining{quota}``,
   ``rota_quota_units_limit{quota}`` (gauges): the shared quotas' current period.
 
@@ -121,10 +127,12 @@ class RotaCollector(Collector):
             if self._since is None or until > self._since:
                 self._since = until
             runs = await queries.runs_by_stop_reason(q, conn)
+            horizon = await queries.horizon(q, conn)
             shared, _ = await queries.quotas_today(
                 q, conn, [x for x in quotas if isinstance(x, Quota)]) if any(
                     isinstance(x, Quota) for x in quotas) else ([], [])
-        self._families = self._build(counts, waiting, runs, shared)
+        self._families = [*self._build(counts, waiting, runs, shared),
+                          *self._horizon(horizon)]
 
     def _build(self, counts: list[queries.TypeCounts], waiting: queries.Waiting,
                runs: dict[str, int], shared: list[queries.QuotaToday]) -> list[Metric]:
@@ -163,6 +171,19 @@ class RotaCollector(Collector):
                 remaining.add_metric([qt.name], qt.remaining)
                 limit.add_metric([qt.name], qt.limit)
         return [jobs, oldest, completed, failed, run_family, used, remaining, limit]
+
+
+    @staticmethod
+    def _horizon(horizon: queries.Horizon) -> list[Metric]:
+        seconds = GaugeMetricFamily(
+            "rota_oldest_xmin_age_seconds", "How long the database's oldest transaction "
+            "holding a snapshot or an xid has been open (0: none): vacuum removes no row "
+            "version newer than it.", value=horizon.seconds)
+        xids = GaugeMetricFamily(
+            "rota_oldest_xmin_age_transactions", "How many transactions the xmin horizon "
+            "lags (sessions, standbys' feedback, replication slots).",
+            value=horizon.transactions)
+        return [seconds, xids]
 
 
 class MetricsEndpoint:

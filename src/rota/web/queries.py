@@ -345,6 +345,24 @@ async def runs_by_stop_reason(queue: Queue, conn: AnyConn) -> dict[str, int]:
     return {r["stop_reason"]: int(r["n"]) for r in rows}
 
 
+@dataclass(frozen=True)
+class Horizon:
+    """How far the database's xmin horizon lags (horizon_age.sql): ``seconds`` since the
+    oldest transaction of this database holding a snapshot or an xid began (0: none),
+    and ``transactions``: how many transactions the horizon lags, replication slots and
+    standbys' feedback included. Lower bounds for a role that cannot read other roles'
+    sessions (docs/operations.md, "Long transactions")."""
+
+    seconds: float
+    transactions: int
+
+
+async def horizon(queue: Queue, conn: AnyConn) -> Horizon:
+    """The xmin horizon's age (see :class:`Horizon`)."""
+    row = (await _rows(queue, conn, "horizon_age", {}))[0]
+    return Horizon(float(row["seconds"]), int(row["transactions"]))
+
+
 def discover_quotas(pipeline: Any) -> list[Quota | Allowance]:
     """The quotas and allowances of a :class:`rota.Pipeline`: its stages' quotas and
     those given to it as ``quotas=`` (an object without stages has none)."""

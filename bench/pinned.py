@@ -1,0 +1,220 @@
+"""The claim while the xmin horizon is pinned (docs/operations.md, "Long transactions").
+
+A long transaction anywhere in the database (an analytics query, ``pg_dump``, a session
+left idle in transaction) pins the xmin horizon: vacuum can remove no row version newer
+than it. This part measures what that does to rota's claim, against an unfair FIFO
+``FOR UPDATE SKIP LOCKED`` claim on the same table at the same moments.
+
+Data: ``pending`` ready jobs over ``groups`` groups in three plans, ``pending // 5`` done
+jobs in the served window (``bench/scale.py``'s build). A worker loop claims 100,
+completes them and enqueues 100 more; between two of its cycles, a pair of samples is
+taken, one rota claim of 25 (``Queue.claim``) and one FIFO claim of 25, in alternating
+order, each completing and replacing what it took; only those two claims are timed.
+The loop and the samples take turns on one queue rather than running at once: two rota
+claimers at once make each other's claims retry with larger probes (see
+docs/fast-claim.md, "Locked candidates"), which is another measurement.
+
+Moments: ``before`` (the last ``WINDOW`` seconds before the pin), ``pinned N s`` (the
+last ``WINDOW`` seconds of the first N seconds of the pin: a REPEATABLE READ transaction
+on another connection that has read, so it holds a snapshot) and ``after release``
+(``AFTER - WINDOW`` to ``AFTER`` seconds after that transaction ends). Each moment
+reports both p50s, their ratio, rota's p50 against its own ``before``, and the dead
+tuples in the schema (``pg_stat_user_tables``, as the statistics collector last saw
+them).
+
+Usage: ``python -m bench.pinned [--quick]`` (DATABASE_URL, default the local test
+database). ``--quick``: 100,000 pending jobs over 2,000 groups, pinned 60 s. Without it:
+that, and 1,000,000 over 10,000, each pinned 10 minutes (reported at 60 s and at 10 min).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from rota import Queue
+
+from .scale import build, fifo_claim
+
+SCHEMA = "bench_pinned"
+WINDOW = 10.0  # seconds of samples behind each moment
+LEAD = 20.0  # seconds of churn before the pin (the last WINDOW of them is "before")
+AFTER = 30.0  # the "after release" moment ends this long after the release
+PAUSE = 0.01  # seconds between two sample pairs
+QUICK = ((100_000, 2_000, (60,)),)
+FULL = ((100_000, 2_000, (60, 600)), (1_000_000, 10_000, (60, 600)))
+
+
+def _replacements(n: int, groups: int, rng: random.Random) -> list[dict[str, Any]]:
+    return [{"type": "t", "payload": {}, "group_id": f"g{rng.randrange(groups)}"}
+            for _ in range(n)]
+
+
+@dataclass
+class Samples:
+    """Claim times (ms) by system, each with the monotonic time it was taken."""
+
+    rota: list[tuple[float, float]] = field(default_factory=list)
+    fifo: list[tuple[float, float]] = field(default_factory=list)
+
+    def p50(self, name: str, start: float, end: float) -> float | None:
+        xs = [ms for t, ms in getattr(self, name) if start <= t < end]
+        return statistics.median(xs) if xs else None
+
+    def count(self, start: float, end: float) -> int:
+        return sum(1 for t, _ in self.rota if start <= t < end)
+
+
+async def dead_tuples(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+    """Dead tuples per table of the schema, and their sum (``total``)."""
+    cur = await conn.execute("SELECT relname, n_dead_tup FROM pg_stat_user_tables "
+                             "WHERE schemaname = %s", [SCHEMA])
+    rows = {r[0]: int(r[1]) for r in await cur.fetchall()}
+    return {"total": sum(rows.values()), **{k: rows.get(k, 0) for k in
+                                            ("jobs", "fair_groups", "fair_served")}}
+
+
+async def horizon_seconds(conn: psycopg.AsyncConnection[Any]) -> float:
+    from rota.db import statement_text
+
+    cur = await conn.execute(statement_text("horizon_age"))
+    row = await cur.fetchone()
+    return float(row[0]) if row else 0.0
+
+
+async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...]
+                   ) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    await build(url, SCHEMA, pending=pending, groups=groups, done=pending // 5)
+    print(f"built {pending:,} pending over {groups:,} groups in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    cycles = 0
+    rng = random.Random(11)
+    samples = Samples()
+    done = sql.SQL("UPDATE {}.jobs SET status = 'done', finished_at = now(), "
+                   "locked_at = NULL, claim_token = NULL WHERE id = ANY(%s)").format(
+                       sql.Identifier(SCHEMA))
+    moments: list[dict[str, Any]] = []
+    queue = Queue(url, schema=SCHEMA)
+    async with (queue,
+                await psycopg.AsyncConnection.connect(url, autocommit=True) as conn,
+                await psycopg.AsyncConnection.connect(url, autocommit=True) as stats,
+                await psycopg.AsyncConnection.connect(url) as holder):
+
+        async def pair(first_rota: bool) -> None:
+            for name in ("rota", "fifo") if first_rota else ("fifo", "rota"):
+                t = time.perf_counter()
+                if name == "rota":
+                    jobs = await queue.claim("t", 25)
+                    ms = (time.perf_counter() - t) * 1000
+                    if jobs:
+                        await queue.complete_many(jobs)
+                    n = len(jobs)
+                else:
+                    cur = await conn.execute(fifo_claim(queue), {"type": "t", "limit": 25})
+                    ids = [r[0] for r in await cur.fetchall()]
+                    ms = (time.perf_counter() - t) * 1000
+                    await conn.execute(done, [ids])
+                    n = len(ids)
+                getattr(samples, name).append((time.monotonic(), ms))
+                if n:
+                    await queue.enqueue_many(_replacements(n, groups, rng))
+
+        async def churn() -> None:
+            nonlocal cycles
+            jobs = await queue.claim("t", 100)
+            if jobs:
+                await queue.complete_many(jobs)
+            await queue.enqueue_many(_replacements(len(jobs) or 100, groups, rng))
+            cycles += 1
+
+        async def sample_until(end: float) -> None:
+            i = 0
+            while time.monotonic() < end:
+                await churn()
+                await pair(i % 2 == 0)
+                i += 1
+                await asyncio.sleep(PAUSE)
+
+        async def moment(label: str, start: float, end: float) -> dict[str, Any]:
+            rota_p50 = samples.p50("rota", start, end)
+            fifo_p50 = samples.p50("fifo", start, end)
+            m = {"pending": pending, "groups": groups, "moment": label,
+                 "rota_p50": rota_p50, "fifo_p50": fifo_p50,
+                 "pairs": samples.count(start, end), "dead": await dead_tuples(stats),
+                 "horizon_s": await horizon_seconds(stats), "churn_cycles": cycles}
+            moments.append(m)
+            print(row(m, moments[0]["rota_p50"] if moments else None), flush=True)
+            return m
+
+        began = time.monotonic()
+        await sample_until(began + LEAD)
+        await moment("before", began + LEAD - WINDOW, began + LEAD)
+        await holder.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        await holder.execute(sql.SQL("SELECT count(*) FROM {}.groups").format(
+            sql.Identifier(SCHEMA)))  # the snapshot is taken, and held from here
+        pinned = time.monotonic()
+        for secs in pins:
+            await sample_until(pinned + secs)
+            await moment(f"pinned {secs} s", pinned + secs - WINDOW, pinned + secs)
+        await holder.rollback()
+        released = time.monotonic()
+        await sample_until(released + AFTER)
+        await moment(f"{AFTER:.0f} s after release", released + AFTER - WINDOW,
+                     released + AFTER)
+    return {"pending": pending, "groups": groups, "moments": moments}
+
+
+def header() -> str:
+    return ("| pending / groups | moment | rota p50 (ms) | FIFO p50 (ms) | rota / FIFO | "
+            "rota / own before | pairs | dead tuples (schema) | of them fair_groups, "
+            "fair_served | horizon age (s) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def row(m: dict[str, Any], before: float | None) -> str:
+    r, f = m["rota_p50"], m["fifo_p50"]
+    ratio = f"{r / f:.1f}x" if r and f else "-"
+    own = f"{r / before:.2f}x" if r and before else "-"
+    return (f"| {m['pending']:,} / {m['groups']:,} | {m['moment']} | "
+            f"{r or 0:.2f} | {f or 0:.2f} | {ratio} | {own} | {m['pairs']} | "
+            f"{m['dead']['total']:,} | {m['dead']['fair_groups']:,}, "
+            f"{m['dead']['fair_served']:,} | {m['horizon_s']:.0f} |")
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    lines = [header()]
+    for r in results:
+        before = r["moments"][0]["rota_p50"] if r["moments"] else None
+        lines += [row(m, before) for m in r["moments"]]
+    return "\n".join(lines)
+
+
+def main(url: str, *, quick: bool) -> list[dict[str, Any]]:
+    """Run the scenario at each size (``QUICK`` or ``FULL``); returns per size its
+    moments (p50s in ms, dead tuples, the horizon's age). The schema is dropped after."""
+    print(header(), flush=True)
+    out = [asyncio.run(scenario(url, pending, groups, pins))
+           for pending, groups, pins in (QUICK if quick else FULL)]
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+    return out
+
+
+if __name__ == "__main__":
+    results = main(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+                   quick="--quick" in sys.argv)
+    out = Path(__file__).parent / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pinned.json").write_text(json.dumps(results, indent=2))
+    print("\npinned horizon:\n" + report(results))
