@@ -185,10 +185,15 @@ class BatchRunner:
         # transaction committed (docs/design.md, "Counters show what committed").
         await self._confirm_commits(run, ctxs, failure)
         if timer.expired():
-            text = f"timed out after {round(deadline - started, 1):g} s"
-            log.warning("job(s) %s: %s", [c.job.id for c in ctxs], text)
-            run.add("timed_out", sum(1 for c in ctxs if not c.settled))
-            await settle_all(ctxs, lambda c: c.fail(text))
+            # A job the handler completed in its own transaction before the cut reached
+            # it (its COMMIT landed; the reply came after the deadline) is done, not
+            # timed out: only the jobs still unsettled fail and count.
+            cut = [c for c in ctxs if not c.settled]
+            if cut:
+                text = f"timed out after {round(deadline - started, 1):g} s"
+                log.warning("job(s) %s: %s", [c.job.id for c in cut], text)
+                run.add("timed_out", len(cut))
+                await settle_all(cut, lambda c: c.fail(text))
         elif failure is None:
             completer.add(await with_results(ctxs, value))
         elif isinstance(failure, DeferJob):
