@@ -577,7 +577,7 @@ CREATE TABLE {schema}.job_waiters (
     PRIMARY KEY (job_id, waiter)
 );
 
--- == Rate limits (migration 008) ========================================================
+-- == Rate limits (docs/design.md, "Rates") ==========================================
 
 -- Rate limits shared by every worker (docs/design.md, "Rates"): one bucket row per
 -- (limit, key), spent by rate_take under the row's lock, so every process on every host
