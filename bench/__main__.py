@@ -10,8 +10,9 @@ jobs instead of 20,000, runs procrastinate's fairness only with its lock, and ti
 dashboard's pages at 100,000 jobs instead of 1,000,000 (bench/dashboard.py), and runs
 the many-workers part (bench/workers.py) once instead of twice, pins the xmin horizon
 for 60 s at 100,000 pending jobs only (bench/pinned.py; otherwise 10 minutes, at
-100,000 and 1,000,000) and runs one round of enqueue-to-start (bench/start.py) instead of
-two. --hosts adds
+100,000 and 1,000,000), runs one round of enqueue-to-start (bench/start.py) instead of
+two, and the rate limiter's takes (bench/rates.py) for 3 s per configuration instead of
+10. --hosts adds
 the multi-host part (bench/hosts.py: namespaced hosts and a private server of its own,
 root only; alone: make bench-hosts)."""
 
@@ -26,7 +27,18 @@ from pathlib import Path
 
 import psycopg
 
-from . import claim_latency, dashboard, drain, enqueue, fairness, matrix, pinned, start, workers
+from . import (
+    claim_latency,
+    dashboard,
+    drain,
+    enqueue,
+    fairness,
+    matrix,
+    pinned,
+    rates,
+    start,
+    workers,
+)
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -58,11 +70,12 @@ def main() -> None:
     many = workers.main(url, rounds=1 if quick else 2, jobs=200_000)
     horizon = pinned.main(url, quick=quick)
     to_start = start.main(url, rounds=1 if quick else 2)
+    takes = rates.main(url, seconds=3.0 if quick else 10.0)
     (RESULTS / "results.json").write_text(json.dumps(
         {"machine": info, "claim_latency_ms": claims, "enqueue_jobs_per_s": enq,
          "drain_jobs_per_s": drained, "fairness": fair, "dashboard": pages,
-         "matrix": cells, "workers": many, "pinned": horizon, "start_ms": to_start},
-        indent=2))
+         "matrix": cells, "workers": many, "pinned": horizon, "start_ms": to_start,
+         "rate_takes": takes}, indent=2))
     print("\nclaim latency (ms):\n" + claim_latency.header())
     for pending, r in sorted(claims["by_pending"].items()):
         print(claim_latency.row(pending, r))
@@ -79,6 +92,7 @@ def main() -> None:
     print("\nmany workers:\n" + workers.report(many))
     print("\npinned horizon (claim of 25, p50):\n" + pinned.report(horizon))
     print("\nenqueue to start (idle worker):\n" + start.report(to_start))
+    print("\nrate limit takes (8 processes):\n" + rates.report(takes))
     if "--hosts" in sys.argv:
         from . import hosts
 

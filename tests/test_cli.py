@@ -909,3 +909,15 @@ def test_enqueue_with_an_app_takes_a_type_only_its_queue_declares(
         f"error: unknown job type 'nosuchtype': app {app!r} runs the stage types send, "
         "fetch; the queue also declares mail (without --app/ROTA_APP any type may be "
         "enqueued)\n"))
+
+
+def test_a_one_character_secret_is_warned_about_in_the_singular(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from rota.cli.listening import warn_short_secret
+
+    warn_short_secret("CRON_SECRET", "x")
+    warn_short_secret("CRON_SECRET", "x" * 16)
+    assert capsys.readouterr().err == (
+        "warning: CRON_SECRET is 1 character long; use at least 16 (for example: python -c "
+        "'import secrets; print(secrets.token_urlsafe(32))')\n")

@@ -21,6 +21,9 @@ rota_demo.app:build_pipeline``) and the demo driver build the same app:
 - ``ROTA_DEMO_PROFILE``: ``default`` (the product's real durations: 15 min stale window,
   300 s platform timeout, 1 min backoff) or ``fast`` (seconds: the demo and tests).
 - ``ROTA_DEMO_LLM_FAILURE_RATE``: fraction of language-model calls that fail (default 0).
+- ``ROTA_DEMO_LLM_RPM``: the language model's requests per minute (default 600). The
+  stand-in answers 429 past it; the stages that call the model declare the matching
+  :class:`rota.RateLimit`, so every worker keeps to it together.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ import os
 import random
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from psycopg import AsyncConnection, sql
@@ -51,12 +54,15 @@ from rota import (
     Plans,
     Queue,
     Quota,
+    RateLimit,
     Stage,
 )
 
 from . import llm
 from .brief import Brief, build_brief, fetch_page
 from .youtube import Channel, QuotaExceeded, YouTubeClient
+
+T = TypeVar("T")
 
 # Lowest to highest: the claim ranks by this order, and the pricing table's "search
 # queue" row is read from it (rota_demo.pricing).
@@ -151,6 +157,52 @@ class FlakyModel:
         return await self.model.complete(prompt, max_tokens=max_tokens)
 
 
+class ProviderLimitedModel:
+    """The language-model provider's requests-per-minute limit, as the stand-in
+    enforces it, shared by every process (on the database's clock): a bucket refilled
+    continuously at ``rpm`` a minute that holds at most one second's worth
+    (``rpm / 60``, at least 1), as providers enforce a per-minute limit; a request that
+    finds it empty is answered 429 with a ``Retry-After`` of when the next one will be
+    there (:class:`llm.ModelRateLimited`). Every request and its answer is logged in the
+    app's ``llm_requests``."""
+
+    def __init__(self, model: llm.LanguageModel, queue: Queue, rpm: int,
+                 schema: str) -> None:
+        self.model = model
+        self.queue = queue
+        self.rate = rpm / 60.0  # requests a second
+        self.capacity = max(rpm / 60.0, 1.0)
+        self.t = sql.Identifier(schema)
+
+    async def complete(self, prompt: str, *, max_tokens: int) -> llm.Completion:
+        async with self.queue.connection() as conn:
+            cur = await conn.execute(sql.SQL("SELECT ok, retry_after FROM {}.llm_admit(%s, %s)")
+                                     .format(self.t), [self.rate, self.capacity])
+            row = await cur.fetchone()
+        assert row is not None
+        if not row[0]:
+            raise llm.ModelRateLimited(round(float(row[1]), 3))
+        return await self.model.complete(prompt, max_tokens=max_tokens)
+
+
+def llm_rpm() -> int:
+    """The language model's requests per minute (``ROTA_DEMO_LLM_RPM``, default 600).
+
+    Raises:
+        InvalidInput: not a positive integer.
+    """
+    raw = os.environ.get("ROTA_DEMO_LLM_RPM", "600") or "600"
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidInput(f"ROTA_DEMO_LLM_RPM={raw!r}: use a positive integer")
+    return int(raw)
+
+
+def llm_requests_limit(rpm: int) -> RateLimit:
+    """The rota rate limit matching the model's requests per minute (docs/design.md,
+    "Rates"): one unit per job of each stage that calls the model, evenly spaced."""
+    return RateLimit("llm-requests", rpm, timedelta(minutes=1))
+
+
 class App:
     """The handlers and the clients they share (one per process).
 
@@ -172,16 +224,19 @@ class App:
         self.t = sql.Identifier(schema)
         self.youtube_quota = YOUTUBE_QUOTA
         self.searches = SEARCHES
+        self.llm_limit = llm_requests_limit(llm_rpm())
 
     def pipeline(self, platform_timeout: timedelta) -> Pipeline:
         """The seven stages, in runner order (docs/design.md, "The runner")."""
         return Pipeline(self.queue, [
             Stage("enrich", 25, batch_handler=self.enrich, quota=self.youtube_quota),
             Stage("contacts", 5, 5, self.contacts),
-            Stage("draft", 5, 5, self.draft, on_give_up=self.refund_draft),
-            Stage("rationale", 8, 8, self.rationale),
-            Stage("comments", 8, 8, self.comments, quota=self.youtube_quota),
-            Stage("score", 1, 1, self.score),
+            Stage("draft", 5, 5, self.draft, on_give_up=self.refund_draft,
+                  rate_limits=self.llm_limit),
+            Stage("rationale", 8, 8, self.rationale, rate_limits=self.llm_limit),
+            Stage("comments", 8, 8, self.comments, quota=self.youtube_quota,
+                  rate_limits=self.llm_limit),
+            Stage("score", 1, 1, self.score, rate_limits=self.llm_limit),
             Stage("search", 1, 1, self.search, quota=self.youtube_quota, quota_cost=100),
         ], quotas=[self.searches], platform_timeout=platform_timeout)
 
@@ -228,6 +283,14 @@ class App:
     @staticmethod
     def channel_of(row: Mapping[str, Any]) -> Channel:
         return Channel.from_payload(row["channel"])
+
+    async def ask(self, ctx: JobContext, call: Awaitable[T]) -> T:
+        """A language-model call; a 429 holds every worker off the model for its
+        Retry-After and defers this job until then (``ctx.backoff``), not a failure."""
+        try:
+            return await call
+        except llm.ModelRateLimited as exc:
+            await ctx.backoff(self.llm_limit, exc.retry_after)
 
     def count_tokens(self, ctx: JobContext, completion: llm.Completion) -> None:
         ctx.count("tokens_spent", completion.tokens)
@@ -294,8 +357,8 @@ class App:
     async def score(self, ctx: JobContext) -> None:
         """The model scores the creator's fit (0-100); good fits go on to comments."""
         row = await self.creator(ctx)
-        value, completion = await llm.score(self.model, self.brief_of(row),
-                                            self.channel_of(row), "")
+        value, completion = await self.ask(ctx, llm.score(
+            self.model, self.brief_of(row), self.channel_of(row), ""))
         self.count_tokens(ctx, completion)
         await self.advance(ctx, "score", value,
                            "comments" if value >= SCORE_THRESHOLD else None)
@@ -310,8 +373,8 @@ class App:
                 channel_id=ctx.job.payload["channel_id"], max_results=20)
         except QuotaExceeded:
             await ctx.exhaust(self.youtube_quota)
-        completion = await llm.summarize_comments(
-            self.model, self.brief_of(row), self.channel_of(row), list(threads))
+        completion = await self.ask(ctx, llm.summarize_comments(
+            self.model, self.brief_of(row), self.channel_of(row), list(threads)))
         self.count_tokens(ctx, completion)
         await self.advance(ctx, "comments_summary", completion.text, "rationale")
         ctx.count("comments_read", len(threads))
@@ -319,7 +382,8 @@ class App:
     async def rationale(self, ctx: JobContext) -> None:
         """The model writes why this creator fits the brief."""
         row = await self.creator(ctx)
-        completion = await llm.rationale(self.model, self.brief_of(row), self.channel_of(row))
+        completion = await self.ask(ctx, llm.rationale(
+            self.model, self.brief_of(row), self.channel_of(row)))
         self.count_tokens(ctx, completion)
         await self.advance(ctx, "rationale", completion.text, "contacts")
 
@@ -341,9 +405,9 @@ class App:
         user_id, limit = await self.credit_limit(ctx)
         if user_id is not None and not await self.spend_credit(ctx, user_id, limit):
             raise DeferJob(await self.next_month(ctx), "no draft credits left this month")
-        completion = await llm.draft_message(
+        completion = await self.ask(ctx, llm.draft_message(
             self.model, self.brief_of(row), self.channel_of(row),
-            comments_summary=row["comments_summary"] or "")
+            comments_summary=row["comments_summary"] or ""))
         self.count_tokens(ctx, completion)
         await self.advance(ctx, "draft", completion.text, None)
         ctx.count("drafts_written")
@@ -424,6 +488,7 @@ def build_app(queue: Queue) -> App:
     rate = float(os.environ.get("ROTA_DEMO_LLM_FAILURE_RATE", "0") or 0)
     if rate > 0:
         model = FlakyModel(model, rate, seed=os.getpid())
+    model = ProviderLimitedModel(model, queue, llm_rpm(), app_schema())
     http = httpx.AsyncClient(timeout=p.http_timeout, follow_redirects=True)
     return App(queue, youtube, model, http, app_schema())
 

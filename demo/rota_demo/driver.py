@@ -71,10 +71,10 @@ class DemoConfig:
 PROFILES = {
     "default": DemoConfig({"pro": 8, "standard": 11, "free": 12}, big_results=50, queries=2,
                           prespent_units=3_000, error_rate=0.03, timeout_rate=0.01,
-                          llm_failure_rate=0.3, max_seconds=150),
+                          llm_failure_rate=0.3, max_seconds=240),
     "short": DemoConfig({"pro": 3, "standard": 3, "free": 4}, big_results=15, queries=2,
                         prespent_units=7_400, error_rate=0.03, timeout_rate=0.0,
-                        llm_failure_rate=0.3, max_seconds=90),
+                        llm_failure_rate=0.3, max_seconds=150),
 }
 
 
@@ -255,9 +255,13 @@ class Demo:
                                            f"{c['running']} running, {c['due']} due, "
                                            f"{c['stuck']} stuck, "
                                            f"{c['later']} waiting for a reset")
-                    if c["due"] == 0 and c["running"] == 0 and n > 3:
-                        break
                     last = self.runs[-1].body
+                    # Done once nothing is due and the last run ended for want of work
+                    # (not its budget, which a stage waiting for its rate limit may
+                    # have spent sleeping).
+                    if c["due"] == 0 and c["running"] == 0 and n > 3 and \
+                            last.get("stopReason") != "time_budget":
+                        break
                     if not last.get("jobsDone") and not last.get("jobsFailed"):
                         # Nothing was ready (retries backing off): a scheduler calls again
                         # a little later rather than at once.
@@ -305,6 +309,19 @@ class Demo:
                 " count(*) FILTER (WHERE kind = 'refund') AS refunds FROM {}.credit_ledger")
                 .format(a))
             ledger = await cur.fetchone()
+            await cur.execute(sql.SQL(
+                "SELECT count(*) FILTER (WHERE status = 200) AS answered,"
+                " count(*) FILTER (WHERE status = 429) AS refused,"
+                " extract(epoch FROM max(at) FILTER (WHERE status = 200)"
+                "   - min(at) FILTER (WHERE status = 200))::float8 AS busy_s,"
+                " (SELECT max(n) FROM (SELECT count(*) OVER (ORDER BY at RANGE BETWEEN"
+                "   CURRENT ROW AND interval '59.999999 s' FOLLOWING) AS n"
+                "   FROM {a}.llm_requests WHERE status = 200) m) AS busiest_minute,"
+                " (SELECT max(n) FROM (SELECT count(*) OVER (ORDER BY at RANGE BETWEEN"
+                "   CURRENT ROW AND interval '9.999999 s' FOLLOWING) AS n"
+                "   FROM {a}.llm_requests WHERE status = 200) m) AS busiest_10s"
+                " FROM {a}.llm_requests").format(a=a))
+            model_calls = await cur.fetchone()
             checks = await self.invariants(cur)
             checks.append(("the fair claim's bookkeeping matches the jobs (rota verify)",
                            not await queue.verify()))
@@ -366,6 +383,19 @@ class Demo:
             f"errors and {usage['injectedTimeouts']} timeouts it did not charge for; rota "
             f"counts units before each call, so failed calls count too), "
             f"{usage['quotaExceeded']} quotaExceeded answers")
+        assert model_calls is not None
+        rpm = demo_app.llm_rpm()
+        answered, busy = int(model_calls["answered"]), model_calls["busy_s"] or 0.0
+        reached = (answered - 1) / busy * 60 if answered > 1 and busy > 0 else 0.0
+        busiest = int(model_calls["busiest_10s"] or 0) * 6
+        console.print(
+            f"language model (the stand-in allows {rpm} requests a minute, refilled "
+            f"continuously, bursts of {max(rpm // 60, 1)}): {answered} answered, "
+            f"{model_calls['refused']} answered 429; rate reached: {busiest}/min over the "
+            f"busiest 10 s ({busiest / rpm:.0%} of the limit), {reached:.0f}/min over the "
+            f"{busy:.0f} s it was busy")
+        checks.append(("the language model never answered 429 (rota kept every worker "
+                       "to its requests per minute)", int(model_calls["refused"]) == 0))
         assert ledger is not None
         console.print(f"draft credits: {ledger['spends']} spent, {ledger['refunds']} refunded "
                       f"(drafts that gave up)")

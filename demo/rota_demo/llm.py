@@ -28,6 +28,7 @@ from .youtube import Channel, Comment
 __all__ = [
     "Completion",
     "LanguageModel",
+    "ModelRateLimited",
     "OfflineModel",
     "ScoreParseError",
     "count_tokens",
@@ -68,6 +69,17 @@ class LanguageModel(Protocol):
     """
 
     async def complete(self, prompt: str, *, max_tokens: int) -> Completion: ...
+
+
+class ModelRateLimited(Exception):
+    """The model's provider answered HTTP 429: too many requests. ``retry_after`` is its
+    ``Retry-After`` header, in seconds. A handler tells rota, so every worker holds off
+    (``ctx.backoff(limit, exc.retry_after)``), rather than failing the job."""
+
+    def __init__(self, retry_after: float, why: str = "requests per minute") -> None:
+        super().__init__(f"language model: 429 too many requests ({why}); retry after "
+                         f"{retry_after:g} s")
+        self.retry_after = retry_after
 
 
 def count_tokens(text: str) -> int:

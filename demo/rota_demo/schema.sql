@@ -62,3 +62,47 @@ CREATE TABLE IF NOT EXISTS {app}.credit_ledger (
     CHECK ((kind = 'refund') = (refund_of IS NOT NULL))
 );
 CREATE INDEX IF NOT EXISTS credit_ledger_job_idx ON {app}.credit_ledger (job_id);
+
+-- The language-model stand-in's side of its requests-per-minute limit: every request
+-- it was sent, and whether it answered (200) or refused it (429). Shared by every
+-- process, as a provider's count is.
+CREATE TABLE IF NOT EXISTS {app}.llm_requests (
+    at     timestamptz NOT NULL,
+    status int NOT NULL
+);
+CREATE INDEX IF NOT EXISTS llm_requests_at ON {app}.llm_requests (at);
+
+-- The stand-in's bucket: requests it could answer now, refilled continuously at the
+-- requests-per-minute rate up to one second's worth.
+CREATE TABLE IF NOT EXISTS {app}.llm_bucket (
+    id     int PRIMARY KEY CHECK (id = 1),
+    tokens float8 NOT NULL,
+    at     timestamptz NOT NULL
+);
+
+-- One request to the stand-in: answered (ok) when the bucket holds one, else 429 with
+-- the seconds until it will. One call, under the bucket row's lock, its clock read
+-- after the lock is held.
+CREATE OR REPLACE FUNCTION {app}.llm_admit(p_rate float8, p_capacity float8)
+RETURNS TABLE (ok boolean, retry_after float8)
+LANGUAGE plpgsql AS $$
+DECLARE
+    b record;
+    t timestamptz;
+    v_tokens float8;
+BEGIN
+    INSERT INTO {app}.llm_bucket (id, tokens, at) VALUES (1, p_capacity, clock_timestamp())
+    ON CONFLICT (id) DO NOTHING;
+    SELECT * INTO b FROM {app}.llm_bucket WHERE id = 1 FOR UPDATE;
+    t := clock_timestamp();
+    v_tokens := least(p_capacity,
+                      b.tokens + greatest(extract(epoch FROM t - b.at), 0) * p_rate);
+    ok := v_tokens >= 1;
+    UPDATE {app}.llm_bucket
+    SET tokens = CASE WHEN ok THEN v_tokens - 1 ELSE v_tokens END, at = t
+    WHERE id = 1;
+    INSERT INTO {app}.llm_requests (at, status) VALUES (t, CASE WHEN ok THEN 200 ELSE 429 END);
+    retry_after := CASE WHEN ok THEN 0 ELSE (1 - v_tokens) / p_rate END;
+    RETURN NEXT;
+END
+$$;

@@ -22,6 +22,7 @@ from .maintenance import KilledRuns, Maintenance, PruneDoneJobs, StuckJobs, main
 from .plans import DEFAULT_PLANS, Plan, Plans
 from .queue import Queue
 from .quota import Allowance, Quota, QuotaExhausted
+from .rates import RateLimit, RateLimited
 from .results import AttemptError, JobResult, ResultError, WaitTimeout
 from .runner import JobContext, Pipeline, RunResult, Stage
 from .schedule import Schedule, Scheduler, scheduled_tick
@@ -70,6 +71,8 @@ __all__ = [
     "QueueSettings",
     "Quota",
     "QuotaExhausted",
+    "RateLimit",
+    "RateLimited",
     "ResultError",
     "RotaError",
     "RunResult",

@@ -25,7 +25,8 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.test import Client
 from django.utils import timezone
 from tenants.models import Ran, Tenant
-from tenants.tasks import banded, fair, flaky, plain, record
+from tenants.tasks import banded, fair, flaky, nap, plain, record, unstorable
+from tests.helpers import wait_for
 
 from rota import UnknownGroup
 from rota.contrib.django import RotaBackend, job_type
@@ -153,6 +154,27 @@ def test_a_raising_task_retries_with_backoff_and_ends_failed_with_every_tracebac
     assert len(set(result.worker_ids)) == 3  # three runs, one attempt each
 
 
+@pytest.mark.parametrize(("kind", "error"), [
+    ("set", "ResultError: the return value is not JSON-serializable: Unsupported type: "
+            "<class 'set'>"),
+    ("large", "ResultError: the return value is 2000002 bytes of JSON, larger than the "
+              "maximum 1048576 (max_payload_bytes)"),
+])
+def test_a_return_value_that_cannot_be_stored_fails_the_task_at_once(
+    kind: str, error: str,
+) -> None:
+    # As a handler's (docs/design.md, "Results"): failed for good on its first attempt,
+    # saying why, not retried as if the task had raised.
+    result = unstorable.enqueue(kind)
+    run_once("--queue", "default")
+    result.refresh()
+    found = job_row(result.id)
+    assert (result.status, found.job.attempts, found.job.last_error) == (
+        TaskResultStatus.FAILED, 1, error)
+    assert [e.exception_class_path for e in result.errors] == ["rota.results.ResultError"]
+    assert result.errors[0].traceback.endswith(error + "\n")
+
+
 def test_run_after_is_honoured() -> None:
     tenant("later-co")
     result = record.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(
@@ -222,6 +244,49 @@ def test_two_tenants_interleave_fairly() -> None:
     assert small_pos[:3] == [1, 2, 3]
 
 
+# -- stopping rota_worker ---------------------------------------------------------------
+
+
+def _started(result_id: str) -> bool:
+    return bool(job_row(result_id).job.status == "running")
+
+
+def _stop_reason(run_id: object) -> str:
+    with connection.cursor() as cur:
+        cur.execute(f'SELECT stop_reason FROM "{backend().config.schema}".runs '
+                    "WHERE id = %s", [run_id])
+        return str(cur.fetchone()[0])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_one_signal_to_rota_worker_once_lets_the_task_finish(sig: signal.Signals) -> None:
+    # `rota_worker --once` (for cron) as `rota run`: the task in flight finishes, the run
+    # is recorded interrupted, exit 0 (SIGTERM used to kill it with the task running).
+    result = nap.enqueue(2)
+    w = worker("--once", "--queue", "default")
+    wait_for(lambda: _started(result.id), timeout=60, what="the task to start")
+    w.send_signal(sig)
+    out, err = w.communicate(timeout=60)
+    assert w.returncode == 0, (out, err)
+    found = job_row(result.id)
+    assert (found.job.status, found.job.attempts, found.value) == ("done", 1, "rested")
+    assert _stop_reason(found.job.run_id) == "interrupted"
+
+
+def test_a_second_signal_to_rota_worker_hands_the_task_back_and_exits_130() -> None:
+    result = nap.enqueue(2)
+    w = worker("--once", "--queue", "default")
+    wait_for(lambda: _started(result.id), timeout=60, what="the task to start")
+    w.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    w.send_signal(signal.SIGTERM)
+    out, err = w.communicate(timeout=60)
+    assert (w.returncode, out) == (130, ""), err
+    assert err.endswith("stopped at once: the tasks in flight were handed back\n"), err
+    found = job_row(result.id)
+    assert (found.job.status, found.job.attempts, found.errors) == ("pending", 0, [])
+
+
 # -- configuration ------------------------------------------------------------------------
 
 
@@ -236,6 +301,42 @@ def test_a_non_postgresql_database_is_improperly_configured() -> None:
 def test_unknown_options_are_refused() -> None:
     with pytest.raises(ImproperlyConfigured, match=r"unknown TASKS OPTIONS \['SHEMA'\]"):
         RotaBackend("x", {"OPTIONS": {"SHEMA": "rota"}})
+
+
+@pytest.mark.parametrize(("queue", "message"), [
+    ({"backoff_base": 1},
+     "rota: TASKS['x']['OPTIONS'] (SCHEMA, QUEUE): backoff_base must be a "
+     "datetime.timedelta, got int"),
+    ({"max_atempts": 5},
+     "rota: TASKS['x']['OPTIONS'] (SCHEMA, QUEUE): QueueSettings.__init__() got an "
+     "unexpected keyword argument 'max_atempts'"),
+])
+def test_bad_queue_settings_are_improperly_configured(
+    queue: dict[str, object], message: str,
+) -> None:
+    # A bad value is Django's configuration error naming the option, as an unknown key
+    # is, not a rota exception out of every manage.py command's system checks.
+    with pytest.raises(ImproperlyConfigured) as e:
+        RotaBackend("x", {"OPTIONS": {"QUEUE": queue}})
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--queue", "defualt"], "CommandError: unknown queue 'defualt': TASKS['default']"
+                             "['QUEUES'] is ['bands', 'default', 'fair']"),
+    (["--concurrency", "0"], "CommandError: --concurrency must be at least 1, got 0"),
+    (["--batch", "-1"], "CommandError: --batch must be at least 1, got -1"),
+    (["--time-budget", "-5"], "CommandError: time_budget must be positive, got "
+                              "-1 day, 23:59:55"),
+    (["--time-budget", "400"], "CommandError: time_budget (0:06:40) must be shorter "
+                               "than the platform timeout (0:05:00)"),
+])
+def test_rota_worker_refuses_bad_arguments_in_one_line(args: list[str], message: str) -> None:
+    # Not a traceback, and not a worker that waits for ever on a misspelt queue (or
+    # runs 4 at a time when told 0).
+    p = worker("--once", *args)
+    out, err = p.communicate(timeout=120)
+    assert (p.returncode, out, err) == (1, "", message + "\n")
 
 
 def test_importing_rota_does_not_import_django() -> None:

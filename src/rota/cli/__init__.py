@@ -2,11 +2,11 @@
 server, and inspection of jobs, runs, queue depth and schedules. One module per command
 group: :mod:`.run` (run, worker, serve), :mod:`.jobs` (enqueue, jobs),
 :mod:`.inspection` (migrate, schema, runs, depth, maintain), :mod:`.schedules`
-(schedules), :mod:`.groups` (groups set, groups list), :mod:`.verify` (verify);
-:mod:`.app` loads the app and opens the queue, :mod:`.output` prints, :mod:`.errors`
-turns failures into one line and an exit code. The commands only parse, call the library
-(:mod:`rota.admin`, :class:`rota.Queue`, :func:`rota.maintain`, :class:`rota.Scheduler`)
-and print.
+(schedules), :mod:`.groups` (groups set, groups list), :mod:`.verify` (verify),
+:mod:`.limits` (limits); :mod:`.app` loads the app and opens the queue, :mod:`.output`
+prints, :mod:`.errors` turns failures into one line and an exit code. The commands only
+parse, call the library (:mod:`rota.admin`, :class:`rota.Queue`, :func:`rota.maintain`,
+:class:`rota.Scheduler`, :func:`rota.rates.rate_states`) and print.
 
 How an application describes its pipeline: an *app* import path ``module:attribute``
 (``--app`` or ``ROTA_APP``; the current directory is importable, as with uvicorn) naming
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import click
 
-from . import dashboard, groups, inspection, jobs, run, schedules, verify
+from . import dashboard, groups, inspection, jobs, limits, run, schedules, verify
 from .errors import CliConfigError, CliError, RotaGroup, as_cli_error
 from .output import safe_text, with_progress
 
@@ -60,6 +60,7 @@ for _command in (inspection.migrate, inspection.schema, run.run, run.worker, run
                  inspection.depth, schedules.schedules, dashboard.dashboard,
                  groups.groups):
     cli.add_command(_command)
+cli.add_command(limits.limits)  # rate limits (docs/design.md, "Rates")
 
 # The fair claim's contract (rota verify [--repair]).
 cli.add_command(verify.verify)

@@ -44,18 +44,20 @@ def groups(database_url: str | None, schema: str | None, app_spec: str | None,
 @click.option("--no-owner", is_flag=True, help="Clear the owner.")
 @click.option("--plan", metavar="PLAN", help="The plan id that ranks the group's jobs.")
 @click.option("--no-plan", is_flag=True, help="Clear the plan (ranked as the middle plan).")
-@click.option("--active/--paused", "active", default=None,
-              help="Claim the group's jobs, or pause them.")
+@click.option("--active", is_flag=True, help="Claim the group's jobs.")
+@click.option("--paused", is_flag=True, help="Pause the group: its jobs are not claimed.")
 @json_option
 def groups_set(database_url: str | None, schema: str | None, app_spec: str | None,
                group_id: str, owner_id: str | None, no_owner: bool, plan: str | None,
-               no_plan: bool, active: bool | None, as_json: bool) -> None:
+               no_plan: bool, active: bool, paused: bool, as_json: bool) -> None:
     """Create group GROUP, or change what is given of an existing one (the rest stays;
     a new group has no owner and no plan and is active unless told otherwise).
     Queued jobs are not rewritten: the change applies from the next claim."""
     for flag, value, clear in (("owner", owner_id, no_owner), ("plan", plan, no_plan)):
         if value is not None and clear:
             raise click.UsageError(f"--{flag} and --no-{flag} contradict each other")
+    if active and paused:
+        raise click.UsageError("--active and --paused contradict each other")
     target = make_target(database_url, schema, app_spec)
     as_json = wants_json(as_json)
     changes: dict[str, Any] = {}
@@ -63,7 +65,7 @@ def groups_set(database_url: str | None, schema: str | None, app_spec: str | Non
         changes["owner_id"] = owner_id
     if plan is not None or no_plan:
         changes["plan"] = plan
-    if active is not None:
+    if active or paused:
         changes["active"] = active
 
     async def go() -> tuple[admin.GroupRow, bool]:

@@ -63,7 +63,8 @@ def warn_short_secret(name: str, secret: str | None) -> None:
     """Print a warning to stderr when the secret in environment variable ``name`` is
     set but shorter than :data:`MIN_SECRET_CHARS` characters (it is still used)."""
     if secret is not None and len(secret) < MIN_SECRET_CHARS:
-        click.echo(f"warning: {name} is {len(secret)} characters long; use at least "
+        chars = "character" if len(secret) == 1 else "characters"
+        click.echo(f"warning: {name} is {len(secret)} {chars} long; use at least "
                    f"{MIN_SECRET_CHARS} (for example: python -c 'import secrets; "
                    "print(secrets.token_urlsafe(32))')", err=True)
 

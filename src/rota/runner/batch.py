@@ -24,8 +24,10 @@ from .. import tracing
 from ..job import DeferJob, Job
 from ..queue import Queue
 from ..quota import SHARED_SCOPE, QuotaExhausted
+from ..rates import RateLimited
+from . import rates
 from .completer import Completer, error_text, settle_all, with_results
-from .context import JobContext, QuotaLookup, RunState, retrying
+from .context import JobContext, QuotaLookup, RateLookup, RunState, retrying
 from .stage import Stage
 
 log = logging.getLogger("rota.runner")
@@ -56,13 +58,16 @@ class BatchRunner:
         handler_timeout: how long one handler call may run in a stage with no
             ``timeout`` of its own.
         quotas: resolves a quota named in ``ctx.spend("name")`` (``Pipeline.quota``).
+        rate_limits: resolves a rate limit named in ``ctx.take("name")``
+            (``Pipeline.rate_limit``).
     """
 
     def __init__(self, queue: Queue, handler_timeout: timedelta,
-                 quotas: QuotaLookup) -> None:
+                 quotas: QuotaLookup, rate_limits: RateLookup | None = None) -> None:
         self.queue = queue
         self.handler_timeout = handler_timeout
         self.quotas = quotas
+        self.rate_limits = rate_limits
 
     def limit(self, stage: Stage) -> float:
         """Seconds one handler call of ``stage`` may run."""
@@ -83,7 +88,8 @@ class BatchRunner:
             What settling raised (the database failed); the batch's jobs are handed
             back or failed first, as far as the database allows.
         """
-        ctxs = [JobContext(j, self.queue, stage, run, self.quotas) for j in jobs]
+        ctxs = [JobContext(j, self.queue, stage, run, self.quotas, self.rate_limits)
+                for j in jobs]
         for ctx in ctxs:
             run.held[ctx.job.id] = ctx
         todo = deque(ctxs)
@@ -93,8 +99,13 @@ class BatchRunner:
         try:
             if stage.batch_handler is not None:
                 todo.clear()
-                await self._traced_call(stage.batch_handler(ctxs), ctxs, run, stage,
-                                        blocked, completer)
+                going = ctxs
+                if stage.limits:  # one unit per job; the refused are deferred
+                    going = [c for c in ctxs
+                             if await rates.take_for_job(self.queue, run, stage, c)]
+                if going:
+                    await self._traced_call(stage.batch_handler(going), going, run, stage,
+                                            blocked, completer)
             else:
                 handler = stage.handler
                 assert handler is not None
@@ -104,6 +115,9 @@ class BatchRunner:
                     # started stay in `todo` and are handed back below.
                     while todo and not run.out_of_time() and not blocked:
                         ctx = todo.popleft()
+                        if stage.limits and not await rates.take_for_job(
+                                self.queue, run, stage, ctx):
+                            continue  # deferred until its units are there
                         await self._traced_call(handler(ctx), [ctx], run, stage,
                                                 blocked, completer)
 
@@ -186,6 +200,8 @@ class BatchRunner:
             resets_at = failure.resets_at
             n = await settle_all(ctxs, lambda c: c.defer(resets_at))
             run.add("quota_deferred", n)
+        elif isinstance(failure, RateLimited):
+            await rates.defer_for_rate(self.queue, run, stage, ctxs, failure)
         elif isinstance(failure, PoolTimeout) and any(c.pool_timed_out for c in ctxs):
             # rota's pool had no connection for the handler: not the job's failure.
             # Handed back as it was, due after this run (docs/design.md, "Connections").
@@ -225,11 +241,12 @@ class BatchRunner:
                 c._settle("lost")
 
     async def hand_back(self, run: RunState, ctxs: list[JobContext], *,
-                        after_run: bool = False) -> None:
+                        after_run: bool = False, counted: str = "released") -> None:
         """Release claimed jobs as they were: attempts and deferrals unchanged, the due
         time kept (or, ``after_run``, not before this run's budget ends, so it does not
-        claim them again) (docs/design.md, "Defer"). Counts them ``released`` (and
-        ``lost`` for those another run reclaimed meanwhile).
+        claim them again) (docs/design.md, "Defer"). Counts them under ``counted`` in
+        the summary (``released``: claimed, not started; ``interrupted``: started, cut
+        by a stop request), and ``lost`` those another run reclaimed meanwhile.
 
         Raises:
             What releasing raised once retries were spent.
@@ -243,7 +260,7 @@ class BatchRunner:
         for c in ctxs:
             c.outcome = "released"
             run.held.pop(c.job.id, None)
-        run.add("released", n)
+        run.add(counted, n)
         if n < len(ctxs):  # reclaimed by another run meanwhile
             run.add("lost", len(ctxs) - n)
 
@@ -255,11 +272,9 @@ class BatchRunner:
         if not cut:
             return
         try:
-            await self.hand_back(run, cut)
+            await self.hand_back(run, cut, counted="interrupted")
         except Exception:
             log.exception("run %s: could not hand back interrupted jobs", run.id)
-        else:
-            run.add("interrupted", len(cut))
 
     async def _release(self, run: RunState, ctxs: list[JobContext],
                        blocked: QuotaExhausted | None) -> None:

@@ -23,10 +23,11 @@ from psycopg_pool import PoolTimeout
 
 from .. import tracing
 from ..checks import INT_MAX, require_text, storable_text
-from ..errors import InvalidInput, first_line
+from ..errors import ConfigError, InvalidInput, first_line
 from ..job import DeferJob, FailOutcome, Job
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
+from ..rates import NO_KEY, Grant, RateLimit, RateLimited
 from ..results import ResultError, encode_result
 from ..store import is_connection_failure
 
@@ -61,6 +62,8 @@ class StageInfo(Protocol):
 #: Finds a quota or allowance by name (``Pipeline.quota``): what ``ctx.spend("name")``
 #: resolves its name with. Raises ``ConfigError`` for an unknown name.
 QuotaLookup = Callable[[str], "Quota | Allowance"]
+#: Resolves a rate limit named in ``ctx.take("name")`` (``Pipeline.rate_limit``).
+RateLookup = Callable[[str], RateLimit]
 
 
 class RunState:
@@ -87,6 +90,9 @@ class RunState:
         self.held: dict[int, JobContext] = {}       # claimed and not yet settled
         self.skipped: set[str] = set()               # stage types blocked by quota
         self.blocked: set[str] = set()               # reasons with quota-blocked work
+        # Stage types waiting for their rate limits' units: (monotonic time to look
+        # again, the queue-clock instant the units are there) (docs/design.md, "Rates").
+        self.rate_waits: dict[str, tuple[float, datetime]] = {}
         self.finishing: asyncio.Task[None] | None = None  # last batch's completion
         # The next batch claimed ahead: the stage type it is for, and its claim.
         self.prefetched: tuple[str, asyncio.Task[list[Job]]] | None = None
@@ -179,13 +185,14 @@ class JobContext:
     """
 
     def __init__(self, job: Job, queue: Queue, stage: StageInfo, run: RunState,
-                 quotas: QuotaLookup) -> None:
+                 quotas: QuotaLookup, rate_limits: RateLookup | None = None) -> None:
         self.job = job
         self.queue = queue
         self.stage = stage
         self.run_id = run.id
         self._run = run
         self._quotas = quotas
+        self._rate_limits = rate_limits
         self.started = False
         self.outcome: Outcome | None = None
         #: When the handler must be done (event loop clock); None until it starts.
@@ -194,6 +201,9 @@ class JobContext:
         self.in_caller_tx = False
         #: The handler could not get a connection from rota's pool (not its failure).
         self.pool_timed_out = False
+        #: Units of the stage's rate limits taken for this job, by limit name: when
+        #: they were the job's (docs/design.md, "Rates").
+        self.rate_grants: dict[str, Grant] = {}
         #: The job's result, stored when the runner completes it (docs/design.md,
         #: "Results"): a handler's return value lands here; a batch handler sets it.
         self.result: Any = None
@@ -299,6 +309,70 @@ class JobContext:
         if exc is None:
             raise DeferJob(None, f"allowance {q.name!r} reported exhausted")
         raise exc
+
+    async def take(self, limit: RateLimit | str, units: int = 1, *,
+                   after: bool = False) -> Grant:
+        """Take ``units`` of a rate limit for this job (its bucket is the limit's key
+        of this job), atomically in the database, shared by every worker
+        (docs/design.md, "Rates"). Before the fact, it waits for units reserved within
+        the limit's ``max_wait``; when they are further away,
+        :class:`~rota.rates.RateLimited` is raised: let it propagate and the runner
+        defers the job to the moment they will be there (no attempt burned).
+
+        Args:
+            limit: a :class:`RateLimit`, or the name of one the pipeline knows.
+            units: int > 0 (at most the limit's ``burst`` unless ``after``).
+            after: spend units already used (a model's tokens, known once it answered):
+                granted at once, the bucket may go below zero and later takers wait.
+
+        Returns:
+            The :class:`~rota.rates.Grant` (already waited for). A keyed limit whose key
+            is ``None`` for this job takes nothing and returns a zero wait.
+
+        Raises:
+            RateLimited: no units within ``max_wait`` (nothing taken).
+            ConfigError: an unknown limit name.
+            InvalidInput: bad units, or more than ``burst`` before the fact.
+        """
+        lim = self._rate_limit(limit)
+        key = lim.key_for(self.job)
+        if key is None:
+            return Grant(await self.queue.now(), timedelta(0))
+        grant = await lim.take(self.queue, units, key=key, after=after)
+        if grant.wait > timedelta(0):
+            await asyncio.sleep(grant.wait.total_seconds())
+        self._run.add(f"rate.{lim.name}", units)
+        return grant
+
+    async def backoff(self, limit: RateLimit | str, wait: timedelta | float) -> NoReturn:
+        """The provider answered HTTP 429 with ``Retry-After: wait``: hold every worker
+        off ``limit`` (this job's bucket of it) until then, and raise
+        :class:`~rota.rates.RateLimited` so the runner defers this job to the end of the
+        backoff (no attempt burned) (docs/design.md, "Rates"). Like ``ctx.exhaust``, it
+        never returns; to hold the others off and carry on, call
+        :meth:`rota.RateLimit.backoff` instead.
+
+        Args:
+            limit: a :class:`RateLimit`, or the name of one the pipeline knows.
+            wait: a positive ``timedelta`` or seconds (the Retry-After header's value).
+
+        Raises:
+            RateLimited: always, with ``free_at`` the backoff's end.
+            InvalidInput: ``wait`` is not a positive duration.
+        """
+        lim = self._rate_limit(limit)
+        key = lim.key_for(self.job)
+        key = NO_KEY if key is None else key
+        until = await lim.backoff(self.queue, wait, key=key)
+        self._run.add(f"rate.{lim.name}.backoffs")
+        raise RateLimited(lim.name, key, 1, until)
+
+    def _rate_limit(self, limit: RateLimit | str) -> RateLimit:
+        if not isinstance(limit, str):
+            return limit
+        if self._rate_limits is None:
+            raise ConfigError(f"unknown rate limit {limit!r}: no rate limit is named here")
+        return self._rate_limits(limit)
 
     async def complete(self, *, result: Any = None, conn: AnyConn | None = None) -> bool:
         """Mark the job done now (the runner does it when the handler returns).

@@ -27,6 +27,7 @@ from ..maintenance import Maintainer
 from ..queue import Queue
 from ..quota import SHARED_SCOPE, Quota, QuotaExhausted
 from ..schedule import Scheduler
+from . import rates
 from .batch import BatchRunner
 from .batching import BatchSize
 from .completer import error_text
@@ -208,7 +209,7 @@ class RunLoop:
                 # After the budget, or once asked to stop, no new batch is claimed.
                 if run.out_of_time():
                     return "interrupted" if run.stopping() else "time_budget"
-                if stage.type in run.skipped:
+                if stage.type in run.skipped or rates.waiting(run, stage):
                     continue
                 if stage.quota is not None:
                     block = await self._quota_block(stage.quota, stage.quota_cost)
@@ -220,7 +221,11 @@ class RunLoop:
                     run.prefetched = None
                     jobs = await task
                 else:
-                    jobs = await self._claim(run, stage)
+                    room = (await rates.claim_room(self.queue, run, stage)
+                            if stage.limits else None)
+                    if room == 0:  # waiting for its rate limits' units
+                        continue
+                    jobs = await self._claim(run, stage, room)
                 # The previous batch's completion went on while this claim ran. If it
                 # failed (or the run is cancelled here), this batch was never started:
                 # hand it back untouched rather than leave it locked until stale.
@@ -233,7 +238,7 @@ class RunLoop:
                     raise
                 if not jobs:
                     continue
-                if (stage.prefetch and stage.quota is None
+                if (stage.prefetch and stage.quota is None and not stage.limits
                         and all(s.type in run.skipped for s in self.stages[:i])):
                     run.prefetched = (stage.type, asyncio.get_running_loop().create_task(
                         self._claim(run, stage)))
@@ -251,6 +256,11 @@ class RunLoop:
                     await self.recorder.save_progress(run)
                 break  # start again from the top: earlier stages win
             else:
+                # Only stages waiting for rate-limit units may have work: sleep until
+                # the first can go on (docs/design.md, "Rates").
+                if run.rate_waits and await rates.wait_for_units(self.queue, run,
+                                                                 self.stages):
+                    continue
                 if run.blocked:
                     return ("quota_exhausted" if "exhausted" in run.blocked
                             else "quota_reserve")
@@ -262,12 +272,14 @@ class RunLoop:
         await completing
         await self.recorder.save_progress(run)
 
-    async def _claim(self, run: RunState, stage: Stage) -> list[Job]:
-        """Claim a batch of ``stage``; rows that cannot be read were given up by the
-        claim and count as failed here (docs/design.md, "Bad data belongs to its
-        job")."""
+    async def _claim(self, run: RunState, stage: Stage,
+                     room: int | None = None) -> list[Job]:
+        """Claim a batch of ``stage`` (at most ``room`` jobs: what its rate limits
+        let start soon); rows that cannot be read were given up by the claim and count
+        as failed here (docs/design.md, "Bad data belongs to its job")."""
         unreadable: list[UnreadableJob] = []
-        jobs = await self.queue.claim(stage.type, self.batch_size(stage), run_id=run.id,
+        size = self.batch_size(stage) if room is None else min(self.batch_size(stage), room)
+        jobs = await self.queue.claim(stage.type, size, run_id=run.id,
                                       unreadable=unreadable)
         if unreadable:
             run.jobs_failed += len(unreadable)

@@ -25,11 +25,13 @@ from ..errors import ConfigError, InvalidInput
 from ..maintenance import Maintainer
 from ..queue import GiveUpHook, Queue
 from ..quota import Allowance, Quota
+from ..rates import RateLimit
 from ..schedule import Schedule, Scheduler
 from ..settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET
 from .batch import BatchRunner
 from .batching import BatchSize
 from .loop import RunLoop, RunOverran, handler_slots
+from .rates import collect_limits
 from .recording import RunRecorder
 from .stage import TRIGGERS, RunResult, Stage, Trigger
 
@@ -53,6 +55,8 @@ class Pipeline:
         stages: in runner order: earlier stages win (put work-generating stages last).
         quotas: quotas and allowances handlers may name in ``ctx.spend("name", n)``
             (stages' quotas are added automatically).
+        rate_limits: rate limits handlers may name in ``ctx.take("name", n)`` (stages'
+            limits are added automatically; docs/design.md, "Rates").
         platform_timeout: how long the platform lets one invocation live (default 300 s).
             The queue's stale window must be longer, so a lock only looks stale when its
             holder is dead; runs' budgets must be shorter.
@@ -93,6 +97,7 @@ class Pipeline:
         stages: Sequence[Stage],
         *,
         quotas: Iterable[Quota | Allowance] = (),
+        rate_limits: Iterable[RateLimit] = (),
         platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT,
         heartbeat_every: timedelta | None = None,
         schedules: Iterable[Schedule] = (),
@@ -137,6 +142,7 @@ class Pipeline:
                 raise InvalidInput(f"quotas must be rota.Quota or rota.Allowance, got {q!r}")
             if self._quotas.setdefault(q.name, q) != q:
                 raise ConfigError(f"two different quotas are named {q.name!r}")
+        self._rate_limits = collect_limits(self.stages, rate_limits)
         # Handlers holding a connection while the runner needs one to settle their jobs
         # would wait on each other until the pool times out, and each timeout cost a
         # job an attempt (6 of 8 jobs at concurrency = pool size).
@@ -162,7 +168,8 @@ class Pipeline:
         # Claim sizes of the stages whose batch the runner chooses, kept across runs.
         self._sizes: dict[str, BatchSize] = {}
         self.recorder = RunRecorder(queue, self.heartbeat_every)
-        self.batches = BatchRunner(queue, self.handler_timeout, self.quota)
+        self.batches = BatchRunner(queue, self.handler_timeout, self.quota,
+                                   self.rate_limit)
         self.loop = RunLoop(
             queue, self.stages, scheduler=self.scheduler, batches=self.batches,
             recorder=self.recorder, hard_limit=self.platform_timeout - self.settle_reserve,
@@ -180,6 +187,23 @@ class Pipeline:
         except KeyError:
             raise ConfigError(f"unknown quota {name!r}; known: "
                               f"{', '.join(sorted(self._quotas)) or 'none'}") from None
+
+    def rate_limit(self, name: str) -> RateLimit:
+        """The rate limit called ``name``.
+
+        Raises:
+            ConfigError: no such limit was given to the pipeline or its stages.
+        """
+        try:
+            return self._rate_limits[name]
+        except KeyError:
+            raise ConfigError(f"unknown rate limit {name!r}; known: "
+                              f"{', '.join(sorted(self._rate_limits)) or 'none'}") from None
+
+    @property
+    def rate_limits(self) -> tuple[RateLimit, ...]:
+        """The pipeline's rate limits (its stages' and those given to it)."""
+        return tuple(self._rate_limits.values())
 
     def batch_size(self, stage: Stage) -> int:
         """The size of ``stage``'s next claim: its ``batch``, or when that is ``None``

@@ -13,6 +13,7 @@ from ..checks import positive_int, require_duration, require_text
 from ..errors import InvalidInput
 from ..queue import GiveUpHook
 from ..quota import Quota
+from ..rates import RateLimit, check_stage_limits
 from .context import JobContext, Outcome
 
 Trigger = Literal["cron", "cli", "worker", "manual"]
@@ -67,6 +68,13 @@ class Stage:
             jobs wait for the reset.
         quota_cost: units one job (one batch call, for a ``batch_handler``) typically
             spends of ``quota``, > 0. Handlers spend actual units with ``ctx.spend``.
+        rate_limits: a :class:`rota.RateLimit` or a sequence of them this stage's jobs
+            each take one unit of, in order, before the handler starts (one per job of
+            a ``batch_handler``'s batch too), shared by every worker through the
+            database (docs/design.md, "Rates"). A job whose units are not there within
+            the limit's ``max_wait`` is deferred to the moment they will be (no attempt
+            burned, counted as deferred), and the run moves on to other stages.
+            Handlers spend more with ``ctx.take``.
         on_give_up: a give-up hook for this type (see :meth:`rota.Queue.on_give_up`).
             Without one (and none registered on the queue), the pipeline registers a
             no-op, so this type's give-ups are recorded as handled, not owed forever.
@@ -104,6 +112,7 @@ class Stage:
     max_attempts: int | None = None
     quota: Quota | None = None
     quota_cost: int = 1
+    rate_limits: RateLimit | tuple[RateLimit, ...] = ()
     on_give_up: GiveUpHook | None = None
     prefetch: bool = False
     timeout: timedelta | None = None
@@ -124,9 +133,17 @@ class Stage:
                                f"got {self.prefetch!r}")
         if self.timeout is not None:
             require_duration(self.timeout, f"stage {self.type!r}: timeout")
+        object.__setattr__(self, "rate_limits",
+                           check_stage_limits(self.type, self.rate_limits))
         if self.quota is not None and not isinstance(self.quota, Quota):
             raise InvalidInput(f"stage {self.type!r}: quota must be a rota.Quota "
                                f"(per-owner allowances are spent by handlers)")
+
+    @property
+    def limits(self) -> tuple[RateLimit, ...]:
+        """``rate_limits`` as a tuple (one limit given alone is made one)."""
+        limits = self.rate_limits
+        return (limits,) if isinstance(limits, RateLimit) else limits
 
 
 @dataclass(frozen=True)
@@ -148,7 +165,9 @@ class RunResult:
         summary: counters: the handlers' (``ctx.count``), ``quota.NAME`` and
             ``allowance.NAME`` units, the runner's (``retries``, ``lost``,
             ``released``, ``timed_out``, ``unreadable``, ``pool_timeouts``,
-            ``postponed``, ``quota_deferred``, ``prefetch_released``) and
+            ``postponed``, ``quota_deferred``, ``prefetch_released``, and for rate
+            limits ``rate_deferred``, ``rate.NAME.deferred``, ``rate_postponed``,
+            ``rate_waited_s``) and
             ``maintenance.*`` when it ran. Every count is of what committed.
         error: the error text when ``stop_reason == "error"``.
         started_at, finished_at: aware instants on the queue's clock.

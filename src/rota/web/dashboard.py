@@ -3,9 +3,9 @@
 
 Pages: ``/`` jobs by type and status, done and failed per minute; ``/fairness`` waits
 per plan, most-served, longest-waiting and paused groups; ``/runs`` the runs as a
-timeline; ``/jobs`` and ``/jobs/{id}`` (Retry and Cancel); ``/quotas`` today's usage;
-``/metrics`` Prometheus text (:mod:`rota.web.metrics`). Pages are Jinja2 templates
-(autoescaped: every value from the database is text, never markup), charts are SVG
+timeline; ``/jobs`` and ``/jobs/{id}`` (Retry and Cancel); ``/quotas`` today's usage
+and the rate limits; ``/metrics`` Prometheus text (:mod:`rota.web.metrics`). Pages are
+Jinja2 templates (autoescaped: every value from the database is text, never markup), charts are SVG
 drawn on the server, and each page refreshes its content in place every few seconds
 with htmx, the one script, served from the package (``static/htmx.min.js``: htmx
 4.0.1 from the npm registry, ``npm pack htmx.org``, BSD Zero Clause licence). No page
@@ -43,10 +43,14 @@ from ..checks import require_duration
 from ..errors import ConfigError, InvalidInput, InvalidTransition, JobNotFound
 from ..queue import Queue
 from ..quota import Allowance, Quota
+from ..rates import rate_states
 from . import charts, queries
 from .auth import check_credential, csrf_ok, csrf_token, is_loopback, same_origin
 from .cron import usable_secret
 from .metrics import KnownQuotas, MetricsEndpoint
+
+#: Rate-limit buckets the quotas page shows at most (keyed limits may have many).
+RATE_ROWS = 200
 
 log = logging.getLogger("rota.web.dashboard")
 
@@ -445,8 +449,11 @@ def dashboard_app(
         async with queue.connection() as conn:
             now = await queries.now(queue, conn)
             shared, per_owner = await queries.quotas_today(queue, conn, quotas_known)
+            # Rate limits keep their settings on their buckets: no app needed.
+            rates = await rate_states(queue, limit=RATE_ROWS, conn=conn)
         return render(request, "quotas.html", "/quotas", now, title="Quotas",
                       quotas=shared, allowances=per_owner, app_given=known.given,
+                      rates=rates, rate_rows=RATE_ROWS,
                       until=lambda t: (t - now).total_seconds())
 
     @asynccontextmanager

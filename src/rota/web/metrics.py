@@ -34,8 +34,14 @@ holding a collector that reads the database when scraped and the claim histogram
   (docs/operations.md, "Long transactions"; horizon_age.sql).
 - ``rota_quota_units_used{quota}``, ``rota_quota_units_remaining{quota}``,
   ``rota_quota_units_limit{quota}`` (gauges): the shared quotas' current period.
+- ``rota_rate_units_window{limit}``, ``rota_rate_units_limit{limit}``,
+  ``rota_rate_period_seconds{limit}``, ``rota_rate_units_available{limit}``,
+  ``rota_rate_next_free_seconds{limit}``, ``rota_rate_waiting_jobs{limit}`` (gauges),
+  ``rota_rate_units_taken_total{limit}``, ``rota_rate_takes_refused_total{limit}``
+  (counters): the rate limits, their keys summed (docs/design.md, "Rates").
 
-Labels are job types, plans, stop reasons and quota names: a few values each. Group
+Labels are job types, plans, stop reasons, quota and rate-limit names: a few values
+each (a rate limit's keys are summed). Group
 ids never become label values (one series per tenant would grow without bound).
 """
 
@@ -59,6 +65,7 @@ from starlette.routing import Route
 from ..errors import ConfigError
 from ..queue import Queue
 from ..quota import Allowance, Quota
+from ..rates import RateState, rate_states
 from . import queries
 from .auth import check_credential, is_loopback
 from .cron import resolve_pipeline, usable_secret
@@ -128,11 +135,12 @@ class RotaCollector(Collector):
                 self._since = until
             runs = await queries.runs_by_stop_reason(q, conn)
             horizon = await queries.horizon(q, conn)
+            rates = await rate_states(q, limit=RATE_BUCKETS, conn=conn)
             shared, _ = await queries.quotas_today(
                 q, conn, [x for x in quotas if isinstance(x, Quota)]) if any(
                     isinstance(x, Quota) for x in quotas) else ([], [])
         self._families = [*self._build(counts, waiting, runs, shared),
-                          *self._horizon(horizon)]
+                          *self._horizon(horizon), *_rate_families(rates)]
 
     def _build(self, counts: list[queries.TypeCounts], waiting: queries.Waiting,
                runs: dict[str, int], shared: list[queries.QuotaToday]) -> list[Metric]:
@@ -184,6 +192,47 @@ class RotaCollector(Collector):
             "lags (sessions, standbys' feedback, replication slots).",
             value=horizon.transactions)
         return [seconds, xids]
+
+
+#: Buckets read per scrape for the rate gauges (a keyed limit may have many keys).
+RATE_BUCKETS = 1000
+
+
+def _rate_families(states: list[RateState]) -> list[Metric]:
+    """The rate-limit gauges, one series per limit (its keys summed, so an owner-keyed
+    limit stays one series; docs/design.md, "Rates")."""
+    window = GaugeMetricFamily("rota_rate_units_window", "Units of a rate limit taken in "
+                               "its current window of `per` (all keys).", labels=["limit"])
+    limit = GaugeMetricFamily("rota_rate_units_limit", "Units a rate limit allows per "
+                              "period, per key.", labels=["limit"])
+    period = GaugeMetricFamily("rota_rate_period_seconds", "A rate limit's period.",
+                               labels=["limit"])
+    available = GaugeMetricFamily("rota_rate_units_available", "Units a take could have "
+                                  "now, in the emptiest bucket of the limit (negative: "
+                                  "owed after the fact or backing off).", labels=["limit"])
+    next_free = GaugeMetricFamily("rota_rate_next_free_seconds", "Seconds until the next "
+                                  "unit is there, in the emptiest bucket (0: now).",
+                                  labels=["limit"])
+    waiting = GaugeMetricFamily("rota_rate_waiting_jobs", "Jobs deferred for a rate "
+                                "limit's units and not due yet.", labels=["limit"])
+    taken = CounterMetricFamily("rota_rate_units_taken", "Units of a rate limit ever "
+                                "taken (all keys).", labels=["limit"])
+    refused = CounterMetricFamily("rota_rate_takes_refused", "Takes of a rate limit "
+                                  "refused (the job was deferred).", labels=["limit"])
+    by_name: dict[str, list[RateState]] = {}
+    for st in states:
+        by_name.setdefault(st.name, []).append(st)
+    for name, group in sorted(by_name.items()):
+        window.add_metric([name], sum(s.window_units for s in group))
+        limit.add_metric([name], group[0].limit)
+        period.add_metric([name], group[0].per_s)
+        available.add_metric([name], min(s.available for s in group))
+        next_free.add_metric([name], max((s.next_free - s.now).total_seconds()
+                                         for s in group))
+        waiting.add_metric([name], sum(s.waiting for s in group))
+        taken.add_metric([name], sum(s.taken for s in group))
+        refused.add_metric([name], sum(s.refused for s in group))
+    return [window, limit, period, available, next_free, waiting, taken, refused]
 
 
 class MetricsEndpoint:

@@ -41,6 +41,21 @@ def plain(x: int) -> int:
     return x * 2
 
 
+@task()
+def unstorable(kind: str) -> object:
+    """Returns what cannot be a job's result: a set, or a string over the limit."""
+    return {1, 2} if kind == "set" else "x" * 2_000_000
+
+
+@task()
+def nap(seconds: float) -> str:
+    """Sleeps (a sync task, in a thread), for stopping a worker mid-task."""
+    import time
+
+    time.sleep(seconds)
+    return "rested"
+
+
 @receiver(task_started)
 @receiver(task_finished)
 def note_signal(sender, task_result, **kwargs) -> None:  # type: ignore[no-untyped-def]

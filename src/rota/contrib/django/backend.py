@@ -28,7 +28,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from ...errors import JobNotFound
+from ...errors import InvalidInput, JobNotFound
 from ...job import Job
 from ...results import JobResult
 from ...sync import SyncQueue
@@ -162,7 +162,11 @@ class RotaBackend(BaseTaskBackend):  # type: ignore[misc]
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         self.config = BackendConfig.from_options(self.options)
-        self.sync_queue = SyncQueue(**self.config.queue_settings())
+        try:
+            self.sync_queue = SyncQueue(**self.config.queue_settings())
+        except (InvalidInput, TypeError) as exc:  # a bad value, or an unknown QUEUE key
+            raise ImproperlyConfigured(
+                f"rota: TASKS[{alias!r}]['OPTIONS'] (SCHEMA, QUEUE): {exc}") from None
 
     # -- the connection ------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from django.utils.module_loading import import_string
 from psycopg.conninfo import make_conninfo
 
 from ...queue import Queue
+from ...results import EncodedResult, ResultError, encode_result
 from ...runner import JobContext, Pipeline, Stage
 from ...worker import Worker
 from .backend import RotaBackend, job_types
@@ -90,23 +91,50 @@ async def run_task(ctx: JobContext) -> Any:
     await task_started.asend(sender=RotaBackend, task_result=result)
     try:
         if iscoroutinefunction(task.func):
-            value = normalize_json(await task.func(*args, **kwargs))
+            returned = await task.func(*args, **kwargs)
         else:
-            value = normalize_json(await sync_to_async(_call_sync, thread_sensitive=False)(
-                task.func, args, kwargs))
+            returned = await sync_to_async(_call_sync, thread_sensitive=False)(
+                task.func, args, kwargs)
     except Exception as exc:
-        object.__setattr__(result, "status", TaskResultStatus.FAILED)
-        object.__setattr__(result, "finished_at", timezone.now())
-        result.errors.append(TaskError(
-            exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
-            traceback="".join(format_exception(exc))))
-        await task_finished.asend(sender=RotaBackend, task_result=result)
+        await _finished_failed(result, exc)
         raise
+    try:
+        value, encoded = _storable(returned, ctx.queue.max_payload_bytes)
+    except ResultError as exc:
+        # A value that cannot be stored fails the task for good, as a handler's does
+        # (docs/design.md, "Results"): it would not fit on a retry either.
+        await _finished_failed(result, exc)
+        await ctx.fail(exc, give_up=True)
+        return None
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "finished_at", timezone.now())
     object.__setattr__(result, "_return_value", value)
     await task_finished.asend(sender=RotaBackend, task_result=result)
-    return value
+    return encoded
+
+
+def _storable(returned: Any, max_bytes: int) -> tuple[Any, EncodedResult | None]:
+    """A task's return value JSON-normalized as Django's own backends do, and as the
+    job's result will store it.
+
+    Raises:
+        ResultError: it is not JSON (a set, an object) or too large to store.
+    """
+    try:
+        value = normalize_json(returned)
+    except (TypeError, ValueError) as exc:
+        raise ResultError(f"the return value is not JSON-serializable: {exc}") from None
+    return value, encode_result(value, max_bytes)
+
+
+async def _finished_failed(result: TaskResult, exc: BaseException) -> None:
+    """Record ``exc`` as this attempt's error on ``result`` and send ``task_finished``."""
+    object.__setattr__(result, "status", TaskResultStatus.FAILED)
+    object.__setattr__(result, "finished_at", timezone.now())
+    result.errors.append(TaskError(
+        exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        traceback="".join(format_exception(exc))))
+    await task_finished.asend(sender=RotaBackend, task_result=result)
 
 
 def _call_sync(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -141,25 +169,27 @@ async def run_worker(b: RotaBackend, *, queue_names: Iterable[str] | None = None
                      time_budget: timedelta | None = None) -> None:
     """Run the backend's tasks: with ``once``, one run until no work is left (or the
     budget ends); otherwise a :class:`rota.Worker` (LISTEN/NOTIFY, time budgets, stop
-    reasons, maintenance) until SIGTERM or SIGINT, after which the run in flight claims
-    nothing more and finishes its jobs (a second signal stops at once)."""
+    reasons, maintenance). Either way, on SIGTERM or SIGINT the run in flight claims
+    nothing more, finishes its jobs and is recorded ``interrupted``; a second signal
+    stops at once, handing the jobs in flight back (this coroutine is then cancelled:
+    :class:`asyncio.CancelledError`)."""
     extra = {} if clock_offset is None else {"clock_offset": clock_offset}
     budget = time_budget or timedelta(seconds=float(b.config.worker.get("time_budget", 220)))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+
+    def on_signal() -> None:
+        if stop.is_set() and main is not None:
+            main.cancel()  # a second signal: stop now
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
     async with make_queue(b, **extra) as queue:
         pipeline = make_pipeline(b, queue, queue_names=queue_names,
                                  concurrency=concurrency, batch=batch)
         if once:
-            await pipeline.run(trigger="cli", time_budget=budget)
+            await pipeline.run(trigger="cli", time_budget=budget, stop=stop)
             return
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        main = asyncio.current_task()
-
-        def on_signal() -> None:
-            if stop.is_set() and main is not None:
-                main.cancel()  # a second signal: stop now
-            stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
         await Worker(pipeline, time_budget=budget).run_forever(stop)

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from .....cli.run import EXIT_STOPPED_AT_ONCE
+from .....errors import ConfigError, InvalidInput
 from ...worker import backend, run_worker
 
 
@@ -37,11 +40,30 @@ class Command(BaseCommand):  # type: ignore[misc]
                             help="Move the queue's clock forward (tests, simulations).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        """Refuse what would run nothing or what rota refuses (a queue name the backend
+        does not have, a concurrency or batch under 1, a budget not inside the platform
+        timeout) with one line, before running: a worker on a misspelt queue would
+        otherwise wait for ever on job types nobody enqueues."""
         offset = options["clock_offset"]
         budget = options["time_budget"]
-        asyncio.run(run_worker(
-            backend(options["backend"]), queue_names=options["queues"],
-            concurrency=options["concurrency"], batch=options["batch"],
-            once=options["once"],
-            clock_offset=None if offset is None else timedelta(seconds=offset),
-            time_budget=None if budget is None else timedelta(seconds=budget)))
+        b = backend(options["backend"])
+        unknown = sorted(set(options["queues"] or ()) - set(b.queues))
+        if unknown:
+            raise CommandError(
+                f"unknown queue {', '.join(map(repr, unknown))}: TASKS"
+                f"[{options['backend']!r}]['QUEUES'] is {sorted(b.queues)}")
+        for name in ("concurrency", "batch"):
+            if options[name] is not None and options[name] < 1:
+                raise CommandError(f"--{name} must be at least 1, got {options[name]}")
+        try:
+            asyncio.run(run_worker(
+                b, queue_names=options["queues"],
+                concurrency=options["concurrency"], batch=options["batch"],
+                once=options["once"],
+                clock_offset=None if offset is None else timedelta(seconds=offset),
+                time_budget=None if budget is None else timedelta(seconds=budget)))
+        except (ConfigError, InvalidInput) as exc:  # a handler's never reaches here
+            raise CommandError(str(exc)) from None
+        except asyncio.CancelledError:  # a second SIGINT/SIGTERM, as for `rota worker`
+            self.stderr.write("stopped at once: the tasks in flight were handed back")
+            sys.exit(EXIT_STOPPED_AT_ONCE)

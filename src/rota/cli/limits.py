@@ -1,0 +1,62 @@
+"""Rate limits: ``rota limits`` lists every bucket with its settings, the units taken in
+its current window, what a take could have now, the next free moment and the jobs
+waiting for it (docs/design.md, "Rates"; docs/operations.md, "Rate limits")."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+from rich.table import Table
+
+from ..rates import RateState, rate_states
+from .app import open_queue
+from .options import json_option, make_target, target_options
+from .output import add_row, cell, console, emit_json, utc_time
+
+
+@click.command()
+@target_options
+@click.option("--name", default=None, help="Only this limit's buckets.")
+@click.option("--limit", "-n", type=click.IntRange(1, 10_000), default=1000,
+              show_default=True, help="At most this many buckets.")
+@json_option
+def limits(database_url: str | None, schema: str | None, app_spec: str | None,
+           name: str | None, limit: int, as_json: bool) -> None:
+    """Rate limits: each bucket (limit and key) as every worker shares it: limit per
+    period and burst, units taken in the current window (and the one before), units
+    available now (negative: owed by units spent after the fact, or a backoff), the
+    next free moment, and the jobs deferred waiting for it. Read from the database:
+    no app needed."""
+    target = make_target(database_url, schema, app_spec)
+
+    async def go() -> list[RateState]:
+        async with open_queue(target) as queue:
+            return await rate_states(queue, name, limit=limit)
+
+    rows = asyncio.run(go())
+    if as_json:
+        emit_json([r.as_json() for r in rows])
+        return
+    table = Table(title=f"rate limits ({len(rows)} buckets)")
+    for col in ("limit", "key", "rate", "burst", "this window", "last window",
+                "available", "next free (UTC)", "waiting", "taken", "refused"):
+        table.add_column(col, overflow="fold",
+                         justify="left" if col in ("limit", "key", "rate",
+                                                   "next free (UTC)") else "right")
+    for r in rows:
+        free = ("now" if r.next_free <= r.now
+                else f"{utc_time(r.next_free)} (in {(r.next_free - r.now).total_seconds():.1f}s)")
+        add_row(table, r.name, r.key or "—", f"{r.limit} per {_period(r.per_s)}", r.burst,
+                r.window_units, r.prev_units,
+                cell(f"{r.available:.1f}", "red" if r.available < 0 else ""),
+                free, r.waiting, r.taken, r.refused)
+    console().print(table)
+
+
+def _period(seconds: float) -> str:
+    """A period in the largest whole unit: ``1s``, ``1m``, ``1h``, else seconds."""
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
