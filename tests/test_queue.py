@@ -5,6 +5,7 @@ and move with clock_offset."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -407,3 +408,40 @@ async def test_the_pool_replaces_connections_the_server_closed_while_idle(
         assert len(await asyncio.gather(*(queue.now() for _ in range(4)))) == 4
         [job] = await queue.claim("t", 1)
         assert await queue.complete(job) is True
+
+
+async def test_after_a_restart_one_dead_connection_replaces_the_whole_idle_pool(
+    database_url: str, schema: str, aconn: Any
+) -> None:
+    """A restart closes every idle session at once. psycopg_pool waits after each failed
+    check before it tries the next idle connection, doubling the wait (0, 1, 2, 4, 8,
+    16 s): eight dead connections checked one by one held the next statement past the
+    pool's 30 s timeout, so a worker's run cut off by a restart could not record its
+    end within its platform timeout (the multi-host chaos run saw it exit at that
+    timeout, and its run later marked killed). The first dead connection found drains
+    the pool: the rest are replaced without being handed out and checked."""
+    app = f"rota-test-{schema}"
+    queue = Queue(make_conninfo(database_url, application_name=app), schema=schema)
+    async with queue:
+        await queue.migrate()
+        async with contextlib.AsyncExitStack() as held:  # eight idle sessions at once
+            conns = [await held.enter_async_context(queue.connection()) for _ in range(8)]
+            for conn in conns:
+                await conn.execute("SELECT 1")
+            old = {conn.info.backend_pid for conn in conns}
+        assert queue.pool.get_stats()["pool_available"] == 8
+        cur = await aconn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) "
+            "FROM pg_stat_activity WHERE application_name = %s", [app])
+        assert (await cur.fetchone())[0] == 8
+        now = await asyncio.wait_for(queue.now(), 20)  # before the fix: PoolTimeout
+        assert now.tzinfo is not None
+        # Only the first connection handed out was found dead; seven more held at once
+        # are all new sessions.
+        assert queue.pool.get_stats().get("connections_lost", 0) == 1
+        async with contextlib.AsyncExitStack() as held:
+            conns = [await held.enter_async_context(queue.connection()) for _ in range(7)]
+            for conn in conns:
+                await conn.execute("SELECT 1")
+            assert not {conn.info.backend_pid for conn in conns} & old
+        assert queue.pool.get_stats().get("connections_lost", 0) == 1

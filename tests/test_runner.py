@@ -495,6 +495,45 @@ async def test_heartbeat_keeps_a_live_runs_jobs_from_looking_stale(make_queue: A
     assert result.jobs_done == 1 and result.summary == {}
 
 
+async def test_a_heartbeat_that_swallows_its_cancellation_does_not_hold_the_runs_end(
+        queue: Queue, aconn: AConn) -> None:
+    """On Python 3.11, ``asyncio.wait_for`` (psycopg_pool waits for a connection
+    through it) drops a cancellation that lands as its result arrives: a beat cancelled
+    just as the pool handed it a connection went on beating, and the run, awaiting it,
+    never recorded its end (the multi-host chaos run: a worker stopped after a cut link
+    and a restart hung until its platform timeout, exited 1, and its run was later
+    marked killed). Here the beat drops the cancellation the same way."""
+    in_beat = asyncio.Event()
+    swallowed = 0
+    beat = queue.heartbeat
+
+    async def heartbeat(jobs: Any) -> Any:
+        nonlocal swallowed
+        if in_beat.is_set():
+            return await beat(jobs)
+        in_beat.set()
+        try:
+            await asyncio.sleep(3600)  # the pool's wait for a connection
+        except asyncio.CancelledError:
+            swallowed += 1  # what wait_for does when the connection came with it
+        return await beat(jobs)
+
+    queue.heartbeat = heartbeat  # type: ignore[method-assign]
+
+    async def handler(ctx: JobContext) -> None:
+        await in_beat.wait()
+
+    await enqueue_jobs(queue, "t", 1)
+    pipeline = Pipeline(queue, [Stage("t", 1, 1, handler)],
+                        heartbeat_every=timedelta(milliseconds=20))
+    # Bounded only so that the bug fails the test instead of hanging it.
+    result = await asyncio.wait_for(pipeline.run(trigger="manual"), 30)
+    assert swallowed == 1
+    assert (result.stop_reason, result.jobs_done, result.error) == ("no_work", 1, None)
+    row = await run_row(aconn, queue, result)
+    assert (row["stop_reason"], row["finished_at"]) == ("no_work", result.finished_at)
+
+
 async def test_settings_that_would_let_a_live_job_look_stale_are_refused(
         make_queue: Any) -> None:
     async def handler(ctx: JobContext) -> None:

@@ -13,6 +13,7 @@ postpone) are here too, so the runner issues no job statement of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import select
 import time
@@ -108,12 +109,14 @@ class Queue:
         self._give_up_hooks: dict[str, GiveUpHook] = {}
         self.claim_observers: list[ClaimObserver] = []  # metrics (rota.web.metrics)
         if isinstance(conninfo_or_pool, str):
+            check = IdleConnectionCheck()
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 db.with_connection_defaults(conninfo_or_pool),
                 open=False, min_size=1, max_size=10,
-                kwargs={"autocommit": True}, check=check_idle_connection,
+                kwargs={"autocommit": True}, check=check,
                 configure=configure_connection,
             )
+            check.pool = self._pool
             self._owns_pool = True
         elif isinstance(conninfo_or_pool, AsyncConnectionPool):
             self._pool = conninfo_or_pool
@@ -970,8 +973,9 @@ class Queue:
     del _results
 
 
-async def check_idle_connection(conn: AnyConn) -> None:
-    """The check rota's own pools run when they hand out a connection.
+class IdleConnectionCheck:
+    """The check rota's own pools run when they hand out a connection
+    (``AsyncConnectionPool(check=...)``; set :attr:`pool` to that pool).
 
     A connection the server closed while it sat idle in the pool (a database restart, an
     idle-session timeout, a terminated backend) has the server's last message or EOF
@@ -980,6 +984,37 @@ async def check_idle_connection(conn: AnyConn) -> None:
     idle connection has nothing to read and costs nothing. Without it, the first use of
     each pooled connection after a restart fails, and a run's next statements fail one
     by one.
+
+    When one idle connection turns out closed, the pool's other idle connections most
+    likely went with it (a restart closes them all): the pool is drained, so they are
+    replaced at once in the background. psycopg_pool waits after each failed check
+    before it tries the next connection, and the wait doubles (1 s, 2 s, 4 s, ...):
+    checked one by one, ten dead connections would hold the caller for minutes (past
+    the pool's 30 s timeout), so a run cut off by a restart could not record its end
+    within its platform timeout (docs/design.md, "Connections").
+
+    Raises:
+        psycopg.OperationalError: the connection is closed or broken.
+    """
+
+    def __init__(self) -> None:
+        #: The pool drained when a connection fails the check (``None``: none is).
+        self.pool: AsyncConnectionPool[Any] | None = None
+
+    async def __call__(self, conn: AnyConn) -> None:
+        try:
+            await check_idle_connection(conn)
+        except Exception:
+            if self.pool is not None:
+                with contextlib.suppress(Exception):  # closed or closing: nothing to do
+                    await self.pool.drain()
+            raise
+
+
+async def check_idle_connection(conn: AnyConn) -> None:
+    """Whether one idle connection still works: a connection with nothing to read costs
+    nothing, one with something to read (the server's goodbye, EOF) a round trip
+    (see :class:`IdleConnectionCheck`).
 
     Raises:
         psycopg.OperationalError: the connection is closed or broken.

@@ -126,8 +126,7 @@ class RunLoop:
             log.exception("run %s ended in error", run.id)
             reason, error = "error", error_text(exc)
         finally:
-            heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            await self.recorder.stop_heartbeat(heartbeat)
         finished_at = await self.recorder.save_end(run, reason, error)
         log.info("run %s (%s) stopped %s: %d done, %d failed, %d deferred%s", run.id,
                  trigger, reason, run.jobs_done, run.jobs_failed, run.jobs_deferred,

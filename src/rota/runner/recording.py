@@ -30,6 +30,9 @@ END_RETRY_DELAYS = (0.1, 0.4, 1.0, 2.0, 4.0)
 #: Between batches the runs row is saved at most this often (seconds); the heartbeat and
 #: the end of the run save it too. A save per batch cost a commit per 25 jobs.
 SAVE_EVERY_S = 1.0
+#: How long :meth:`RunRecorder.stop_heartbeat` waits for a cancelled heartbeat to end
+#: before it cancels it again (seconds).
+HEARTBEAT_RECANCEL_S = 0.05
 #: What a run's summary becomes when the runs row refuses it, so its end is recorded.
 UNSTORABLE = {"summary_unstorable": 1}
 
@@ -89,6 +92,24 @@ class RunRecorder:
                 await self.save(run)
             except Exception:
                 log.exception("run %s: heartbeat failed", run.id)
+
+    @staticmethod
+    async def stop_heartbeat(task: asyncio.Task[None]) -> None:
+        """Cancel a :meth:`heartbeat` task and wait until it has ended.
+
+        One ``cancel()`` may not end it: on Python 3.11, ``asyncio.wait_for`` returns a
+        result that arrived together with a cancellation and drops the cancellation,
+        and psycopg_pool waits for a connection through it. A beat cancelled just as
+        the pool hands it a connection (a pool refilling after a cut link or a
+        restart) so goes on beating, and a run awaiting it never recorded its end:
+        the worker hung until its platform timeout after a stop request and exited 1,
+        its run later marked killed. So it is cancelled again until it ends (each beat
+        is bounded by the statement deadline; the sleep between beats ends at once)."""
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=HEARTBEAT_RECANCEL_S)
+        if not task.cancelled():
+            task.exception()  # retrieved: a heartbeat logs its own failures
 
     async def save(self, run: RunState, *, final: bool = False,
                    stop_reason: StopReason | None = None,
