@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 Mode = Literal["forward", "silent"]
 
@@ -27,9 +28,13 @@ class SilentProxy:
     """Forward ``127.0.0.1:port`` to the server of ``database_url``."""
 
     def __init__(self, database_url: str) -> None:
-        parts = urlsplit(database_url)
-        self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
-        self._url = parts
+        params = conninfo_to_dict(database_url)
+        host = str(params.get("host") or "127.0.0.1").split(",")[0]
+        port = int(str(params.get("port") or 5432).split(",")[0])
+        # The embedded server (DATABASE_URL unset) listens on a Unix socket only.
+        self._socket = f"{host}/.s.PGSQL.{port}" if host.startswith("/") else None
+        self._target = (host, port)
+        self._database_url = database_url
         self._new: Mode = "forward"
         self._frozen: set[int] = set()   # ids of connections that no longer forward
         self._conns: dict[int, list[asyncio.StreamWriter]] = {}
@@ -44,10 +49,7 @@ class SilentProxy:
     @property
     def url(self) -> str:
         """``database_url`` with the proxy as its host and port."""
-        netloc = self._url.netloc.rsplit("@", 1)
-        host = f"127.0.0.1:{self.port}"
-        netloc_new = f"{netloc[0]}@{host}" if len(netloc) == 2 else host
-        return urlunsplit(self._url._replace(netloc=netloc_new))
+        return make_conninfo(self._database_url, host="127.0.0.1", port=self.port)
 
     def freeze(self, *, new: Mode = "forward") -> None:
         """Stop forwarding on every connection open now (they stay open); new ones
@@ -97,7 +99,10 @@ class SilentProxy:
             writer.transport.abort()
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self._target)
+            if self._socket is not None:
+                up_reader, up_writer = await asyncio.open_unix_connection(self._socket)
+            else:
+                up_reader, up_writer = await asyncio.open_connection(*self._target)
         except OSError:
             writer.transport.abort()
             return

@@ -241,7 +241,8 @@ def runaway(tmp_path: Path, database_url: str, migrated: str, spawn: Any) -> Any
         (tmp_path / f"{name}.py").write_text(RUNAWAY_APP.format(platform=platform))
         env = {**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": migrated,
                "ROTA_APP": f"{name}:build", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": str(ROOT), "CRON_SECRET": "runaway-secret"}
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+               "CRON_SECRET": "runaway-secret"}
         p: subprocess.Popen[str] = spawn(list(args), env, cwd=tmp_path)
         return p
 

@@ -164,19 +164,80 @@ async def test_defer_job_puts_it_back_without_burning_an_attempt(queue: Queue) -
 
 
 async def test_a_run_never_runs_a_job_it_deferred(queue: Queue) -> None:
-    """DeferJob() (due as soon as possible) is due when this run's budget ends, not at
-    once: otherwise the run would claim it again and again."""
+    """DeferJob() (due as soon as possible) is due when this run's budget ends while the
+    run goes on, or the run would claim it again and again; once the run has ended
+    (here at once: nothing else to do), it is due at once again, not 60 s later."""
+    calls = 0
+
     async def again(ctx: JobContext) -> None:
+        nonlocal calls
+        calls += 1
         raise DeferJob()
 
     [jid] = await enqueue_jobs(queue, "again", 1)
     before = await queue.now()
     result = await Pipeline(queue, [Stage("again", 1, 1, again)]).run(
         time_budget=timedelta(seconds=60))
-    assert (result.stop_reason, result.jobs_deferred) == ("no_work", 1)
+    after = await queue.now()
+    assert (result.stop_reason, result.jobs_deferred, calls) == ("no_work", 1, 1)
     j = await job(queue, jid)
     assert (j.status, j.attempts, j.deferrals) == ("pending", 0, 1)
-    assert before + timedelta(seconds=59) < j.run_after < before + timedelta(seconds=61)
+    assert before < j.run_after < after
+
+
+async def test_a_deferral_by_a_timedelta_is_due_that_long_after_it(queue: Queue) -> None:
+    """DeferJob(timedelta) counts from the queue's clock at the deferral, and the due
+    time is kept exactly once the run ends (it was pushed to the budget's end while the
+    run went on)."""
+    deferred_at: list[Any] = []
+
+    async def later(ctx: JobContext) -> None:
+        deferred_at.append(await ctx.queue.now())
+        raise DeferJob(timedelta(seconds=30))
+
+    [jid] = await enqueue_jobs(queue, "later", 1)
+    result = await Pipeline(queue, [Stage("later", 1, 1, later)]).run(
+        time_budget=timedelta(seconds=120))
+    assert (result.stop_reason, result.jobs_deferred) == ("no_work", 1)
+    j = await job(queue, jid)
+    [at] = deferred_at
+    # The handler's clock read and the deferral's are two round trips apart.
+    assert timedelta(seconds=30) <= j.run_after - at < timedelta(seconds=30.5)
+    assert (j.status, j.attempts, j.deferrals) == ("pending", 0, 1)
+
+
+@pytest.mark.parametrize("until", [timedelta(seconds=-1), "30s", 30])
+def test_a_deferral_refuses_a_negative_timedelta_or_another_type(until: Any) -> None:
+    with pytest.raises(InvalidInput, match="until must"):
+        DeferJob(until)
+
+
+async def test_restoring_due_times_leaves_a_job_claimed_or_moved_since_alone(
+    queue: Queue,
+) -> None:
+    """The fence of Queue.restore_due_times: the pushed due time and the claim token."""
+    a, b, c = await enqueue_jobs(queue, "t", 3)
+    claimed = {j.id: j for j in await queue.claim("t", 3)}
+    now = await queue.now()
+    pushed, asked = now + timedelta(minutes=5), now + timedelta(seconds=10)
+    for j in claimed.values():
+        assert await queue.defer(j, pushed) == 1
+    # a is claimed again since (a new claim token, the oldest first); c is moved by
+    # an operator.
+    async with queue.connection() as conn:
+        await conn.execute(sql.SQL("UPDATE {}.jobs SET run_after = run_after - "
+                                   "interval '1 minute' WHERE id = %s").format(
+                                       sql.Identifier(queue.schema)), [c])
+    queue.clock_offset = timedelta(minutes=6)
+    [reclaimed] = await queue.claim("t", 1)
+    assert reclaimed.id == a
+    queue.clock_offset = timedelta(0)
+    n = await queue.restore_due_times([(i, claimed[i].claim_token, pushed, asked)
+                                       for i in (a, b, c)])
+    assert n == 1
+    assert [(await job(queue, i)).run_after for i in (b, c)] == [
+        asked, pushed - timedelta(minutes=1)]
+    assert (await job(queue, a)).status == "running"
 
 
 async def test_batch_handler_settles_each_job_on_its_own(queue: Queue) -> None:

@@ -214,7 +214,7 @@ def test_one_sigterm_ends_a_worker_mid_run_within_the_platform_timeout(
                    env={**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": migrated})
     env = {**os.environ, "DATABASE_URL": proxy.url, "ROTA_SCHEMA": migrated,
            "ROTA_APP": "slow_app:build", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), str(ROOT)])}
     p = spawn(["worker", "--no-maintenance"], env)
 
     def running() -> bool:

@@ -78,7 +78,7 @@ def env(rota: Rota, tmp_path: Path) -> dict[str, str]:
     (tmp_path / "stop_app.py").write_text(APP)
     return {**os.environ, "DATABASE_URL": rota.url, "ROTA_SCHEMA": rota.schema,
             "ROTA_APP": "stop_app:build", "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), str(ROOT)])}
 
 
 def enqueue_slow(rota: Rota, seconds: float, n: int = 1) -> None:
@@ -224,12 +224,16 @@ def test_worker_wakes_at_the_due_time_after_a_retry_or_a_deferral(
     rota("enqueue", "flaky", json.dumps({"first": first}))
     wait_for(lambda: rota.sql("SELECT count(*) FROM {s}.starts")[0][0] == 2, timeout=15,
              what="the second attempt")
-    [(first_at, second_at)] = rota.sql(
-        "SELECT min(at), max(at) FROM {s}.starts")
-    gap = (second_at - first_at).total_seconds()
-    # Backoff base 1 s: 2 s after the first attempt failed (or deferral by 2 s); the
-    # first attempt failed at once.
-    assert 2.0 <= gap <= 2.5, gap
+    [(first_at, second_at, due, attempts, deferrals)] = rota.sql(
+        "SELECT min(at), max(at), j.run_after, j.attempts, j.deferrals "
+        "FROM {s}.starts JOIN {s}.jobs j ON j.id = job_id GROUP BY 3, 4, 5")
+    # A failure counts its attempt and backs off 2 s (base 1 s * 2**1); a deferral by
+    # timedelta(seconds=2) hands the attempt back. Either way the job was due 2 s after
+    # the first attempt started (it failed or deferred at once), and the second attempt
+    # started within 100 ms of that due time, not at the next idle poll (30 s).
+    assert (attempts, deferrals) == ((2, 0) if first == "fail" else (1, 1))
+    assert timedelta(seconds=2) <= due - first_at < timedelta(seconds=2.1)
+    assert timedelta(0) <= second_at - due <= timedelta(milliseconds=100), second_at - due
     p.send_signal(signal.SIGTERM)
     p.communicate(timeout=30)
     assert p.returncode == 0

@@ -9,12 +9,12 @@ import operator
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal
 
-from .checks import require_due_time
-from .errors import PayloadError, UnreadableJob
+from .checks import require_due_time, require_duration
+from .errors import InvalidInput, PayloadError, UnreadableJob
 
 JobStatus = Literal["pending", "running", "done", "failed"]
 FailOutcome = Literal["retry", "failed", "lost"]
@@ -148,23 +148,48 @@ def _check_readable(job_id: int, values: Sequence[Any]) -> None:
 
 
 class DeferJob(Exception):
-    """Raised by a handler when its work cannot happen *now* (docs/design.md, "Defer").
+    """Raised by a handler when its work cannot happen *now* (docs/design.md, "Defer";
+    River's and Oban's *snooze*).
 
-    The job goes back to pending with ``run_after = until`` (``None``: due at once) and
-    the claim's attempt is handed back, so a deferral never counts as a failure.
+    The job goes back to pending, due at ``until``, and the claim's attempt is handed
+    back, so a deferral never counts as a failure.
 
     Args:
-        until: timezone-aware instant when the job is due again, or ``None``.
+        until: when the job is due again: a timezone-aware instant, a non-negative
+            ``timedelta`` counted from the queue's clock at the deferral (``DeferJob(
+            timedelta(seconds=30))``: in 30 s), or ``None``: at once.
+        reason: a short text for logs (default ``"deferred"``).
 
     Raises:
-        NaiveDatetimeError: ``until`` has no time zone.
-        InvalidInput: ``until`` is outside the years 1-9999 (see :func:`require_due_time`).
+        NaiveDatetimeError: ``until`` is a datetime with no time zone.
+        InvalidInput: ``until`` is outside the years 1-9999 (see :func:`require_due_time`),
+            a negative or over-long ``timedelta``, or of another type.
     """
 
-    def __init__(self, until: datetime | None = None, reason: str = "deferred") -> None:
+    def __init__(self, until: datetime | timedelta | None = None,
+                 reason: str = "deferred") -> None:
         super().__init__(reason)
-        self.until = require_due_time(until, "until") if until is not None else None
+        self.until = due_or_delay(until, "until")
         self.reason = reason
+
+
+def due_or_delay(value: datetime | timedelta | None, name: str) -> datetime | timedelta | None:
+    """Check a deferral's due time: an aware instant in range, a non-negative
+    ``timedelta`` (from the queue's clock), or ``None``; returns it unchanged.
+
+    Raises:
+        NaiveDatetimeError, InvalidInput: as :class:`DeferJob` says.
+    """
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        if value < timedelta(0):
+            raise InvalidInput(f"{name} must not be a negative timedelta, got {value}")
+        return require_duration(value, name, positive=False)
+    if not isinstance(value, datetime):
+        raise InvalidInput(f"{name} must be an aware datetime, a timedelta or None, "
+                           f"got {type(value).__name__}")
+    return require_due_time(value, name)
 
 
 def too_deep() -> PayloadError:

@@ -39,7 +39,7 @@ from .checks import (
 )
 from .errors import ConfigError, InvalidInput, UnreadableJob
 from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
-from .job import FailOutcome, Job
+from .job import FailOutcome, Job, due_or_delay
 from .job import no_give_up_hook as _no_give_up_hook
 from .plans import Plans
 from .results import ResultError, encode_result, error_record
@@ -666,13 +666,14 @@ class Queue:
 
     @tracing.settle_traced("defer")
     async def defer(
-        self, jobs: Job | Iterable[Job], until: datetime | None = None, *,
+        self, jobs: Job | Iterable[Job], until: datetime | timedelta | None = None, *,
         conn: AnyConn | None = None,
     ) -> int:
         """Put claimed jobs back without burning an attempt (docs/design.md,
         "Defer").
 
-        Each job goes back to pending with ``run_after = until`` (``None``: now), its lock
+        Each job goes back to pending with ``run_after = until`` (an aware instant; a
+        ``timedelta``: that long after the queue's clock now; ``None``: now), its lock
         cleared, ``attempts`` decreased by one (undoing the claim) and ``deferrals``
         increased by one; ``last_error`` is untouched. Jobs this caller's claim no longer
         holds (never claimed, done, failed, reclaimed by another run) are left alone.
@@ -685,18 +686,22 @@ class Queue:
 
         Raises:
             NaiveDatetimeError: ``until`` has no time zone.
-            InvalidInput: ``until`` is out of range (see :func:`rota.checks.require_due_time`).
+            InvalidInput: ``until`` is out of range (see :func:`rota.checks.require_due_time`),
+                or a negative ``timedelta``.
         """
         batch = [jobs] if isinstance(jobs, Job) else list(jobs)
-        if until is not None:
-            require_due_time(until, "until")
+        checked = due_or_delay(until, "until")
+        # A delay is at most 1000 years (MAX_DURATION): the statement adds it to the
+        # queue's clock, which this process never reads on its own.
+        delay = checked if isinstance(checked, timedelta) else timedelta(0)
         fenced = [j for j in batch if j.claim_token is not None]
         if not fenced:
             return 0
         params = {
             "ids": [j.id for j in fenced],
             "claim_tokens": [j.claim_token for j in fenced],
-            "until": until,
+            "until": None if isinstance(checked, timedelta) else checked,
+            "delay": delay,
             "max_deferrals": self.max_deferrals,
             "offset": self.clock_offset,
         }
@@ -749,6 +754,32 @@ class Queue:
                 "ids": [j.id for j in fenced],
                 "claim_tokens": [j.claim_token for j in fenced],
                 "not_before": not_before}, conn=c)
+
+    async def restore_due_times(
+        self, pushed: Sequence[tuple[int, uuid.UUID | None, datetime, datetime | None]], *,
+        conn: AnyConn | None = None,
+    ) -> int:
+        """Undo the push of due times a run made so it would not claim jobs again (a
+        deferral or a hand-back due before its budget's end is due at that end), once
+        the run has ended sooner: each job is due at the time asked for again, or now
+        when that has passed (docs/design.md, "Defer").
+
+        Args:
+            pushed: ``(job id, claim token left on the row or None, the pushed due time,
+                the due time asked for or None: now)`` per job.
+            conn: the caller's connection.
+
+        Returns:
+            How many jobs are due sooner; a job claimed, moved or retried since its
+            push is left alone and not counted.
+        """
+        if not pushed:
+            return 0
+        async with self.connection(conn) as c:
+            return await self.store.execute("restore_due", {
+                "ids": [p[0] for p in pushed], "claim_tokens": [p[1] for p in pushed],
+                "pushed": [p[2] for p in pushed], "asked": [p[3] for p in pushed],
+                "offset": self.clock_offset}, conn=c)
 
     async def fail_stuck_jobs(self) -> list[Job]:
         """Fail running jobs whose lock is stale and whose attempts are used up (docs/design.md,

@@ -262,6 +262,11 @@ class BatchRunner:
         jobs = [c.job for c in ctxs]
         n = await retrying(lambda: self.queue.release(jobs, not_before=not_before), run,
                            "release")
+        if not_before is not None:
+            # Released jobs keep no claim token; each is due as before when the run
+            # ends sooner than its budget.
+            run.pushed += [(j.id, None, not_before, j.run_after) for j in jobs
+                           if j.run_after < not_before]
         for c in ctxs:
             c.outcome = "released"
             run.held.pop(c.job.id, None)

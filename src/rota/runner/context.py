@@ -24,7 +24,7 @@ from psycopg_pool import PoolTimeout
 from .. import tracing
 from ..checks import INT_MAX, require_text, storable_text
 from ..errors import ConfigError, InvalidInput, first_line
-from ..job import DeferJob, FailOutcome, Job
+from ..job import DeferJob, FailOutcome, Job, due_or_delay
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
 from ..rates import NO_KEY, Grant, RateLimit, RateLimited
@@ -98,6 +98,11 @@ class RunState:
         self.prefetched: tuple[str, asyncio.Task[list[Job]]] | None = None
         self.saved_at = -1e9  # monotonic time of the last save of the runs row
         self.trace = tracing.RunTrace(None)  # the run's span (rota.tracing)
+        # Jobs whose due time this run pushed to its budget's end, so it never claims
+        # them again: (id, the claim token left on the row, the pushed due time, the
+        # due time asked for, None: at once). When the run ends sooner, each is due as
+        # asked again (docs/design.md, "Defer").
+        self.pushed: list[tuple[int, uuid.UUID | None, datetime, datetime | None]] = []
 
     def time_left(self) -> float:
         """Seconds left in the budget (0 once it is spent or a stop was asked for)."""
@@ -425,22 +430,30 @@ class JobContext:
         self._settle(outcome)
         return outcome
 
-    async def defer(self, until: datetime | None = None) -> bool:
-        """Put the job back without burning an attempt, due at ``until`` (``None``:
-        as soon as possible); see :meth:`rota.Queue.defer`. A run never runs a job it
-        deferred: a time before the run's budget ends becomes the end of the budget.
+    async def defer(self, until: datetime | timedelta | None = None) -> bool:
+        """Put the job back without burning an attempt, due at ``until`` (an aware
+        instant; a ``timedelta`` from the queue's clock now; ``None``: as soon as
+        possible); see :meth:`rota.Queue.defer`. A run never runs a job it deferred: a
+        time before the run's budget ends becomes the end of the budget, and when the
+        run ends sooner the job is due at ``until`` again (docs/design.md, "Defer").
 
         Returns:
             ``False`` when this run lost the job, or it gave up on its deferral cap.
 
         Raises:
             NaiveDatetimeError: ``until`` has no time zone.
+            InvalidInput: ``until`` is out of range, or a negative ``timedelta``.
         """
         self._check_unsettled()
-        when = await self._after_this_run(until)
+        asked = due_or_delay(until, "until")
+        if isinstance(asked, timedelta):
+            asked = await self.queue.now() + asked
+        when = await self._after_this_run(asked)
         ok = await retrying(lambda: self.queue.defer(self.job, when), self._run,
                             "defer") == 1
         if ok:
+            if when is not None and when != asked:
+                self._run.pushed.append((self.job.id, self.job.claim_token, when, asked))
             self._settle("deferred")
         else:
             states = await retrying(lambda: self.queue.claim_states([self.job]),

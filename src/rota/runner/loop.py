@@ -127,6 +127,7 @@ class RunLoop:
             reason, error = "error", error_text(exc)
         finally:
             await self.recorder.stop_heartbeat(heartbeat)
+        await self._restore_due_times(run)
         finished_at = await self.recorder.save_end(run, reason, error)
         log.info("run %s (%s) stopped %s: %d done, %d failed, %d deferred%s", run.id,
                  trigger, reason, run.jobs_done, run.jobs_failed, run.jobs_deferred,
@@ -134,6 +135,19 @@ class RunLoop:
         return RunResult(run.id, trigger, reason, run.jobs_done, run.jobs_failed,
                          run.jobs_deferred, run.quota_units, dict(run.summary), error,
                          started_at, finished_at)
+
+    async def _restore_due_times(self, run: RunState) -> None:
+        """The run has ended: the jobs whose due time it pushed to its budget's end are
+        due as asked again, so a worker's next run takes them on time (docs/design.md,
+        "Defer"). When the database cannot say so, they stay due at the budget's end:
+        late, never lost."""
+        if not run.pushed:
+            return
+        try:
+            await self.queue.restore_due_times(run.pushed)
+        except Exception as exc:
+            log.warning("run %s: %d job(s) stay due at the end of its budget: %s",
+                        run.id, len(run.pushed), error_text(exc))
 
     async def _within_deadline(self, run: RunState) -> StopReason:
         """Run the loop, and cut it if it is still busy a quarter of the settle reserve
