@@ -194,6 +194,25 @@ def positive_int(value: object, name: str, minimum: int = 1) -> int:
     return value
 
 
+#: The largest row id (``jobs.id`` is a bigint).
+MAX_ROW_ID = 2**63 - 1
+
+
+def require_row_id(value: object, name: str = "job_id") -> int:
+    """Return ``value`` if it is an int (not a bool) in ``1..MAX_ROW_ID``: a job id every
+    entry point checks before sending it, so a bad one is a one-line
+    :class:`InvalidInput` instead of the database's type or range error (which would
+    also abort the caller's transaction) (docs/design.md, "Bad input").
+
+    Raises:
+        InvalidInput: not an int, or out of that range (the message names ``name``).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ROW_ID:
+        raise InvalidInput(f"{name} must be an int between 1 and {MAX_ROW_ID}, "
+                           f"got {value!r}")
+    return value
+
+
 def positive_seconds(value: object, name: str) -> float:
     """Return ``value`` as float seconds if it is a finite number > 0 (not a bool).
 

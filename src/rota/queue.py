@@ -35,6 +35,7 @@ from .checks import (
     LATEST_DUE,
     positive_int,
     require_due_time,
+    require_row_id,
     require_text,
 )
 from .errors import ConfigError, InvalidInput, UnreadableJob
@@ -769,10 +770,12 @@ class Queue:
         """Read one job by id, or ``None``.
 
         Raises:
+            InvalidInput: ``job_id`` is not a positive int.
             UnreadableJob: the row holds a value that cannot be loaded; the error names
                 the job and each such column (docs/design.md, "Bad data belongs to its
                 job").
         """
+        require_row_id(job_id)
         async with self.connection(conn) as c:
             row = await self.store.fetch_dict("get_job", {"id": job_id}, conn=c)
         return None if row is None else Job.from_row(row)
