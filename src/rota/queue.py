@@ -300,7 +300,7 @@ class Queue:
         Args:
             type: the job type (the stage that runs it).
             payload: JSON-serializable value (see :func:`rota.job.encode_payload`), at
-                most ``max_payload_bytes`` as PostgreSQL prints it and 500 levels deep.
+                most ``max_payload_bytes`` as PostgreSQL prints it and 256 levels deep.
             group_id: the group it belongs to (text or UUID), or ``None``.
             dedupe_key: while a job with this key is pending or running, asking again
                 creates nothing; after it is done or failed, a new job is created.
