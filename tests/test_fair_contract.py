@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -217,6 +219,36 @@ async def test_rota_verify_exits_0_when_exact_and_1_naming_each_violation(
     assert json.loads(repaired.stdout) == {
         "violations": [],
         "repaired": {"found": json.loads(as_json.stdout)["violations"], "groups": 3}}
+
+
+async def test_ctrl_c_during_a_repair_exits_130_and_rebuilds_nothing(
+        queue: Queue, aconn: Any, database_url: str, spawn: Any) -> None:
+    # Interrupted, `rota verify` used to print click's "Aborted!" and exit 1, which is
+    # also its "violations found": a monitoring job read Ctrl-C as broken bookkeeping.
+    await scenario(queue, aconn)
+    await run(aconn, queue, "UPDATE {s}.fair_groups SET served_n = served_n + 5"
+              " WHERE group_id = 'g1'")
+    env = {**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": queue.schema,
+           "PYTHONPATH": str(ROOT / "src")}
+    async with await psycopg.AsyncConnection.connect(database_url) as holder:
+        # A transaction that wrote jobs: the rebuild waits for it (docs/operations.md).
+        await queue.enqueue("t", {}, group_id="g2", conn=holder)
+        repair = spawn(["verify", "--repair"], env)
+        waiting: list[Any] = []
+        for _ in range(200):
+            waiting = await run(aconn, queue, "SELECT pid FROM pg_stat_activity WHERE"
+                                " wait_event_type = 'Lock' AND query LIKE"
+                                " '%%The rebuild''s locks%%'")
+            if waiting:
+                break
+            await asyncio.sleep(0.05)
+        assert len(waiting) == 1
+        repair.send_signal(signal.SIGINT)
+        out, err = await asyncio.to_thread(repair.communicate, timeout=30)
+        assert (repair.returncode, out, err) == (130, "", "error: interrupted\n")
+        await holder.rollback()
+    # The rebuild was rolled back with its connection: the damage is still there.
+    assert await queue.verify() == [Violation("t", "g1", "served", "2", "7")]
 
 
 # -- the rebuild --------------------------------------------------------------------------

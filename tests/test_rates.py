@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from rota import Pipeline, Queue, RateLimit, RateLimited, Stage
+from rota import Pipeline, Queue, RateLimit, RateLimited, Stage, db
 from rota.cli import cli
 from rota.errors import ConfigError, InvalidInput
 from rota.rates import rate_states
@@ -151,7 +151,72 @@ async def test_a_backoff_must_be_a_positive_duration(queue: Queue) -> None:
     for bad in (0, -1, float("nan"), timedelta(0)):
         with pytest.raises(InvalidInput):
             await limit.backoff(queue, bad)
+    # Past the 1000-year bound, in seconds as in a timedelta: one line, not the
+    # OverflowError timedelta(seconds=1e15) raises.
+    for huge, shown in ((1e15, "1000000000000000.0 seconds"), (1e12, "1000000000000.0 seconds"),
+                        (timedelta(days=365_251), "365251 days, 0:00:00")):
+        with pytest.raises(InvalidInput, match=re.escape(
+                f"backoff must be at most 365250 days either way (1000 years), got {shown}")):
+            await limit.backoff(queue, huge)
     assert await rate_states(queue) == []
+
+
+async def test_a_take_refuses_a_negative_max_wait_as_the_limit_does(queue: Queue) -> None:
+    limit = RateLimit("api", 10, SECOND)
+    with pytest.raises(InvalidInput, match=re.escape(
+            "rate limit 'api': max_wait must not be negative, got -1 day, 23:59:59")):
+        await limit.take(queue, max_wait=timedelta(seconds=-1))
+    assert await rate_states(queue) == []
+
+
+LATEST_DUE = "9999-12-30T00:00:00+00:00"
+
+
+async def test_a_debt_past_year_9999_saturates_and_the_bucket_stays_readable(
+        queue: Queue, database_url: str) -> None:
+    # One unit a year, 2**31 - 1 spent after the fact: units * emission overflowed
+    # PostgreSQL's interval ("interval out of range"); 30,000 of them put the bucket's
+    # full-again instant in year 32026, which no later take, peek or listing could load.
+    yearly = RateLimit("yearly", 1, timedelta(days=365))
+    for units in (30_000, 2**31 - 1, 2**31 - 1):
+        spent = await yearly.take(queue, units, after=True)
+        assert spent.wait == timedelta(0)
+    no = await refused(yearly, queue)
+    assert no.free_at.isoformat() == LATEST_DUE
+    assert (await yearly.peek(queue)).free_at.isoformat() == LATEST_DUE
+    [state] = await rate_states(queue)
+    assert (state.name, state.taken, state.next_free.isoformat()) == (
+        "yearly", 30_000 + 2 * (2**31 - 1), LATEST_DUE)
+    result = await asyncio.to_thread(  # the command runs its own event loop
+        CliRunner().invoke, cli, ["limits", "--schema", queue.schema, "--json"],
+        env={"DATABASE_URL": database_url})
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.stdout)
+    assert (row["name"], row["next_free"]) == ("yearly", LATEST_DUE)
+    # A debt that fits is exact, to the microsecond: 3 units of 1/7 s (142,858 µs).
+    sevenths = RateLimit("sevenths", 7, SECOND)
+    spent = await sevenths.take(queue, 3, after=True)
+    assert (await refused(sevenths, queue)).free_at == spent.at + 3 * timedelta(
+        microseconds=142_858)
+
+
+async def test_the_upgrade_brings_a_bucket_left_past_year_9999_back(
+        database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A schema made before migration 012, whose old rate_take left a bucket in year
+    # 32026: the upgrade saturates it, and the bucket is readable again.
+    before = tuple(m for m in db.migrations() if m.version < 12)
+    monkeypatch.setattr(db, "migrations", lambda: before)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+        await db.migrate(c, schema)
+        await c.execute(f"INSERT INTO {schema}.rate_buckets (name, tat, limit_units, per, "
+                        "burst, emission, window_start, updated_at) VALUES ('yearly', "
+                        "'32026-01-01 00:00:00+00', 1, '365 days', 1, '365 days', "
+                        "'-infinity', now())")
+        monkeypatch.undo()
+        assert await db.migrate(c, schema) == [12]
+    async with Queue(database_url, schema=schema) as queue:
+        [state] = await rate_states(queue)
+        assert state.next_free.isoformat() == LATEST_DUE
 
 
 # -- the runner ------------------------------------------------------------------------

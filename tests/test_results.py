@@ -283,6 +283,41 @@ async def test_result_of_an_unknown_or_bad_id(queue: Queue) -> None:
             await queue.result(bad)  # type: ignore[arg-type]
 
 
+BAD_JOB_IDS = (0, -1, 2**63, True, 1.0, "1", None)
+
+
+async def test_every_way_to_name_a_job_refuses_a_bad_id_in_one_line(
+        queue: Queue, database_url: str) -> None:
+    # Past the bigint, a bool and a float each used to reach the database: a raw
+    # "bigint out of range" or "operator does not exist", or a silent None or a match.
+    job = await queue.enqueue("t", {})
+    assert job is not None
+    sync = SyncQueue(schema=queue.schema)
+    for bad in BAD_JOB_IDS:
+        expected = f"^job_id must be an int between 1 and 9223372036854775807, got {bad!r}$"
+        with pytest.raises(InvalidInput, match=expected):
+            await queue.wait(bad, timeout=timedelta(seconds=1))  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput, match=expected):
+            await queue.get_job(bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput, match=expected):
+            await show_job(queue, bad)  # type: ignore[arg-type]
+        with psycopg.connect(database_url) as conn:  # the caller's transaction
+            with pytest.raises(InvalidInput, match=expected):
+                sync.result(conn, bad)  # type: ignore[arg-type]
+            with pytest.raises(InvalidInput, match=expected):
+                sync.wait(conn, bad, timeout=timedelta(seconds=1))  # type: ignore[arg-type]
+            # Refused before anything was sent: the transaction is still usable.
+            assert sync.result(conn, job.id).status == "pending"
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            with pytest.raises(InvalidInput, match=expected):
+                sync.wait(conn, bad, timeout=timedelta(seconds=1))  # type: ignore[arg-type]
+            assert conn.execute("SELECT pg_listening_channels()").fetchall() == []
+    async with queue.connection() as c:
+        cur = await c.execute(sql.SQL("SELECT count(*) FROM {}").format(
+            queue.table("job_waiters")))
+        assert await cur.fetchone() == (0,)
+
+
 # -- waiting ------------------------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from .checks import require_aware, require_text
+from .checks import require_aware, require_row_id, require_text
 from .db import migrations
 from .errors import InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
 from .job import Job, JobStatus, no_give_up_hook
@@ -54,7 +54,6 @@ MAX_LIST_LIMIT = 1000
 
 JOB_STATUSES: tuple[str, ...] = get_args(JobStatus)
 
-_MAX_ID = 2**63 - 1  # jobs.id is a bigint
 _ZERO_UUID = uuid.UUID(int=0)  # sorts before every run id: "before this instant" only
 
 
@@ -198,8 +197,8 @@ async def list_jobs(
         "status": status,
         "type": require_text(type, "type", allow_none=True),
         "group_id": require_text(group_id, "group_id", allow_none=True),
-        "job_id": None if job_id is None else _row_id(job_id, "job_id"),
-        "before_id": None if before_id is None else _row_id(before_id, "before_id"),
+        "job_id": None if job_id is None else require_row_id(job_id, "job_id"),
+        "before_id": None if before_id is None else require_row_id(before_id, "before_id"),
         "limit": _limit(limit) + 1,  # one more: is there another page?
     }
     async with queue.connection(conn) as c:
@@ -239,7 +238,7 @@ async def retry_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = No
             another open job holds its dedupe key (retry it once that one is done).
         InvalidInput: ``job_id`` is not a positive int.
     """
-    job_id = _row_id(job_id, "job_id")
+    job_id = require_row_id(job_id, "job_id")
     params = {"id": job_id, "offset": queue.clock_offset, "channel": queue.schema}
     async with queue.connection(conn) as c:
         try:
@@ -275,7 +274,7 @@ async def show_job(queue: AdminQueue, job_id: int, *,
         JobNotFound: no job has this id.
         InvalidInput: ``job_id`` is not a positive int.
     """
-    return await result(queue, _row_id(job_id, "job_id"), conn=conn)
+    return await result(queue, require_row_id(job_id, "job_id"), conn=conn)
 
 
 async def cancel_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = None) -> Job:
@@ -297,7 +296,7 @@ async def cancel_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = N
         InvalidTransition: the job is not pending (the message says what it is).
         InvalidInput: ``job_id`` is not a positive int.
     """
-    job_id = _row_id(job_id, "job_id")
+    job_id = require_row_id(job_id, "job_id")
     async with queue.connection(conn) as c:
         row = await queue.store.fetch_dict("cancel_job", {
             "id": job_id, "offset": queue.clock_offset, "schema_name": queue.schema},
@@ -411,14 +410,6 @@ def _savepoint(conn: AnyConn) -> AbstractAsyncContextManager[Any]:
     if conn.info.transaction_status == TransactionStatus.INTRANS:
         return conn.transaction()
     return nullcontext()
-
-
-def _row_id(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{name} must be an int, got {type(value).__name__}")
-    if not 1 <= value <= _MAX_ID:
-        raise InvalidInput(f"{name} must be between 1 and {_MAX_ID}, got {value}")
-    return value
 
 
 def _limit(value: object) -> int:

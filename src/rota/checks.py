@@ -78,6 +78,25 @@ def require_duration(value: timedelta, name: str, *, positive: bool = True) -> t
     return value
 
 
+def require_duration_or_seconds(value: object, name: str) -> timedelta:
+    """Return ``value`` as a positive ``timedelta`` no longer than :data:`MAX_DURATION`:
+    a ``timedelta``, or a number of seconds (an HTTP Retry-After header's), checked
+    against the bound before it is converted, since ``timedelta(seconds=1e15)`` raises
+    ``OverflowError`` rather than saying what was wrong.
+
+    Raises:
+        InvalidInput: not a timedelta or a finite positive number, or too long.
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value) or value <= 0:
+            raise InvalidInput(f"{name} must be a positive number of seconds, got {value!r}")
+        if value > MAX_DURATION.total_seconds():
+            raise InvalidInput(f"{name} must be at most {MAX_DURATION.days} days either way "
+                               f"(1000 years), got {value!r} seconds")
+        value = timedelta(seconds=value)
+    return require_duration(value, name)  # type: ignore[arg-type]
+
+
 # UTF-8 bytes, not characters: a job type and a group id share index rows
 # (jobs_pending_idx, the claim's bookkeeping), whose btree entries hold at most about
 # 2,700 bytes; 512 four-byte characters each overflowed them (ProgramLimitExceeded).
@@ -191,6 +210,25 @@ def positive_int(value: object, name: str, minimum: int = 1) -> int:
         raise InvalidInput(f"{name} must be an int >= {minimum}, got {value!r}")
     if value > INT_MAX:
         raise InvalidInput(f"{name} must be at most {INT_MAX}, got {value!r}")
+    return value
+
+
+#: The largest row id (``jobs.id`` is a bigint).
+MAX_ROW_ID = 2**63 - 1
+
+
+def require_row_id(value: object, name: str = "job_id") -> int:
+    """Return ``value`` if it is an int (not a bool) in ``1..MAX_ROW_ID``: a job id every
+    entry point checks before sending it, so a bad one is a one-line
+    :class:`InvalidInput` instead of the database's type or range error (which would
+    also abort the caller's transaction) (docs/design.md, "Bad input").
+
+    Raises:
+        InvalidInput: not an int, or out of that range (the message names ``name``).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ROW_ID:
+        raise InvalidInput(f"{name} must be an int between 1 and {MAX_ROW_ID}, "
+                           f"got {value!r}")
     return value
 
 

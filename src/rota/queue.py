@@ -35,6 +35,7 @@ from .checks import (
     LATEST_DUE,
     positive_int,
     require_due_time,
+    require_row_id,
     require_text,
 )
 from .errors import ConfigError, InvalidInput, UnreadableJob
@@ -299,7 +300,7 @@ class Queue:
         Args:
             type: the job type (the stage that runs it).
             payload: JSON-serializable value (see :func:`rota.job.encode_payload`), at
-                most ``max_payload_bytes`` as PostgreSQL prints it and 500 levels deep.
+                most ``max_payload_bytes`` as PostgreSQL prints it and 256 levels deep.
             group_id: the group it belongs to (text or UUID), or ``None``.
             dedupe_key: while a job with this key is pending or running, asking again
                 creates nothing; after it is done or failed, a new job is created.
@@ -800,10 +801,12 @@ class Queue:
         """Read one job by id, or ``None``.
 
         Raises:
+            InvalidInput: ``job_id`` is not a positive int.
             UnreadableJob: the row holds a value that cannot be loaded; the error names
                 the job and each such column (docs/design.md, "Bad data belongs to its
                 job").
         """
+        require_row_id(job_id)
         async with self.connection(conn) as c:
             row = await self.store.fetch_dict("get_job", {"id": job_id}, conn=c)
         return None if row is None else Job.from_row(row)

@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .checks import positive_int, require_duration, require_text
+from .checks import (
+    positive_int,
+    require_duration,
+    require_duration_or_seconds,
+    require_text,
+)
 from .errors import InvalidInput, RotaError
 
 if TYPE_CHECKING:
@@ -167,7 +172,8 @@ class RateLimit:
             after: spend units already used (a model's tokens, known once it answered):
                 always granted now, and the bucket may go below zero; later takers wait
                 until it refills.
-            max_wait: the longest wait for reserved units (default ``self.max_wait``).
+            max_wait: the longest wait for reserved units (default ``self.max_wait``), a
+                ``timedelta`` from zero to 1000 years.
             conn: a connection to run on (autocommit expected: the bucket's row stays
                 locked until its transaction ends).
 
@@ -176,7 +182,8 @@ class RateLimit:
 
         Raises:
             RateLimited: the units are not there within ``max_wait`` (nothing taken).
-            InvalidInput: bad units or key, or more units than ``burst`` before the fact.
+            InvalidInput: bad units, key or ``max_wait``, or more units than ``burst``
+                before the fact.
         """
         positive_int(units, f"rate limit {self.name!r}: units")
         if key != NO_KEY:
@@ -188,6 +195,9 @@ class RateLimit:
         wait = None if after else (self.max_wait if max_wait is None else max_wait)
         if wait is not None:
             require_duration(wait, "max_wait", positive=False)
+            if wait < timedelta(0):  # as RateLimit(max_wait=) refuses it
+                raise InvalidInput(f"rate limit {self.name!r}: max_wait must not be "
+                                   f"negative, got {wait}")
         async with queue.connection(conn) as c:
             row = await queue.store.fetch_one("rate_take", {
                 **self._params(queue, key), "units": units, "max_wait": wait}, conn=c)
@@ -205,7 +215,8 @@ class RateLimit:
         A backoff never shortens one already in force.
 
         Args:
-            wait: a positive ``timedelta``, or seconds (a Retry-After header's number).
+            wait: a positive ``timedelta``, or seconds (a Retry-After header's number),
+                at most 1000 years.
 
         Returns:
             The aware UTC instant (queue clock) the backoff ends.
@@ -213,12 +224,7 @@ class RateLimit:
         Raises:
             InvalidInput: ``wait`` is not a positive duration.
         """
-        if isinstance(wait, int | float) and not isinstance(wait, bool):
-            if not math.isfinite(wait) or wait <= 0:
-                raise InvalidInput(f"backoff must be a positive number of seconds, got "
-                                   f"{wait!r}")
-            wait = timedelta(seconds=wait)
-        require_duration(wait, "backoff")  # type: ignore[arg-type]
+        wait = require_duration_or_seconds(wait, "backoff")
         if key != NO_KEY:
             require_text(key, "rate limit key")
         async with queue.connection() as c:

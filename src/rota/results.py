@@ -33,8 +33,8 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from .checks import require_duration, storable_text
-from .errors import InvalidInput, JobNotFound, PayloadError, RotaError
+from .checks import require_duration, require_row_id, storable_text
+from .errors import JobNotFound, PayloadError, RotaError
 from .job import MAX_PAYLOAD_DEPTH, Job, JobStatus, encode_payload
 from .store import AnyConn, Statements, Store, configure_cursor, listen_connect_args
 
@@ -313,9 +313,7 @@ async def result(queue: ResultReader, job_id: int, *, conn: AnyConn | None = Non
         JobNotFound: no job has this id (never existed, or pruned with its result).
         InvalidInput: ``job_id`` is not a positive int.
     """
-    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id < 2**63:
-        raise InvalidInput(f"job_id must be an int between 1 and {2**63 - 1}, "
-                           f"got {job_id!r}")
+    require_row_id(job_id)
     async with queue.connection(conn) as c:
         row = await queue.store.fetch_dict("get_result", {"id": job_id}, conn=c)
     if row is None:
@@ -344,8 +342,10 @@ async def wait(queue: ResultsQueue, job_id: int, *, timeout: timedelta,  # noqa:
     Raises:
         WaitTimeout: the job was still pending or running after ``timeout``.
         JobNotFound: no job has this id.
-        InvalidInput: ``timeout`` or ``poll_every`` is not a positive ``timedelta``.
+        InvalidInput: ``job_id`` is not a positive int, or ``timeout`` or
+            ``poll_every`` is not a positive ``timedelta``.
     """
+    require_row_id(job_id)
     require_duration(timeout, "timeout")
     require_duration(poll_every, "poll_every")
     deadline = time.monotonic() + timeout.total_seconds()
@@ -354,10 +354,10 @@ async def wait(queue: ResultsQueue, job_id: int, *, timeout: timedelta,  # noqa:
     # before the registration committed is found by the next poll.
     listener = await _listen(queue)
     waiter = {"id": job_id, "waiter": uuid.uuid4()}
-    if listener is not None:
-        async with queue.connection() as c:
-            await queue.store.execute("waiter_add", waiter, conn=c)
     try:
+        if listener is not None:
+            async with queue.connection() as c:
+                await queue.store.execute("waiter_add", waiter, conn=c)
         while True:
             found = await result(queue, job_id)
             if found.finished:
@@ -410,6 +410,7 @@ async def _next_notice(listener: psycopg.AsyncConnection[Any] | None, schema: st
 def sync_result(queue_statements: Statements, conn: psycopg.Connection[Any],
                 job_id: int) -> JobResult:
     """:func:`result` on a sync connection (see :meth:`rota.SyncQueue.result`)."""
+    require_row_id(job_id)
     cur = conn.cursor(row_factory=dict_row)
     configure_cursor(cur)
     row = cur.execute(queue_statements.sql("get_result"), {"id": job_id}).fetchone()
@@ -425,16 +426,17 @@ def sync_wait(queue_statements: Statements, conn: psycopg.Connection[Any], job_i
     until it ends) and polls otherwise, reading inside the caller's transaction (at
     read committed each read sees what committed before it; the transaction is never
     ended here)."""
+    require_row_id(job_id)
     require_duration(timeout, "timeout")
     require_duration(poll_every, "poll_every")
     deadline = time.monotonic() + timeout.total_seconds()
     listening = conn.autocommit
     waiter = {"id": job_id, "waiter": uuid.uuid4()}
-    if listening:  # as :func:`wait` does: listening, registered, then reading
-        conn.execute(f"LISTEN {SETTLED_CHANNEL}")
-        conn.execute(queue_statements.sql("waiter_add"), waiter)
     schema = queue_statements.schema
     try:
+        if listening:  # as :func:`wait` does: listening, registered, then reading
+            conn.execute(f"LISTEN {SETTLED_CHANNEL}")
+            conn.execute(queue_statements.sql("waiter_add"), waiter)
         while True:
             # Inside the caller's transaction (read committed), each read sees what
             # committed before it; the caller's transaction is never ended here.

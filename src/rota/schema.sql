@@ -624,6 +624,9 @@ CREATE INDEX rate_waits_name_until ON {schema}.rate_waits (name, until);
 --   until `at`, a reservation no later taker can have); else refused, nothing changes
 --   but the refusal count, and `at` is the moment the units will be there.
 -- Returns granted, at, and wait_s: seconds from the take until `at` (>= 0).
+-- Computed times saturate (docs/design.md, "Time"): a debt of units spent after the fact
+-- ends at the latest due time, 9999-12-30, at the most, so a huge take neither overflows
+-- the interval arithmetic nor leaves `tat` where no reader can load it.
 CREATE FUNCTION {schema}.rate_take(
     p_name text, p_key text, p_units bigint, p_limit bigint, p_per interval,
     p_burst bigint, p_emission interval, p_max_wait interval, p_offset interval
@@ -635,6 +638,7 @@ DECLARE
     base timestamptz;
     free_at timestamptz;
     w_start timestamptz;
+    latest_due constant timestamptz := '9999-12-30 00:00:00+00';
 BEGIN
     -- A bucket's state is soft: losing the last few milliseconds of takes in a server
     -- crash forgets units, it never invents them. Not waiting for the WAL flush keeps
@@ -671,7 +675,9 @@ BEGIN
                             * extract(epoch FROM p_per));
     w_start := greatest(w_start, b.window_start);  -- a clock moved back counts as now
     UPDATE {schema}.rate_buckets r
-    SET tat = base + p_units * p_emission,
+    SET tat = CASE WHEN p_units * extract(epoch FROM p_emission)::numeric
+                        < extract(epoch FROM latest_due - base)::numeric
+                   THEN base + p_units * p_emission ELSE latest_due END,
         limit_units = p_limit, per = p_per, burst = p_burst, emission = p_emission,
         prev_units = CASE WHEN w_start = r.window_start THEN r.prev_units
                           WHEN w_start = r.window_start + p_per THEN r.window_units

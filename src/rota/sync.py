@@ -120,6 +120,7 @@ class SyncQueue:
 
         Raises:
             JobNotFound: no job has this id.
+            InvalidInput: ``job_id`` is not a positive int.
         """
         return sync_result(self.statements, conn, job_id)
 
@@ -135,7 +136,8 @@ class SyncQueue:
         Raises:
             WaitTimeout: still pending or running after ``timeout``.
             JobNotFound: no job has this id.
-            InvalidInput: ``timeout`` or ``poll_every`` is not a positive ``timedelta``.
+            InvalidInput: ``job_id`` is not a positive int, or ``timeout`` or
+                ``poll_every`` is not a positive ``timedelta``.
         """
         return sync_wait(self.statements, conn, job_id, timeout=timeout,
                          poll_every=poll_every)

@@ -29,9 +29,11 @@ ones below); 2 bad usage or flag values, a broken app or configuration (includin
 unreachable database, rota's tables missing, a schema `rota migrate` refuses or fails
 to migrate, or a value the database cannot store
 (SQLSTATE classes 22 "data exception" and 54 "program limit exceeded", for example a
-dedupe key too long for its index). Each is one line on stderr: ``error: database
-unreachable: …`` when no connection could be made or it was lost, ``error: database
-error: …`` for any other error the database reported.
+dedupe key too long for its index); 130 SIGINT (Ctrl-C) stopped a one-shot command
+(``error: interrupted``; ``rota run``, ``worker``, ``serve`` and ``dashboard`` take a
+first signal as a stop request instead, see :mod:`.run`). Each is one line on stderr:
+``error: database unreachable: …`` when no connection could be made or it was lost,
+``error: database error: …`` for any other error the database reported.
 
 Text that comes from the database or the app (job types, errors, plan names…) is shown
 literally: never read as rich markup, and control characters are printed escaped

@@ -36,6 +36,23 @@ class CliConfigError(CliError):
     exit_code = 2
 
 
+#: The exit status of a command stopped by SIGINT (Ctrl-C): 128 + SIGINT, as a shell
+#: reports it, and as ``rota run`` exits after a second signal.
+EXIT_INTERRUPTED = 130
+
+
+class CliInterrupted(CliError):
+    """SIGINT (Ctrl-C) stopped a command: ``error: interrupted``, exit 130. Not click's
+    ``Aborted!`` with exit 1, which ``rota verify`` (violations), ``rota run`` (a run
+    that ended in error) and the job commands (an action refused) use for their own
+    outcome: a monitoring job must not read an interrupted check as a violation."""
+
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self) -> None:
+        super().__init__("interrupted")
+
+
 #: SQLSTATE classes of values the database cannot store: a bad flag value (exit 2).
 _INPUT_SQLSTATE_CLASSES = ("22", "54")
 
@@ -80,6 +97,10 @@ class RotaGroup(click.Group):
             return super().invoke(ctx)
         except click.exceptions.Exit:
             raise
+        except KeyboardInterrupt:
+            # What had not committed is rolled back with the connection (a rebuild of
+            # the bookkeeping, a migration and each statement are one transaction).
+            raise CliInterrupted() from None
         except Exception as exc:
             translated = as_cli_error(exc)
             if translated is None:
