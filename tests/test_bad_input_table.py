@@ -190,8 +190,8 @@ async def test_handler_errors_with_nul_and_surrogates_still_fail_the_job(
         gave_up.append(job.id)
 
     pipeline = Pipeline(queue, [Stage("t", 1, 1, boom, max_attempts=2, on_give_up=hook)])
-    bad = await queue.enqueue("t", {"bad": True})
-    good = await queue.enqueue("t", {"bad": False})
+    bad = await pipeline.queue.enqueue("t", {"bad": True})  # the stage's max_attempts
+    good = await pipeline.queue.enqueue("t", {"bad": False})
     assert bad is not None and good is not None
     first = await pipeline.run()
     assert (first.stop_reason, first.jobs_done, first.summary) == ("no_work", 1, {"retries": 1})

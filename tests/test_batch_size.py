@@ -42,7 +42,9 @@ def test_a_stage_without_batch_starts_at_its_concurrency() -> None:
 
 
 async def claimed_sizes(queue: Queue, pipeline: Pipeline) -> list[tuple[int, int]]:
-    """Run the pipeline once; (asked, got) of every claim it made."""
+    """Run the pipeline once; (asked, got) of every claim it made (through its own
+    queue, ``pipeline.queue``, which shares ``queue``'s pool and settings)."""
+    queue = pipeline.queue
     sizes: list[tuple[int, int]] = []
     claim = queue.claim
 

@@ -56,7 +56,7 @@ async def test_a_worker_fails_a_stuck_job_and_closes_a_killed_run_between_mainte
 
     pipeline = build_pipeline(queue)
     queue.on_give_up("boom", refund)
-    job = await queue.enqueue("boom", {})  # boom: one attempt
+    job = await pipeline.queue.enqueue("boom", {})  # boom's stage: one attempt
     assert job
     [claimed] = await queue.claim("boom", 1)  # its process dies
     queue.clock_offset = timedelta(minutes=16)  # the lock is stale, no attempt left

@@ -133,7 +133,8 @@ async def test_handler_errors_retry_with_backoff_then_give_up_once(queue: Queue)
 
     pipeline = Pipeline(queue, [Stage("draft", 5, 1, boom, max_attempts=2,
                                       on_give_up=refund)])
-    [jid] = await enqueue_jobs(queue, "draft", 1)  # enqueued after the pipeline: max_attempts 2
+    # Through the pipeline's queue: the stage's max_attempts, 2.
+    [jid] = await enqueue_jobs(pipeline.queue, "draft", 1)
     first = await pipeline.run()
     assert (first.jobs_done, first.jobs_failed, first.summary) == (0, 0, {"retries": 1})
     j = await job(queue, jid)
@@ -685,8 +686,8 @@ async def test_a_stage_without_a_hook_owes_no_give_up(queue: Queue, aconn: AConn
 
     pipeline = Pipeline(queue, [Stage("plain", 5, 1, boom, max_attempts=1),
                                 Stage("paid", 5, 1, boom, max_attempts=1, on_give_up=refund)])
-    [plain] = await enqueue_jobs(queue, "plain", 1)
-    [paid] = await enqueue_jobs(queue, "paid", 1)
+    [plain] = await enqueue_jobs(pipeline.queue, "plain", 1)
+    [paid] = await enqueue_jobs(pipeline.queue, "paid", 1)
     result = await pipeline.run(trigger="manual", time_budget=timedelta(seconds=30))
     assert (result.stop_reason, result.jobs_failed) == ("no_work", 2)
     assert ran == [paid]

@@ -18,6 +18,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
+import rota.job
 import rota.runner
 from rota import ConfigError, DeferJob, Job, JobContext, Queue, Quota, Schedule, Stage
 from rota.runner.batch import BatchRunner
@@ -280,25 +281,43 @@ async def test_the_loop_skips_a_quota_blocked_stage_and_stops_for_the_quota(
 
 # -- the pipeline's constructor and boundaries ------------------------------------------------
 
-async def test_a_refused_pipeline_leaves_its_queue_as_it_was(queue: Queue) -> None:
+async def test_building_a_pipeline_leaves_the_callers_queue_exactly_as_it_was(
+    make_queue: Any,
+) -> None:
+    """The stages' rules are the pipeline's own queue's (docs/design.md, "The runner"):
+    built or refused, a pipeline changes nothing on the queue it is given."""
     async def handler(ctx: JobContext) -> None:
         pass
 
     async def hook(job: Job, conn: Any) -> None:
         pass
 
+    async def callers_hook(job: Job, conn: Any) -> None:
+        pass
+
+    queue = await make_queue(max_attempts_by_type={"b": 4})
+    queue.on_give_up("c", callers_hook)
+    state = dict(vars(queue))
+    settings = dict(vars(queue.settings))
     stages = [Stage("a", 1, 1, handler, max_attempts=2, on_give_up=hook),
-              Stage("b", 1, 1, handler)]
-    with pytest.raises(ConfigError, match="schedule 'tick' enqueues 'c'"):
-        Pipeline(queue, stages, schedules=[Schedule(name="tick", cron="0 * * * *", type="c")])
-    assert (dict(queue.max_attempts_by_type), dict(queue.give_up_hooks)) == ({}, {})
-    queue.max_attempts_by_type["b"] = 4
-    with pytest.raises(ConfigError, match="max_attempts 3 conflicts"):
+              Stage("b", 1, 1, handler), Stage("c", 1, 1, handler)]
+    with pytest.raises(ConfigError, match="schedule 'tick' enqueues 'x'"):
+        Pipeline(queue, stages, schedules=[Schedule(name="tick", cron="0 * * * *", type="x")])
+    with pytest.raises(ConfigError, match="stage 'b': max_attempts 3 conflicts with the "
+                                          "queue's max_attempts_by_type 4"):
         Pipeline(queue, [stages[0], Stage("b", 1, 1, handler, max_attempts=3)])
-    assert (dict(queue.max_attempts_by_type), dict(queue.give_up_hooks)) == ({"b": 4}, {})
-    Pipeline(queue, stages)
-    assert dict(queue.max_attempts_by_type) == {"a": 2, "b": 4}
-    assert queue.give_up_hooks["a"] is hook and set(queue.give_up_hooks) == {"a", "b"}
+    pipeline = Pipeline(queue, stages)
+
+    assert dict(queue.max_attempts_by_type) == {"b": 4}
+    assert dict(queue.give_up_hooks) == {"c": callers_hook}
+    assert vars(queue) == state and vars(queue.settings) == settings
+    # The pipeline's queue: the stages' rules over the caller's, on the same pool.
+    assert pipeline.queue is not queue
+    assert dict(pipeline.queue.max_attempts_by_type) == {"a": 2, "b": 4}
+    assert dict(pipeline.queue.give_up_hooks) == {
+        "a": hook, "b": rota.job.no_give_up_hook, "c": callers_hook}
+    assert (pipeline.queue.pool, pipeline.queue.store, pipeline.queue.upkeep) == (
+        queue.pool, queue.store, queue.upkeep)
 
 
 RUNNER = Path(rota.runner.__file__).parent

@@ -157,7 +157,7 @@ async def test_publishing_writes_only_what_changed(make_queue: Any, aconn: Any) 
     assert before[:2] == (["a", "b"], {"a": 2})
     await queue.publish_settings()
     assert await (await aconn.execute(query)).fetchone() == before
-    queue.max_attempts_by_type["b"] = 5  # as a pipeline's Stage(max_attempts=5) does
+    queue.max_attempts_by_type["b"] = 5  # a setting changed after it was published
     await queue.publish_settings()
     after = await (await aconn.execute(query)).fetchone()
     assert after[1] == {"a": 2, "b": 5} and after[2] > before[2]

@@ -227,7 +227,7 @@ async def test_deferred_and_given_up_jobs_and_quota_spends_are_traced(
                                       on_give_up=refund)])
     with provider.get_tracer("app").start_as_current_span("request") as request:
         await queue.enqueue("later", {})
-        await queue.enqueue("boom", {})
+        await pipeline.queue.enqueue("boom", {})  # the stage's max_attempts, 1
     trace_id = f"{request.get_span_context().trace_id:032x}"
     result = await pipeline.run(trigger="manual")
     assert (result.jobs_deferred, result.jobs_failed) == (1, 1)

@@ -78,10 +78,11 @@ async def test_cron_runs_the_pipeline_with_the_right_secret(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    pipeline = build_pipeline(queue)  # sets boom's max_attempts=1 on the queue
+    pipeline = build_pipeline(queue)
     for n in range(3):
         await queue.enqueue("echo", {"n": n})
-    await queue.enqueue("boom", {"why": "test"})
+    # Through the pipeline's queue: boom's stage gives it max_attempts=1.
+    await pipeline.queue.enqueue("boom", {"why": "test"})
     app = cron_app(pipeline, secret=f"  {SECRET}\n", time_budget=timedelta(seconds=30))
     async with client(app) as c:
         r = await c.get("/api/cron", headers={"Authorization": f"Bearer {SECRET}"})

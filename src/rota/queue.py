@@ -4,7 +4,7 @@ hooks (docs/design.md, "The queue's rules"). A :class:`Queue` holds validated se
 (:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.fair`), and
 the admin operations (:mod:`rota.admin`).
 
-One piece (about 1,050 lines): every method is one transition of the job state machine
+One piece (about 1,090 lines): every method is one transition of the job state machine
 (docs/state-machine.md) under one claim fence, or a thin door to a package that owns its
 rule (results, the fair claim's contract); they share the fence and the give-up path;
 split, each part would import the rest. The runner's transitions (heartbeat,
@@ -15,11 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import select
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections import ChainMap
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -108,7 +118,7 @@ class Queue:
         self.settings = QueueSettings(**settings)
         #: rota's spans (:mod:`rota.tracing`; no-ops without ``opentelemetry-api``).
         self.tracer = tracing.Tracer(tracer_provider)
-        self._give_up_hooks: dict[str, GiveUpHook] = {}
+        self._give_up_hooks: MutableMapping[str, GiveUpHook] = {}
         self.claim_observers: list[ClaimObserver] = []  # metrics (rota.web.metrics)
         if isinstance(conninfo_or_pool, str):
             check = IdleConnectionCheck()
@@ -125,6 +135,9 @@ class Queue:
             self._owns_pool = False
         else:
             raise InvalidInput("Queue needs a connection string or an AsyncConnectionPool")
+        # Whether close() stops the upkeep and closes an own pool: not for a queue
+        # derived by with_stage_rules, which shares them.
+        self._closes_pool = True
         self.store = Store(self._pool, self.settings.schema, self.settings.groups)
         self.upkeep = ClaimUpkeep(
             self.store, lambda: (self.clock_offset, self.served_window), UpkeepConfig())
@@ -163,7 +176,9 @@ class Queue:
     @property
     def owns_pool(self) -> bool:
         """Whether the pool is the queue's own (opened from a connection string), which
-        a pipeline may grow to what its stages need; a caller's pool is never resized."""
+        a pipeline may grow to what its stages need; a caller's pool is never resized.
+        A pipeline's queue (:meth:`with_stage_rules`) answers as the queue it came
+        from."""
         return self._owns_pool
 
     async def open(self) -> None:
@@ -179,7 +194,11 @@ class Queue:
         does (docs/operations.md, "Network partitions and timeouts"): upkeep still
         waiting for the database then is cancelled and left to end in the background
         (psycopg cancels its statement and discards its connection within 10 s), and
-        the pool closes without waiting for connections in use."""
+        the pool closes without waiting for connections in use. A queue made by
+        :meth:`with_stage_rules` (a pipeline's) closes nothing: what it uses is the
+        queue's it came from, which closes them."""
+        if not self._closes_pool:
+            return
         stopping = asyncio.ensure_future(self.upkeep.stop())
         try:
             done, _ = await asyncio.wait({stopping}, timeout=CLOSE_DEADLINE.total_seconds())
@@ -815,7 +834,9 @@ class Queue:
 
     @property
     def give_up_hooks(self) -> Mapping[str, GiveUpHook]:
-        """The give-up hooks registered on this queue, by job type (read-only view)."""
+        """The give-up hooks this queue runs, by job type (read-only view): those
+        registered on it, and for a pipeline's queue (:meth:`with_stage_rules`) its
+        stages' over those of the queue it came from."""
         return MappingProxyType(self._give_up_hooks)
 
     def on_give_up(self, job_type: str, hook: GiveUpHook) -> None:
@@ -874,22 +895,37 @@ class Queue:
     # makes is one of these, or one of the transitions above (docs/design.md, "The
     # runner").
 
-    def adopt_stage_rules(self, max_attempts_by_type: Mapping[str, int],
-                          give_up_hooks: Mapping[str, GiveUpHook | None]) -> None:
-        """Take a pipeline's per-type rules (its stages' ``max_attempts`` and
-        ``on_give_up``), all or nothing: everything is checked before anything changes.
+    def with_stage_rules(self, max_attempts_by_type: Mapping[str, int],
+                         give_up_hooks: Mapping[str, GiveUpHook | None]) -> Queue:
+        """A queue for a pipeline: this queue with the per-type rules of its stages
+        (their ``max_attempts`` and ``on_give_up``) laid over its own; this queue is
+        left exactly as it was (docs/design.md, "The runner"). :class:`rota.Pipeline`
+        calls it and keeps the result as ``pipeline.queue``.
+
+        The new queue shares this one's pool, store, claim upkeep, tracer, claim
+        observers and settings, clock included (moving either's ``clock_offset`` moves
+        both), and reads this queue's ``max_attempts_by_type`` and give-up hooks live,
+        under the stages'. Its :meth:`close` closes nothing: the pool and the upkeep are
+        this queue's, so close this one. Enqueueing through it gives a stage's type the
+        stage's ``max_attempts``; enqueueing through this queue does not (it keeps its
+        own settings). Two pipelines on one queue each keep their own rules.
 
         Args:
-            max_attempts_by_type: type -> attempts for jobs enqueued from now on; a type
-                that already has a different per-type value is refused.
-            give_up_hooks: type -> its give-up hook, replacing any registered one; or
-                ``None``: the type has no hook, so, unless one is registered, a no-op
-                is, and its give-ups are recorded as handled instead of owed forever.
+            max_attempts_by_type: type -> attempts for jobs enqueued through the new
+                queue; a type for which this queue has a different per-type value
+                (its ``max_attempts_by_type`` setting) is refused.
+            give_up_hooks: type -> its give-up hook, over any this queue has; or
+                ``None``: the type has no hook of its own, so this queue's runs if it
+                has one, and otherwise a no-op does, so its give-ups are recorded as
+                handled instead of owed forever.
+
+        Returns:
+            The new :class:`Queue`.
 
         Raises:
             ConfigError: a ``max_attempts`` that conflicts with this queue's per-type
                 setting.
-            InvalidInput, UnknownJobType: a bad type or count; nothing changed.
+            InvalidInput, UnknownJobType: a bad type or count.
         """
         attempts = {self.check_type(t): positive_int(n, f"max_attempts for {t!r}")
                     for t, n in max_attempts_by_type.items()}
@@ -899,12 +935,14 @@ class Queue:
                 raise ConfigError(f"stage {t!r}: max_attempts {n} conflicts with the "
                                   f"queue's max_attempts_by_type {current}")
         hooks = {self.check_type(t): h for t, h in give_up_hooks.items()}
-        self.max_attempts_by_type.update(attempts)
-        for t, hook in hooks.items():
-            if hook is not None:
-                self._give_up_hooks[t] = hook
-            else:
-                self._give_up_hooks.setdefault(t, _no_give_up_hook)
+        derived = copy.copy(self)  # shares the pool, store, upkeep, tracer, observers
+        derived.settings = self.settings.with_max_attempts_by_type(attempts)
+        # Lookup order: the stage's hook, this queue's (live), then the no-op.
+        derived._give_up_hooks = ChainMap(
+            {t: h for t, h in hooks.items() if h is not None}, self._give_up_hooks,
+            {t: _no_give_up_hook for t, h in hooks.items() if h is None})
+        derived._closes_pool = False
+        return derived
 
     async def heartbeat(self, jobs: Sequence[Job], *, conn: AnyConn | None = None) -> int:
         """Refresh the locks of claimed jobs a live run still holds (``locked_at`` =

@@ -4,8 +4,10 @@ apply the same rules (docs/design.md, "Enqueue" and "Settings")."""
 
 from __future__ import annotations
 
+import copy
 import uuid
-from collections.abc import Iterable, Mapping
+from collections import ChainMap
+from collections.abc import Iterable, Mapping, MutableMapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -116,7 +118,7 @@ class QueueSettings:
         self.types = frozenset(require_text(t, "job type") or "" for t in types) if types else None
         self._sorted_types = sorted(self.types) if self.types is not None else None
         self.max_attempts = positive_int(max_attempts, "max_attempts")
-        self.max_attempts_by_type = {
+        self.max_attempts_by_type: MutableMapping[str, int] = {
             self.check_type(t): positive_int(n, f"max_attempts for {t!r}")
             for t, n in (max_attempts_by_type or {}).items()
         }
@@ -133,18 +135,38 @@ class QueueSettings:
             None if max_deferrals is None else positive_int(max_deferrals, "max_deferrals", 0)
         )
         self.max_payload_bytes = positive_int(max_payload_bytes, "max_payload_bytes")
-        self.clock_offset = timedelta(0)
+        self._clock = _Clock()
 
     @property
     def clock_offset(self) -> timedelta:
         """Added to the database's ``now()`` in every comparison and every timestamp the
         queue writes; tests and simulations move time forward with it. Datetimes passed
-        in (``run_after``, ``until``) are absolute and are not shifted."""
-        return self._clock_offset
+        in (``run_after``, ``until``) are absolute and are not shifted. Shared with the
+        settings :meth:`with_max_attempts_by_type` derives: one clock per queue."""
+        return self._clock.offset
 
     @clock_offset.setter
     def clock_offset(self, value: timedelta) -> None:
-        self._clock_offset = require_duration(value, "clock_offset", positive=False)
+        self._clock.offset = require_duration(value, "clock_offset", positive=False)
+
+    def with_max_attempts_by_type(self, overrides: Mapping[str, int]) -> QueueSettings:
+        """These settings with per-type ``max_attempts`` laid over this object's
+        (a pipeline's stages': docs/design.md, "The runner"); this object is unchanged.
+
+        The result shares this object's clock (moving either moves both) and reads this
+        object's ``max_attempts_by_type`` live, under ``overrides``; every other setting
+        is the same value.
+
+        Args:
+            overrides: type -> attempts, already checked (:meth:`check_type`,
+                positive ints).
+
+        Returns:
+            A new :class:`QueueSettings`.
+        """
+        derived = copy.copy(self)
+        derived.max_attempts_by_type = ChainMap(dict(overrides), self.max_attempts_by_type)
+        return derived
 
     def check_type(self, job_type: object) -> str:
         """Return ``job_type`` if it is a valid job type for this queue.
@@ -166,11 +188,12 @@ class QueueSettings:
         ``enqueue_jobs`` (and of ``sql/publish_settings.sql``, which writes them for the
         SQL entry points): declared types (sorted), default and per-type max_attempts,
         max_payload_bytes, the groups relation (``None``: rota's own) and the clock
-        offset. Read at each call: a pipeline adds its stages' max_attempts."""
+        offset. Read at each call: a pipeline's queue
+        (:meth:`with_max_attempts_by_type`) adds its stages' max_attempts."""
         return {
             "s_types": self._sorted_types,
             "s_max_attempts": self.max_attempts,
-            "s_max_attempts_by_type": Jsonb(self.max_attempts_by_type),
+            "s_max_attempts_by_type": Jsonb(dict(self.max_attempts_by_type)),
             "s_max_payload_bytes": self.max_payload_bytes,
             "s_groups": self._groups_sql,
             "offset": self.clock_offset,
@@ -298,6 +321,16 @@ def enqueue_error(problem: Mapping[str, Any]) -> InvalidInput:
     if problem.get("column") == "payload":
         return PayloadError(message)
     return InvalidInput(message)
+
+
+class _Clock:
+    """The clock offset one queue's settings, and the settings derived from them,
+    share."""
+
+    __slots__ = ("offset",)
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
 
 
 _ITEM_KEYS = frozenset({"type", "payload", "group_id", "dedupe_key", "run_after",

@@ -178,7 +178,8 @@ class JobContext:
 
     Attributes:
         job: the claimed :class:`rota.Job` (``attempts`` already counts this attempt).
-        queue: the :class:`rota.Queue`.
+        queue: the pipeline's :class:`rota.Queue` (``Pipeline.queue``): enqueue
+            follow-up jobs through it and their stage's ``max_attempts`` applies.
         run_id: the run's id (``runs.id``).
         stage: the :class:`Stage` running it.
 

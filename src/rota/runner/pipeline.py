@@ -76,10 +76,18 @@ class Pipeline:
     own pool is grown to that at the start of a run; a caller's pool that is smaller is
     refused here.
 
-    Only once every check has passed, the stages' ``max_attempts`` and ``on_give_up``
-    become the queue's per-type rules, through :meth:`rota.Queue.adopt_stage_rules`
-    (all or nothing): a pipeline refused leaves its queue as it was, and the runner
-    changes nothing else on the queue (each job transition is a ``Queue`` method).
+    The queue given is never changed. The stages' ``max_attempts`` and ``on_give_up``
+    are the rules of the pipeline's own queue, :attr:`queue`
+    (:meth:`rota.Queue.with_stage_rules`: the same pool, store, settings and clock, with
+    the stages' per-type rules over the given queue's). Everything the pipeline does
+    goes through it (claims, settling, schedules, handlers' ``ctx.queue``), so enqueue
+    through ``pipeline.queue`` for a stage's ``max_attempts``, and give it to what runs
+    give-up hooks (:func:`rota.maintain`, :class:`rota.Worker` does it by itself).
+    Two pipelines on one queue each keep their own rules. Close the queue given, not
+    this one (it closes nothing).
+
+    Attributes:
+        queue: the pipeline's queue (above).
 
     Raises:
         ConfigError: ``queue.stale_after <= platform_timeout`` ("the stale window is safe
@@ -105,7 +113,6 @@ class Pipeline:
     ) -> None:
         if not isinstance(queue, Queue):
             raise InvalidInput("Pipeline needs a rota.Queue")
-        self.queue = queue
         self.stages = tuple(stages)
         if not self.stages or not all(isinstance(s, Stage) for s in self.stages):
             raise InvalidInput("Pipeline needs a non-empty sequence of rota.Stage")
@@ -154,17 +161,17 @@ class Pipeline:
                 f"of at least {self.connections_needed} connections (one per handler and "
                 f"{RUNNER_CONNECTIONS} for the runner); the queue's pool has max_size "
                 f"{queue.pool.max_size}: raise it or lower the concurrency")
+        # The stages' per-type rules are the pipeline's own queue's; the caller's queue
+        # is left as it was (docs/design.md, "The runner").
+        hooks: dict[str, GiveUpHook | None] = {s.type: s.on_give_up for s in self.stages}
+        self.queue = queue = queue.with_stage_rules(
+            {s.type: s.max_attempts for s in self.stages if s.max_attempts is not None},
+            hooks)
         self.scheduler = Scheduler(queue, schedules)
         for sched in self.scheduler.schedules:
             if sched.type not in types:
                 raise ConfigError(f"schedule {sched.name!r} enqueues {sched.type!r}, which "
                                   f"no stage of this pipeline runs")
-        # Everything is checked: the stages' per-type rules go to the queue through its
-        # own method, all or nothing (docs/design.md, "The runner").
-        hooks: dict[str, GiveUpHook | None] = {s.type: s.on_give_up for s in self.stages}
-        queue.adopt_stage_rules(
-            {s.type: s.max_attempts for s in self.stages if s.max_attempts is not None},
-            hooks)
         # Claim sizes of the stages whose batch the runner chooses, kept across runs.
         self._sizes: dict[str, BatchSize] = {}
         self.recorder = RunRecorder(queue, self.heartbeat_every)
