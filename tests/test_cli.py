@@ -236,6 +236,19 @@ def test_retry_refuses_while_a_duplicate_is_open(rota: Rota) -> None:
     assert rota.json("jobs", "retry", "1")["status"] == "pending"
 
 
+def test_with_an_app_enqueue_and_migrate_apply_the_stages_max_attempts(rota: Rota) -> None:
+    """The app's boom stage says max_attempts=1: `rota enqueue --app` enqueues through
+    the app's pipeline's queue, which has it; `rota migrate --app` publishes it for the
+    SQL functions (docs/design.md, "The runner")."""
+    assert rota.json("enqueue", "boom", "{}", "--app", APP)["id"] == 1
+    assert rota.json("enqueue", "boom", "{}")["id"] == 2  # no app: the queue's default
+    assert rota.sql("SELECT id, max_attempts FROM {s}.jobs ORDER BY id") == [(1, 1), (2, 3)]
+    assert rota.sql("SELECT max_attempts_by_type FROM {s}.enqueue_settings") == [({},)]
+    rota("migrate", "--app", APP)
+    assert rota.sql("SELECT max_attempts_by_type FROM {s}.enqueue_settings") == [
+        ({"boom": 1},)]
+
+
 def test_cancel_fails_a_pending_job_and_runs_its_give_up_hook_once(rota: Rota) -> None:
     rota("enqueue", "echo", "{}")
     rota("enqueue", "echo", "{}")
@@ -877,9 +890,10 @@ def test_the_give_up_hook_column_is_one_truth_for_the_cli_and_the_dashboard(
             queue = Queue(rota.url, schema=rota.schema)
             await queue.open()
             try:
-                if with_app:
-                    build_pipeline(queue)
-                app = dashboard_app(queue, secret="s" * 20, read_only=True)
+                # The app's hooks are its pipeline's queue's: the dashboard takes them
+                # from the pipeline given.
+                app = dashboard_app(queue, secret="s" * 20, read_only=True,
+                                    pipeline=build_pipeline(queue) if with_app else None)
                 seen = {}
                 async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                              base_url="http://127.0.0.1",

@@ -270,7 +270,9 @@ class App:
                 .format(t=self.t, col=sql.Identifier(column)),
                 [value, p["campaign_id"], p["channel_id"]])
             if next_type is not None:
-                await self.queue.enqueue(
+                # Through the pipeline's queue (ctx.queue), so the next stage's own
+                # rules (its max_attempts) apply.
+                await ctx.queue.enqueue(
                     next_type, {"campaign_id": p["campaign_id"], "channel_id": p["channel_id"]},
                     group_id=ctx.job.group_id,
                     dedupe_key=f"{next_type}:{p['campaign_id']}:{p['channel_id']}", conn=c)
@@ -330,7 +332,7 @@ class App:
                     "INSERT INTO {t}.creators (campaign_id, channel_id, title) "
                     "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"),
                     [(campaign_id, cid, title) for cid, title in found.items()])
-            await self.queue.enqueue_many([
+            await ctx.queue.enqueue_many([
                 {"type": "enrich", "payload": {"campaign_id": campaign_id, "channel_id": cid},
                  "group_id": ctx.job.group_id, "dedupe_key": f"enrich:{campaign_id}:{cid}"}
                 for cid in found], conn=c)

@@ -280,9 +280,9 @@ async def show_job(queue: AdminQueue, job_id: int, *,
 async def cancel_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = None) -> Job:
     """Cancel a pending job: it ends failed, with ``last_error`` ``'cancelled'``. It has
     given up like any failed job, so its give-up hook is owed: run it now with
-    ``queue.run_give_up_hooks([job.id])`` (after the cancel commits), or maintenance
-    runs it later. A running job cannot be cancelled: it belongs to the run that
-    claimed it.
+    ``pipeline.queue.run_give_up_hooks([job.id])`` (after the cancel commits; the
+    pipeline's queue has its stages' hooks), or maintenance runs it later. A running
+    job cannot be cancelled: it belongs to the run that claimed it.
 
     Args:
         job_id: the job.
@@ -514,7 +514,7 @@ def give_up_hook_state(job_type: str, status: str, give_up_pending: bool,
     Args:
         job_type, status, give_up_pending: the job's columns.
         hooks: the give-up hooks of the process asking, by job type
-            (``queue.give_up_hooks``: the app's, once its pipeline is built; empty
+            (``pipeline.queue.give_up_hooks``: the app's, its stages' included; empty
             without an app).
 
     Returns:

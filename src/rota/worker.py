@@ -45,7 +45,12 @@ from .checks import require_duration
 from .errors import InvalidInput, first_line
 from .maintenance import Maintainer, Maintenance, Rescue
 from .queue import Queue
-from .runner.source import PipelineSource, check_time_budget, resolve_pipeline
+from .runner.source import (
+    PipelineSource,
+    check_time_budget,
+    pipeline_queue,
+    resolve_pipeline,
+)
 from .schedule import Scheduler
 from .settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET, default_time_budget
 from .store import listen_connect_args
@@ -80,12 +85,15 @@ class Worker:
             pipeline's platform timeout (220 s of 300 s:
             :func:`rota.settings.default_time_budget`).
         maintenance: an object with ``async run_once() -> dict[str, int]``; default
-            ``rota.Maintenance(queue, platform_timeout=pipeline.platform_timeout)`` (stuck
-            jobs, killed runs, pruning). Runs when the worker starts and then every
-            ``maintain_every``, as the start of a run so its counters land in the run's
-            summary; ``maintain_every=None`` turns it off.
+            ``rota.Maintenance(pipeline.queue, platform_timeout=pipeline.platform_timeout)``
+            (stuck jobs, killed runs, pruning; the pipeline's queue, whose give-up hooks
+            are its stages', or ``queue`` for a pipeline without one). Runs when the
+            worker starts and then every ``maintain_every``, as the start of a run so
+            its counters land in the run's summary; ``maintain_every=None`` turns it
+            off.
         rescue_every: how often stuck jobs are failed, owed give-up hooks run and
-            killed runs closed (:class:`rota.maintenance.Rescue`: index reads), between
+            killed runs closed (:class:`rota.maintenance.Rescue` on the same queue as
+            the default maintenance: index reads), between
             the daily maintenance runs: every minute by default (River's rescuer runs
             every 30 s), so a job whose last attempt died is failed and refunded, and a
             SIGKILLed run shows as ``error``/``killed``, within minutes, not a day
@@ -200,9 +208,12 @@ class Worker:
         self._stop = stop_event
         listener = asyncio.create_task(self._listen(queue, stop_event), name="rota-listen")
         next_maintenance = time.monotonic()
+        # Give-up hooks are the pipeline's queue's (its stages'), whatever queue the
+        # worker listens on (docs/design.md, "The runner").
+        hooks = pipeline_queue(pipeline, queue)
         maintainer = (None if self.maintain_every is None
-                      else self._maintainer(pipeline, queue))
-        rescuer = None if self.rescue_every is None else Rescue(queue, getattr(
+                      else self._maintainer(pipeline, hooks))
+        rescuer = None if self.rescue_every is None else Rescue(hooks, getattr(
             pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
         next_rescue = time.monotonic() + (self.rescue_every or timedelta(0)).total_seconds()
         backoff = self.reconnect_delay.total_seconds()

@@ -12,7 +12,8 @@ import psycopg
 from rich.table import Table
 
 from .. import admin, db
-from .app import CONNECT_TIMEOUT, build_pipeline, load_pipeline, open_queue
+from ..runner.source import pipeline_queue
+from .app import CONNECT_TIMEOUT, load_pipeline, open_queue
 from .options import json_option, make_target, target_command, target_options
 from .output import (
     add_row,
@@ -43,8 +44,9 @@ def migrate(database_url: str | None, schema: str | None, app_spec: str | None,
             applied = await with_progress(db.migrate(conn, settings.schema), "migrating")
         if target.app is not None:
             async with open_queue(target) as queue:
-                await build_pipeline(target, queue)  # registers its stages' max_attempts
-                await queue.publish_settings()
+                # The pipeline's queue carries its stages' max_attempts.
+                _, pipeline = await load_pipeline(target, queue)
+                await pipeline_queue(pipeline, queue).publish_settings()
         return applied
 
     applied = asyncio.run(go())
@@ -114,9 +116,10 @@ def maintain(database_url: str | None, schema: str | None, app_spec: str | None,
         async with open_queue(target) as queue:
             platform_timeout = DEFAULT_PLATFORM_TIMEOUT
             if target.app is not None:
-                # Building the pipeline registers the app's give-up hooks.
+                # The pipeline's queue runs the app's give-up hooks.
                 _, pipeline = await load_pipeline(target, queue)
                 platform_timeout = getattr(pipeline, "platform_timeout", platform_timeout)
+                queue = pipeline_queue(pipeline, queue)
             return await with_progress(
                 run_maintenance(queue, platform_timeout=platform_timeout), "maintenance")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -21,7 +21,8 @@ from ..job import Job, too_deep
 from ..plans import Plans
 from ..queue import Queue
 from ..results import JobResult, as_dict
-from .app import Target, build_pipeline, load_pipeline, open_queue
+from ..runner.source import pipeline_queue
+from .app import Target, load_pipeline, open_queue
 from .errors import CliConfigError, RotaGroup
 from .options import json_option, make_target, target_options, wants_json
 from .output import add_row, console, emit_json, safe_text, short, utc_time
@@ -112,9 +113,10 @@ def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
     async def go() -> Any:
         async with open_queue(target) as queue:
             if target.app is not None:
-                # The stages' settings (max_attempts) apply to what is enqueued.
+                # Through the pipeline's queue, the stages' max_attempts apply.
                 _, pipeline = await load_pipeline(target, queue)
                 check_app_type(target, queue, pipeline, job_type)
+                queue = pipeline_queue(pipeline, queue)
             return await queue.enqueue(job_type, payload, group_id=group_id,
                                        dedupe_key=dedupe_key, run_after=run_after,
                                        max_attempts=max_attempts)
@@ -262,12 +264,14 @@ def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | No
 
     async def go() -> tuple[admin.JobPage, dict[str, Any]]:
         async with open_queue(target) as queue:
+            hooks: Mapping[str, Any] = {}
             if target.app is not None:
-                await build_pipeline(target, queue)  # registers the app's give-up hooks
+                _, pipeline = await load_pipeline(target, queue)
+                hooks = pipeline_queue(pipeline, queue).give_up_hooks  # the app's
             return (await admin.list_jobs(queue, status="failed", type=job_type,
                                           group_id=group_id, limit=limit,
                                           before_id=before_id),
-                    dict(queue.give_up_hooks))
+                    dict(hooks))
 
     page, hooks = asyncio.run(go())
 
@@ -387,8 +391,9 @@ def jobs_cancel(database_url: str | None, schema: str | None, app_spec: str | No
             job = await admin.cancel_job(queue, job_id)
             ran = 0
             if target.app is not None:
-                await build_pipeline(target, queue)  # registers the app's give-up hooks
-                ran = await queue.run_give_up_hooks([job_id])
+                _, pipeline = await load_pipeline(target, queue)
+                # The pipeline's queue runs the app's give-up hooks.
+                ran = await pipeline_queue(pipeline, queue).run_give_up_hooks([job_id])
             return job, ran
 
     job, ran = asyncio.run(go())

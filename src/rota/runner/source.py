@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any, Protocol, TypeAlias
 
 from ..errors import ConfigError, InvalidInput
+from ..queue import Queue
 from .stage import Trigger
 
 
@@ -53,6 +54,24 @@ async def resolve_pipeline(source: Any) -> Any:
     return made
 
 
+def pipeline_queue(pipeline: Any, default: Queue) -> Queue:
+    """The queue that works for an app: its pipeline's ``queue`` (a
+    :class:`rota.Pipeline`'s carries its stages' ``max_attempts`` and give-up hooks:
+    :meth:`rota.Queue.with_stage_rules`), or ``default`` when the pipeline has none (a
+    factory not yet called, an object with only ``run``). What enqueues for the app, runs
+    its give-up hooks or reports them goes through it (docs/design.md, "The runner").
+
+    Args:
+        pipeline: a pipeline, a factory of one, or ``None``.
+        default: the queue to use otherwise (the one the app was given).
+
+    Returns:
+        A :class:`rota.Queue`.
+    """
+    found = getattr(pipeline, "queue", None)
+    return found if isinstance(found, Queue) else default
+
+
 def check_time_budget(pipeline: Any, time_budget: timedelta) -> None:
     """Refuse a budget the pipeline's runs would refuse: one not shorter than its
     ``platform_timeout`` (pipelines without one are not checked), so a long-running
@@ -67,4 +86,5 @@ def check_time_budget(pipeline: Any, time_budget: timedelta) -> None:
                           f"platform timeout ({timeout})")
 
 
-__all__ = ["PipelineSource", "RunnablePipeline", "check_time_budget", "resolve_pipeline"]
+__all__ = ["PipelineSource", "RunnablePipeline", "check_time_budget", "pipeline_queue",
+           "resolve_pipeline"]

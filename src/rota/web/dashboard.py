@@ -44,6 +44,7 @@ from ..errors import ConfigError, InvalidInput, InvalidTransition, JobNotFound
 from ..queue import Queue
 from ..quota import Allowance, Quota
 from ..rates import rate_states
+from ..runner.source import pipeline_queue
 from . import charts, queries
 from .auth import check_credential, csrf_ok, csrf_token, is_loopback, same_origin
 from .cron import usable_secret
@@ -191,7 +192,8 @@ def _uuid(params: Any, name: str) -> uuid.UUID | None:
 
 async def retry_or_cancel(queue: Queue, action: str, job_id: int) -> bool:
     """Retry a failed job or cancel a pending one (:func:`rota.admin.retry_job`,
-    :func:`rota.admin.cancel_job`); a cancel then runs the give-up hooks the queue has.
+    :func:`rota.admin.cancel_job`); a cancel then runs the give-up hooks the queue has
+    (give the app's pipeline's queue, ``pipeline.queue``, for the app's hooks).
 
     Returns:
         Whether the job changed (False: not found, or not in a state the action
@@ -205,7 +207,7 @@ async def retry_or_cancel(queue: Queue, action: str, job_id: int) -> bool:
     except (JobNotFound, InvalidTransition):
         return False
     if action == "cancel":
-        await queue.run_give_up_hooks([job_id])  # the app's hooks, when the queue has them
+        await queue.run_give_up_hooks([job_id])  # the app's, on the pipeline's queue
     return True
 
 
@@ -232,8 +234,10 @@ def dashboard_app(
             the app answers only when served on a loopback address.
         read_only: hide Retry and Cancel and refuse them.
         quotas: the quotas and allowances for ``/quotas`` and the quota gauges.
-        pipeline: a :class:`rota.Pipeline` to take the quotas from when ``quotas`` is
-            not given.
+        pipeline: the app's :class:`rota.Pipeline` (or a factory of one, called once on
+            first use): its quotas are shown when ``quotas`` is not given, and its queue
+            (``pipeline.queue``: its stages' give-up hooks) runs and reports the
+            give-up hooks (Cancel, a job's page); without one, ``queue``'s.
         refresh: how often pages refresh their content.
         close_queue: close the queue when the app shuts down (``rota dashboard``).
 
@@ -249,6 +253,10 @@ def dashboard_app(
                           "and Cancel; without one it must be read-only, on loopback")
     refresh_s = max(int(require_duration(refresh, "refresh").total_seconds()), 1)
     known = KnownQuotas(quotas, pipeline)
+
+    async def app_queue() -> Queue:
+        """The queue whose give-up hooks are the app's (docs/design.md, "The runner")."""
+        return pipeline_queue(await known.pipeline(), queue)
     env = _environment()
     metrics = MetricsEndpoint(queue, quotas, pipeline=pipeline)
 
@@ -406,8 +414,9 @@ def dashboard_app(
         errors = [{**e, "failed_at": datetime.fromisoformat(e["failed_at"])}
                   for e in row["errors"] or []]
         writable = configured is not None and not read_only
+        hooks = (await app_queue()).give_up_hooks
         hook = admin.give_up_hook_state(row["type"], row["status"], row["give_up_pending"],
-                                        queue.give_up_hooks)
+                                        hooks)
         return render(request, "job.html", "/jobs", now, title=f"Job {job_id}", job=row,
                       payload=payload, result=result, errors=errors, give_up_hook=hook,
                       can_retry=writable and row["status"] == "failed",
@@ -434,7 +443,7 @@ def dashboard_app(
             log.info("dashboard %s of job %s refused: CSRF check failed", action, job_id)
             return PlainTextResponse("forbidden: reload the page and try again",
                                      status_code=403)
-        changed = await retry_or_cancel(queue, action, job_id)
+        changed = await retry_or_cancel(await app_queue(), action, job_id)
         log.info("dashboard %s of job %s: %s", action, job_id,
                  "done" if changed else "refused")
         outcome = {("retry", True): "retried", ("retry", False): "retry-refused",

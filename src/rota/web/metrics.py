@@ -85,17 +85,31 @@ class KnownQuotas:
     def __init__(self, quotas: Iterable[Quota | Allowance] | None, pipeline: Any) -> None:
         self._quotas = list(quotas) if quotas is not None else None
         self._pipeline = pipeline
+        self._resolved = False
         #: Whether there was anything to find them in (quotas or an app given).
         self.given = quotas is not None or pipeline is not None
+
+    async def pipeline(self) -> Any:
+        """The pipeline (a factory is called once, on first use), or ``None`` when none
+        was given or the factory failed (logged)."""
+        if not self._resolved and self._pipeline is not None:
+            try:
+                self._pipeline = await resolve_pipeline(self._pipeline)
+            except Exception:
+                log.exception("could not build the pipeline")
+                self._pipeline = None
+            self._resolved = True
+        return self._pipeline
 
     async def get(self) -> list[Quota | Allowance]:
         if self._quotas is None:
             found: list[Quota | Allowance] = []
-            if self._pipeline is not None:
+            pipeline = await self.pipeline()
+            if pipeline is not None:
                 try:
-                    found = queries.discover_quotas(await resolve_pipeline(self._pipeline))
+                    found = queries.discover_quotas(pipeline)
                 except Exception:
-                    log.exception("could not build the pipeline to find its quotas")
+                    log.exception("could not find the pipeline's quotas")
             self._quotas = found
         return self._quotas
 
