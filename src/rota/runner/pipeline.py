@@ -81,10 +81,10 @@ class Pipeline:
     (:meth:`rota.Queue.with_stage_rules`: the same pool, store, settings and clock, with
     the stages' per-type rules over the given queue's). Everything the pipeline does
     goes through it (claims, settling, schedules, handlers' ``ctx.queue``), so enqueue
-    through ``pipeline.queue`` for a stage's ``max_attempts``, and give it to what runs
-    give-up hooks (:func:`rota.maintain`, :class:`rota.Worker` does it by itself).
-    Two pipelines on one queue each keep their own rules. Close the queue given, not
-    this one (it closes nothing).
+    through ``pipeline.queue`` for a stage's ``max_attempts``, and give it to
+    :func:`rota.maintain` for the stages' give-up hooks (:class:`rota.Worker` and the
+    CLI's ``--app`` do so themselves). Two pipelines on one queue each keep their own
+    rules. Close the queue given, not this one (it closes nothing).
 
     Attributes:
         queue: the pipeline's queue (above).
