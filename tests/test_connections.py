@@ -80,7 +80,8 @@ async def test_a_handler_that_cannot_get_a_connection_hands_its_job_back(
 ) -> None:
     """A pool of 3 with a 0.3 s timeout; the handler asks for four connections at once.
     The job is not failed: it goes back pending with no attempt used and no deferral,
-    not due again in this run, and runs once a connection can be had."""
+    is not run again in this run, is due again once the run has ended, and runs once a
+    connection can be had."""
     await make_queue()
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         database_url, min_size=1, max_size=3, timeout=0.3, open=False,
@@ -89,8 +90,11 @@ async def test_a_handler_that_cannot_get_a_connection_hands_its_job_back(
     try:
         queue = Queue(pool, schema=schema)
         greedy = True
+        calls = 0
 
         async def handler(ctx: JobContext) -> None:
+            nonlocal calls
+            calls += 1
             if not greedy:
                 return
             async with ctx.connection(), ctx.connection(), ctx.connection(), \
@@ -107,9 +111,10 @@ async def test_a_handler_that_cannot_get_a_connection_hands_its_job_back(
         assert got is not None
         assert (got.status, got.attempts, got.deferrals, got.last_error) == (
             "pending", 0, 0, None)
-        assert got.run_after > await queue.now()  # not again in the run that gave it back
+        assert calls == 1  # not again in the run that gave it back
+        assert got.run_after <= await queue.now()  # due again: that run has ended
         greedy = False
-        queue.clock_offset = timedelta(seconds=2)
         assert (await pipeline.run(time_budget=timedelta(seconds=1))).jobs_done == 1
+        assert calls == 2
     finally:
         await pool.close()
