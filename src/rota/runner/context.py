@@ -482,7 +482,8 @@ class JobContext:
         self.outcome = outcome
         self._run.held.pop(self.job.id, None)
         run = self._run
-        tracing.end_process(self.span, outcome, run.out_of_time())
+        if self.span is not None:
+            tracing.end_process(self.span, outcome, run.out_of_time())
         if outcome == "done":
             run.jobs_done += 1
         elif outcome == "failed":

@@ -6,5 +6,5 @@
 -- stale lock, failed as stuck, postponed, pruned).
 SELECT j.id, j.status
 FROM {schema}.jobs j
-JOIN unnest(%(ids)s::bigint[], %(claim_tokens)s::uuid[]) AS t(id, claim_token)
+JOIN unnest(%(ids)b::bigint[], %(claim_tokens)b::uuid[]) AS t(id, claim_token)
   ON t.id = j.id AND t.claim_token = j.claim_token

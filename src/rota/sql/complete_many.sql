@@ -13,8 +13,8 @@ WITH done AS (
         result = c.result::jsonb,
         started_at = c.started_at
     FROM (SELECT c.id, c.claim_token, c.result, c.started_at
-          FROM unnest(%(ids)s::bigint[], %(claim_tokens)s::uuid[], %(results)s::text[],
-                      %(started_ats)s::timestamptz[]) WITH ORDINALITY
+          FROM unnest(%(ids)b::bigint[], %(claim_tokens)b::uuid[], %(results)b::text[],
+                      %(started_ats)b::timestamptz[]) WITH ORDINALITY
                AS c(id, claim_token, result, started_at, n)
           ORDER BY c.n
           OFFSET 0) c
@@ -25,7 +25,9 @@ WITH done AS (
                      || CASE WHEN count(*) <= 300 THEN string_agg(d.id::text, ',')
                              ELSE '*' END)
     FROM done d
-    WHERE EXISTS (SELECT 1 FROM {schema}.job_waiters w WHERE w.job_id = d.id)
+    -- Asked once (an initplan) before a probe per job: most batches have no waiter.
+    WHERE EXISTS (SELECT 1 FROM {schema}.job_waiters)
+      AND EXISTS (SELECT 1 FROM {schema}.job_waiters w WHERE w.job_id = d.id)
     HAVING count(*) > 0
 )
 SELECT id FROM done WHERE (SELECT count(*) FROM told) >= 0

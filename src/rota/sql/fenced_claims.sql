@@ -4,7 +4,7 @@
 -- claimers and sweepers cannot deadlock.
 SELECT j.id
 FROM {schema}.jobs j
-JOIN unnest(%(ids)s::bigint[], %(claim_tokens)s::uuid[]) AS t(id, claim_token)
+JOIN unnest(%(ids)b::bigint[], %(claim_tokens)b::uuid[]) AS t(id, claim_token)
   ON t.id = j.id AND t.claim_token = j.claim_token
 WHERE j.status = 'running'
 ORDER BY j.id
