@@ -9,6 +9,7 @@ the shared server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -187,6 +188,7 @@ def test_one_sigterm_stops_an_idle_worker_whatever_the_database_does(
 
 SLOW_APP = """
 import asyncio
+import contextlib
 from datetime import timedelta
 from rota import Pipeline, Stage
 
@@ -230,6 +232,66 @@ def test_one_sigterm_ends_a_worker_mid_run_within_the_platform_timeout(
     _, err = p.communicate(timeout=60)
     elapsed = time.monotonic() - t0
     assert elapsed < 20, (elapsed, err)
+    assert p.returncode == 1, err
+    assert "error: the run could not settle within the platform timeout" in err
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert conn.execute(f'SELECT status, attempts FROM "{migrated}".jobs').fetchall() \
+            == [("running", 1)]
+
+
+def test_one_sigterm_ends_serve_mid_run_within_the_platform_timeout(
+    proxy: SilentProxy, migrated: str, database_url: str, spawn: Any, tmp_path: Path,
+) -> None:
+    """`rota serve` as `rota worker` above: a cron run in flight over a link that went
+    silent cannot settle; one SIGTERM still ends the process before the platform
+    timeout (20 s), exit 1, saying why."""
+    import socket
+    import threading
+
+    import httpx
+
+    (tmp_path / "slow_app.py").write_text(SLOW_APP)
+    subprocess.run([sys.executable, "-m", "rota.cli", "enqueue", "slow", "{}"], check=True,
+                   capture_output=True, timeout=60, cwd=ROOT,
+                   env={**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": migrated})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DATABASE_URL": proxy.url, "ROTA_SCHEMA": migrated,
+           "ROTA_APP": "slow_app:build", "PYTHONUNBUFFERED": "1", "CRON_SECRET": "s" * 32,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), str(ROOT)])}
+    p = spawn(["serve", "--port", str(port)], env)
+
+    def up() -> bool:
+        assert p.poll() is None, p.communicate()
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, what="the server")
+
+    def call() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/api/cron", timeout=60,
+                      headers={"Authorization": "Bearer " + "s" * 32})
+
+    threading.Thread(target=call, daemon=True).start()
+
+    def running() -> bool:
+        assert p.poll() is None, p.communicate()
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            row = conn.execute(f'SELECT status FROM "{migrated}".jobs').fetchone()
+        return row is not None and row[0] == "running"
+
+    wait_for(running, what="the job running")
+    proxy.freeze(new="silent")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    elapsed = time.monotonic() - t0
+    # 19.5 s: the platform timeout less its 2.5 % margin.
+    assert 19 < elapsed < 20, (elapsed, err)
     assert p.returncode == 1, err
     assert "error: the run could not settle within the platform timeout" in err
     with psycopg.connect(database_url, autocommit=True) as conn:

@@ -118,12 +118,17 @@ class StopOnSignals:
         assert self.signalled_at is not None and self.platform_timeout is not None
         if self.disarmed:
             return
-        # Just before the platform timeout (a second of 300 s, 2.5 % of a short one),
-        # so the exit is ours, not a SIGKILL; a run that settles ends before it, since
-        # its hard deadline leaves a reserve (docs/design.md, "Handler deadlines").
-        margin = min(1.0, self.platform_timeout * 0.025)
-        self.armed = self.loop.call_at(self.signalled_at + self.platform_timeout - margin,
-                                       _exit_at_platform_timeout)
+        self.armed = self.loop.call_at(
+            self.signalled_at + exit_before(self.platform_timeout),
+            _exit_at_platform_timeout)
+
+
+def exit_before(platform_timeout: float) -> float:
+    """Seconds after the first signal at which a process that has not ended exits:
+    just before the platform timeout (a second of 300 s, 2.5 % of a short one), so
+    the exit is ours, not a SIGKILL; a run that settles ends before it, since its
+    hard deadline leaves a reserve (docs/design.md, "Handler deadlines")."""
+    return platform_timeout - min(1.0, platform_timeout * 0.025)
 
 
 def _exit_at_platform_timeout() -> None:
@@ -313,7 +318,10 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
         mount_metrics(app, queue, pipeline=made, host=host,
                       secret=os.environ.get("ROTA_DASHBOARD_SECRET"))
     platform_timeout = getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT)
-    # A run in flight ends before its platform timeout; uvicorn waits no longer for it.
+    # A run in flight ends before its platform timeout; uvicorn waits no longer for it,
+    # and the process ends just before it whatever the database does (as `rota run`).
+    timeout_s = platform_timeout.total_seconds()
     serve_until_signal(app, host=host, port=port, sock=listen_socket(host, port),
-                       graceful_seconds=platform_timeout.total_seconds(), on_stop=stop.set,
-                       on_stop_now=stop_now.set)
+                       graceful_seconds=timeout_s, on_stop=stop.set,
+                       on_stop_now=stop_now.set,
+                       exit_after=(exit_before(timeout_s), _exit_at_platform_timeout))

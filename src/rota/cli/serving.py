@@ -13,6 +13,7 @@ import asyncio
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -27,7 +28,8 @@ def serve_until_signal(app: Any, *, host: str, port: int,
                        sock: socket.socket | None = None,
                        graceful_seconds: float | None = None,
                        on_stop: Callable[[], None] | None = None,
-                       on_stop_now: Callable[[], None] | None = None) -> None:
+                       on_stop_now: Callable[[], None] | None = None,
+                       exit_after: tuple[float, Callable[[], None]] | None = None) -> None:
     """Serve ``app`` on ``host``:``port`` until SIGINT or SIGTERM, then return (so the
     process exits 0).
 
@@ -44,6 +46,11 @@ def serve_until_signal(app: Any, *, host: str, port: int,
         on_stop_now: called in the server's event loop at the second signal (``rota
             serve`` cancels its cron run in flight, which hands its jobs back); without
             it, a second signal stops waiting for the requests in flight.
+        exit_after: ``(seconds, exit)``: ``exit`` (which ends the process) is called
+            that long after the first signal if the process is still there, from a
+            thread of its own, so a server whose event loop waits on a database that
+            stopped answering still ends by then (``rota serve``: just before the
+            platform timeout; docs/operations.md, "A database that stops answering").
 
     Raises:
         SystemExit: 3 when the server did not start (uvicorn logged why).
@@ -60,6 +67,10 @@ def serve_until_signal(app: Any, *, host: str, port: int,
                 return
             if on_stop is not None:
                 _call_in_loop(on_stop)
+            if exit_after is not None:
+                timer = threading.Timer(*exit_after)
+                timer.daemon = True
+                timer.start()
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
