@@ -241,6 +241,48 @@ async def test_restoring_due_times_leaves_a_job_claimed_or_moved_since_alone(
     assert (await job(queue, a)).status == "running"
 
 
+async def test_restoring_due_times_locks_its_rows_in_id_order(
+    queue: Queue, database_url: str,
+) -> None:
+    """Like every statement that locks several jobs (docs/design.md, "Defer"; the
+    fenced batch transitions), the restore locks them in id order whatever order the
+    run pushed them in, so it cannot deadlock with a sweeper: while another
+    transaction holds job a, the restore of (b, a) waits for a holding nothing, and b
+    can be locked at once."""
+    a, b = await enqueue_jobs(queue, "t", 2)
+    claimed = {j.id: j for j in await queue.claim("t", 2)}
+    now = await queue.now()
+    # b was pushed first, a moment earlier: neither the pushed order, nor the index
+    # on due times, nor a's newer row version reaches a first by accident.
+    pushed = {b: now + timedelta(minutes=5), a: now + timedelta(minutes=5, seconds=1)}
+    for i, j in claimed.items():
+        assert await queue.defer(j, pushed[i]) == 1
+    jobs = queue.table("jobs")
+    async with await psycopg.AsyncConnection.connect(database_url) as other:
+        await other.execute(sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE")
+                            .format(jobs), [a])
+        restore = asyncio.create_task(queue.restore_due_times(
+            [(i, claimed[i].claim_token, pushed[i], None) for i in (b, a)]))
+        me = other.info.backend_pid
+        async with asyncio.timeout(10):
+            while True:  # until the restore waits for a
+                cur = await other.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE %s = ANY(pg_blocking_pids(pid))", [me])
+                row = await cur.fetchone()
+                if row is not None and row[0] == 1:
+                    break
+                await asyncio.sleep(0.02)
+        cur = await other.execute(sql.SQL("SELECT id FROM {} WHERE id = %s "
+                                          "FOR UPDATE NOWAIT").format(jobs), [b])
+        assert await cur.fetchall() == [(b,)]
+        await other.commit()
+    assert await restore == 2
+    after = await queue.now()
+    for i in (a, b):
+        assert now < (await job(queue, i)).run_after <= after
+
+
 async def test_batch_handler_settles_each_job_on_its_own(queue: Queue) -> None:
     calls: list[int] = []
 
