@@ -566,6 +566,32 @@ async def test_a_cancelled_run_records_its_end_and_hands_back_its_jobs(
     assert (second.status, second.attempts, second.deferrals) == ("pending", 0, 0)
 
 
+async def test_a_cancelled_run_makes_what_it_deferred_due_as_asked_again(
+        queue: Queue) -> None:
+    """A run cancelled (a second stop request) ends sooner than its budget too: the
+    job it deferred with DeferJob() is due now again, not at the end of the budget
+    it was pushed to (docs/design.md, "Defer")."""
+    started = asyncio.Event()
+
+    async def defer_then_hang(ctx: JobContext) -> None:
+        if ctx.job.payload["i"] == 0:
+            raise DeferJob()
+        started.set()
+        await asyncio.sleep(3600)
+
+    deferred, _ = await enqueue_jobs(queue, "x", 2)
+    task = asyncio.create_task(Pipeline(queue, [Stage("x", 1, 1, defer_then_hang)]).run(
+        time_budget=timedelta(seconds=120)))
+    await started.wait()
+    before = await queue.now()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    j = await job(queue, deferred)
+    assert (j.status, j.attempts, j.deferrals) == ("pending", 0, 1)
+    assert before < j.run_after < await queue.now()
+
+
 async def test_heartbeat_keeps_a_live_runs_jobs_from_looking_stale(make_queue: Any) -> None:
     queue: Queue = await make_queue()
     other: Queue = await make_queue()
