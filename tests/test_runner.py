@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -20,6 +20,7 @@ from rota import (
     InvalidInput,
     Job,
     JobContext,
+    NaiveDatetimeError,
     Pipeline,
     Plan,
     Plans,
@@ -281,6 +282,28 @@ async def test_restoring_due_times_locks_its_rows_in_id_order(
     after = await queue.now()
     for i in (a, b):
         assert now < (await job(queue, i)).run_after <= after
+
+
+@pytest.mark.parametrize(("item", "error", "message"), [
+    ((1, None, datetime(2030, 1, 1), None), NaiveDatetimeError,
+     "pushed=2030-01-01T00:00:00 has no time zone; pass an aware datetime"),
+    ((1, None, datetime(2030, 1, 1, tzinfo=UTC), datetime(2030, 1, 1)),
+     NaiveDatetimeError, "asked=2030-01-01T00:00:00 has no time zone; pass an aware datetime"),
+    ((True, None, datetime(2030, 1, 1, tzinfo=UTC), None), InvalidInput,
+     "job_id must be an int between 1 and 9223372036854775807, got True"),
+    ((2**63, None, datetime(2030, 1, 1, tzinfo=UTC), None), InvalidInput,
+     "job_id must be an int between 1 and 9223372036854775807, got 9223372036854775808"),
+    ((1, "x", datetime(2030, 1, 1, tzinfo=UTC), None), InvalidInput,
+     "claim token of job 1 must be a UUID or None, got str"),
+])
+async def test_restoring_due_times_refuses_bad_input_in_one_line(
+    queue: Queue, item: Any, error: type[Exception], message: str,
+) -> None:
+    """A naive due time is an error, not a guess in the session's time zone; a bad id
+    or token is refused before the database sees it (docs/design.md, "Bad input")."""
+    with pytest.raises(error) as raised:
+        await queue.restore_due_times([item])
+    assert str(raised.value).startswith(message), str(raised.value)
 
 
 async def test_batch_handler_settles_each_job_on_its_own(queue: Queue) -> None:

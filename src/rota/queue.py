@@ -792,7 +792,19 @@ class Queue:
         Returns:
             How many jobs are due sooner; a job claimed, moved or retried since its
             push is left alone and not counted.
+
+        Raises:
+            NaiveDatetimeError: a due time has no time zone.
+            InvalidInput: a bad job id, claim token or due time; nothing changed.
         """
+        for job_id, token, at, asked in pushed:
+            require_row_id(job_id)
+            if token is not None and not isinstance(token, uuid.UUID):
+                raise InvalidInput(f"claim token of job {job_id} must be a UUID or None, "
+                                   f"got {type(token).__name__}")
+            require_due_time(at, "pushed")
+            if asked is not None:
+                require_due_time(asked, "asked")
         if not pushed:
             return 0
         async with self.connection(conn) as c:
