@@ -707,7 +707,9 @@ class Queue:
         Raises:
             NaiveDatetimeError: ``until`` has no time zone.
             InvalidInput: ``until`` is out of range (see :func:`rota.checks.require_due_time`),
-                or a negative ``timedelta``.
+                a negative ``timedelta`` or one longer than 1000 years
+                (:data:`rota.checks.MAX_DURATION`), or neither a datetime nor a
+                timedelta.
         """
         batch = [jobs] if isinstance(jobs, Job) else list(jobs)
         checked = due_or_delay(until, "until")
