@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -20,6 +20,7 @@ from rota import (
     InvalidInput,
     Job,
     JobContext,
+    NaiveDatetimeError,
     Pipeline,
     Plan,
     Plans,
@@ -239,6 +240,70 @@ async def test_restoring_due_times_leaves_a_job_claimed_or_moved_since_alone(
     assert [(await job(queue, i)).run_after for i in (b, c)] == [
         asked, pushed - timedelta(minutes=1)]
     assert (await job(queue, a)).status == "running"
+
+
+async def test_restoring_due_times_locks_its_rows_in_id_order(
+    queue: Queue, database_url: str,
+) -> None:
+    """Like every statement that locks several jobs (docs/design.md, "Defer"; the
+    fenced batch transitions), the restore locks them in id order whatever order the
+    run pushed them in, so it cannot deadlock with a sweeper: while another
+    transaction holds job a, the restore of (b, a) waits for a holding nothing, and b
+    can be locked at once."""
+    a, b = await enqueue_jobs(queue, "t", 2)
+    claimed = {j.id: j for j in await queue.claim("t", 2)}
+    now = await queue.now()
+    # b was pushed first, a moment earlier: neither the pushed order, nor the index
+    # on due times, nor a's newer row version reaches a first by accident.
+    pushed = {b: now + timedelta(minutes=5), a: now + timedelta(minutes=5, seconds=1)}
+    for i, j in claimed.items():
+        assert await queue.defer(j, pushed[i]) == 1
+    jobs = queue.table("jobs")
+    async with await psycopg.AsyncConnection.connect(database_url) as other:
+        await other.execute(sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE")
+                            .format(jobs), [a])
+        restore = asyncio.create_task(queue.restore_due_times(
+            [(i, claimed[i].claim_token, pushed[i], None) for i in (b, a)]))
+        me = other.info.backend_pid
+        async with asyncio.timeout(10):
+            while True:  # until the restore waits for a
+                cur = await other.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE %s = ANY(pg_blocking_pids(pid))", [me])
+                row = await cur.fetchone()
+                if row is not None and row[0] == 1:
+                    break
+                await asyncio.sleep(0.02)
+        cur = await other.execute(sql.SQL("SELECT id FROM {} WHERE id = %s "
+                                          "FOR UPDATE NOWAIT").format(jobs), [b])
+        assert await cur.fetchall() == [(b,)]
+        await other.commit()
+    assert await restore == 2
+    after = await queue.now()
+    for i in (a, b):
+        assert now < (await job(queue, i)).run_after <= after
+
+
+@pytest.mark.parametrize(("item", "error", "message"), [
+    ((1, None, datetime(2030, 1, 1), None), NaiveDatetimeError,
+     "pushed=2030-01-01T00:00:00 has no time zone; pass an aware datetime"),
+    ((1, None, datetime(2030, 1, 1, tzinfo=UTC), datetime(2030, 1, 1)),
+     NaiveDatetimeError, "asked=2030-01-01T00:00:00 has no time zone; pass an aware datetime"),
+    ((True, None, datetime(2030, 1, 1, tzinfo=UTC), None), InvalidInput,
+     "job_id must be an int between 1 and 9223372036854775807, got True"),
+    ((2**63, None, datetime(2030, 1, 1, tzinfo=UTC), None), InvalidInput,
+     "job_id must be an int between 1 and 9223372036854775807, got 9223372036854775808"),
+    ((1, "x", datetime(2030, 1, 1, tzinfo=UTC), None), InvalidInput,
+     "claim token of job 1 must be a UUID or None, got str"),
+])
+async def test_restoring_due_times_refuses_bad_input_in_one_line(
+    queue: Queue, item: Any, error: type[Exception], message: str,
+) -> None:
+    """A naive due time is an error, not a guess in the session's time zone; a bad id
+    or token is refused before the database sees it (docs/design.md, "Bad input")."""
+    with pytest.raises(error) as raised:
+        await queue.restore_due_times([item])
+    assert str(raised.value).startswith(message), str(raised.value)
 
 
 async def test_batch_handler_settles_each_job_on_its_own(queue: Queue) -> None:
@@ -522,6 +587,32 @@ async def test_a_cancelled_run_records_its_end_and_hands_back_its_jobs(
     assert (first.status, first.attempts, first.last_error) == \
         ("pending", 1, "the run stopped while the job was running")
     assert (second.status, second.attempts, second.deferrals) == ("pending", 0, 0)
+
+
+async def test_a_cancelled_run_makes_what_it_deferred_due_as_asked_again(
+        queue: Queue) -> None:
+    """A run cancelled (a second stop request) ends sooner than its budget too: the
+    job it deferred with DeferJob() is due now again, not at the end of the budget
+    it was pushed to (docs/design.md, "Defer")."""
+    started = asyncio.Event()
+
+    async def defer_then_hang(ctx: JobContext) -> None:
+        if ctx.job.payload["i"] == 0:
+            raise DeferJob()
+        started.set()
+        await asyncio.sleep(3600)
+
+    deferred, _ = await enqueue_jobs(queue, "x", 2)
+    task = asyncio.create_task(Pipeline(queue, [Stage("x", 1, 1, defer_then_hang)]).run(
+        time_budget=timedelta(seconds=120)))
+    await started.wait()
+    before = await queue.now()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    j = await job(queue, deferred)
+    assert (j.status, j.attempts, j.deferrals) == ("pending", 0, 1)
+    assert before < j.run_after < await queue.now()
 
 
 async def test_heartbeat_keeps_a_live_runs_jobs_from_looking_stale(make_queue: Any) -> None:

@@ -707,7 +707,9 @@ class Queue:
         Raises:
             NaiveDatetimeError: ``until`` has no time zone.
             InvalidInput: ``until`` is out of range (see :func:`rota.checks.require_due_time`),
-                or a negative ``timedelta``.
+                a negative ``timedelta`` or one longer than 1000 years
+                (:data:`rota.checks.MAX_DURATION`), or neither a datetime nor a
+                timedelta.
         """
         batch = [jobs] if isinstance(jobs, Job) else list(jobs)
         checked = due_or_delay(until, "until")
@@ -792,7 +794,19 @@ class Queue:
         Returns:
             How many jobs are due sooner; a job claimed, moved or retried since its
             push is left alone and not counted.
+
+        Raises:
+            NaiveDatetimeError: a due time has no time zone.
+            InvalidInput: a bad job id, claim token or due time; nothing changed.
         """
+        for job_id, token, at, asked in pushed:
+            require_row_id(job_id)
+            if token is not None and not isinstance(token, uuid.UUID):
+                raise InvalidInput(f"claim token of job {job_id} must be a UUID or None, "
+                                   f"got {type(token).__name__}")
+            require_due_time(at, "pushed")
+            if asked is not None:
+                require_due_time(asked, "asked")
         if not pushed:
             return 0
         async with self.connection(conn) as c:

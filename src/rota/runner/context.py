@@ -443,7 +443,9 @@ class JobContext:
 
         Raises:
             NaiveDatetimeError: ``until`` has no time zone.
-            InvalidInput: ``until`` is out of range, or a negative ``timedelta``.
+            InvalidInput: ``until`` is out of range, a negative ``timedelta`` or one
+                longer than 1000 years, or neither a datetime nor a timedelta (as
+                :meth:`rota.Queue.defer`); the job is already settled.
         """
         self._check_unsettled()
         asked = due_or_delay(until, "until")

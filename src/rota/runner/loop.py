@@ -114,6 +114,8 @@ class RunLoop:
                         run.add(f"schedules.{k}", v)
             reason = await self._within_deadline(run)
         except asyncio.CancelledError:
+            # Ended sooner than its budget too: what it deferred is due as asked.
+            await self._restore_due_times(run)
             if run.stopping():  # a second stop request: its jobs were handed back
                 await self.recorder.finish_quietly(run, "interrupted", None)
             else:
@@ -139,8 +141,8 @@ class RunLoop:
     async def _restore_due_times(self, run: RunState) -> None:
         """The run has ended: the jobs whose due time it pushed to its budget's end are
         due as asked again, so a worker's next run takes them on time (docs/design.md,
-        "Defer"). When the database cannot say so, they stay due at the budget's end:
-        late, never lost."""
+        "Defer"); a cancelled run's too (a second stop request). When the database
+        cannot say so, they stay due at the budget's end: late, never lost."""
         if not run.pushed:
             return
         try:
