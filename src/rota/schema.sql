@@ -194,9 +194,8 @@ INSERT INTO {schema}.enqueue_settings DEFAULT VALUES;
 -- unique index on dedupe_key, so it returns no row. Bad input raises nothing: nothing is
 -- written and one row comes back whose problem ({{sqlstate, column, message[, item]}})
 -- says what was wrong, so a Python caller's transaction stays usable; the SQL entry
--- points raise it. Otherwise it returns the jobs created (with p_count_only, one row
--- whose `created` counts them); the statement triggers on jobs keep the claim's
--- bookkeeping and NOTIFY the workers.
+-- points raise it. Otherwise it returns the jobs created; the statement triggers on jobs
+-- keep the claim's bookkeeping and NOTIFY the workers.
 CREATE FUNCTION {schema}.enqueue_jobs(
     p_types text[], p_payloads jsonb[], p_group_ids text[], p_dedupe_keys text[],
     p_run_afters timestamptz[], p_max_attempts integer[],
@@ -207,11 +206,7 @@ CREATE FUNCTION {schema}.enqueue_jobs(
     -- none (docs/operations.md, "Traces"); defaulted, so callers of the signature
     -- before it keep working.
     p_trace_contexts jsonb[] DEFAULT NULL,
-    -- true: return one row with the count of jobs created (job null) instead of a row
-    -- per job; a caller that only counts (Python's enqueue_many) spares the server a
-    -- whole-row copy of each job.
-    p_count_only boolean DEFAULT false,
-    OUT job {schema}.jobs, OUT problem jsonb, OUT created integer
+    OUT job {schema}.jobs, OUT problem jsonb
 ) RETURNS SETOF record
 -- Its statements take arrays: a custom plan per call (the planner's default while one
 -- looks cheaper than the generic plan) re-planned them at every enqueue, which took a
@@ -358,28 +353,20 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    WITH created AS (
-        INSERT INTO {schema}.jobs AS j (type, group_id, payload, dedupe_key, max_attempts,
-                                        run_after, created_at, trace_context)
-        SELECT t.type, t.group_id, t.payload, t.dedupe_key,
-               coalesce(t.max_attempts, (s_max_attempts_by_type ->> t.type)::integer,
-                        s_max_attempts),
-               coalesce(t.run_after, now() + s_clock_offset),
-               now() + s_clock_offset, nullif(t.trace_context, 'null'::jsonb)
-        FROM unnest(p_types, p_payloads, p_group_ids, p_dedupe_keys, p_run_afters,
-                    p_max_attempts, p_trace_contexts)
-             WITH ORDINALITY AS t(type, payload, group_id, dedupe_key, run_after,
-                                  max_attempts, trace_context, n)
-        ORDER BY t.n
-        ON CONFLICT DO NOTHING
-        -- The row only when it is returned: building it for every job of a batch that
-        -- is only counted cost a fifth of the batch's time.
-        RETURNING CASE WHEN NOT p_count_only THEN j END AS job
-    )
-    SELECT c.job, NULL::jsonb, NULL::integer FROM created c WHERE NOT p_count_only
-    UNION ALL
-    SELECT NULL::{schema}.jobs, NULL::jsonb, count(*)::integer FROM created
-    HAVING p_count_only;
+    INSERT INTO {schema}.jobs AS j (type, group_id, payload, dedupe_key, max_attempts,
+                                    run_after, created_at, trace_context)
+    SELECT t.type, t.group_id, t.payload, t.dedupe_key,
+           coalesce(t.max_attempts, (s_max_attempts_by_type ->> t.type)::integer,
+                    s_max_attempts),
+           coalesce(t.run_after, now() + s_clock_offset),
+           now() + s_clock_offset, nullif(t.trace_context, 'null'::jsonb)
+    FROM unnest(p_types, p_payloads, p_group_ids, p_dedupe_keys, p_run_afters,
+                p_max_attempts, p_trace_contexts)
+         WITH ORDINALITY AS t(type, payload, group_id, dedupe_key, run_after,
+                              max_attempts, trace_context, n)
+    ORDER BY t.n
+    ON CONFLICT DO NOTHING
+    RETURNING j, NULL::jsonb;
 END
 $$;
 

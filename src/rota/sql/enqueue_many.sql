@@ -3,7 +3,7 @@
 -- duplicates (of open jobs or inside the batch) skipped. Returns how many were created
 -- and, when the input breaks a rule (nothing written), the problem to raise. Every job
 -- carries trace_context, the W3C Trace Context of the batch's span, or null (rota.tracing).
-SELECT coalesce(sum(e.created), 0)::int AS created,
+SELECT count(*) FILTER (WHERE e.problem IS NULL)::int AS created,
        jsonb_agg(e.problem) FILTER (WHERE e.problem IS NOT NULL) -> 0 AS problem
 FROM {schema}.enqueue_jobs(
     %(types)b::text[], %(payloads)b::text[]::jsonb[], %(group_ids)b::text[],
@@ -11,4 +11,4 @@ FROM {schema}.enqueue_jobs(
     true,
     %(s_types)s::text[], %(s_max_attempts)s::integer, %(s_max_attempts_by_type)s::jsonb,
     %(s_max_payload_bytes)s::integer, %(s_groups)s::regclass, %(offset)s::interval,
-    array_fill(%(trace_context)s::jsonb, ARRAY[%(count)s::integer]), true) AS e
+    array_fill(%(trace_context)s::jsonb, ARRAY[%(count)s::integer])) AS e
