@@ -203,6 +203,33 @@ build.queue_settings = {"types": ["slow"], "stale_after": timedelta(seconds=60)}
 """
 
 
+def slow_app_env(proxy: SilentProxy, schema: str, tmp_path: Path,
+                 **extra: str) -> dict[str, str]:
+    """The environment of a rota command on SLOW_APP (written to ``tmp_path``) whose
+    database link is ``proxy``."""
+    return {**os.environ, "DATABASE_URL": proxy.url, "ROTA_SCHEMA": schema,
+            "ROTA_APP": "slow_app:build", "PYTHONUNBUFFERED": "1", **extra,
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), str(ROOT)])}
+
+
+def sigterm_over_a_silent_link(p: subprocess.Popen[str], proxy: SilentProxy,
+                               database_url: str, schema: str) -> tuple[float, str]:
+    """Once the job runs, the link goes silent and ``p`` gets one SIGTERM; returns the
+    seconds until ``p`` ended and its stderr."""
+    def running() -> bool:
+        assert p.poll() is None, p.communicate()
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            row = conn.execute(f'SELECT status FROM "{schema}".jobs').fetchone()
+        return row is not None and row[0] == "running"
+
+    wait_for(running, what="the job running")
+    proxy.freeze(new="silent")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    return time.monotonic() - t0, err
+
+
 def test_one_sigterm_ends_a_worker_mid_run_within_the_platform_timeout(
     proxy: SilentProxy, migrated: str, database_url: str, spawn: Any, tmp_path: Path,
 ) -> None:
@@ -214,23 +241,8 @@ def test_one_sigterm_ends_a_worker_mid_run_within_the_platform_timeout(
     subprocess.run([sys.executable, "-m", "rota.cli", "enqueue", "slow", "{}"], check=True,
                    capture_output=True, timeout=60, cwd=ROOT,
                    env={**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": migrated})
-    env = {**os.environ, "DATABASE_URL": proxy.url, "ROTA_SCHEMA": migrated,
-           "ROTA_APP": "slow_app:build", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), str(ROOT)])}
-    p = spawn(["worker", "--no-maintenance"], env)
-
-    def running() -> bool:
-        assert p.poll() is None, p.communicate()
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            row = conn.execute(f'SELECT status FROM "{migrated}".jobs').fetchone()
-        return row is not None and row[0] == "running"
-
-    wait_for(running, what="the job running")
-    proxy.freeze(new="silent")
-    t0 = time.monotonic()
-    p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
-    elapsed = time.monotonic() - t0
+    p = spawn(["worker", "--no-maintenance"], slow_app_env(proxy, migrated, tmp_path))
+    elapsed, err = sigterm_over_a_silent_link(p, proxy, database_url, migrated)
     assert elapsed < 20, (elapsed, err)
     assert p.returncode == 1, err
     assert "error: the run could not settle within the platform timeout" in err
@@ -257,10 +269,8 @@ def test_one_sigterm_ends_serve_mid_run_within_the_platform_timeout(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "DATABASE_URL": proxy.url, "ROTA_SCHEMA": migrated,
-           "ROTA_APP": "slow_app:build", "PYTHONUNBUFFERED": "1", "CRON_SECRET": "s" * 32,
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), str(ROOT)])}
-    p = spawn(["serve", "--port", str(port)], env)
+    p = spawn(["serve", "--port", str(port)],
+              slow_app_env(proxy, migrated, tmp_path, CRON_SECRET="s" * 32))
 
     def up() -> bool:
         assert p.poll() is None, p.communicate()
@@ -277,19 +287,7 @@ def test_one_sigterm_ends_serve_mid_run_within_the_platform_timeout(
                       headers={"Authorization": "Bearer " + "s" * 32})
 
     threading.Thread(target=call, daemon=True).start()
-
-    def running() -> bool:
-        assert p.poll() is None, p.communicate()
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            row = conn.execute(f'SELECT status FROM "{migrated}".jobs').fetchone()
-        return row is not None and row[0] == "running"
-
-    wait_for(running, what="the job running")
-    proxy.freeze(new="silent")
-    t0 = time.monotonic()
-    p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
-    elapsed = time.monotonic() - t0
+    elapsed, err = sigterm_over_a_silent_link(p, proxy, database_url, migrated)
     # 19.5 s: the platform timeout less its 2.5 % margin.
     assert 19 < elapsed < 20, (elapsed, err)
     assert p.returncode == 1, err

@@ -448,10 +448,18 @@ class JobContext:
                 :meth:`rota.Queue.defer`); the job is already settled.
         """
         self._check_unsettled()
-        asked = due_or_delay(until, "until")
-        if isinstance(asked, timedelta):
-            asked = await self.queue.now() + asked
-        when = await self._after_this_run(asked)
+        checked = due_or_delay(until, "until")
+        left = self._run.time_left()
+        # The queue's clock, read once: for a delay, and for the end of the budget.
+        now = (await self.queue.now()
+               if isinstance(checked, timedelta) or left > 0 else None)
+        asked: datetime | None
+        if isinstance(checked, timedelta):
+            assert now is not None
+            asked = now + checked
+        else:
+            asked = checked
+        when = self._after_this_run(asked, now, left)
         ok = await retrying(lambda: self.queue.defer(self.job, when), self._run,
                             "defer") == 1
         if ok:
@@ -464,13 +472,14 @@ class JobContext:
             self._settle("failed" if states.get(self.job.id) == "failed" else "lost")
         return ok
 
-    async def _after_this_run(self, until: datetime | None) -> datetime | None:
+    @staticmethod
+    def _after_this_run(until: datetime | None, now: datetime | None,
+                        left: float) -> datetime | None:
         # A run never runs a job it deferred: a job deferred to a time before the budget
         # ends is due when it ends, or it would be claimed again at once, and again.
-        left = self._run.time_left()
-        if left <= 0:
+        if left <= 0 or now is None:
             return until  # no more claims in this run
-        floor = await self.queue.now() + timedelta(seconds=left)
+        floor = now + timedelta(seconds=left)
         return floor if until is None or until < floor else until
 
     def _check_unsettled(self) -> None:
