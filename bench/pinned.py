@@ -173,7 +173,14 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...]
         await sample_until(released + AFTER)
         await moment(f"{AFTER:.0f} s after release", released + AFTER - WINDOW,
                      released + AFTER)
-    return {"pending": pending, "groups": groups, "moments": moments}
+        # The contract of the fair claim's bookkeeping (rota verify) after the churn:
+        # a pinned horizon slows the claim, it must never make the bookkeeping wrong.
+        violations = await queue.verify()
+        print(f"rota verify after the pin: {len(violations)} violations", flush=True)
+        if violations:
+            raise SystemExit("the fair claim's bookkeeping broke its contract: "
+                             + "; ".join(map(str, violations[:5])))
+    return {"pending": pending, "groups": groups, "moments": moments, "violations": 0}
 
 
 def header() -> str:
