@@ -92,7 +92,8 @@ async def test_a_retry_or_a_deferral_starts_within_100_ms_of_its_due_time(
     (_, a1, t1), (_, a2, t2) = starts.rows
     # A retry counts an attempt; a deferral hands it back.
     assert (a1, a2) == ((1, 2) if first == "fail" else (1, 1))
-    assert timedelta(seconds=1) <= due - t1 < timedelta(seconds=1) + WAKE_WINDOW
+    # Due 1 s after the first attempt settled, which follows its start closely.
+    assert timedelta(seconds=1) <= due - t1 < timedelta(seconds=1.5)
     assert timedelta(0) <= t2 - due <= WAKE_WINDOW, t2 - due
 
 
