@@ -212,8 +212,16 @@ async def test_maintenance_counters_land_in_the_run_summary(queue: Queue,
     async def handler(ctx: JobContext) -> None:
         pass
 
-    result = await Pipeline(queue, [Stage("x", 1, 1, handler)]).run(
-        maintenance=Maintenance(queue))
+    pipeline = Pipeline(queue, [Stage("x", 1, 1, handler)])
+    # A Maintenance built on the queue given to Pipeline would run no stage's give-up
+    # hook for its stuck jobs: the run refuses it, saying what to do.
+    with pytest.raises(ConfigError) as refused:
+        await pipeline.run(maintenance=Maintenance(queue))
+    assert str(refused.value) == (
+        "maintenance is built on another queue than the pipeline's, so the stages' "
+        "give-up hooks would not run for its stuck jobs: build it on pipeline.queue "
+        "(rota.Maintenance(pipeline.queue, ...))")
+    result = await pipeline.run(maintenance=Maintenance(pipeline.queue))
     assert result.summary == {
         "maintenance.stuck_jobs.failed": 0, "maintenance.stuck_jobs.hooks_run": 0,
         "maintenance.killed_runs.marked": 1, "maintenance.prune.jobs_deleted": 1,

@@ -203,6 +203,10 @@ class Maintenance:
 
     Raises:
         ConfigError, InvalidInput: a task's settings are invalid.
+
+    Attributes:
+        queue: the queue given; :meth:`rota.Pipeline.run` takes a ``Maintenance`` built
+            on the pipeline's own queue, ``pipeline.queue``, only.
     """
 
     name = "maintenance"
@@ -212,6 +216,7 @@ class Maintenance:
                  retention: timedelta = DEFAULT_RETENTION,
                  prune_batch_size: int = 10_000,
                  runs_retention: timedelta = DEFAULT_RUNS_RETENTION) -> None:
+        self.queue = _check_queue(queue)
         self.tasks: tuple[Maintainer, ...] = (
             StuckJobs(queue),
             KilledRuns(queue, platform_timeout=platform_timeout),

@@ -295,7 +295,7 @@ class Harness:
         p = self.profile
         async with make_queue(self.server.url, self.schema, p, "chaos-final") as queue:
             pipeline = self.make_pipeline(queue, Handlers(self.schema, "final", p, self.seed))
-            maintenance = make_maintenance(queue, p)
+            maintenance = make_maintenance(pipeline.queue, p)
             queue.clock_offset = timedelta(seconds=p.stale_after + p.platform_timeout + 1)
             for rounds in range(1, 200):
                 self.out.drain_rounds = rounds

@@ -29,7 +29,7 @@ async def worker_main(url: str, schema: str, name: str, profile: Profile, seed: 
     rng = random.Random(seed)
     queue = make_queue(url, schema, profile, f"chaos-{name}")
     pipeline = make_pipeline(queue, Handlers(schema, name, profile, seed), profile)
-    maintenance = make_maintenance(queue, profile)
+    maintenance = make_maintenance(pipeline.queue, profile)
     budget = timedelta(seconds=profile.time_budget)
     next_maintenance = time.monotonic() + rng.uniform(0, profile.maintain_every)
     runs = raised = 0

@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from ..checks import require_duration
 from ..errors import ConfigError, InvalidInput
-from ..maintenance import Maintainer
+from ..maintenance import Maintainer, Maintenance
 from ..queue import GiveUpHook, Queue
 from ..quota import Allowance, Quota
 from ..rates import RateLimit
@@ -248,8 +248,9 @@ class Pipeline:
             trigger: ``cron``, ``cli``, ``worker`` or ``manual``.
             time_budget: wall-clock time for claiming, shorter than the platform timeout
                 (default 220 s of 300 s; the gap is for finishing what is in flight).
-            maintenance: run this first (for example a :class:`rota.Maintenance`); its
-                counters land in the summary as ``maintenance.*``.
+            maintenance: run this first (for example a :class:`rota.Maintenance`, built
+                on ``pipeline.queue``); its counters land in the summary as
+                ``maintenance.*``.
             stop: an event that ends the budget early when set (a SIGTERM to the
                 process): nothing more is claimed, what is in flight finishes, and the
                 run stops ``interrupted``.
@@ -265,7 +266,8 @@ class Pipeline:
 
         Raises:
             InvalidInput: unknown trigger.
-            ConfigError: ``time_budget`` not shorter than the platform timeout.
+            ConfigError: ``time_budget`` not shorter than the platform timeout; a
+                :class:`rota.Maintenance` built on another queue than ``pipeline.queue``.
             psycopg.Error, psycopg_pool.PoolTimeout: the run's row could not be written
                 at its start, or its end not within a few seconds of retrying (the
                 database is down; maintenance later marks such a run "killed").
@@ -282,6 +284,13 @@ class Pipeline:
         if time_budget >= self.platform_timeout:
             raise ConfigError(f"time_budget ({time_budget}) must be shorter than the "
                               f"platform timeout ({self.platform_timeout})")
+        if isinstance(maintenance, Maintenance) and maintenance.queue is not self.queue:
+            # Its stuck jobs would give up without the stages' hooks, which live on
+            # this pipeline's own queue (docs/design.md, "The runner").
+            raise ConfigError(
+                "maintenance is built on another queue than the pipeline's, so the "
+                "stages' give-up hooks would not run for its stuck jobs: build it on "
+                "pipeline.queue (rota.Maintenance(pipeline.queue, ...))")
         with self.queue.tracer.run(trigger) as trace:
             result = await self.loop.run(trigger, time_budget, maintenance=maintenance,
                                          stop=stop, trace=trace)
