@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -231,3 +232,20 @@ async def test_maintenance_counters_land_in_the_run_summary(queue: Queue,
     rows = await runs(aconn, queue)
     assert rows[result.run_id]["summary"] == result.summary
     assert rows[killed]["error"] == "killed"
+
+
+async def test_a_worker_refuses_at_start_a_maintenance_without_its_stages_hooks(
+    queue: Queue,
+) -> None:
+    """Rather than a run that fails on it again and again."""
+    from rota import Worker
+
+    async def handler(ctx: JobContext) -> None:
+        pass
+
+    pipeline = Pipeline(queue, [Stage("x", 1, 1, handler)])
+    worker = Worker(pipeline, maintenance=Maintenance(queue))
+    with pytest.raises(ConfigError, match=r"^maintenance is built on another queue than "
+                                          r"the pipeline's"):
+        await asyncio.wait_for(worker.run_forever(asyncio.Event()), 10)
+    assert worker.runs == 0

@@ -235,6 +235,22 @@ class Maintenance:
         return await run_tasks(self.tasks)
 
 
+def check_pipeline_maintenance(maintenance: object, pipeline_queue: Queue) -> None:
+    """Refuse a :class:`Maintenance` built on another queue than a pipeline's own
+    (``pipeline.queue``), given to run with that pipeline: its stuck jobs would give up
+    without the stages' give-up hooks, which live on the pipeline's queue
+    (docs/design.md, "The runner"). Any other maintainer is taken as it is.
+
+    Raises:
+        ConfigError: saying to build it on ``pipeline.queue``.
+    """
+    if isinstance(maintenance, Maintenance) and maintenance.queue is not pipeline_queue:
+        raise ConfigError(
+            "maintenance is built on another queue than the pipeline's, so the "
+            "stages' give-up hooks would not run for its stuck jobs: build it on "
+            "pipeline.queue (rota.Maintenance(pipeline.queue, ...))")
+
+
 async def maintain(queue: Queue, *,
                    platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT,
                    retention: timedelta = DEFAULT_RETENTION) -> dict[str, int]:

@@ -43,7 +43,7 @@ from psycopg import sql
 
 from .checks import require_duration
 from .errors import InvalidInput, first_line
-from .maintenance import Maintainer, Maintenance, Rescue
+from .maintenance import Maintainer, Maintenance, Rescue, check_pipeline_maintenance
 from .queue import Queue
 from .runner.source import (
     PipelineSource,
@@ -190,7 +190,8 @@ class Worker:
         Raises:
             InvalidInput: the pipeline has no queue and none was given.
             ConfigError: ``time_budget`` is not shorter than the pipeline's
-                ``platform_timeout`` (every run would refuse it).
+                ``platform_timeout`` (every run would refuse it); ``maintenance`` is a
+                :class:`rota.Maintenance` built on another queue than the pipeline's.
             psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName: the schema
                 is not migrated.
         """
@@ -201,6 +202,9 @@ class Worker:
         self._budget = self.time_budget or default_time_budget(
             getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
         check_time_budget(pipeline, self._budget)
+        own = getattr(pipeline, "queue", None)
+        if isinstance(own, Queue):  # else every run would refuse it, in a loop
+            check_pipeline_maintenance(self._maintenance, own)
         types = _stage_types(pipeline)
         scheduler = getattr(pipeline, "scheduler", None)
         if not isinstance(scheduler, Scheduler):

@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from ..checks import require_duration
 from ..errors import ConfigError, InvalidInput
-from ..maintenance import Maintainer, Maintenance
+from ..maintenance import Maintainer, check_pipeline_maintenance
 from ..queue import GiveUpHook, Queue
 from ..quota import Allowance, Quota
 from ..rates import RateLimit
@@ -284,13 +284,7 @@ class Pipeline:
         if time_budget >= self.platform_timeout:
             raise ConfigError(f"time_budget ({time_budget}) must be shorter than the "
                               f"platform timeout ({self.platform_timeout})")
-        if isinstance(maintenance, Maintenance) and maintenance.queue is not self.queue:
-            # Its stuck jobs would give up without the stages' hooks, which live on
-            # this pipeline's own queue (docs/design.md, "The runner").
-            raise ConfigError(
-                "maintenance is built on another queue than the pipeline's, so the "
-                "stages' give-up hooks would not run for its stuck jobs: build it on "
-                "pipeline.queue (rota.Maintenance(pipeline.queue, ...))")
+        check_pipeline_maintenance(maintenance, self.queue)
         with self.queue.tracer.run(trigger) as trace:
             result = await self.loop.run(trigger, time_budget, maintenance=maintenance,
                                          stop=stop, trace=trace)
