@@ -1,0 +1,107 @@
+"""Experiment, not shipped: where the fair claim's reads go while the xmin horizon is
+pinned (bench/RESULTS.md, section 12). Builds bench/pinned.py's data (100,000 pending
+over 2,000 groups), churns as its worker loop does (claim 100, complete, enqueue 100)
+for ``seconds`` with a REPEATABLE READ transaction holding the horizon, then runs the
+claim of 25 under EXPLAIN (ANALYZE, BUFFERS) in a transaction it rolls back, before
+the pin and after it, and prints the plan nodes that read the most buffers.
+
+Usage: ``python -m bench.experiments.pinned_explain [seconds]`` (default 60).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from rota import Queue
+
+from ..pinned import _replacements
+from ..scale import build
+
+SCHEMA = "bench_pinned_explain"
+
+
+async def explain(queue: Queue) -> Any:
+    """The claim of 25's plan, run and rolled back."""
+    fair = queue.fair_claim
+    statement = fair.statement()
+    groups, per = fair._probe.get("t", fair._floor(25))
+    params = {"type": "t", "limit": 25, "run_id": None, "offset": queue.clock_offset,
+              "stale_after": queue.stale_after, "served_window": queue.served_window,
+              **queue.plans.claim_params(), "probe_groups": groups, "probe_per": per,
+              "candidates": 25 * 4 + 16}
+    async with queue.pool.connection() as c:
+        async with c.transaction(force_rollback=True):
+            await c.execute(queue.store.sql("fair/claim_settings"))
+            cur = psycopg.AsyncRawCursor(c)  # the claim's text has $n placeholders
+            await cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement.text,
+                              statement.params(params))
+            row = await cur.fetchone()
+            assert row is not None
+            return row[0]  # type: ignore[no-any-return]
+
+
+def top_nodes(plan: Any, n: int = 12) -> list[tuple[int, str]]:
+    """Plan nodes by the shared buffers they read themselves (their children's taken
+    away), largest first."""
+    out: list[tuple[int, str]] = []
+
+    def walk(node: dict[str, Any]) -> int:
+        total = node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+        children = sum(walk(c) for c in node.get("Plans", []))
+        what = " ".join(str(node.get(k, "")) for k in
+                        ("Node Type", "Index Name", "Relation Name", "CTE Name",
+                         "Subplan Name") if node.get(k))
+        out.append((total - children, f"{what} (loops {node.get('Actual Loops')}, "
+                                      f"rows {node.get('Actual Rows')})"))
+        return total
+
+    walk(plan[0]["Plan"])
+    return sorted(out, reverse=True)[:n]
+
+
+async def main(url: str, seconds: float) -> None:
+    await build(url, SCHEMA, pending=100_000, groups=2_000, done=20_000)
+    rng = random.Random(11)
+    async with (Queue(url, schema=SCHEMA) as queue,
+                await psycopg.AsyncConnection.connect(url) as holder):
+        async def churn(until: float) -> int:
+            n = 0
+            while time.monotonic() < until:
+                jobs = await queue.claim("t", 100)
+                if jobs:
+                    await queue.complete_many(jobs)
+                await queue.enqueue_many(_replacements(len(jobs) or 100, 2_000, rng))
+                n += 1
+            return n
+
+        await churn(time.monotonic() + 10)
+        before = await explain(queue)
+        await holder.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        await holder.execute(sql.SQL("SELECT count(*) FROM {}.groups").format(
+            sql.Identifier(SCHEMA)))
+        cycles = await churn(time.monotonic() + seconds)
+        pinned = await explain(queue)
+        await holder.rollback()
+    for label, plan in (("before the pin", before),
+                        (f"after {seconds:.0f} s pinned ({cycles} churn cycles)", pinned)):
+        root = plan[0]["Plan"]
+        print(f"\n== {label}: {plan[0]['Execution Time']:.1f} ms, "
+              f"{root['Shared Hit Blocks'] + root.get('Shared Read Blocks', 0)} buffers")
+        for b, node in top_nodes(plan):
+            print(f"{b:>8}  {node}")
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+
+
+if __name__ == "__main__":
+    asyncio.run(main(os.environ.get("DATABASE_URL",
+                                    "postgresql://postgres@127.0.0.1:5432/test"),
+                     float(sys.argv[1]) if len(sys.argv) > 1 else 60.0))
