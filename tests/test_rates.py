@@ -504,6 +504,13 @@ def test_rota_limits_lists_each_bucket(database_url: str, migrated: str) -> None
     assert "rate limits (2 buckets)" in table.stdout and "500 per 1m" in table.stdout
     empty = CliRunner().invoke(cli, ["limits", "--name", "nope", "--json"], env=env)
     assert json.loads(empty.stdout) == []
+    # Not an empty table: a line that says why there is nothing.
+    none = CliRunner().invoke(cli, ["limits", "--name", "nope"], env=env)
+    assert (none.exit_code, none.stdout) == (
+        0, "no bucket of rate limit 'nope' yet: a limit has one once a unit of it is "
+           "taken\n")
+    one = CliRunner().invoke(cli, ["limits", "--name", "model", "-n", "1"], env=env)
+    assert "rate limits (1 bucket)" in one.stdout
 
 
 async def test_the_quotas_page_and_metrics_show_the_rate_limits(

@@ -38,7 +38,14 @@ def limits(database_url: str | None, schema: str | None, app_spec: str | None,
     if as_json:
         emit_json([r.as_json() for r in rows])
         return
-    table = Table(title=f"rate limits ({len(rows)} buckets)")
+    if not rows:
+        # A limit has a bucket (per key) from its first take on.
+        console().print(f"no bucket of rate limit {name!r} yet: a limit has one once a "
+                        f"unit of it is taken" if name is not None
+                        else "no rate-limit buckets yet: a limit has one once a unit of "
+                             "it is taken")
+        return
+    table = Table(title=f"rate limits ({len(rows)} bucket{'' if len(rows) == 1 else 's'})")
     for col in ("limit", "key", "rate", "burst", "this window", "last window",
                 "available", "next free (UTC)", "waiting", "taken", "refused"):
         table.add_column(col, overflow="fold",
