@@ -257,29 +257,20 @@ def test_one_sigterm_ends_serve_mid_run_within_the_platform_timeout(
     """`rota serve` as `rota worker` above: a cron run in flight over a link that went
     silent cannot settle; one SIGTERM still ends the process before the platform
     timeout (20 s), exit 1, saying why."""
-    import socket
     import threading
 
     import httpx
+
+    from tests.test_stopping import _up, free_port
 
     (tmp_path / "slow_app.py").write_text(SLOW_APP)
     subprocess.run([sys.executable, "-m", "rota.cli", "enqueue", "slow", "{}"], check=True,
                    capture_output=True, timeout=60, cwd=ROOT,
                    env={**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": migrated})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     p = spawn(["serve", "--port", str(port)],
               slow_app_env(proxy, migrated, tmp_path, CRON_SECRET="s" * 32))
-
-    def up() -> bool:
-        assert p.poll() is None, p.communicate()
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(up, what="the server")
+    wait_for(lambda: _up(f"http://127.0.0.1:{port}"), what="the server")
 
     def call() -> None:
         with contextlib.suppress(httpx.HTTPError):

@@ -2,13 +2,7 @@
 -- every failed attempt's error, oldest first (docs/design.md, "Results").
 SELECT j.*, g.plan, g.active AS group_active,
        r.started_at AS run_started_at, r.stop_reason AS run_stop_reason,
-       (SELECT jsonb_agg(jsonb_build_object(
-                   'attempt', e.attempt, 'error', e.error, 'error_type', e.error_type,
-                   'traceback', e.traceback,
-                   'run_id', e.run_id, 'started_at', e.started_at,
-                   'failed_at', e.failed_at) ORDER BY e.id)
-        FROM {schema}.job_errors e
-        WHERE e.job_id = j.id) AS errors
+       {job_errors} AS errors
 FROM {schema}.jobs j
 LEFT JOIN {groups} g ON g.group_id = j.group_id
 LEFT JOIN {schema}.runs r ON r.id = j.run_id
