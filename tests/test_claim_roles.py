@@ -1,6 +1,6 @@
 """Another role cannot stall or flood a queue's claim bookkeeping: the served window's
 edge is coordinated by row locks on rota's own fair_edge table (docs/fast-claim.md,
-"Writers: three protocols and one shard rule"), which only roles granted the schema can take. An
+"Writers: three protocols and one delta rule"), which only roles granted the schema can take. An
 advisory lock, by contrast, any role of the database can take on any key."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ async def test_neither_role_can_delay_the_others_queue(
                 await rogue.execute("SELECT pg_advisory_lock(%s)", [row[0]])
                 await rogue.execute("SELECT pg_advisory_lock(hashtext('rota.migrate'),"
                                     " hashtext(%s))", [me])
-                for table in ("fair_edge", "fair_groups", "fair_served", "jobs"):
+                for table in ("fair_edge", "fair_groups", "fair_served", "fair_fold_lock", "jobs"):
                     async with rogue.transaction():
                         with pytest.raises(psycopg.errors.InsufficientPrivilege):
                             await rogue.execute(

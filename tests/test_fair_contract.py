@@ -2,7 +2,8 @@
 each kind of damage to the bookkeeping, naming the group and the value expected and
 found; `rota verify --repair` rebuilds it from the jobs table, on a damaged queue and on
 a live one with claims running on other connections, after which the claim is still
-the oracle's. And the package's boundaries: one shard rule, and no code outside
+the oracle's. The fold mark (the claim reads only the deltas above it). And the
+package's boundaries: one delta rule, and no code outside
 `rota/fair/` that touches the bookkeeping tables."""
 
 from __future__ import annotations
@@ -87,9 +88,10 @@ async def test_a_served_count_off_by_some_is_named_with_both_counts(
     assert await queue.verify() == [Violation("t", "g1", "served", "2", "7")]
 
 
-async def test_a_stray_served_shard_is_counted_in_found(queue: Queue, aconn: Any) -> None:
+async def test_a_stray_served_delta_is_counted_in_found(queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
-    await run(aconn, queue, "INSERT INTO {s}.fair_served VALUES ('t', 'g2', 999, 1)")
+    await run(aconn, queue, "INSERT INTO {s}.fair_served (type, group_id, n)"
+              " VALUES ('t', 'g2', 1)")
     assert await queue.verify() == [Violation("t", "g2", "served", "0", "1")]
 
 
@@ -259,7 +261,7 @@ async def test_repair_rebuilds_every_kind_of_damage_and_the_claim_stays_the_orac
     await scenario(queue, aconn)
     for damage in (
             "UPDATE {s}.fair_groups SET served_n = served_n + 5 WHERE group_id = 'g1'",
-            "INSERT INTO {s}.fair_served VALUES ('t', 'g2', 999, 3)",
+            "INSERT INTO {s}.fair_served (type, group_id, n) VALUES ('t', 'g2', 3)",
             "UPDATE {s}.fair_groups SET head_lb = 'infinity', ready_lb = 'infinity'"
             " WHERE group_id = 'g2'",
             "UPDATE {s}.fair_groups SET head_until = 'infinity' WHERE group_id = 'g3'",
@@ -340,30 +342,35 @@ async def test_repair_on_a_live_queue_keeps_claims_exact(
 # -- the package's boundaries --------------------------------------------------------------
 
 
-async def test_every_writer_of_fair_served_writes_the_shard_the_rule_gives_it(
+async def test_every_writer_of_fair_served_appends_rows_stamped_with_its_xid(
         queue: Queue, aconn: Any) -> None:
-    """The shard rule (fair_shard): a claim, a completion, an insert of a running job and
-    a deletion, each from this test's own connection, write this connection's shard
-    only; an edge move writes shard 0."""
+    """The delta rule: a claim, a completion, an insert of a running job, a deletion and
+    an edge move each only insert rows of their own, stamped with their transaction's
+    id (xid); no row is ever updated (each row's xmin is its writer's xid)."""
     await queue.upsert_group("g", plan="pro")
     await queue.enqueue("t", {}, group_id="g")
     await queue.enqueue("t", {}, group_id="g")
-    pid = (await run(aconn, queue, "SELECT pg_backend_pid() % 32767"))[0][0]
-    assert (await run(aconn, queue, "SELECT {s}.fair_shard(), {s}.fair_shard(true)")) == [
-        (pid, 0)]
-    await run(aconn, queue, "UPDATE {s}.jobs SET status = 'running', locked_at = now(),"
-              " attempts = 1 WHERE id = (SELECT min(id) FROM {s}.jobs)")  # a claim
-    await run(aconn, queue, "UPDATE {s}.jobs SET status = 'done', finished_at = now(),"
-              " locked_at = NULL WHERE status = 'running'")  # a completion
-    await run(aconn, queue, "INSERT INTO {s}.jobs (type, group_id, payload, status,"
-              " max_attempts, run_after, created_at, locked_at, attempts)"
-              " VALUES ('t', 'g', '{{}}', 'running', 3, now(), now(), now(), 1)")
-    await run(aconn, queue, "DELETE FROM {s}.jobs WHERE status = 'running'")
-    assert await run(aconn, queue, "SELECT shard, n FROM {s}.fair_served") == [(pid, 1)]
-    # The edge moves past the done job: it leaves the count, in shard 0.
-    await run(aconn, queue, "SELECT {s}.fair_advance('t', now() + interval '1 hour')")
-    assert await run(aconn, queue, "SELECT shard, n FROM {s}.fair_served ORDER BY shard"
-                     ) == [(0, -1), (pid, 1)]
+    await run(aconn, queue, "DELETE FROM {s}.fair_served")  # the test's own rows only
+    writes = [
+        "UPDATE {s}.jobs SET status = 'running', locked_at = now(), attempts = 1"
+        " WHERE id = (SELECT min(id) FROM {s}.jobs)",  # a claim: +1
+        "UPDATE {s}.jobs SET status = 'done', finished_at = now(), locked_at = NULL"
+        " WHERE status = 'running'",  # a completion: nets to no row
+        "INSERT INTO {s}.jobs (type, group_id, payload, status, max_attempts, run_after,"
+        " created_at, locked_at, attempts) VALUES ('t', 'g', '{{}}', 'running', 3, now(),"
+        " now(), now(), 1)",  # +1
+        "DELETE FROM {s}.jobs WHERE status = 'running'",  # -1
+        "SELECT {s}.fair_advance('t', now() + interval '1 hour')",  # the done job: -1
+    ]
+    xids = []
+    for w in writes:
+        async with aconn.transaction():
+            await run(aconn, queue, w)
+            xids.append((await run(aconn, queue, "SELECT pg_current_xact_id()"))[0][0])
+    rows = await run(aconn, queue, "SELECT n, xid, xmin::text = (xid::text::numeric"
+                     " % 4294967296)::text FROM {s}.fair_served ORDER BY xid")
+    assert rows == [(1, xids[0], True), (1, xids[2], True), (-1, xids[3], True),
+                    (-1, xids[4], True)]
     assert await queue.verify() == []
 
 
@@ -372,8 +379,9 @@ def test_only_the_fair_package_touches_the_bookkeeping_tables() -> None:
     statement names fair_groups, fair_served, fair_edge, fair_plans or a fair_ function
     (queue.py calls FairClaim's methods); comments may name them."""
     src = ROOT / "src" / "rota"
-    name = re.compile(r"\bfair_(groups|served|edge|plans|fold|advance|shard|count_served|"
-                      r"note_pending|lock_edges|still_claimable|insert_groups)\b")
+    name = re.compile(r"\bfair_(groups|served|edge|plans|fold|advance|fold_lock|fold_mark|"
+                      r"count_served|note_pending|lock_edges|still_claimable|"
+                      r"insert_groups)\b")
     touching = [f"{p.relative_to(src)}: {line.strip()}" for p in sorted(src.rglob("*"))
                 if p.suffix in (".py", ".sql") and "fair" not in p.relative_to(src).parts
                 and p.parent.name != "migrations"
@@ -430,7 +438,8 @@ def test_the_fixture_used_after_concurrency_tests_fails_on_a_violation(
     the fixture runs names the group."""
     from rota.store import Statements
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("INSERT INTO {}.fair_served VALUES ('t', 'gx', 1, 4)")
+        conn.execute(sql.SQL("INSERT INTO {}.fair_served (type, group_id, n)"
+                             " VALUES ('t', 'gx', 4)")
                      .format(sql.Identifier(migrated)))
         rows = conn.execute(Statements(migrated).sql("fair/verify")).fetchall()
     assert [Violation(*r) for r in rows] == [Violation("t", "gx", damage, "0", "4")]

@@ -136,7 +136,7 @@ async def test_concurrent_churn_and_crashes_leave_bookkeeping_equal_to_a_recount
     await asyncio.gather(*(worker(w) for w in range(4)))
     await queue.settle()
     assert await recount(aconn, schema) == []
-    # The edge moves, shards fold, groups empty out: still exact, still the oracle's order.
+    # The edge moves, deltas fold, groups empty out: still exact, still the oracle's order.
     await aconn.execute(sql.SQL("SELECT {s}.fair_advance('t', now()), {s}.fair_fold('t', now())")
                         .format(s=sql.Identifier(schema)))
     assert await recount(aconn, schema) == []

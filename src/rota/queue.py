@@ -610,9 +610,9 @@ class Queue:
                 raise e
             encoded_by_id[j.id] = e
         # Job rows are locked in id order, the one order of every statement that locks
-        # several jobs. The served-count changes a completion makes go to the writing
-        # session's own fair_served shard (the shard rule, fair_shard()), so two batches
-        # never wait on each other's bookkeeping rows.
+        # several jobs. The served-count changes a completion makes are new fair_served
+        # rows of its own (the delta rule, fair/bookkeeping.sql), so two batches never
+        # wait on each other's bookkeeping rows.
         fenced = sorted((j for j in batch if j.claim_token is not None),
                         key=lambda j: j.id)
         if not fenced:

@@ -13,7 +13,8 @@
 -- before the window start. A completion (running to done, in one session) nets to no
 -- write.
 --
--- The rules, each in one place here: the shard rule (fair_shard), the edge lock
+-- The rules, each in one place here: the delta rule (fair_served, append-only), the
+-- fold mark (fair_fold, fair_fold_mark), the edge lock
 -- (fair_lock_edges, taken by every counting writer; fair_advance), the head-bound
 -- protocol (FOR KEY SHARE by writers in fair_note_pending_each and fair_note_pending,
 -- FOR UPDATE SKIP LOCKED by fair_fold), and the copy of plan and active
@@ -21,7 +22,7 @@
 -- invariant stated here; src/rota/fair/repair.sql rebuilds the tables from jobs.
 
 -- Groups of a type that may have pending jobs or a served count, one row each.
--- Head bounds (docs/fast-claim.md#writers-three-protocols-and-one-shard-rule): ready_lb and head_lb
+-- Head bounds (docs/fast-claim.md#writers-three-protocols-and-one-delta-rule): ready_lb and head_lb
 -- are lower bounds of the group's pending jobs' run_after and (created_at, id), the
 -- latter as (head_lb, head_id), compared as a row like the claim's key (so jobs that
 -- share a created_at, as one statement's do, do not tie). Invariant: for every pending
@@ -81,33 +82,49 @@ CREATE TABLE {schema}.fair_plans (
     PRIMARY KEY (type, plan)
 );
 
--- Changes to served counts not yet folded into fair_groups.served_n, per type, group and
--- shard: a job entering running adds 1 and one leaving it takes 1 away; done jobs count
--- while finished at or after the edge. Every writer writes its statement's net change
--- to the shard the shard rule gives it (fair_shard below). Only the sum over a
--- group's shards means anything. fair_fold moves these rows into served_n every upkeep
--- round, so the table stays small and the claim's sum over it is cheap.
+-- Changes to served counts not yet folded into fair_groups.served_n: a job entering
+-- running adds 1 and one leaving it takes 1 away; done jobs count while finished at or
+-- after the edge. The delta rule, used by every writer (the jobs triggers through
+-- fair_count_served and fair_jobs_update; fair_advance): a writer only INSERTs its
+-- statement's net change per (type, group), a row of its own stamped with its
+-- transaction id (xid). No row is ever updated, and none is written by two
+-- transactions, so concurrent claimers, completers and folds never wait on each other's
+-- bookkeeping. Only the sum over a group's rows means anything. fair_fold moves the rows
+-- into served_n every upkeep round and records a mark (fair_fold_mark): every delta
+-- with an xid below the type's newest mark is folded, so the claim reads only the rows
+-- at or above it (fair_served_xid_idx), however many dead versions a long transaction
+-- keeps below (docs/operations.md, "Long transactions"). No primary key: REPLICA
+-- IDENTITY FULL lets a publication FOR ALL TABLES carry the fold's deletes.
 CREATE TABLE {schema}.fair_served (
     type      text NOT NULL,
     group_id  text NOT NULL,
-    shard     smallint NOT NULL,
     n         integer NOT NULL,
-    PRIMARY KEY (type, group_id, shard)
+    xid       xid8 NOT NULL DEFAULT pg_current_xact_id()
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000);
 
--- The shard rule, stated once and used by every writer of fair_served (the jobs
--- triggers through fair_count_served and fair_jobs_update; fair_advance): a writer of
--- jobs adds to the row of its own session, (type, group_id, its backend pid modulo the
--- smallint range), so two sessions never write one row and concurrent claimers and
--- completers never wait on each other's bookkeeping (sessions whose pids meet modulo
--- 32767 merely share a row). An edge move (p_edge_move) adds to shard 0 instead, a row
--- no writer of jobs uses: fair_fold holds the rows it deletes until its upkeep
--- statement, edge move included, commits, and edge deltas written to the upkeep
--- connection's own shard made the next claim or completion on that pooled connection
--- wait for another connection's fold. fair_fold sums and deletes every shard.
-CREATE FUNCTION {schema}.fair_shard(p_edge_move boolean DEFAULT false) RETURNS smallint
-LANGUAGE sql STABLE PARALLEL RESTRICTED
-AS $$ SELECT CASE WHEN p_edge_move THEN 0 ELSE pg_backend_pid() % 32767 END::smallint $$;
+CREATE INDEX fair_served_xid_idx ON {schema}.fair_served (type, xid);
+
+ALTER TABLE {schema}.fair_served REPLICA IDENTITY FULL;
+
+-- The fold's lock, one row per type, only ever locked (FOR UPDATE SKIP LOCKED by
+-- fair_fold), never updated: one fold of a type at a time, and none waits for another.
+CREATE TABLE {schema}.fair_fold_lock (
+    type      text PRIMARY KEY
+);
+
+-- Fold marks, per type (no row: 0): every fair_served delta of the type with an xid
+-- below the newest mark is folded into served_n, in the same transaction that recorded
+-- the mark. Marks only grow; each fold inserts its own and deletes the older ones, so
+-- the newest is the first entry of a backward scan of fair_fold_mark_idx whatever dead
+-- versions lie below it.
+CREATE TABLE {schema}.fair_fold_mark (
+    type      text NOT NULL,
+    upto      xid8 NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+
+CREATE INDEX fair_fold_mark_idx ON {schema}.fair_fold_mark (type, upto);
+
+ALTER TABLE {schema}.fair_fold_mark REPLICA IDENTITY FULL;
 
 -- The checkpoint of the served counts per type (no row: -infinity): served_n and
 -- fair_served count the done jobs finished at or after the edge. The claim adds an
@@ -380,7 +397,7 @@ $$;
 
 -- Add p_delta to fair_served for the served jobs (type, group, finished_at) finished
 -- at or after their type's edge, under a shared lock of each type's edge row
--- (fair_lock_edges), in this session's shard (fair_shard). Running jobs are passed with
+-- (fair_lock_edges), as new rows (the delta rule). Running jobs are passed with
 -- finished_at 'infinity', so they always count.
 CREATE FUNCTION {schema}.fair_count_served(
     p_types text[], p_groups text[], p_finished timestamptz[], p_delta int
@@ -388,14 +405,12 @@ CREATE FUNCTION {schema}.fair_count_served(
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM {schema}.fair_lock_edges(p_types);
-    INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
-    SELECT d.type, d.group_id, {schema}.fair_shard(), p_delta * count(*)::int
+    INSERT INTO {schema}.fair_served (type, group_id, n)
+    SELECT d.type, d.group_id, p_delta * count(*)::int
     FROM unnest(p_types, p_groups, p_finished) AS d(type, group_id, finished)
     LEFT JOIN {schema}.fair_edge e ON e.type = d.type
     WHERE d.finished >= coalesce(e.edge, '-infinity')
-    GROUP BY d.type, d.group_id
-    ORDER BY 1, 2
-    ON CONFLICT (type, group_id, shard) DO UPDATE SET n = fs.n + excluded.n;
+    GROUP BY d.type, d.group_id;
 END
 $$;
 
@@ -498,7 +513,7 @@ BEGIN
     -- edge. Each changed row takes its old version's count away and adds its new one's,
     -- netted per (type, group): a completion (running to done) writes nothing; a claim
     -- adds one per job; a row whose counted state did not change nets to nothing. The
-    -- net goes to this session's shard (the shard rule, fair_shard).
+    -- net is appended as new rows (the delta rule).
     -- Done rows are decided against the edge under the types' edge rows locked FOR
     -- SHARE, as fair_count_served does.
     SELECT array_agg(x.type) INTO edges
@@ -508,8 +523,8 @@ BEGIN
     IF edges IS NOT NULL THEN
         PERFORM {schema}.fair_lock_edges(edges);
     END IF;
-    INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
-    SELECT v.type, v.group_id, {schema}.fair_shard(), sum(v.delta)::int
+    INSERT INTO {schema}.fair_served (type, group_id, n)
+    SELECT v.type, v.group_id, sum(v.delta)::int
     FROM (SELECT o.type, o.group_id, o.id, o.status, o.finished_at, -1 AS delta
           FROM old_rows o
           UNION ALL
@@ -520,9 +535,7 @@ BEGIN
       AND (v.status = 'running'
            OR (v.status = 'done' AND v.finished_at >= coalesce(e.edge, '-infinity')))
     GROUP BY 1, 2
-    HAVING sum(v.delta) <> 0
-    ORDER BY 1, 2, 3
-    ON CONFLICT (type, group_id, shard) DO UPDATE SET n = fs.n + excluded.n;
+    HAVING sum(v.delta) <> 0;
     -- Rows put into pending (fail with retries left, defer, release, retry) are noted in
     -- fair_groups: those that entered pending, or moved their type, group, created_at or
     -- to an earlier run_after.
@@ -636,16 +649,14 @@ BEGIN
     END IF;
     IF p_target <> old_edge THEN
         -- Done jobs between the old and the new edge leave (forward) or enter (back).
-        INSERT INTO {schema}.fair_served AS fs (type, group_id, shard, n)
-        SELECT p_type, j.group_id, {schema}.fair_shard(p_edge_move => true),
+        INSERT INTO {schema}.fair_served (type, group_id, n)
+        SELECT p_type, j.group_id,
                (CASE WHEN p_target > old_edge THEN -1 ELSE 1 END) * count(*)::int
         FROM {schema}.jobs j
         WHERE j.type = p_type AND j.status = 'done' AND j.group_id IS NOT NULL
           AND j.finished_at >= least(old_edge, p_target)
           AND j.finished_at < greatest(old_edge, p_target)
-        GROUP BY j.group_id
-        ORDER BY j.group_id
-        ON CONFLICT (type, group_id, shard) DO UPDATE SET n = fs.n + excluded.n;
+        GROUP BY j.group_id;
         UPDATE {schema}.fair_edge SET edge = p_target WHERE type = p_type;
     END IF;
     RETURN true;
@@ -661,16 +672,37 @@ $$;
 -- in the walk index. No edge lock is needed: deltas and served_n count against the
 -- same edge, and a fold moves them in one transaction. It never waits: rows a writer
 -- holds (FOR KEY SHARE or a lowering) and delta rows another fold holds are left for
--- the next one. Returns the number of groups folded.
+-- the next one; while another fold of the type runs (its fair_fold_lock row is locked)
+-- it returns 0 at once.
+-- The mark: the fold reads the deltas from the type's newest mark on, and records as
+-- its new mark the smaller of its first snapshot's xmin and the smallest xid of a delta
+-- it left (a group a writer held). Every transaction with an xid below a snapshot's
+-- xmin had ended when the snapshot was taken, so each of their deltas was visible to
+-- the fold's later statements and was folded; the fold's own xid is never below its
+-- snapshot's xmin. A read-only long transaction (a report, pg_dump) has no xid and does
+-- not hold the mark back; one that wrote and stays open does. Returns the number of
+-- groups folded.
 CREATE FUNCTION {schema}.fair_fold(p_type text, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     gs text[];
     missing text[];
     folded integer;
+    mark xid8;
+    new_mark xid8;
+    had_deltas boolean;
 BEGIN
+    INSERT INTO {schema}.fair_fold_lock (type) VALUES (p_type) ON CONFLICT (type) DO NOTHING;
+    PERFORM 1 FROM {schema}.fair_fold_lock l WHERE l.type = p_type FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    new_mark := pg_snapshot_xmin(pg_current_snapshot());
+    mark := coalesce((SELECT max(m.upto) FROM {schema}.fair_fold_mark m
+                      WHERE m.type = p_type), '0');
     SELECT array_agg(DISTINCT f.group_id) INTO gs
-    FROM {schema}.fair_served f WHERE f.type = p_type;
+    FROM {schema}.fair_served f WHERE f.type = p_type AND f.xid >= mark;
+    had_deltas := gs IS NOT NULL;
     IF gs IS NOT NULL THEN
         SELECT array_agg(x.group_id ORDER BY x.group_id) INTO missing
         FROM unnest(gs) AS x(group_id)
@@ -706,7 +738,7 @@ BEGIN
         WHERE d.ctid = ANY (ARRAY(
             SELECT f.ctid FROM {schema}.fair_served f
             JOIN unnest(gs) AS x(group_id) ON x.group_id = f.group_id
-            WHERE f.type = p_type
+            WHERE f.type = p_type AND f.xid >= mark
             FOR UPDATE OF f SKIP LOCKED))
         RETURNING d.group_id, d.n
     ),
@@ -754,6 +786,16 @@ BEGIN
     USING unnest(gs) AS x(group_id)
     WHERE fg.type = p_type AND fg.group_id = x.group_id
       AND fg.served_n = 0 AND fg.ready_lb = 'infinity';
+    -- The new mark, after the deltas moved (a fold that found none keeps the old one, so
+    -- an idle queue writes no mark). Deltas left behind hold it at their xid.
+    IF had_deltas THEN
+        SELECT least(new_mark, min(f.xid)) INTO new_mark
+        FROM {schema}.fair_served f WHERE f.type = p_type AND f.xid >= mark;
+        IF new_mark > mark THEN
+            INSERT INTO {schema}.fair_fold_mark (type, upto) VALUES (p_type, new_mark);
+            DELETE FROM {schema}.fair_fold_mark m WHERE m.type = p_type AND m.upto < new_mark;
+        END IF;
+    END IF;
     RETURN folded;
 END
 $$;

@@ -81,11 +81,15 @@ edge_fix AS (
     GROUP BY d.group_id
 ),
 -- Served-count changes not yet folded into fair_groups.served_n (claims and completions
--- since the last upkeep round).
+-- since the last upkeep round): the deltas from the type's newest fold mark on, since
+-- every one below it is folded (bookkeeping.sql, fair_fold), so the scan of
+-- fair_served_xid_idx starts past the dead versions a long transaction keeps.
 served_delta AS (
     SELECT f.group_id, sum(f.n)::int AS n
     FROM {schema}.fair_served f
     WHERE f.type = %(type)s
+      AND f.xid >= coalesce((SELECT max(m.upto) FROM {schema}.fair_fold_mark m
+                             WHERE m.type = %(type)s), '0')
     GROUP BY f.group_id
 ),
 -- Stale running jobs with attempts left are claimable (jobs_reclaimable_idx).

@@ -30,7 +30,7 @@ class Violation:
         type: the job type.
         group_id: the group.
         invariant: ``served``, ``row``, ``ready_lb``, ``head``, ``plan``, ``active`` or
-            ``fair_plans`` (``verify.sql`` states each).
+            ``fair_plans`` or ``mark`` (``verify.sql`` states each).
         expected: the value the jobs say it should have, as text (timestamps in UTC).
         found: the value kept, as text.
     """

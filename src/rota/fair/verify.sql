@@ -5,7 +5,8 @@
 -- violation: the group, the invariant broken, the value the jobs say it should have
 -- (expected) and the value kept (found). No row: the bookkeeping is exact.
 --
---   served      served_n + the group's fair_served shards = its running jobs plus its
+--   served      served_n + the group's fair_served deltas at or above the type's fold
+--               mark (those the claim reads) = its running jobs plus its
 --               done jobs finished at or after the type's edge (fair_edge; no row:
 --               -infinity). A moved or damaged edge shows here, in the groups whose
 --               done jobs it moved across.
@@ -17,12 +18,20 @@
 --   plan        fair_groups.plan is the plan of rota's groups table (no row: none).
 --   active      fair_groups.active is that table's active (no row: true).
 --   fair_plans  every plan a type's groups have is listed in fair_plans.
+--   mark        no fair_served delta of the group lies below its type's newest fold
+--               mark (fair_fold_mark; no row: 0): the claim would not read it.
 --
 -- Values are text; timestamps print in the session's TimeZone (FairClaim.verify sets
 -- UTC). Cost: one pass over the jobs that are pending, running or done (done history
 -- is bounded by pruning), and over the bookkeeping tables.
 -- Needs: no parameters.
-WITH counted AS (
+WITH marks AS (
+    SELECT t.type, coalesce(max(m.upto), '0') AS upto
+    FROM (SELECT DISTINCT fs.type FROM {schema}.fair_served fs) t
+    LEFT JOIN {schema}.fair_fold_mark m ON m.type = t.type
+    GROUP BY t.type
+),
+counted AS (
     SELECT j.type, j.group_id,
            count(*) FILTER (WHERE j.status = 'running'
                               OR (j.status = 'done'
@@ -39,7 +48,9 @@ kept AS (
     SELECT k.type, k.group_id, sum(k.n) AS served
     FROM (SELECT fg.type, fg.group_id, fg.served_n AS n FROM {schema}.fair_groups fg
           UNION ALL
-          SELECT fs.type, fs.group_id, fs.n FROM {schema}.fair_served fs) k
+          SELECT fs.type, fs.group_id, fs.n FROM {schema}.fair_served fs
+          JOIN marks m ON m.type = fs.type
+          WHERE fs.xid >= m.upto) k
     GROUP BY k.type, k.group_id
 ),
 violations AS (
@@ -88,6 +99,13 @@ violations AS (
     WHERE fg.plan IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM {schema}.fair_plans p
                       WHERE p.type = fg.type AND p.plan = fg.plan)
+    UNION ALL
+    SELECT fs.type, fs.group_id, 'mark', 'deltas at or above mark ' || m.upto,
+           count(*) || ' below it, from xid ' || min(fs.xid)
+    FROM {schema}.fair_served fs
+    JOIN marks m ON m.type = fs.type
+    WHERE fs.xid < m.upto
+    GROUP BY fs.type, fs.group_id, m.upto
 )
 SELECT v.type, v.group_id, v.invariant, v.expected, v.found
 FROM violations v
