@@ -28,8 +28,9 @@ from ..scale import build
 SCHEMA = "bench_pinned_explain"
 
 
-async def explain(queue: Queue) -> Any:
-    """The claim of 25's plan, run and rolled back."""
+async def explain(queue: Queue, setting: str = "") -> Any:
+    """The claim of 25's plan, run and rolled back (``setting``: a SET LOCAL statement
+    run first, to compare a plan the planner did not choose)."""
     fair = queue.fair_claim
     statement = fair.statement()
     groups, per = fair._probe.get("t", fair._floor(25))
@@ -40,6 +41,8 @@ async def explain(queue: Queue) -> Any:
     async with queue.pool.connection() as c:
         async with c.transaction(force_rollback=True):
             await c.execute(queue.store.sql("fair/claim_settings"))
+            if setting:
+                await c.execute(setting)
             cur = psycopg.AsyncRawCursor(c)  # the claim's text has $n placeholders
             await cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement.text,
                               statement.params(params))
@@ -89,9 +92,11 @@ async def main(url: str, seconds: float) -> None:
             sql.Identifier(SCHEMA)))
         cycles = await churn(time.monotonic() + seconds)
         pinned = await explain(queue)
+        no_seq = await explain(queue, "SET LOCAL enable_seqscan = off")
         await holder.rollback()
     for label, plan in (("before the pin", before),
-                        (f"after {seconds:.0f} s pinned ({cycles} churn cycles)", pinned)):
+                        (f"after {seconds:.0f} s pinned ({cycles} churn cycles)", pinned),
+                        ("the same, enable_seqscan off", no_seq)):
         root = plan[0]["Plan"]
         print(f"\n== {label}: {plan[0]['Execution Time']:.1f} ms, "
               f"{root['Shared Hit Blocks'] + root.get('Shared Read Blocks', 0)} buffers")

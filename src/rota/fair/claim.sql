@@ -158,6 +158,12 @@ probe AS (
         (SELECT p.id, p.created_at
          FROM {schema}.jobs p, clock c
          WHERE p.type = %(type)s AND p.group_id = w.group_id AND p.status = 'pending'
+           -- From the group's head bound on (the pool's, '-infinity' once expired): no
+           -- claimable job lies before it (the head invariant), and the index scan
+           -- starts past the entries of jobs claimed before the last fold, which a
+           -- long transaction keeps from vacuum (docs/operations.md, "Long
+           -- transactions").
+           AND (p.created_at, p.id) >= (w.head_lb, w.head_id)
            -- `+ interval '0'` keeps run_after out of the index condition: the planner
            -- otherwise picks jobs_pending_ready_idx and sorts the group's ready jobs
            -- instead of reading jobs_pending_idx in order and stopping after
