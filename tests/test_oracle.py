@@ -40,9 +40,11 @@ job_st = st.fixed_dictionaries({
 
 
 async def _check(url: str, schema: str, groups: list[tuple[Any, bool]],
-                 jobs: list[dict[str, Any]], limit: int, offset_s: int) -> None:
+                 jobs: list[dict[str, Any]], limit: int, offset_s: int, *,
+                 horizon_held: bool = False) -> None:
     queue = Queue(url, schema=schema)  # its pool is never opened: every call passes conn
     queue.clock_offset = timedelta(seconds=offset_s)
+    queue.upkeep.horizon_held = horizon_held  # the walk in one sorted pass
     async with await psycopg.AsyncConnection.connect(url) as conn:
         now = sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset))
         await insert_rows(conn, schema, groups, jobs, now)
@@ -78,3 +80,14 @@ def test_claim_matches_the_posts_query_with_interleave(
     jobs: list[dict[str, Any]], limit: int, offset_s: int,
 ) -> None:
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s))
+
+
+@oracle_examples(100)
+def test_claim_matches_the_posts_query_while_the_horizon_is_held(
+    database_url: str, migrated: str, groups: list[tuple[Any, bool]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int,
+) -> None:
+    """The walk's other statement (claim_pool_sorted.sql), used while a long
+    transaction holds the xmin horizon, claims the same jobs."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       horizon_held=True))

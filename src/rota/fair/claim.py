@@ -50,9 +50,15 @@ class FairClaim:
 
     def statement(self) -> RawStatement:
         """The claim: it walks fair_groups' copy of plan and active for rota's own groups
-        table, and reads an application's groups relation live."""
-        pool = ("fair/claim_pool_scan" if self.store.external_groups
-                else "fair/claim_pool_cached")
+        table (through fair_groups_walk_idx, or in one sorted pass while the upkeep
+        finds the xmin horizon held: :attr:`ClaimUpkeep.horizon_held`), and reads an
+        application's groups relation live."""
+        if self.store.external_groups:
+            pool = "fair/claim_pool_scan"
+        elif self.upkeep.horizon_held:
+            pool = "fair/claim_pool_sorted"
+        else:
+            pool = "fair/claim_pool_cached"
         return self.store.raw("fair/claim", pool=pool)
 
     async def claim(self, job_type: str, limit: int, *, plans: Plans,

@@ -32,6 +32,10 @@ class UpkeepConfig:
             claim's exact edge correction then reads about this many seconds of
             completions.
         vacuum_every: how often the bookkeeping tables are vacuumed.
+        horizon_every: how often the loop looks at the xmin horizon's age.
+        held_after: a horizon older than this (seconds) is held: vacuum has been kept
+            from the bookkeeping for at least one ``vacuum_every``, and the claim walks
+            its groups in one sorted pass (:attr:`ClaimUpkeep.horizon_held`).
 
     Raises:
         InvalidInput: a value that is not a positive number.
@@ -40,9 +44,12 @@ class UpkeepConfig:
     every: float = 0.02
     advance_every: float = 1.0
     vacuum_every: float = 10.0
+    horizon_every: float = 2.0
+    held_after: float = 15.0
 
     def __post_init__(self) -> None:
-        for name in ("every", "advance_every", "vacuum_every"):
+        for name in ("every", "advance_every", "vacuum_every", "horizon_every",
+                     "held_after"):
             positive_seconds(getattr(self, name), f"UpkeepConfig.{name}")
 
 
@@ -63,6 +70,16 @@ class ClaimUpkeep:
 
     Counters (``run_once``): ``folded`` (groups whose counts were folded), ``advanced``
     (types whose window edge moved), ``vacuumed`` (0 or 1).
+
+    ``horizon_held`` (bool): whether the oldest transaction of the database that holds
+    a snapshot or an xid (``sql/horizon_age.sql``, the ``seconds`` of
+    ``rota_oldest_xmin_age_seconds``) was older than ``config.held_after`` when the
+    loop last looked (every ``config.horizon_every`` while claims run). While it is,
+    no dead row version of the bookkeeping can be vacuumed, and the claim walks its
+    groups in one sorted pass instead of through the walk index, whose front fills with
+    the entries of every fold's old versions (docs/operations.md, "Long
+    transactions"). A role that cannot see other roles' sessions (no
+    ``pg_read_all_stats``) sees only its own role's transactions.
     """
 
     name = "claim_upkeep"
@@ -79,6 +96,8 @@ class ClaimUpkeep:
         self._vacuumed = time.monotonic()
         self._vacuum_refused = False
         self._vacuum_allowed = False  # the role may VACUUM them (checked once)
+        self.horizon_held = False
+        self._horizon_looked = -1e9  # monotonic time of the last look at the horizon
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -194,6 +213,7 @@ class ClaimUpkeep:
                 except Exception:  # best effort: the claim is exact without it
                     log.exception("claim upkeep for %r failed", job_type)
             await self._maybe_vacuum()
+            await self._maybe_look_at_horizon()
 
     async def _round(self, job_type: str, *, force_advance: bool = False) -> dict[str, int]:
         now = self._upkept[job_type] = time.monotonic()
@@ -209,6 +229,28 @@ class ClaimUpkeep:
         folded = int(row[0] or 0) if row else 0
         advanced = 1 if row and row[1] else 0
         return {"folded": folded, "advanced": advanced}
+
+    async def _maybe_look_at_horizon(self) -> None:
+        """Every ``config.horizon_every``: set :attr:`horizon_held` from the age of the
+        database's oldest transaction holding a snapshot or an xid. Best effort: a
+        failed look leaves the flag as it was."""
+        now = time.monotonic()
+        if now - self._horizon_looked < self.config.horizon_every:
+            return
+        self._horizon_looked = now
+        try:
+            row = await self.store.fetch_one("horizon_age", {})
+        except Exception:
+            log.exception("looking at the xmin horizon failed")
+            return
+        age = float(row[0]) if row and row[0] is not None else 0.0
+        held = age > self.config.held_after
+        if held != self.horizon_held:
+            log.info("the xmin horizon of %s's database is %s: the claim walks its "
+                     "groups %s", self.store.schema,
+                     f"held ({age:.0f} s)" if held else "moving again",
+                     "in one sorted pass" if held else "through the walk index")
+        self.horizon_held = held
 
     async def _maybe_vacuum(self, *, force: bool = False) -> int:
         now = time.monotonic()
