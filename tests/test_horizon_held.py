@@ -6,6 +6,7 @@ statement and stays the oracle's, and switches back once the transaction ends.""
 from __future__ import annotations
 
 import asyncio
+
 import psycopg
 from psycopg import sql
 
