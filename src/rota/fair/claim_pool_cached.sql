@@ -4,7 +4,7 @@
 -- Needs:   CTEs clock, special, served_delta, edge_fix, running_old, stale_head (and
 --          stale, through groupless_head.sql); parameters type, probe_groups.
 -- Defines: CTEs levels, pool(group_id, head_lb, head_id, served_n, served_lb, plan,
---          active); includes claim_head.sql and groupless_head.sql.
+--          active); includes claim_pool_special.sql.
 -- Each plan
 -- present is walked through fair_groups_walk_idx by (served_n, head_lb), reading at most
 -- probe_groups + 1 groups per plan: for a group outside `special`, served_n is its exact
@@ -39,31 +39,5 @@ pool AS (
          LIMIT %(probe_groups)s + 1)
     ) f
     UNION ALL
-    -- The special groups, with exact served counts. Their rows are fetched one by one
-    -- (LATERAL … OFFSET 0 keeps each a parameterized index lookup; joined flat, the
-    -- generic plan hashed all of fair_groups and groups, (bench/RESULTS.md, "Planner notes")).
-    SELECT s.group_id, hd.head, hd.head_id,
-           coalesce(fg.served_n, 0),
-           coalesce(fg.served_n, 0) + coalesce(dd.n, 0) + coalesce(ef.n, 0)
-             - coalesce(ro.n, 0),
-           g.plan, coalesce(g.active, true)
-    FROM special s
-    CROSS JOIN clock c
-    LEFT JOIN LATERAL (
-        SELECT f.head_lb, f.head_id, f.head_until, f.ready_lb, f.served_n
-        FROM {schema}.fair_groups f
-        WHERE f.type = %(type)s AND f.group_id = s.group_id OFFSET 0) fg ON true
-    LEFT JOIN LATERAL (
-        SELECT x.plan, x.active FROM {groups} x WHERE x.group_id = s.group_id OFFSET 0
-    ) g ON true
-    LEFT JOIN stale_head sh ON sh.group_id = s.group_id
-    {claim_head}
-    LEFT JOIN served_delta dd ON dd.group_id = s.group_id
-    LEFT JOIN edge_fix ef ON ef.group_id = s.group_id
-    LEFT JOIN running_old ro ON ro.group_id = s.group_id
-    WHERE sh.head IS NOT NULL OR fg.ready_lb <= c.now
-    UNION ALL
-    -- The group-less jobs, one group of their own (served 0, the middle plan).
-    SELECT NULL, h.head, h.head_id, 0, 0, NULL, true
-    FROM {groupless_head} h
+    {claim_pool_special}
 )
