@@ -1,11 +1,12 @@
 """Experiment, not shipped: where the fair claim's reads go while the xmin horizon is
-pinned (bench/RESULTS.md, section 12). Builds bench/pinned.py's data (100,000 pending
-over 2,000 groups), churns as its worker loop does (claim 100, complete, enqueue 100)
-for ``seconds`` with a REPEATABLE READ transaction holding the horizon, then runs the
-claim of 25 under EXPLAIN (ANALYZE, BUFFERS) in a transaction it rolls back, before
-the pin and after it, and prints the plan nodes that read the most buffers.
+pinned (bench/RESULTS.md, sections 12 and 13). Builds bench/pinned.py's data, churns as
+its worker loop does (claim 100, complete, enqueue 100) for ``seconds`` with a
+REPEATABLE READ transaction holding the horizon, then runs the claim of 25 under
+EXPLAIN (ANALYZE, BUFFERS) in a transaction it rolls back, before the pin and after it,
+and prints the plan nodes that read the most buffers.
 
-Usage: ``python -m bench.experiments.pinned_explain [seconds]`` (default 60).
+Usage: ``python -m bench.experiments.pinned_explain [seconds [pending groups]]`` (default
+60 s, 100,000 pending over 2,000 groups).
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def top_nodes(plan: Any, n: int = 12) -> list[tuple[int, str]]:
     return sorted(out, reverse=True)[:n]
 
 
-async def main(url: str, seconds: float) -> None:
-    await build(url, SCHEMA, pending=100_000, groups=2_000, done=20_000)
+async def main(url: str, seconds: float, pending: int = 100_000,
+               groups: int = 2_000) -> None:
+    await build(url, SCHEMA, pending=pending, groups=groups, done=pending // 5)
     rng = random.Random(11)
     async with (Queue(url, schema=SCHEMA) as queue,
                 await psycopg.AsyncConnection.connect(url) as holder):
@@ -81,7 +83,7 @@ async def main(url: str, seconds: float) -> None:
                 jobs = await queue.claim("t", 100)
                 if jobs:
                     await queue.complete_many(jobs)
-                await queue.enqueue_many(_replacements(len(jobs) or 100, 2_000, rng))
+                await queue.enqueue_many(_replacements(len(jobs) or 100, groups, rng))
                 n += 1
             return n
 
@@ -91,12 +93,17 @@ async def main(url: str, seconds: float) -> None:
         await holder.execute(sql.SQL("SELECT count(*) FROM {}.groups").format(
             sql.Identifier(SCHEMA)))
         cycles = await churn(time.monotonic() + seconds)
+        held = queue.upkeep.horizon_held  # the claim walks in one sorted pass
         pinned = await explain(queue)
         no_seq = await explain(queue, "SET LOCAL enable_seqscan = off")
+        queue.upkeep.horizon_held = not held  # the other walk, for comparison
+        other = await explain(queue)
         await holder.rollback()
     for label, plan in (("before the pin", before),
-                        (f"after {seconds:.0f} s pinned ({cycles} churn cycles)", pinned),
-                        ("the same, enable_seqscan off", no_seq)):
+                        (f"after {seconds:.0f} s pinned ({cycles} churn cycles, "
+                         f"{'sorted pass' if held else 'index walk'})", pinned),
+                        ("the same, enable_seqscan off", no_seq),
+                        (f"the same, {'index walk' if held else 'sorted pass'}", other)):
         root = plan[0]["Plan"]
         print(f"\n== {label}: {plan[0]['Execution Time']:.1f} ms, "
               f"{root['Shared Hit Blocks'] + root.get('Shared Read Blocks', 0)} buffers")
@@ -109,4 +116,5 @@ async def main(url: str, seconds: float) -> None:
 if __name__ == "__main__":
     asyncio.run(main(os.environ.get("DATABASE_URL",
                                     "postgresql://postgres@127.0.0.1:5432/test"),
-                     float(sys.argv[1]) if len(sys.argv) > 1 else 60.0))
+                     float(sys.argv[1]) if len(sys.argv) > 1 else 60.0,
+                     *(int(a) for a in sys.argv[2:4])))
