@@ -41,10 +41,12 @@ job_st = st.fixed_dictionaries({
 
 async def _check(url: str, schema: str, groups: list[tuple[Any, bool]],
                  jobs: list[dict[str, Any]], limit: int, offset_s: int, *,
-                 horizon_held: bool = False) -> None:
+                 horizon_held: bool = False,
+                 probe_floor: tuple[int, int] | None = None) -> None:
     queue = Queue(url, schema=schema)  # its pool is never opened: every call passes conn
     queue.clock_offset = timedelta(seconds=offset_s)
     queue.upkeep.horizon_held = horizon_held  # the walk in one sorted pass
+    queue.fair_claim.probe_floor = probe_floor  # (1, 1): the walk cut after 2 groups a plan
     async with await psycopg.AsyncConnection.connect(url) as conn:
         now = sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset))
         await insert_rows(conn, schema, groups, jobs, now)
@@ -91,3 +93,17 @@ def test_claim_matches_the_posts_query_while_the_horizon_is_held(
     transaction holds the xmin horizon, claims the same jobs."""
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
                        horizon_held=True))
+
+
+@oracle_examples(100)
+def test_claim_matches_the_posts_query_while_the_horizon_is_held_with_the_smallest_probe(
+    database_url: str, migrated: str, groups: list[tuple[Any, bool]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int,
+) -> None:
+    """The sorted pass cut to its first probe_groups + 1 groups a plan (a probe of one
+    group, one job a group, so every cut falls among the groups and their ties in
+    served count): the retries widen it until the batch is proven, and it claims the
+    oracle's jobs."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       horizon_held=True, probe_floor=(1, 1)))
+
