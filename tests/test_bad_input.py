@@ -174,3 +174,27 @@ async def test_overlong_keys_and_deep_payloads_are_refused(queue: Queue, aconn: 
                                            "itself\\)"):
         await queue.enqueue("t", loop)
     assert await count(aconn, queue) == 0
+
+
+@pytest.mark.parametrize("field", ["every", "advance_every", "vacuum_every",
+                                   "horizon_every", "held_after"])
+@pytest.mark.parametrize(("value", "says"), [
+    (0, "must be a positive number of seconds, got 0"),
+    (-1.5, "must be a positive number of seconds, got -1.5"),
+    (math.nan, "must be a positive number of seconds, got nan"),
+    (math.inf, "must be a positive number of seconds, got inf"),
+    (True, "must be a positive number of seconds, got True"),
+    ("5", "must be a positive number of seconds, got '5'"),
+    (None, "must be a positive number of seconds, got None"),
+    (1e308, "must be at most 31557600000 seconds (1000 years), got 1e+308"),
+])
+def test_upkeep_settings_must_be_positive_seconds_within_1000_years(
+        field: str, value: Any, says: str) -> None:
+    """The claim's upkeep intervals (docs/operations.md, "Long transactions"): a value
+    that would break the loop, or in effect turn it off, is refused by name."""
+    from rota.fair import UpkeepConfig
+
+    with pytest.raises(InvalidInput) as raised:
+        UpkeepConfig(**{field: value})
+    assert str(raised.value) == f"UpkeepConfig.{field} {says}"
+    assert getattr(UpkeepConfig(**{field: 31_557_600_000}), field) == 31_557_600_000

@@ -119,6 +119,44 @@ async def test_the_hard_deadline_cuts_a_handler_started_late_in_the_budget(
     assert 1.0 < float(error.split()[3]) < 1.7, error
 
 
+async def test_a_handler_cut_by_the_runs_end_before_its_timeout_goes_back_as_it_was(
+    queue: Queue, aconn: AConn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Platform timeout 3 s: the hard deadline is 2.25 s after the start. A handler with
+    a 1.5 s timeout (which a run has room for) starting 1.2 s in is cut at 2.25 s, after
+    about 1 s: the run ran out, not the job. It goes back as it was, attempt returned,
+    due at once, counted cut_by_run; the next run starts it in time and it completes."""
+    caplog.set_level(logging.WARNING, logger="rota.runner")
+    first = await queue.enqueue("t", {"n": 1})
+    second = await queue.enqueue("t", {"n": 2})
+    assert first and second
+    calls: list[int] = []
+
+    async def handler(ctx: JobContext) -> None:
+        calls.append(ctx.job.payload["n"])
+        if ctx.job.payload["n"] == 1:
+            await asyncio.sleep(1.2)  # the second starts 1.2 s in
+        elif calls.count(2) == 1:
+            await asyncio.sleep(1.4)  # within its timeout, not within the run
+
+    pipeline = Pipeline(queue, [Stage("t", 1, 1, handler, timeout=timedelta(seconds=1.5))],
+                        platform_timeout=timedelta(seconds=3))
+    result = await pipeline.run(time_budget=timedelta(seconds=1.5))
+    assert (result.stop_reason, result.jobs_done, result.jobs_failed, result.summary) == (
+        "time_budget", 1, 0, {"cut_by_run": 1})
+    status, attempts, error, due_in = await job_state(aconn, queue, second.id)
+    assert (status, attempts, error) == ("pending", 0, None)
+    assert due_in <= timedelta(0)
+    cut = [r.getMessage() for r in caplog.records if "cut by the run's end" in r.getMessage()]
+    assert len(cut) == 1 and cut[0].startswith(f"job(s) [{second.id}]: cut by the run's end "
+                                               "after ") and cut[0].endswith(
+        " s, before their 1.5 s timeout: handed back as they were"), cut
+    again = await pipeline.run(time_budget=timedelta(seconds=1))
+    assert (again.jobs_done, again.summary) == (1, {})
+    assert (await job_state(aconn, queue, second.id))[:2] == ("done", 1)
+    assert calls == [1, 2, 2]
+
+
 async def test_a_handler_that_ignores_cancellation_cannot_hold_the_run(
     queue: Queue, aconn: AConn, caplog: pytest.LogCaptureFixture
 ) -> None:

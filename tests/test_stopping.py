@@ -206,6 +206,8 @@ def test_a_second_signal_stops_the_worker_at_once_and_hands_the_job_back(
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 130, err
+    assert err.rstrip().endswith("worker stopped at once: the current run's jobs in flight "
+                                 "were handed back"), err
     assert jobs(rota) == [("pending", 0, 1)]
     assert runs(rota) == [("worker", "interrupted", 0, None, True)]
     assert rota.sql("SELECT summary FROM {s}.runs") == [({"interrupted": 1},)]

@@ -233,12 +233,17 @@ def require_row_id(value: object, name: str = "job_id") -> int:
 
 
 def positive_seconds(value: object, name: str) -> float:
-    """Return ``value`` as float seconds if it is a finite number > 0 (not a bool).
+    """Return ``value`` as float seconds if it is a finite number > 0 (not a bool), at
+    most :data:`MAX_DURATION` (a larger interval would in effect turn off what it
+    paces).
 
     Raises:
-        InvalidInput: not a number, not finite, or not positive.
+        InvalidInput: not a number, not finite, not positive, or over 1000 years.
     """
     if (not isinstance(value, int | float) or isinstance(value, bool)
             or not math.isfinite(value) or value <= 0):
         raise InvalidInput(f"{name} must be a positive number of seconds, got {value!r}")
+    if value > MAX_DURATION.total_seconds():
+        raise InvalidInput(f"{name} must be at most {MAX_DURATION.total_seconds():.0f} "
+                           f"seconds (1000 years), got {value!r}")
     return float(value)

@@ -257,6 +257,8 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
     try:
         run_async(go())
     except asyncio.CancelledError:
+        click.echo("worker stopped at once: the current run's jobs in flight were "
+                   "handed back", err=True)
         sys.exit(EXIT_STOPPED_AT_ONCE)
     click.echo("worker stopped", err=True)
 

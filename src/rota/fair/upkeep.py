@@ -248,7 +248,7 @@ class ClaimUpkeep:
         if held != self.horizon_held:
             log.info("the xmin horizon of %s's database is %s: the claim walks its "
                      "groups %s", self.store.schema,
-                     f"held ({age:.0f} s)" if held else "moving again",
+                     f"held ({age:.1f} s)" if held else "moving again",
                      "in one sorted pass" if held else "through the walk index")
         self.horizon_held = held
 

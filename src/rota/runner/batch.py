@@ -169,10 +169,17 @@ class BatchRunner:
 
         The deadline is the stage's timeout from now, or the run's hard deadline when
         that comes first; at it the handler is cancelled and its jobs fail ("timed out
-        after N s") and are retried with backoff (docs/design.md, "Handler
+        after N s") and are retried with backoff, unless the run's deadline cut them
+        before a timeout that a run has room for: then they go back as they were,
+        their attempt returned, counted ``cut_by_run`` (docs/design.md, "Handler
         deadlines")."""
         started = time.monotonic()
-        deadline = min(started + self.limit(stage), run.hard_deadline)
+        limit = self.limit(stage)
+        deadline = min(started + limit, run.hard_deadline)
+        # Cut by the run's end before its own timeout, which a whole run has room for:
+        # the run ran out of time, not the job (its next run starts it in time).
+        run_cut = (started + limit > run.hard_deadline
+                   and limit <= run.hard_deadline - run.started_at)
         for ctx in ctxs:
             ctx.started = True
             ctx.deadline = deadline
@@ -193,7 +200,17 @@ class BatchRunner:
             # it (its COMMIT landed; the reply came after the deadline) is done, not
             # timed out: only the jobs still unsettled fail and count.
             cut = [c for c in ctxs if not c.settled]
-            if cut:
+            if cut and run_cut:
+                log.warning("job(s) %s: cut by the run's end after %g s, before their "
+                            "%g s timeout: handed back as they were",
+                            [c.job.id for c in cut], round(deadline - started, 1),
+                            round(limit, 1))
+                try:
+                    await self.hand_back(run, cut, counted="cut_by_run")
+                except Exception:  # left held: the batch's end fails them, as a cut
+                    log.exception("run %s: could not hand back jobs cut by its end",
+                                  run.id)
+            elif cut:
                 text = f"timed out after {round(deadline - started, 1):g} s"
                 log.warning("job(s) %s: %s", [c.job.id for c in cut], text)
                 run.add("timed_out", len(cut))
@@ -255,7 +272,9 @@ class BatchRunner:
         time kept (or, ``after_run``, not before this run's budget ends, so it does not
         claim them again) (docs/design.md, "Defer"). Counts them under ``counted`` in
         the summary (``released``: claimed, not started; ``interrupted``: started, cut
-        by a stop request), and ``lost`` those another run reclaimed meanwhile.
+        by a stop request; ``cut_by_run``: started, cut by the run's hard deadline
+        before their own timeout), and ``lost`` those another run reclaimed
+        meanwhile.
 
         Raises:
             What releasing raised once retries were spent.

@@ -78,6 +78,7 @@ class RunState:
         self.id = run_id
         self.trigger = trigger
         now = time.monotonic()
+        self.started_at = now
         self.deadline = now + budget.total_seconds()
         self.hard_deadline = now + (hard_limit or budget).total_seconds()
         self.stop = stop

@@ -164,7 +164,8 @@ class RunResult:
         quota_units: units of shared quotas spent through ``ctx.spend``.
         summary: counters: the handlers' (``ctx.count``), ``quota.NAME`` and
             ``allowance.NAME`` units, the runner's (``retries``, ``lost``,
-            ``released``, ``timed_out``, ``unreadable``, ``pool_timeouts``,
+            ``released``, ``timed_out``, ``cut_by_run``, ``interrupted``,
+            ``unreadable``, ``pool_timeouts``,
             ``postponed``, ``quota_deferred``, ``prefetch_released``, and for rate
             limits ``rate_deferred``, ``rate.NAME.deferred``, ``rate_postponed``,
             ``rate_waited_s``) and
