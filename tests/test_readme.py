@@ -28,3 +28,27 @@ def test_readme_example_runs(database_url: str, schema: str) -> None:
     with psycopg.connect(database_url) as conn:
         row = conn.execute(f'SELECT status, attempts FROM "{schema}".jobs').fetchall()
     assert row == [("done", 1)]
+
+
+def test_readme_smallest_app_runs_under_the_cli(database_url: str, schema: str,
+                                                tmp_path: Path) -> None:
+    """The README's smallest `--app` (myapp.py) runs a job enqueued from the CLI."""
+    text = README.read_text()
+    code = re.search(r"```python\n# myapp.py\n(.*?)```", text, re.S)
+    assert code is not None
+    (tmp_path / "myapp.py").write_text(code.group(1))
+    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+           "DATABASE_URL": database_url, "ROTA_SCHEMA": schema,
+           "PYTHONPATH": str(tmp_path)}
+    rota = [sys.executable, "-m", "rota.cli"]
+    for args in (["migrate"], ["enqueue", "t", '{"hello": "world"}']):
+        done = subprocess.run([*rota, *args], capture_output=True, text=True, timeout=60,
+                              env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    out = subprocess.run([*rota, "run", "--app", "myapp:build", "--budget", "5", "--json"],
+                         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("{'hello': 'world'}\n"), out.stdout
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(f'SELECT type, status FROM "{schema}".jobs').fetchall()
+    assert rows == [("t", "done")]
