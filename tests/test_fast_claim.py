@@ -17,7 +17,7 @@ from rota import Queue
 from rota.fair import FairClaim, UpkeepConfig
 
 from . import test_oracle
-from .helpers import fair_violations
+from .helpers import fair_violations, pin_walk
 from .oracle import oracle_ids
 from .test_oracle import _check, oracle_examples
 
@@ -178,11 +178,7 @@ async def test_scaled_down_backlog_with_deferred_paused_and_stale_jobs(
     (so its cost does not depend on any of those). With the walk through the index and
     with the sorted pass used while the horizon is held (claim_pool_sorted.sql), both
     cut to 59 of a plan's 133 folded groups, whose served counts differ."""
-    if horizon_held:
-        async def no_look() -> None:
-            pass
-        monkeypatch.setattr(queue.upkeep, "_maybe_look_at_horizon", no_look)
-        queue.upkeep.horizon_held = True
+    pin_walk(queue, monkeypatch, horizon_held=horizon_held)
     s = sql.Identifier(schema)
     await aconn.execute(sql.SQL(
         "INSERT INTO {s}.groups (group_id, plan) "

@@ -14,6 +14,7 @@ from psycopg import sql
 from rota import Queue
 from rota.fair import FairClaim, UpkeepConfig
 
+from .helpers import pin_walk
 from .test_fast_claim import claim_equals_oracle
 
 
@@ -74,17 +75,13 @@ async def test_the_walk_keeps_the_group_after_the_probe_in_each_plan(
     the same: a claim of 2 takes each group's first job (the second job of a group comes
     after the other group's first), and a claim of 3 then 4 follow the oracle."""
     monkeypatch.setattr(FairClaim, "probe_floor", (1, 1))
-
-    async def no_look() -> None:
-        pass
-
-    monkeypatch.setattr(queue.upkeep, "_maybe_look_at_horizon", no_look)
+    pin_walk(queue, monkeypatch, horizon_held=False)
     for g in ("a", "b"):
         await queue.upsert_group(g, plan="pro")
     ids = {g: [(await queue.enqueue("t", {"n": n}, group_id=g)).id for n in range(3)]
            for g in ("a", "b")}
     await queue.upkeep.run_once()
-    queue.upkeep.horizon_held = held
+    pin_walk(queue, monkeypatch, horizon_held=held)
     assert ("PARTITION BY f.plan" in queue.fair_claim.statement().text) is held
     await claim_equals_oracle(queue, database_url, "t", 2)
     async with await psycopg.AsyncConnection.connect(database_url) as conn:

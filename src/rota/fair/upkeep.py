@@ -38,7 +38,8 @@ class UpkeepConfig:
             its groups in one sorted pass (:attr:`ClaimUpkeep.horizon_held`).
 
     Raises:
-        InvalidInput: a value that is not a positive number.
+        InvalidInput: a value that is not a positive number of seconds, or is over
+            1000 years (which would in effect turn off what it paces).
     """
 
     every: float = 0.02
