@@ -1,4 +1,5 @@
-"""The chaos run's judgement of a handler cut at its deadline (tools/chaos/checks.py,
+"""The chaos run's judgement of a handler cut at its deadline, and of a side effect
+repeated after its run's end handed the job back (tools/chaos/checks.py,
 ``cut_handler_verdict``; docs/design.md, "Handler deadlines" and "Counters show what
 committed"): its claim may complete the job only through the handler's own completing
 transaction, committed before the cut reached the handler, whatever delayed the
@@ -11,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tools.chaos.checks import cut_handler_verdict
+from tools.chaos.checks import cut_handler_verdict, explain_repeat
 
 T0 = datetime(2026, 12, 1, 16, 0, tzinfo=UTC)
 MS = timedelta(milliseconds=1)
@@ -59,3 +60,51 @@ def test_a_completion_the_handler_did_not_commit_itself_is_a_violation() -> None
     assert cut_handler_verdict(handler("draft", "ignored_cancel"), [row("done", T0 + MS)]) \
         == "job 17: its handler was cut at its deadline (ignored_cancel) but the claim " \
            "completed it"
+
+
+def effect_of(token: str = "t1") -> dict[str, Any]:
+    return {"job_id": 275, "claim_token": token, "worker": "w3", "stage": "enrich",
+            "attempt": 1, "at": T0}
+
+
+def released(at: datetime) -> dict[str, Any]:
+    return {"old_status": "running", "new_status": "pending", "at": at, "released": True,
+            "deferred": False, "last_error": None}
+
+
+def ran(outcome: str, run_id: str = "r1") -> dict[str, Any]:
+    return {"claim_token": "t1", "outcome": outcome, "started_at": T0 - 9 * MS,
+            "ended_at": T0 + MS, "run_id": run_id}
+
+
+def run_row(**summary: int) -> dict[str, Any]:
+    return {"stop_reason": "time_budget", "error": None, "summary": summary}
+
+
+def test_a_handler_its_runs_end_cut_after_the_effect_explains_the_repeat() -> None:
+    """The CI flake of seed 81489: the handler wrote its effect and was recording its
+    end when its run's hard deadline cut it (its outcome already ``done``); the runner
+    handed the job back (``cut_by_run``), and the next attempt wrote the effect again."""
+    for outcome in ("done", "cancelled"):
+        why = explain_repeat(effect_of(), [released(T0 + 2 * MS)],
+                             {"t1": ran(outcome)}, {"r1": run_row(cut_by_run=1)}, {})
+        assert why is not None
+        assert why.startswith("handed back: its run's end cut the handler after the effect")
+    why = explain_repeat(effect_of(), [released(T0 + 2 * MS)], {"t1": ran("done")},
+                         {"r1": run_row(interrupted=2)}, {})
+    assert why == ("handed back: its run's end cut the handler after the effect "
+                   "(outcome done; the run counted interrupted 2)")
+
+
+def test_a_hand_back_its_run_did_not_count_leaves_the_repeat_unexplained() -> None:
+    # The run counted no hand-back of a started job: nothing explains the repeat.
+    assert explain_repeat(effect_of(), [released(T0 + 2 * MS)], {"t1": ran("done")},
+                          {"r1": run_row(released=1)}, {}) is None
+    # Released before its handler started: not this claim's handler run.
+    early = {**ran("done"), "started_at": T0 + 5 * MS}
+    assert explain_repeat(effect_of(), [released(T0 + 2 * MS)], {"t1": early},
+                          {"r1": run_row(cut_by_run=1)}, {}) is None
+    # Completed: a repeat is never explained by a claim that did the job.
+    done = {**released(T0 + 2 * MS), "new_status": "done", "released": False}
+    assert explain_repeat(effect_of(), [done], {"t1": ran("done")},
+                          {"r1": run_row(cut_by_run=1)}, {}) is None

@@ -348,8 +348,11 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
                 r.violations.append(f"job {job_id} ({a['stage']}): a transactional effect "
                                     f"repeated")
             if why is None:
-                r.violations.append(f"job {job_id}: effect of attempt {a['attempt']} "
-                                    f"repeated in attempt {b['attempt']}, unexplained")
+                r.violations.append(f"job {job_id} ({a['stage']}): effect of attempt "
+                                    f"{a['attempt']} repeated in attempt {b['attempt']}, "
+                                    f"unexplained: "
+                                    + repeat_facts(a, by_token.get(a["claim_token"], []),
+                                                   handler_of, runs, killed_at))
                 continue
             reasons[why.split(":")[0]] += 1
             r.notes.append(f"repeat: job {job_id} ({a['stage']}) attempt {a['attempt']} -> "
@@ -610,10 +613,50 @@ def explain_repeat(effect: dict[str, Any], after: list[dict[str, Any]],
         return (f"timed out: its handler was cut at its deadline "
                 f"({h['outcome'] if h is not None else '?'}) after the effect")
     run = runs.get(h["run_id"]) if h is not None else None
+    if (h is not None and run is not None and nxt is not None and nxt["released"]
+            and nxt["at"] >= h["started_at"]):
+        # Started, then handed back with its attempt returned: its run's hard deadline
+        # cut the handler before its own timeout (cut_by_run), or a stop request did
+        # (interrupted); either may land after the effect (docs/design.md, "Handler
+        # deadlines"). Only a run that counted such a hand-back explains it.
+        counted = {k: int(run["summary"].get(k, 0)) for k in ("cut_by_run", "interrupted")}
+        if any(counted.values()):
+            which = ", ".join(f"{k} {v}" for k, v in counted.items() if v)
+            return (f"handed back: its run's end cut the handler after the effect "
+                    f"(outcome {h['outcome']}; the run counted {which})")
     if run is not None and run["stop_reason"] == "error" and run["error"] != "killed":
         return f"restart: its run was cut off by the database restart ({run['error']})"
     return None
 
+
+
+def repeat_facts(effect: dict[str, Any], after: list[dict[str, Any]],
+                 handler_of: dict[Any, dict[str, Any]], runs: dict[Any, dict[str, Any]],
+                 killed_at: dict[str, datetime]) -> str:
+    """What the record says of an attempt whose repeat went unexplained: its worker, its
+    handler's outcome and end, its run's stop reason, and its claim's next transition
+    (so a failure in CI can be read without the run's database)."""
+    h = handler_of.get(effect["claim_token"])
+    run = runs.get(h["run_id"]) if h is not None else None
+    nxt = after[0] if after else None
+    app = f"chaos-{effect['worker']}"
+    parts = [f"worker {effect['worker']}, effect at {effect['at']:%T.%f}"]
+    if app in killed_at:
+        parts.append(f"worker killed at {killed_at[app]:%T.%f}")
+    if h is not None:
+        ended = h["ended_at"]
+        parts.append(f"handler outcome {h['outcome']}, ended "
+                     f"{'never' if ended is None else format(ended, '%T.%f')}")
+    if run is not None:
+        parts.append(f"run {run['stop_reason']} ({run['error']}), finished "
+                     f"{run['finished_at']}")
+    if nxt is None:
+        parts.append("no transition of its claim")
+    else:
+        parts.append(f"next: {nxt['old_status']} -> {nxt['new_status']} at "
+                     f"{nxt['at']:%T.%f} (released {nxt['released']}, deferred "
+                     f"{nxt['deferred']}, error {nxt['last_error']!r})")
+    return "; ".join(parts)
 
 
 def print_report(r: Report, *, verbose: bool, summary: str | None = None) -> None:
