@@ -68,7 +68,7 @@ def main() -> None:
     fair = fairness.main(url, quick=quick)
     pages = dashboard.main(url, 100_000 if quick else 1_000_000)
     many = workers.main(url, rounds=1 if quick else 2, jobs=200_000)
-    horizon = pinned.main(url, quick=quick)
+    horizon = pinned.main(url, sizes=pinned.QUICK if quick else pinned.FULL)
     to_start = start.main(url, rounds=1 if quick else 2)
     takes = rates.main(url, seconds=3.0 if quick else 10.0)
     (RESULTS / "results.json").write_text(json.dumps(

@@ -22,9 +22,11 @@ reports both p50s, their ratio, rota's p50 against its own ``before``, and the d
 tuples in the schema (``pg_stat_user_tables``, as the statistics collector last saw
 them).
 
-Usage: ``python -m bench.pinned [--quick]`` (DATABASE_URL, default the local test
-database). ``--quick``: 100,000 pending jobs over 2,000 groups, pinned 60 s. Without it:
-that, and 1,000,000 over 10,000, each pinned 10 minutes (reported at 60 s and at 10 min).
+Usage: ``python -m bench.pinned [--quick | --size PENDING/GROUPS [--pins S[,S...]]]``
+(DATABASE_URL, default the local test database). ``--quick``: 100,000 pending jobs over
+2,000 groups, pinned 60 s. ``--size``: one size, pinned ``--pins`` seconds (default 60).
+Without either: 100,000 over 2,000 and 1,000,000 over 10,000, each pinned 10 minutes
+(reported at 60 s and at 10 min).
 """
 
 from __future__ import annotations
@@ -207,20 +209,46 @@ def report(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(url: str, *, quick: bool) -> list[dict[str, Any]]:
-    """Run the scenario at each size (``QUICK`` or ``FULL``); returns per size its
-    moments (p50s in ms, dead tuples, the horizon's age). The schema is dropped after."""
+def main(url: str, *, sizes: tuple[tuple[int, int, tuple[int, ...]], ...] = FULL
+         ) -> list[dict[str, Any]]:
+    """Run the scenario at each size (``(pending, groups, pins in seconds)``: ``QUICK``,
+    ``FULL`` or one asked for); returns per size its moments (p50s in ms, dead tuples,
+    the horizon's age). The schema is dropped after."""
     print(header(), flush=True)
     out = [asyncio.run(scenario(url, pending, groups, pins))
-           for pending, groups, pins in (QUICK if quick else FULL)]
+           for pending, groups, pins in sizes]
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
     return out
 
 
+def parse_sizes(argv: list[str]) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """The sizes ``argv`` asks for: ``--quick`` (``QUICK``), ``--size PENDING/GROUPS``
+    with ``--pins SECONDS[,SECONDS...]`` (default 60), or else ``FULL``.
+
+    Raises:
+        SystemExit: a malformed ``--size`` or ``--pins``, with what was wrong.
+    """
+    if "--quick" in argv:
+        return QUICK
+    if "--size" not in argv:
+        return FULL
+    try:
+        pending, groups = (int(x) for x in argv[argv.index("--size") + 1].split("/"))
+        pins = (tuple(int(x) for x in argv[argv.index("--pins") + 1].split(","))
+                if "--pins" in argv else (60,))
+    except (IndexError, ValueError):
+        raise SystemExit("usage: python -m bench.pinned [--quick | --size PENDING/GROUPS "
+                         "[--pins SECONDS[,SECONDS...]]]") from None
+    if pending < 1 or groups < 1 or groups > pending or not pins or min(pins) < 1:
+        raise SystemExit(f"--size {pending}/{groups} --pins {pins}: pending and groups "
+                         f"must be >= 1 with groups <= pending, and pins >= 1 s")
+    return ((pending, groups, pins),)
+
+
 if __name__ == "__main__":
     results = main(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-                   quick="--quick" in sys.argv)
+                   sizes=parse_sizes(sys.argv[1:]))
     out = Path(__file__).parent / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "pinned.json").write_text(json.dumps(results, indent=2))

@@ -333,9 +333,9 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
     effects_of: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for e in effects:
         effects_of[e["job_id"]].append(e)
-        if e["same_attempt"]:
-            r.violations.append(f"job {e['job_id']}: attempt {e['attempt']} wrote its "
-                                f"effect {e['same_attempt'] + 1} times")
+        if e["same_claim"]:
+            r.violations.append(f"job {e['job_id']}: one claim (attempt {e['attempt']}) "
+                                f"wrote its effect {e['same_claim'] + 1} times")
     reasons: Counter[str] = Counter()
     for job_id, es in sorted(effects_of.items()):
         # In attempt order: a cut-off worker's effect can land after the next attempt's.

@@ -49,9 +49,11 @@ CREATE TABLE {schema}.chaos_effects (
     claim_token  uuid NOT NULL,
     stage        text NOT NULL,
     worker       text NOT NULL,
-    same_attempt int NOT NULL DEFAULT 0,
+    same_claim   int NOT NULL DEFAULT 0,
     at           timestamptz NOT NULL DEFAULT clock_timestamp(),
-    PRIMARY KEY (job_id, attempt)
+    -- By claim, not attempt: a job handed back after its start (its run's end cut the
+    -- handler) gets its attempt back, so two claims can carry the same attempt number.
+    PRIMARY KEY (job_id, claim_token)
 );
 CREATE TABLE {schema}.chaos_hooks (
     job_id bigint PRIMARY KEY,
@@ -125,8 +127,8 @@ WHERE job_id = %(job_id)s AND claim_token = %(claim_token)s
 EFFECT = """
 INSERT INTO {schema}.chaos_effects (job_id, attempt, claim_token, stage, worker)
 VALUES (%(job_id)s, %(attempt)s, %(claim_token)s, %(stage)s, %(worker)s)
-ON CONFLICT (job_id, attempt) DO UPDATE
-SET same_attempt = {schema}.chaos_effects.same_attempt + 1
+ON CONFLICT (job_id, claim_token) DO UPDATE
+SET same_claim = {schema}.chaos_effects.same_claim + 1
 """
 
 HOOK = """
