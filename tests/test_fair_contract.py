@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -230,8 +231,10 @@ async def test_ctrl_c_during_a_repair_exits_130_and_rebuilds_nothing(
     await scenario(queue, aconn)
     await run(aconn, queue, "UPDATE {s}.fair_groups SET served_n = served_n + 5"
               " WHERE group_id = 'g1'")
+    # PYTHONFAULTHANDLER: a process that does not end dumps its threads' stacks on
+    # SIGABRT, so a hang shows where it waits (it hung once, under a loaded machine).
     env = {**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": queue.schema,
-           "PYTHONPATH": str(ROOT / "src")}
+           "PYTHONPATH": str(ROOT / "src"), "PYTHONFAULTHANDLER": "1"}
     async with await psycopg.AsyncConnection.connect(database_url) as holder:
         # A transaction that wrote jobs: the rebuild waits for it (docs/operations.md).
         await queue.enqueue("t", {}, group_id="g2", conn=holder)
@@ -246,7 +249,13 @@ async def test_ctrl_c_during_a_repair_exits_130_and_rebuilds_nothing(
             await asyncio.sleep(0.05)
         assert len(waiting) == 1
         repair.send_signal(signal.SIGINT)
-        out, err = await asyncio.to_thread(repair.communicate, timeout=30)
+        try:
+            out, err = await asyncio.to_thread(repair.communicate, timeout=30)
+        except subprocess.TimeoutExpired:
+            repair.send_signal(signal.SIGABRT)
+            out, err = await asyncio.to_thread(repair.communicate, timeout=10)
+            raise AssertionError(f"rota verify --repair did not end within 30 s of "
+                                 f"SIGINT; its stacks:\n{err}") from None
         assert (repair.returncode, out, err) == (130, "", "error: interrupted\n")
         await holder.rollback()
     # The rebuild was rolled back with its connection: the damage is still there.
