@@ -31,7 +31,9 @@ Without either: 100,000 over 2,000 and 1,000,000 over 10,000, each pinned 10 min
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -222,28 +224,62 @@ def main(url: str, *, sizes: tuple[tuple[int, int, tuple[int, ...]], ...] = FULL
     return out
 
 
+def _size(text: str) -> tuple[int, int]:
+    """``PENDING/GROUPS`` as two integers, groups at least 1 and at most pending."""
+    parts = text.split("/")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not PENDING/GROUPS (two whole "
+                                         f"numbers, e.g. 1000000/10000)")
+    pending, groups = int(parts[0]), int(parts[1])
+    if not 1 <= groups <= pending:
+        raise argparse.ArgumentTypeError(f"{text!r}: groups must be at least 1 and at "
+                                         f"most the pending jobs")
+    return pending, groups
+
+
+def _pins(text: str) -> tuple[int, ...]:
+    """``S[,S...]``: whole seconds, increasing, each at least ``WINDOW`` (a moment is the
+    median of the ``WINDOW`` seconds of samples before it, which must all be pinned)."""
+    parts = text.split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not S[,S...] (whole seconds, "
+                                         f"e.g. 60,600)")
+    pins = tuple(int(p) for p in parts)
+    if pins[0] < WINDOW or any(b <= a for a, b in itertools.pairwise(pins)):
+        raise argparse.ArgumentTypeError(f"{text!r}: pins must increase and be at least "
+                                         f"{WINDOW:g} s (each moment is the median of the "
+                                         f"{WINDOW:g} s of samples before it)")
+    return pins
+
+
 def parse_sizes(argv: list[str]) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
     """The sizes ``argv`` asks for: ``--quick`` (``QUICK``), ``--size PENDING/GROUPS``
-    with ``--pins SECONDS[,SECONDS...]`` (default 60), or else ``FULL``.
+    with ``--pins SECONDS[,SECONDS...]`` (default 60), or nothing (``FULL``).
 
     Raises:
-        SystemExit: a malformed ``--size`` or ``--pins``, with what was wrong.
+        SystemExit: an unknown argument, ``--quick`` with ``--size``, ``--pins``
+            without ``--size``, or a malformed size or pin list; argparse prints what
+            was wrong (exit status 2).
     """
-    if "--quick" in argv:
+    parser = argparse.ArgumentParser(prog="python -m bench.pinned",
+                                     description="The claim while the xmin horizon is "
+                                                 "pinned, against a FIFO claim.")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_true",
+                       help="100,000 pending over 2,000 groups, pinned 60 s")
+    which.add_argument("--size", type=_size, metavar="PENDING/GROUPS",
+                       help="one size (default: 100,000/2,000 and 1,000,000/10,000, "
+                            "pinned 60 s and 10 min)")
+    parser.add_argument("--pins", type=_pins, metavar="S[,S...]",
+                        help="with --size: the moments of the pin to report (default 60)")
+    args = parser.parse_args(argv)
+    if args.pins is not None and args.size is None:
+        parser.error("--pins needs --size")
+    if args.quick:
         return QUICK
-    if "--size" not in argv:
+    if args.size is None:
         return FULL
-    try:
-        pending, groups = (int(x) for x in argv[argv.index("--size") + 1].split("/"))
-        pins = (tuple(int(x) for x in argv[argv.index("--pins") + 1].split(","))
-                if "--pins" in argv else (60,))
-    except (IndexError, ValueError):
-        raise SystemExit("usage: python -m bench.pinned [--quick | --size PENDING/GROUPS "
-                         "[--pins SECONDS[,SECONDS...]]]") from None
-    if pending < 1 or groups < 1 or groups > pending or not pins or min(pins) < 1:
-        raise SystemExit(f"--size {pending}/{groups} --pins {pins}: pending and groups "
-                         f"must be >= 1 with groups <= pending, and pins >= 1 s")
-    return ((pending, groups, pins),)
+    return ((*args.size, args.pins or (60,)),)
 
 
 if __name__ == "__main__":

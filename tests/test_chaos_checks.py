@@ -78,22 +78,42 @@ def ran(outcome: str, run_id: str = "r1") -> dict[str, Any]:
 
 
 def run_row(**summary: int) -> dict[str, Any]:
-    return {"stop_reason": "time_budget", "error": None, "summary": summary}
+    return {"id": "r1", "stop_reason": "time_budget", "error": None, "summary": summary}
 
 
 def test_a_handler_its_runs_end_cut_after_the_effect_explains_the_repeat() -> None:
     """The CI flake of seed 81489: the handler wrote its effect and was recording its
     end when its run's hard deadline cut it (its outcome already ``done``); the runner
     handed the job back (``cut_by_run``), and the next attempt wrote the effect again."""
-    for outcome in ("done", "cancelled"):
+    for outcome in ("done", "cancelled", "timed_out"):
         why = explain_repeat(effect_of(), [released(T0 + 2 * MS)],
                              {"t1": ran(outcome)}, {"r1": run_row(cut_by_run=1)}, {})
-        assert why is not None
-        assert why.startswith("handed back: its run's end cut the handler after the effect")
+        assert why == (f"handed back: its run's end cut the handler after the effect "
+                       f"(outcome {outcome}; the run counted cut_by_run 1)")
     why = explain_repeat(effect_of(), [released(T0 + 2 * MS)], {"t1": ran("done")},
                          {"r1": run_row(interrupted=2)}, {})
     assert why == ("handed back: its run's end cut the handler after the effect "
                    "(outcome done; the run counted interrupted 2)")
+
+
+def test_each_counted_hand_back_explains_one_repeat() -> None:
+    # The run counted one hand-back of a started job: of two claims it released after
+    # their effects, one is explained and the other is not.
+    budget = {"r1": 1}
+    whys = [explain_repeat(effect_of(t), [released(T0 + 2 * MS)],
+                           {t: {**ran("done"), "claim_token": t}},
+                           {"r1": run_row(cut_by_run=1, released=1)}, {}, None, budget)
+            for t in ("t1", "t2")]
+    assert [w is not None for w in whys] == [True, False]
+    assert budget == {"r1": 0}
+
+
+def test_a_handler_cut_at_its_own_timeout_and_handed_back_is_unexplained() -> None:
+    # Cut at its own timeout, a job fails and its attempt counts; handed back instead
+    # (the run counted no cut by its end), the repeat is a defect, whatever the
+    # handler's outcome says.
+    assert explain_repeat(effect_of(), [released(T0 + 2 * MS)], {"t1": ran("timed_out")},
+                          {"r1": run_row(released=1)}, {}) is None
 
 
 def test_a_hand_back_its_run_did_not_count_leaves_the_repeat_unexplained() -> None:

@@ -52,7 +52,7 @@ async def test_the_claim_walks_in_one_sorted_pass_while_the_horizon_is_held(
         await asyncio.sleep(1.2)
         assert await look(queue)
         sorted_pass = queue.fair_claim.statement().text
-        marker = "sorted_from AS MATERIALIZED"  # the sorted pass's one read of the groups
+        marker = "sorted_plans AS ("  # the sorted pass's one read of the groups
         assert marker in sorted_pass and marker not in cached
         for limit in (1, 4, 7):
             await claim_equals_oracle(queue, database_url, "t", limit)
@@ -83,7 +83,7 @@ async def test_the_walk_keeps_the_group_after_the_probe_in_each_plan(
            for g in ("a", "b")}
     await queue.upkeep.run_once()
     pin_walk(queue, monkeypatch, horizon_held=held)
-    assert ("sorted_from AS MATERIALIZED" in queue.fair_claim.statement().text) is held
+    assert ("sorted_plans AS (" in queue.fair_claim.statement().text) is held
     await claim_equals_oracle(queue, database_url, "t", 2)
     async with await psycopg.AsyncConnection.connect(database_url) as conn:
         got = [j.id for j in await queue.claim("t", 2, conn=conn)]

@@ -337,13 +337,17 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
             r.violations.append(f"job {e['job_id']}: one claim (attempt {e['attempt']}) "
                                 f"wrote its effect {e['same_claim'] + 1} times")
     reasons: Counter[str] = Counter()
+    hand_backs = {x["id"]: started_hand_backs(x) for x in runs.values()}
     for job_id, es in sorted(effects_of.items()):
-        # In attempt order: a cut-off worker's effect can land after the next attempt's.
-        es.sort(key=lambda e: (e["attempt"], e["at"]))
+        # In claim order (the log's), not by time: a cut-off worker's effect can land
+        # after the next claim's; nor by attempt: a hand-back returns the attempt, so
+        # two claims can share its number.
+        es.sort(key=lambda e: claim_order({"claim_token": e["claim_token"],
+                                           "started_at": e["at"]}))
         for a, b in itertools.pairwise(es):
             r.duplicated += 1
             why = explain_repeat(a, by_token.get(a["claim_token"], []), handler_of, runs,
-                                 killed_at, cut_at)
+                                 killed_at, cut_at, hand_backs)
             if a["stage"] not in ("enrich", "runaway"):
                 r.violations.append(f"job {job_id} ({a['stage']}): a transactional effect "
                                     f"repeated")
@@ -358,6 +362,21 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
             r.notes.append(f"repeat: job {job_id} ({a['stage']}) attempt {a['attempt']} -> "
                            f"{b['attempt']}: {why}")
     r.figures["repeats_by_reason"] = dict(reasons)
+    # 4b. A started job goes back with its attempt returned only when its run's end or a
+    #     stop request cut it (or the pool had no connection for it), and the run counts
+    #     each: a run that ended and counted fewer handed back a job it should have
+    #     failed or completed.
+    released_started: Counter[Any] = Counter()
+    for row in log_rows:
+        began = handler_of.get(row["old_token"]) if row["released"] else None
+        if began is not None and row["at"] >= began["started_at"]:
+            released_started[began["run_id"]] += 1
+    for run_id, n in sorted(released_started.items(), key=lambda kv: str(kv[0])):
+        x = runs.get(run_id)
+        if x is not None and x["finished_at"] is not None and n > started_hand_backs(x):
+            r.violations.append(f"run {run_id}: handed back {n} started job(s) but counted "
+                                f"{started_hand_backs(x)} ({', '.join(STARTED_HAND_BACKS)})")
+    r.figures["started_hand_backs"] = sum(released_started.values())
     for j in jobs.values():
         if j["status"] == "done" and j["type"] in STAGES and not effects_of.get(j["id"]):
             r.violations.append(f"job {j['id']} is done without its side effect")
@@ -583,17 +602,27 @@ def cut_handler_verdict(handler: dict[str, Any], after: list[dict[str, Any]]) ->
 def explain_repeat(effect: dict[str, Any], after: list[dict[str, Any]],
                    handler_of: dict[Any, dict[str, Any]], runs: dict[Any, dict[str, Any]],
                    killed_at: dict[str, datetime],
-                   cut_at: Callable[[str, datetime], Cut | None] | None = None
-                   ) -> str | None:
+                   cut_at: Callable[[str, datetime], Cut | None] | None = None,
+                   hand_backs: dict[Any, int] | None = None) -> str | None:
     """Why the attempt that wrote ``effect`` did not complete its job, or ``None``.
     ``after`` is the log of what became of that claim (its next transition);
-    ``cut_at(app, at)`` the cut of a worker's link going on at a moment, if any."""
+    ``cut_at(app, at)`` the cut of a worker's link going on at a moment, if any;
+    ``hand_backs`` how many more hand-backs of started jobs each run's summary can
+    explain (by run id; spent here; ``None``: each run's own count, not shared)."""
     token = effect["claim_token"]
     h = handler_of.get(token)
     app = f"chaos-{effect['worker']}"
     nxt = after[0] if after else None
     if nxt is not None and nxt["new_status"] == "done":
         return None  # completed: the repeat cannot be explained by this attempt
+    if nxt is not None and nxt["released"] and h is not None and nxt["at"] >= h["started_at"]:
+        # Started, then handed back with its attempt returned: only its run's hard
+        # deadline cutting the handler before its own timeout (cut_by_run) or a stop
+        # request (interrupted) does that, and either may land after the effect
+        # (docs/design.md, "Handler deadlines"). A handler cut at its own timeout fails
+        # instead, so no other explanation stands; each hand-back the run counted
+        # explains one repeat.
+        return _handed_back(h, runs.get(h["run_id"]), hand_backs)
     if app in killed_at and killed_at[app] >= effect["at"]:
         where = "mid-handler" if h is None or h["ended_at"] is None else \
             "after its handler returned"
@@ -613,21 +642,36 @@ def explain_repeat(effect: dict[str, Any], after: list[dict[str, Any]],
         return (f"timed out: its handler was cut at its deadline "
                 f"({h['outcome'] if h is not None else '?'}) after the effect")
     run = runs.get(h["run_id"]) if h is not None else None
-    if (h is not None and run is not None and nxt is not None and nxt["released"]
-            and nxt["at"] >= h["started_at"]):
-        # Started, then handed back with its attempt returned: its run's hard deadline
-        # cut the handler before its own timeout (cut_by_run), or a stop request did
-        # (interrupted); either may land after the effect (docs/design.md, "Handler
-        # deadlines"). Only a run that counted such a hand-back explains it.
-        counted = {k: int(run["summary"].get(k, 0)) for k in ("cut_by_run", "interrupted")}
-        if any(counted.values()):
-            which = ", ".join(f"{k} {v}" for k, v in counted.items() if v)
-            return (f"handed back: its run's end cut the handler after the effect "
-                    f"(outcome {h['outcome']}; the run counted {which})")
     if run is not None and run["stop_reason"] == "error" and run["error"] != "killed":
         return f"restart: its run was cut off by the database restart ({run['error']})"
     return None
 
+
+#: The summary counters of a run's hand-backs of started jobs (docs/design.md, "Handler
+#: deadlines" and "Defer").
+STARTED_HAND_BACKS = ("cut_by_run", "interrupted", "pool_timeouts")
+
+
+def started_hand_backs(run: dict[str, Any]) -> int:
+    """How many started jobs a run's summary says it handed back."""
+    return sum(int(run["summary"].get(k, 0)) for k in STARTED_HAND_BACKS)
+
+
+def _handed_back(h: dict[str, Any], run: dict[str, Any] | None,
+                 hand_backs: dict[Any, int] | None) -> str | None:
+    """The explanation of a repeat after a started job's hand-back, if its run counted
+    one that no other repeat has used (``hand_backs``: what is left per run)."""
+    if run is None:
+        return None
+    left = started_hand_backs(run) if hand_backs is None else hand_backs.get(run["id"], 0)
+    if left <= 0:
+        return None
+    if hand_backs is not None:
+        hand_backs[run["id"]] = left - 1
+    which = ", ".join(f"{k} {run['summary'][k]}" for k in STARTED_HAND_BACKS
+                      if run["summary"].get(k))
+    return (f"handed back: its run's end cut the handler after the effect (outcome "
+            f"{h['outcome']}; the run counted {which})")
 
 
 def repeat_facts(effect: dict[str, Any], after: list[dict[str, Any]],

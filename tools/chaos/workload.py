@@ -72,7 +72,8 @@ CREATE TABLE {schema}.chaos_log (
     new_locked timestamptz,
     attempts   int NOT NULL,
     deferred   boolean NOT NULL,
-    released   boolean NOT NULL,  -- handed back unstarted: the claim's attempt returned
+    released   boolean NOT NULL,  -- handed back, the claim's attempt returned: unstarted,
+                                  -- or started and cut by its run's end or a stop
     run_id     uuid,
     last_error text,
     app        text NOT NULL,
