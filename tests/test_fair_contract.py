@@ -241,9 +241,13 @@ async def test_ctrl_c_during_a_repair_exits_130_and_rebuilds_nothing(
         repair = spawn(["verify", "--repair"], env)
         waiting: list[Any] = []
         for _ in range(200):
+            # This test's rebuild only: another test's, in another schema, may wait on
+            # a lock at the same moment, and a SIGINT sent before this one waits finds
+            # it elsewhere (it hung here twice under the full suite).
             waiting = await run(aconn, queue, "SELECT pid FROM pg_stat_activity WHERE"
                                 " wait_event_type = 'Lock' AND query LIKE"
-                                " '%%The rebuild''s locks%%'")
+                                " '%%The rebuild''s locks%%' AND strpos(query, %s) > 0",
+                                f"{queue.schema}\".jobs")
             if waiting:
                 break
             await asyncio.sleep(0.05)
@@ -252,10 +256,18 @@ async def test_ctrl_c_during_a_repair_exits_130_and_rebuilds_nothing(
         try:
             out, err = await asyncio.to_thread(repair.communicate, timeout=30)
         except subprocess.TimeoutExpired:
+            # Whether SIGINT was blocked, ignored or caught there (a disposition the
+            # test process passed on would show here), then its stacks.
+            status = (await asyncio.to_thread(
+                Path(f"/proc/{repair.pid}/status").read_text)).splitlines()
+            masks = [line for line in status if line.startswith(("SigBlk", "SigIgn",
+                                                                  "SigCgt"))]
             repair.send_signal(signal.SIGABRT)
             out, err = await asyncio.to_thread(repair.communicate, timeout=10)
             raise AssertionError(f"rota verify --repair did not end within 30 s of "
-                                 f"SIGINT; its stacks:\n{err}") from None
+                                 f"SIGINT ({'; '.join(masks)}; SIGINT here: "
+                                 f"{signal.getsignal(signal.SIGINT)}); its stacks:\n"
+                                 f"{err}") from None
         assert (repair.returncode, out, err) == (130, "", "error: interrupted\n")
         await holder.rollback()
     # The rebuild was rolled back with its connection: the damage is still there.
