@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -149,16 +150,28 @@ def enqueue_only_role(database_url: str) -> Iterator[Any]:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def signals_as_from_a_terminal() -> None:
+    """In a child before its exec: SIGINT and SIGQUIT back to their defaults. A shell
+    that starts the suite in the background (``make test &``) starts it with both
+    ignored, and a child inherits that: Python then never turns SIGINT into
+    KeyboardInterrupt, and a test's Ctrl-C to a one-shot command went unheard (the
+    command, as a user starts it from a terminal, is what the test is about)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def spawn() -> Iterator[Any]:
     """Factory: `python -m rota.cli ARGS` as a process with text pipes for its output, run
-    in ``cwd`` (the repository by default); any still running at teardown is killed."""
+    in ``cwd`` (the repository by default), its SIGINT as from a terminal
+    (:func:`signals_as_from_a_terminal`); any still running at teardown is killed."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(args: list[str], env: dict[str, str],
               cwd: Path = ROOT) -> subprocess.Popen[str]:
         p = subprocess.Popen([sys.executable, "-m", "rota.cli", *args], cwd=cwd, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=signals_as_from_a_terminal)
         procs.append(p)
         return p
 

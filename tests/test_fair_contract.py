@@ -232,7 +232,8 @@ async def test_ctrl_c_during_a_repair_exits_130_and_rebuilds_nothing(
     await run(aconn, queue, "UPDATE {s}.fair_groups SET served_n = served_n + 5"
               " WHERE group_id = 'g1'")
     # PYTHONFAULTHANDLER: a process that does not end dumps its threads' stacks on
-    # SIGABRT, so a hang shows where it waits (it hung once, under a loaded machine).
+    # SIGABRT, so a hang shows where it waits (it hung when the suite ran in the
+    # background, which passed SIGINT on ignored: conftest.signals_as_from_a_terminal).
     env = {**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": queue.schema,
            "PYTHONPATH": str(ROOT / "src"), "PYTHONFAULTHANDLER": "1"}
     async with await psycopg.AsyncConnection.connect(database_url) as holder:
@@ -242,8 +243,7 @@ async def test_ctrl_c_during_a_repair_exits_130_and_rebuilds_nothing(
         waiting: list[Any] = []
         for _ in range(200):
             # This test's rebuild only: another test's, in another schema, may wait on
-            # a lock at the same moment, and a SIGINT sent before this one waits finds
-            # it elsewhere (it hung here twice under the full suite).
+            # a lock at the same moment.
             waiting = await run(aconn, queue, "SELECT pid FROM pg_stat_activity WHERE"
                                 " wait_event_type = 'Lock' AND query LIKE"
                                 " '%%The rebuild''s locks%%' AND strpos(query, %s) > 0",
