@@ -275,14 +275,14 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
     r.figures["stale_reclaims"] = stale_reclaims
     overlaps = overlaps_cut = 0
 
-    def claim_order(h: dict[str, Any]) -> tuple[int, datetime]:
-        # In the order of the claims, not of the handler starts' arrival: a cut-off
-        # worker's start can land after the start of the run that reclaimed its job.
-        c = claim_of.get(h["claim_token"])
-        return (int(c["id"]) if c is not None else 2**62, h["started_at"])
+    def claim_order(token: Any, at: datetime) -> tuple[int, datetime]:
+        # In the order of the claims (the log's), not of arrival: a cut-off worker's
+        # handler start or effect can land after the next claim's.
+        c = claim_of.get(token)
+        return (int(c["id"]) if c is not None else 2**62, at)
 
     for job_id, rows in by_job_handlers.items():
-        rows.sort(key=claim_order)
+        rows.sort(key=lambda h: claim_order(h["claim_token"], h["started_at"]))
         for a, b in itertools.pairwise(rows):
             end = a["ended_at"]
             if a["outcome"] == "ignored_cancel":
@@ -339,11 +339,9 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
     reasons: Counter[str] = Counter()
     hand_backs = {x["id"]: started_hand_backs(x) for x in runs.values()}
     for job_id, es in sorted(effects_of.items()):
-        # In claim order (the log's), not by time: a cut-off worker's effect can land
-        # after the next claim's; nor by attempt: a hand-back returns the attempt, so
-        # two claims can share its number.
-        es.sort(key=lambda e: claim_order({"claim_token": e["claim_token"],
-                                           "started_at": e["at"]}))
+        # In claim order, not by attempt: a hand-back returns the attempt, so two
+        # claims can share its number.
+        es.sort(key=lambda e: claim_order(e["claim_token"], e["at"]))
         for a, b in itertools.pairwise(es):
             r.duplicated += 1
             why = explain_repeat(a, by_token.get(a["claim_token"], []), handler_of, runs,
@@ -373,9 +371,11 @@ async def check(conn: AnyConn, schema: str, profile: Profile, out: Outcome) -> R
             released_started[began["run_id"]] += 1
     for run_id, n in sorted(released_started.items(), key=lambda kv: str(kv[0])):
         x = runs.get(run_id)
-        if x is not None and x["finished_at"] is not None and n > started_hand_backs(x):
+        if x is None or x["finished_at"] is None:
+            continue  # killed: its summary may miss its last hand-backs
+        if n > (counted := started_hand_backs(x)):
             r.violations.append(f"run {run_id}: handed back {n} started job(s) but counted "
-                                f"{started_hand_backs(x)} ({', '.join(STARTED_HAND_BACKS)})")
+                                f"{counted} ({', '.join(STARTED_HAND_BACKS)})")
     r.figures["started_hand_backs"] = sum(released_started.values())
     for j in jobs.values():
         if j["status"] == "done" and j["type"] in STAGES and not effects_of.get(j["id"]):
@@ -663,11 +663,10 @@ def _handed_back(h: dict[str, Any], run: dict[str, Any] | None,
     one that no other repeat has used (``hand_backs``: what is left per run)."""
     if run is None:
         return None
-    left = started_hand_backs(run) if hand_backs is None else hand_backs.get(run["id"], 0)
-    if left <= 0:
+    budget = hand_backs if hand_backs is not None else {run["id"]: started_hand_backs(run)}
+    if budget.get(run["id"], 0) <= 0:
         return None
-    if hand_backs is not None:
-        hand_backs[run["id"]] = left - 1
+    budget[run["id"]] -= 1
     which = ", ".join(f"{k} {run['summary'][k]}" for k in STARTED_HAND_BACKS
                       if run["summary"].get(k))
     return (f"handed back: its run's end cut the handler after the effect (outcome "
