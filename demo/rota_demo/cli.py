@@ -11,12 +11,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rota.cli.errors import RotaGroup
+
 from . import app as demo_app
 from . import driver
 from .pricing import pricing_rows
 
 
-@click.group(invoke_without_command=True)
+@click.group(cls=RotaGroup, invoke_without_command=True)
 @click.option("--profile", type=click.Choice(sorted(driver.PROFILES)), default="default",
               show_default=True, help="How much to seed (short: for CI).")
 @click.option("--database-url", envvar="DATABASE_URL",
@@ -30,7 +32,8 @@ from .pricing import pricing_rows
 def cli(ctx: click.Context, profile: str, database_url: str | None, seed: int,
         keep: bool, dashboard: bool) -> None:
     """Run the example pipeline end to end through the cron endpoint and report
-    (exit status 1 when an invariant failed)."""
+    (exit status 1 when an invariant failed; 130 with "error: interrupted" after Ctrl-C
+    or SIGTERM, its servers stopped and its schemas dropped)."""
     if ctx.invoked_subcommand is None:
         sys.exit(driver.run(database_url, profile, seed, keep, dashboard))
 

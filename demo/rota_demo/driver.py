@@ -165,7 +165,10 @@ class Demo:
         proc = subprocess.Popen(
             [sys.executable, "-m", "rota.cli", "serve", "--host", "127.0.0.1",
              "--port", str(port), "--budget", "3"],
-            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            # Its own session: a Ctrl-C at the terminal reaches the demo alone, which
+            # stops its servers in its cleanup instead of losing them mid-call.
+            start_new_session=True)
         self.servers.append(proc)
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
