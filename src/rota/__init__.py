@@ -6,6 +6,7 @@ from .db import EmbeddedServer, schema_sql
 from .errors import (
     ConfigError,
     DatabaseUnavailable,
+    HandlerTimedOut,
     InvalidInput,
     InvalidTransition,
     JobNotFound,
@@ -52,6 +53,7 @@ __all__ = [
     "DatabaseUnavailable",
     "DeferJob",
     "EmbeddedServer",
+    "HandlerTimedOut",
     "InvalidInput",
     "InvalidTransition",
     "Job",

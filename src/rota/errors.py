@@ -85,6 +85,13 @@ class UnreadableJob(RotaError):
         self.problems = problems
 
 
+class HandlerTimedOut(RotaError):
+    """A sync handler (run in a thread, which cannot be cancelled) returned after its
+    timeout: the job was overdue while the thread ran and fails once it has returned
+    (docs/design.md, "Handler deadlines"). Its notes hold where the thread was when the
+    timeout passed; its cause is what the thread raised, if anything."""
+
+
 class ConfigError(RotaError):
     """The queue's settings are inconsistent (for example a stale window not longer
     than the platform timeout)."""

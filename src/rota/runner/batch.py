@@ -21,6 +21,7 @@ from datetime import timedelta
 from psycopg_pool import PoolTimeout
 
 from .. import tracing
+from ..errors import HandlerTimedOut
 from ..job import DeferJob, Job
 from ..queue import Queue
 from ..quota import SHARED_SCOPE, QuotaExhausted
@@ -112,9 +113,6 @@ class BatchRunner:
                     await call(stage.batch_handler(going), going, run, stage, blocked,
                                completer)
             else:
-                handler = stage.handler
-                assert handler is not None
-
                 async def worker() -> None:
                     # After the budget, or once the stage's quota is gone, jobs not yet
                     # started stay in `todo` and are handed back below.
@@ -123,7 +121,8 @@ class BatchRunner:
                         if stage.limits and not await rates.take_for_job(
                                 self.queue, run, stage, ctx):
                             continue  # deferred until its units are there
-                        await call(handler(ctx), [ctx], run, stage, blocked, completer)
+                        await call(stage.call(ctx), [ctx], run, stage, blocked,
+                                   completer)
 
                 async with asyncio.TaskGroup() as tg:
                     for _ in range(min(stage.concurrency, len(ctxs))):
@@ -184,7 +183,9 @@ class BatchRunner:
             ctx.started = True
             ctx.deadline = deadline
         loop = asyncio.get_running_loop()
-        timer = asyncio.timeout_at(loop.time() + (deadline - started))
+        timer = asyncio.timeout(None)
+        at_deadline = self._at_deadline(timer, ctxs, started, limit)
+        handle = loop.call_at(loop.time() + (deadline - started), at_deadline)
         failure: Exception | None = None
         value: object = None
         try:
@@ -192,6 +193,9 @@ class BatchRunner:
                 value = await work
         except Exception as exc:  # DeferJob and QuotaExhausted included
             failure = exc
+        finally:
+            handle.cancel()
+            at_deadline.cancel()
         # A job completed in the handler's own transaction is done only if that
         # transaction committed (docs/design.md, "Counters show what committed").
         await self._confirm_commits(run, ctxs, failure)
@@ -238,8 +242,15 @@ class BatchRunner:
             await self.hand_back(run, unsettled, after_run=True)
         else:
             log.info("job(s) %s raised %s", [c.job.id for c in ctxs], error_text(failure))
+            if isinstance(failure, HandlerTimedOut):
+                run.add("timed_out", len([c for c in ctxs if not c.settled]))
             error = failure
             await settle_all(ctxs, lambda c: c.fail(error))
+
+    def _at_deadline(self, timer: asyncio.Timeout, ctxs: list[JobContext],
+                     started: float, limit: float) -> _Deadline:
+        """What happens at a handler call's deadline: see :class:`_Deadline`."""
+        return _Deadline(timer, ctxs, started + limit, limit)
 
     async def _confirm_commits(self, run: RunState, ctxs: list[JobContext],
                                failure: Exception | None) -> None:
@@ -301,7 +312,8 @@ class BatchRunner:
                                      ctxs: list[JobContext]) -> None:
         """Hand back, as they were, the jobs whose handlers a stop request cut (a
         second SIGINT or SIGTERM): counted ``interrupted`` in the summary."""
-        cut = [c for c in ctxs if not c.settled and c.started and not c.in_caller_tx]
+        cut = [c for c in ctxs if not c.settled and c.started and not c.in_caller_tx
+               and not c.abandoned]
         if not cut:
             return
         try:
@@ -328,8 +340,57 @@ class BatchRunner:
             except Exception:
                 log.exception("run %s: could not hand back unstarted jobs", run.id)
         for c in ctxs:
-            if not c.settled and not c.in_caller_tx:
+            # A job whose thread still runs (a hard stop left it behind at the platform
+            # timeout) stays as it is, to the stale-lock rules (docs/design.md,
+            # "Handler deadlines").
+            if not c.settled and not c.in_caller_tx and not c.abandoned:
                 try:
                     await c.fail("the run stopped while the job was running")
                 except Exception:
                     log.exception("run %s: could not release job %s", run.id, c.job.id)
+
+
+class _Deadline:
+    """The callback at a handler call's deadline (docs/design.md, "Handler deadlines").
+    With no sync call of the handler running in a thread, it cuts the handler (its
+    timer expires: the handler is cancelled). A thread cannot be cancelled: while one
+    runs, the handler is left running; at the handler's own timeout its jobs are marked
+    overdue (:meth:`JobContext.mark_overdue`) and fail once the thread returns; when the
+    run's hard deadline came first, it looks again at that timeout.
+
+    Args:
+        timer: the call's :func:`asyncio.timeout`, entered around the handler.
+        ctxs: the call's jobs.
+        own_deadline: the handler's own timeout, on the event loop's monotonic clock.
+        limit: that timeout in seconds (for the overdue message).
+    """
+
+    def __init__(self, timer: asyncio.Timeout, ctxs: list[JobContext],
+                 own_deadline: float, limit: float) -> None:
+        self.timer = timer
+        self.ctxs = ctxs
+        self.own_deadline = own_deadline
+        self.limit = limit
+        self.later: asyncio.TimerHandle | None = None
+        self.done = False
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        loop = asyncio.get_running_loop()
+        running = [c for c in self.ctxs if c.in_thread]
+        if not running:
+            self.timer.reschedule(loop.time())  # expires now: the handler is cancelled
+            return
+        left = self.own_deadline - time.monotonic()
+        if left > 0:  # cut by the run's hard deadline first: wait for its own timeout
+            self.later = loop.call_at(loop.time() + left, self)
+            return
+        for c in running:
+            c.mark_overdue(self.limit)
+
+    def cancel(self) -> None:
+        """The call ended: nothing more happens at its deadline."""
+        self.done = True
+        if self.later is not None:
+            self.later.cancel()

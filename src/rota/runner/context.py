@@ -8,11 +8,15 @@ and the recorder all build on it, so the runner's import graph has no cycle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import json
 import logging
 import math
 import sys
+import threading
 import time
+import traceback
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -23,7 +27,7 @@ from psycopg_pool import PoolTimeout
 
 from .. import tracing
 from ..checks import INT_MAX, require_text, storable_text
-from ..errors import ConfigError, InvalidInput, first_line
+from ..errors import ConfigError, HandlerTimedOut, InvalidInput, first_line
 from ..job import DeferJob, FailOutcome, Job, due_or_delay
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
@@ -74,13 +78,17 @@ class RunState:
 
     def __init__(self, run_id: uuid.UUID, trigger: str, budget: timedelta,
                  hard_limit: timedelta | None = None,
-                 stop: asyncio.Event | None = None) -> None:
+                 stop: asyncio.Event | None = None,
+                 platform_limit: timedelta | None = None) -> None:
         self.id = run_id
         self.trigger = trigger
         now = time.monotonic()
         self.started_at = now
         self.deadline = now + budget.total_seconds()
         self.hard_deadline = now + (hard_limit or budget).total_seconds()
+        # The platform timeout from the run's start: how long a hard stop waits for
+        # sync handlers still running in threads (docs/design.md, "Handler deadlines").
+        self.platform_deadline = now + (platform_limit or hard_limit or budget).total_seconds()
         self.stop = stop
         self.ended = False  # the end is recorded: nothing else saves the row
         self.jobs_done = 0
@@ -124,6 +132,17 @@ class RunState:
 
     def past_hard_deadline(self) -> bool:
         return time.monotonic() >= self.hard_deadline
+
+    def threads(self) -> list[JobContext]:
+        """The held jobs whose sync handler is still running in its thread (not left
+        behind by a hard stop): they are never handed back, failed or let go stale while
+        this process lives (docs/design.md, "Handler deadlines")."""
+        return [c for c in list(self.held.values()) if c.in_thread and not c.abandoned]
+
+    async def threads_returned(self) -> None:
+        """Wait until no held job's thread is running."""
+        while (running := self.threads()):
+            await asyncio.wait({c.thread for c in running if c.thread is not None})
 
     def add(self, name: str, n: int | float = 1) -> None:
         """Add to a summary counter, saturating (see :func:`saturated`)."""
@@ -218,11 +237,133 @@ class JobContext:
         #: tracing): a batch handler may make it current (``rota.tracing.current``) to
         #: enqueue under this job's trace (docs/operations.md, "Traces").
         self.span: Any = None
+        #: The outcome of the sync call :meth:`to_thread` runs, while and after it runs.
+        self.thread: asyncio.Future[Any] | None = None
+        self._thread: threading.Thread | None = None
+        #: Set when the handler's timeout passed while its thread ran: (the timeout in
+        #: seconds, where the thread was then).
+        self.overdue: tuple[float, str] | None = None
+        #: A hard stop left its thread running past the platform timeout: the job is
+        #: left as it is, to the stale-lock rules (docs/design.md, "Stale locks").
+        self.abandoned = False
 
     @property
     def settled(self) -> bool:
         """Whether the job was completed, failed or deferred (or found lost)."""
         return self.outcome is not None
+
+    @property
+    def in_thread(self) -> bool:
+        """Whether a sync call started by :meth:`to_thread` is still running."""
+        return self.thread is not None and not self.thread.done()
+
+    async def to_thread(self, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run the sync ``func(*args, **kwargs)`` in a thread of its own and return what
+        it returns (or raise what it raises). A thread cannot be cancelled, so while it
+        runs its job is never handed back, retried or let go stale by this process
+        (docs/design.md, "Handler deadlines"): its heartbeat goes on; past the
+        handler's timeout the job is marked overdue (logged, counted ``overdue``) and,
+        once the thread returns, this raises :class:`rota.HandlerTimedOut` (the job
+        fails and is retried with backoff); a run's end or a first stop waits for it;
+        a hard stop (a second signal) waits for it until the run's platform timeout,
+        then leaves the job as it is, to the stale-lock rules. The thread is a daemon:
+        a process that exits does not wait for it. ``rota.Stage`` runs a ``def``
+        handler through this.
+
+        Raises:
+            rota.HandlerTimedOut: ``func`` returned (or raised: its cause) after the
+                handler's timeout.
+            InvalidInput: a call of this job is already running in a thread.
+            asyncio.CancelledError: a hard stop left the thread behind.
+        """
+        if self.in_thread:
+            raise InvalidInput(f"job {self.job.id}: a sync call is already running")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        context = contextvars.copy_context()
+
+        def settle(error: BaseException | None, value: Any) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        def target() -> None:
+            error: BaseException | None = None
+            value: Any = None
+            try:
+                value = context.run(func, *args, **kwargs)
+            except Exception as exc:
+                error = exc
+            except BaseException as exc:  # SystemExit in a thread: the call failed
+                error = RuntimeError(f"the sync call raised {exc!r}")
+            try:
+                loop.call_soon_threadsafe(settle, error, value)
+            except RuntimeError:  # the event loop is closed: the process is exiting
+                pass
+
+        started = time.monotonic()
+        self.thread = future
+        self._thread = threading.Thread(target=target, daemon=True,
+                                        name=f"rota-job-{self.job.id}")
+        self._thread.start()
+        await self._outlast(future)
+        if self.overdue is not None:
+            limit, where = self.overdue
+            cause = future.exception()
+            timed_out = HandlerTimedOut(
+                f"the sync handler ran {time.monotonic() - started:.1f} s, past its "
+                f"{limit:g} s timeout (a thread cannot be cancelled)")
+            timed_out.add_note(f"where the thread was at the timeout:\n{where}")
+            raise timed_out from cause
+        return future.result()
+
+    async def _outlast(self, future: asyncio.Future[Any]) -> None:
+        """Wait until the thread's ``future`` is done, whatever cancels the caller
+        meanwhile: a run's end or an error elsewhere in the batch waits for it; a hard
+        stop (the run's ``stop`` is set) waits until the run's platform deadline and
+        then leaves the job behind (:attr:`abandoned`) and lets the cancellation
+        through."""
+        task = asyncio.current_task()
+        while not future.done():
+            try:
+                await asyncio.wait({future})
+            except asyncio.CancelledError:
+                if future.done():
+                    break
+                if self._run.stopping():
+                    left = self._run.platform_deadline - time.monotonic()
+                    if left > 0:
+                        log.warning("job %s: stopping; waiting up to %.0f s for its sync "
+                                    "handler, still running in a thread", self.job.id, left)
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await asyncio.wait({future}, timeout=left)
+                    if not future.done():
+                        self.abandoned = True
+                        log.error("job %s: its sync handler is still running at the "
+                                  "platform timeout; left to the stale-lock rules",
+                                  self.job.id)
+                        raise
+                if task is not None:
+                    task.uncancel()  # a thread cannot be cancelled: wait for it
+
+    def mark_overdue(self, limit: float) -> None:
+        """The handler's timeout (``limit`` seconds) passed while its thread runs: log
+        it, count it (``overdue``), and keep where the thread is for the error it gets
+        once it returns (docs/design.md, "Handler deadlines")."""
+        if self.overdue is not None:
+            return
+        where = "(unknown)"
+        thread = self._thread
+        frame = sys._current_frames().get(thread.ident) if thread and thread.ident else None
+        if frame is not None:
+            where = "".join(traceback.format_stack(frame))
+        self.overdue = (limit, where)
+        self._run.add("overdue")
+        log.warning("job %s: overdue: its sync handler is still running in a thread past "
+                    "its %g s timeout; it fails once the thread returns", self.job.id, limit)
 
     def time_left(self) -> timedelta:
         """Time left in the run's budget (never negative). A handler with long work

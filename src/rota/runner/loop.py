@@ -92,7 +92,8 @@ class RunLoop:
         """One run (the caller checked ``trigger`` and ``time_budget``); see
         :meth:`rota.Pipeline.run` for the rules, the result and what it raises.
         ``trace``: the run's span (:meth:`rota.tracing.Tracer.run`), if any."""
-        run = RunState(uuid.uuid4(), trigger, time_budget, self.hard_limit, stop)
+        run = RunState(uuid.uuid4(), trigger, time_budget, self.hard_limit, stop,
+                       self.hard_limit + self.settle_reserve)
         if trace is not None:
             run.trace = trace
             trace.started(run.id)
@@ -166,10 +167,26 @@ class RunLoop:
         grace = self.settle_reserve.total_seconds() / 4
         cut_at = run.hard_deadline + grace
         try:
-            await asyncio.wait({task}, timeout=max(cut_at - time.monotonic(), 0.0))
+            while True:
+                await asyncio.wait({task}, timeout=max(cut_at - time.monotonic(), 0.0))
+                if task.done() or not run.threads():
+                    break
+                # A thread cannot be cancelled: the run waits for its sync handlers
+                # rather than let their jobs run twice (docs/design.md, "Handler
+                # deadlines"), then gives the rest the usual grace.
+                log.warning("run %s: past its hard deadline, waiting for %d sync "
+                            "handler(s) still running in threads", run.id,
+                            len(run.threads()))
+                await run.threads_returned()
+                cut_at = time.monotonic() + grace
         except asyncio.CancelledError:
             task.cancel()
-            await asyncio.wait({task}, timeout=grace)
+            # Handlers running in threads wait for them until the platform deadline
+            # (JobContext.to_thread), then let the cancellation through.
+            wait = grace
+            if run.threads():
+                wait += max(run.platform_deadline - time.monotonic(), 0.0)
+            await asyncio.wait({task}, timeout=wait)
             if not task.done():
                 await self._abandon(run)
             raise
@@ -190,7 +207,11 @@ class RunLoop:
         did not stop when cancelled fail (retried with backoff), jobs never started go
         back as they were. The handler may go on in the background; fencing makes its
         late settlement a no-op."""
-        held = [c for c in list(run.held.values()) if not c.settled]
+        # A job whose thread still runs (a hard stop left it behind) is left as it is,
+        # to the stale-lock rules: failing it would let another worker start it while
+        # the thread goes on (docs/design.md, "Handler deadlines").
+        held = [c for c in list(run.held.values())
+                if not c.settled and not c.in_thread and not c.abandoned]
         log.error("run %s: cut at its hard deadline; settling %d jobs it left behind",
                   run.id, len(held))
         unstarted = [c for c in held if not c.started]

@@ -78,11 +78,13 @@ class RunRecorder:
             await asyncio.sleep(self.heartbeat_every.total_seconds())
             try:
                 # A handler past its deadline is not covered: if it ignores its
-                # cancellation, its job goes stale like a dead run's (docs/design.md,
-                # "Handler deadlines").
+                # cancellation, its job goes stale like a dead run's; a sync handler's
+                # thread, which cannot be cancelled, is covered while it runs, so no
+                # other worker starts the job meanwhile (docs/design.md, "Handler
+                # deadlines").
                 now = time.monotonic()
-                held = [c.job for c in list(run.held.values())
-                        if c.deadline is None or now < c.deadline]
+                held = [c.job for c in list(run.held.values()) if not c.abandoned and (
+                    c.deadline is None or now < c.deadline or c.in_thread)]
                 prefetched = run.prefetched[1] if run.prefetched is not None else None
                 if prefetched is not None and prefetched.done() \
                         and not prefetched.cancelled() and prefetched.exception() is None:

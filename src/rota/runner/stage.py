@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 from ..checks import positive_int, require_duration, require_text
 from ..errors import InvalidInput
@@ -24,7 +25,7 @@ STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 #: Stop reasons that are not incidents (docs/design.md, "The runner"); only ``error`` is.
 HEALTHY_STOP_REASONS = frozenset(STOP_REASONS) - {"error"}
 
-Handler = Callable[[JobContext], Awaitable[object]]
+Handler = Callable[[JobContext], Awaitable[object]] | Callable[[JobContext], object]
 BatchHandler = Callable[[list[JobContext]], Awaitable[None]]
 
 __all__ = ["HEALTHY_STOP_REASONS", "STOP_REASONS", "TRIGGERS", "BatchHandler", "Handler",
@@ -46,9 +47,15 @@ class Stage:
             N items, a quota's ``quota_cost`` per claim).
         concurrency: how many of the batch's jobs run at the same time, > 0 (for a
             ``handler``; a ``batch_handler`` is one call for the whole batch).
-        handler: ``async def handler(ctx: JobContext)``, run once per job. It
-            returns to complete the job (what it returns is stored as the job's
-            result, JSON as payloads are: docs/design.md, "Results"), raises
+        handler: ``async def handler(ctx: JobContext)``, run once per job, or a
+            sync ``def handler(ctx)``, run in a thread of its own
+            (:meth:`JobContext.to_thread`: a thread cannot be cancelled, so its job is
+            held, its lock kept fresh, until the thread returns; past its timeout it is
+            overdue and fails once the thread returns; docs/design.md, "Handler
+            deadlines"); a sync handler reads ``ctx.job`` but cannot await
+            ``ctx``'s methods. It returns to complete the job (what it returns is
+            stored as the job's result, JSON as payloads are: docs/design.md,
+            "Results"), raises
             ``DeferJob(until)`` to defer it,
             lets :class:`~rota.quota.QuotaExhausted` through to defer it to the
             quota's reset, and raises anything else to fail it (retry with backoff,
@@ -96,11 +103,13 @@ class Stage:
             platform timeout). At it the handler is cancelled and its jobs fail
             ("timed out after N s"), retried with backoff; the run's own end (the
             platform timeout less a reserve for settling) cuts it shorter when it comes
-            first (docs/design.md, "Handler deadlines").
+            first (docs/design.md, "Handler deadlines"). A sync handler's thread is
+            not cut: its job is overdue and fails once the thread returns.
 
     Raises:
         InvalidInput: bad sizes, not exactly one of ``handler`` and ``batch_handler``,
-            a timeout that is not a positive ``timedelta``.
+            a ``batch_handler`` that is not ``async def``, a timeout that is not a
+            positive ``timedelta``.
     """
 
     type: str
@@ -116,6 +125,8 @@ class Stage:
     on_give_up: GiveUpHook | None = None
     prefetch: bool = False
     timeout: timedelta | None = None
+    #: Whether ``handler`` is a sync function, run in a thread (set from it).
+    sync: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         require_text(self.type, "stage type")
@@ -128,6 +139,11 @@ class Stage:
         if (self.handler is None) == (self.batch_handler is None):
             raise InvalidInput(
                 f"stage {self.type!r}: give exactly one of handler and batch_handler")
+        if self.batch_handler is not None and not _is_async(self.batch_handler):
+            raise InvalidInput(f"stage {self.type!r}: batch_handler must be an async def "
+                               f"(a sync handler runs as handler=, one job per call)")
+        object.__setattr__(self, "sync",
+                           self.handler is not None and not _is_async(self.handler))
         if not isinstance(self.prefetch, bool):
             raise InvalidInput(f"stage {self.type!r}: prefetch must be True or False, "
                                f"got {self.prefetch!r}")
@@ -139,11 +155,34 @@ class Stage:
             raise InvalidInput(f"stage {self.type!r}: quota must be a rota.Quota "
                                f"(per-owner allowances are spent by handlers)")
 
+    def call(self, ctx: JobContext) -> Awaitable[object]:
+        """The handler's call for one job: awaited as it is, or, for a sync handler,
+        run in a thread (:meth:`JobContext.to_thread`)."""
+        assert self.handler is not None
+        if self.sync:
+            return _threaded(self.handler, ctx)
+        return cast("Awaitable[object]", self.handler(ctx))
+
     @property
     def limits(self) -> tuple[RateLimit, ...]:
         """``rate_limits`` as a tuple (one limit given alone is made one)."""
         limits = self.rate_limits
         return (limits,) if isinstance(limits, RateLimit) else limits
+
+
+def _is_async(handler: Callable[..., object]) -> bool:
+    """Whether ``handler`` is an ``async def`` (or an object whose ``__call__`` is)."""
+    return (inspect.iscoroutinefunction(handler)
+            or inspect.iscoroutinefunction(type(handler).__call__))
+
+
+async def _threaded(handler: Callable[[JobContext], object], ctx: JobContext) -> object:
+    """A sync handler's call in its own thread; a callable that returns an awaitable
+    (``lambda ctx: work(ctx)``) has it awaited here, on the event loop."""
+    value = await ctx.to_thread(handler, ctx)
+    if inspect.isawaitable(value):
+        return await value
+    return value
 
 
 @dataclass(frozen=True)
