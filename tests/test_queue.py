@@ -126,6 +126,18 @@ async def test_stale_running_job_is_reclaimed_with_one_more_attempt(queue: Queue
     [second] = await queue.claim("t", 1)
     assert second.id == job.id and second.attempts == 2
     assert second.claim_token != first.claim_token
+    # The lost attempt gets its error when the job is claimed again, once.
+    [lost] = (await queue.result(job.id)).errors
+    assert (lost.attempt, lost.error_type, lost.traceback, lost.error) == (
+        1, None, None, "lost: the run holding this attempt stopped without settling it "
+        "(killed, or cut off from the database); its lock went stale and the job was "
+        "claimed again")
+    assert lost.failed_at - await queue.now() < timedelta(seconds=5)
+    assert await queue.fail(second, "boom") == "retry"
+    queue.clock_offset = timedelta(hours=1)
+    [third] = await queue.claim("t", 1)
+    assert third.attempts == 3
+    assert [e.attempt for e in (await queue.result(job.id)).errors] == [1, 2]
 
 
 async def test_stale_job_with_attempts_used_up_is_stuck_and_hook_runs_once(

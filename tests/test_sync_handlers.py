@@ -71,9 +71,12 @@ async def test_an_overdue_sync_handler_keeps_its_job_until_its_thread_returns(
     queue: Queue = await make_queue(stale_after=timedelta(seconds=2.5),
                                     backoff_base=timedelta(0))
     ran: list[list[Any]] = []  # [attempt, started, ended] per execution
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
 
     def slow(ctx: JobContext) -> None:
         ran.append([ctx.job.attempts, time.monotonic(), None])
+        loop.call_soon_threadsafe(started.set)
         if ctx.job.attempts == 1:
             time.sleep(3)
         ran[-1][2] = time.monotonic()
@@ -85,8 +88,7 @@ async def test_an_overdue_sync_handler_keeps_its_job_until_its_thread_returns(
                              heartbeat_every=timedelta(seconds=0.25)) for _ in range(2))
     t0 = time.monotonic()
     running = asyncio.create_task(first.run(time_budget=timedelta(seconds=0.5)))
-    while not ran:
-        await asyncio.sleep(0.01)
+    await started.wait()
     locked: list[Any] = []
     while not running.done():
         await other.run(time_budget=timedelta(seconds=0.2))

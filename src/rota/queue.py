@@ -48,7 +48,7 @@ from .checks import (
     require_row_id,
     require_text,
 )
-from .errors import ConfigError, InvalidInput, UnreadableJob
+from .errors import ConfigError, InvalidInput, UnreadableJob, first_line
 from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
 from .job import FailOutcome, Job, due_or_delay
 from .job import no_give_up_hook as _no_give_up_hook
@@ -472,7 +472,24 @@ class Queue:
             await self._fail(job, str(error), give_up=True, conn=conn)
             if unreadable is not None:
                 unreadable.append(error)
+        if any(j.attempts > 1 for j in jobs):
+            await self._record_lost_attempts([j for j in jobs if j.attempts > 1], conn)
         return jobs
+
+    async def _record_lost_attempts(self, jobs: list[Job], conn: AnyConn | None) -> None:
+        """Give the attempt before this claim an error when it left none: its run was
+        killed or cut off and its lock went stale (docs/design.md, "Stale locks").
+        A failure here is logged, never raised: the claim has committed, and its jobs
+        must reach the caller."""
+        try:
+            async with self.connection(conn) as c:
+                await self.store.execute("lost_attempts", {
+                    "ids": [j.id for j in jobs],
+                    "claim_tokens": [j.claim_token for j in jobs],
+                    "offset": self.clock_offset}, conn=c)
+        except Exception as exc:
+            log.warning("could not record the lost attempts of jobs %s: %s",
+                        [j.id for j in jobs], first_line(exc, with_type=True))
 
     async def settle(self) -> None:
         """Run the claim upkeep that is due now and wait for it to finish (tests,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -43,6 +44,10 @@ LOW_SUFFIX = ":low"
 
 #: OPTIONS keys the backend reads (anything else is refused, so a typo is not ignored).
 OPTION_KEYS = frozenset({"DATABASE", "SCHEMA", "GROUPS", "QUEUE", "WORKER"})
+#: WORKER keys (docs/django.md, "Settings"): counts, and durations in seconds.
+WORKER_COUNTS = frozenset({"concurrency", "batch"})
+WORKER_SECONDS = frozenset({"time_budget", "platform_timeout", "handler_timeout",
+                            "heartbeat_every"})
 GROUPS_KEYS = frozenset({"MODEL", "GROUP_ID", "PLAN", "ACTIVE", "OWNER_ID", "VIEW"})
 
 _STATUS = {"pending": TaskResultStatus.READY, "running": TaskResultStatus.RUNNING,
@@ -97,8 +102,11 @@ class BackendConfig:
             groups relation; ``None``: rota's own groups table.
         queue: ``QUEUE``: more :class:`rota.Queue` settings (``plans``,
             ``max_attempts``, ``backoff_base``, …).
-        worker: ``WORKER``: ``concurrency``, ``batch``, ``time_budget`` (seconds) for
-            ``rota_worker``.
+        worker: ``WORKER``: ``concurrency``, ``batch``, and in seconds
+            ``time_budget``, ``platform_timeout``, ``handler_timeout`` and
+            ``heartbeat_every`` for ``rota_worker`` (rota's :class:`rota.Pipeline`
+            settings; docs/design.md, "Handler deadlines"); the stale window is the
+            queue's ``stale_after`` (``QUEUE``), longer than ``platform_timeout``.
     """
 
     database: str
@@ -120,10 +128,29 @@ class BackendConfig:
                 raise ImproperlyConfigured(
                     "rota: OPTIONS['GROUPS'] needs MODEL and GROUP_ID (and may name PLAN, "
                     f"ACTIVE, OWNER_ID, VIEW); got {sorted(groups)}")
+        worker = dict(options.get("WORKER", {}))
+        unknown = set(worker) - WORKER_COUNTS - WORKER_SECONDS
+        if unknown:
+            raise ImproperlyConfigured(
+                f"rota: unknown OPTIONS['WORKER'] keys {sorted(unknown)}; known: "
+                f"{sorted(WORKER_COUNTS | WORKER_SECONDS)}")
+        for key, value in worker.items():
+            if value is None and key == "batch":
+                continue
+            kind = int if key in WORKER_COUNTS else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+                what = "a whole number" if key in WORKER_COUNTS else "a number of seconds"
+                raise ImproperlyConfigured(
+                    f"rota: OPTIONS['WORKER'][{key!r}] must be {what} above 0, got "
+                    f"{value!r}")
         return cls(database=options.get("DATABASE", "default"),
                    schema=options.get("SCHEMA", "rota"), groups=groups,
-                   queue=dict(options.get("QUEUE", {})),
-                   worker=dict(options.get("WORKER", {})))
+                   queue=dict(options.get("QUEUE", {})), worker=worker)
+
+    def seconds(self, key: str) -> timedelta | None:
+        """A ``WORKER`` duration (``time_budget``, ``platform_timeout``, …), or None."""
+        value = self.worker.get(key)
+        return None if value is None else timedelta(seconds=float(value))
 
     @property
     def groups_view(self) -> str | None:

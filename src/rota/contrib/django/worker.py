@@ -13,8 +13,7 @@ from inspect import iscoroutinefunction
 from traceback import format_exception
 from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import connections
 from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
@@ -26,6 +25,7 @@ from psycopg.conninfo import make_conninfo
 from ...queue import Queue
 from ...results import EncodedResult, ResultError, encode_result
 from ...runner import JobContext, Pipeline, Stage
+from ...settings import default_time_budget
 from ...worker import Worker
 from .backend import RotaBackend, job_types
 
@@ -93,8 +93,9 @@ async def run_task(ctx: JobContext) -> Any:
         if iscoroutinefunction(task.func):
             returned = await task.func(*args, **kwargs)
         else:
-            returned = await sync_to_async(_call_sync, thread_sensitive=False)(
-                task.func, args, kwargs)
+            # A thread of its own, which rota never cuts: the job stays this worker's
+            # until it returns (docs/design.md, "Handler deadlines").
+            returned = await ctx.to_thread(_call_sync, task.func, args, kwargs)
     except Exception as exc:
         await _finished_failed(result, exc)
         raise
@@ -138,11 +139,12 @@ async def _finished_failed(result: TaskResult, exc: BaseException) -> None:
 
 
 def _call_sync(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    close_old_connections()
+    """A sync task's call in its own thread, which ends with it: Django's connections
+    of that thread are closed when it returns."""
     try:
         return func(*args, **kwargs)
     finally:
-        close_old_connections()
+        connections.close_all()
 
 
 def make_pipeline(b: RotaBackend, queue: Queue, *, queue_names: Iterable[str] | None = None,
@@ -160,7 +162,11 @@ def make_pipeline(b: RotaBackend, queue: Queue, *, queue_names: Iterable[str] | 
     conc = concurrency or int(b.config.worker.get("concurrency", 4))
     size = batch if batch is not None else b.config.worker.get("batch")
     stages = [Stage(t, size, conc, run_task) for name in names for t in job_types(name)]
-    return Pipeline(queue, stages)
+    # rota's own defaults (300 s, half of it, a third of it) when not set: one place.
+    timing: dict[str, Any] = {
+        k: v for k in ("platform_timeout", "handler_timeout", "heartbeat_every")
+        if (v := b.config.seconds(k)) is not None}
+    return Pipeline(queue, stages, **timing)
 
 
 async def run_worker(b: RotaBackend, *, queue_names: Iterable[str] | None = None,
@@ -174,7 +180,6 @@ async def run_worker(b: RotaBackend, *, queue_names: Iterable[str] | None = None
     stops at once, handing the jobs in flight back (this coroutine is then cancelled:
     :class:`asyncio.CancelledError`)."""
     extra = {} if clock_offset is None else {"clock_offset": clock_offset}
-    budget = time_budget or timedelta(seconds=float(b.config.worker.get("time_budget", 220)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -189,6 +194,8 @@ async def run_worker(b: RotaBackend, *, queue_names: Iterable[str] | None = None
     async with make_queue(b, **extra) as queue:
         pipeline = make_pipeline(b, queue, queue_names=queue_names,
                                  concurrency=concurrency, batch=batch)
+        budget = (time_budget or b.config.seconds("time_budget")
+                  or default_time_budget(pipeline.platform_timeout))
         if once:
             await pipeline.run(trigger="cli", time_budget=budget, stop=stop)
             return
