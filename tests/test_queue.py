@@ -129,9 +129,10 @@ async def test_stale_running_job_is_reclaimed_with_one_more_attempt(queue: Queue
     # The lost attempt gets its error when the job is claimed again, once.
     [lost] = (await queue.result(job.id)).errors
     assert (lost.attempt, lost.error_type, lost.traceback, lost.error) == (
-        1, None, None, "lost: the run holding this attempt stopped without settling it "
-        "(killed, or cut off from the database); its lock went stale and the job was "
-        "claimed again")
+        1, "rota.errors.AttemptLost", None,
+        "AttemptLost: the run holding this attempt stopped without settling it (killed, "
+        "or cut off from the database); its lock went stale and the job was claimed "
+        "again")
     assert lost.failed_at - await queue.now() < timedelta(seconds=5)
     assert await queue.fail(second, "boom") == "retry"
     queue.clock_offset = timedelta(hours=1)

@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING, Any
 
 from .db import EmbeddedServer, schema_sql
 from .errors import (
+    AttemptLost,
     ConfigError,
     DatabaseUnavailable,
     HandlerTimedOut,
@@ -49,6 +50,7 @@ __all__ = [
     "DEFAULT_PLANS",
     "Allowance",
     "AttemptError",
+    "AttemptLost",
     "ConfigError",
     "DatabaseUnavailable",
     "DeferJob",

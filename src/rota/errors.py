@@ -92,6 +92,12 @@ class HandlerTimedOut(RotaError):
     timeout passed; its cause is what the thread raised, if anything."""
 
 
+class AttemptLost(RotaError):
+    """The type recorded for an attempt whose run stopped without settling it (killed,
+    or cut off from the database): its lock went stale and the job was claimed again
+    (docs/design.md, "Stale locks"). Never raised; named in the attempt's error."""
+
+
 class ConfigError(RotaError):
     """The queue's settings are inconsistent (for example a stale window not longer
     than the platform timeout)."""

@@ -4,6 +4,7 @@ by Django's test client and real `manage.py rota_worker` processes (docs/django.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -25,10 +26,20 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.test import Client
 from django.utils import timezone
 from tenants.models import Ran, Tenant
-from tenants.tasks import banded, fair, flaky, nap, plain, record, unstorable
+from tenants.tasks import (
+    anap,
+    banded,
+    fair,
+    flaky,
+    nap,
+    plain,
+    record,
+    stubborn,
+    unstorable,
+)
 from tests.helpers import wait_for
 
-from rota import UnknownGroup
+from rota import ConfigError, UnknownGroup
 from rota.contrib.django import RotaBackend, job_type
 
 HERE = Path(__file__).resolve().parent
@@ -273,18 +284,129 @@ def test_one_signal_to_rota_worker_once_lets_the_task_finish(sig: signal.Signals
     assert _stop_reason(found.job.run_id) == "interrupted"
 
 
-def test_a_second_signal_to_rota_worker_hands_the_task_back_and_exits_130() -> None:
-    result = nap.enqueue(2)
+STOPPED_AT_ONCE = ("stopped at once: the async tasks in flight were handed back (sync "
+                   "ones, which cannot be cancelled, were waited for up to the platform "
+                   "timeout)\n")
+
+
+def test_a_second_signal_to_rota_worker_hands_an_async_task_back_and_exits_130() -> None:
+    result = anap.enqueue(30)
     w = worker("--once", "--queue", "default")
     wait_for(lambda: _started(result.id), timeout=60, what="the task to start")
+    t0 = time.monotonic()
     w.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     w.send_signal(signal.SIGTERM)
     out, err = w.communicate(timeout=60)
     assert (w.returncode, out) == (130, ""), err
-    assert err.endswith("stopped at once: the tasks in flight were handed back\n"), err
+    assert time.monotonic() - t0 < 10
+    assert err.endswith(STOPPED_AT_ONCE), err
     found = job_row(result.id)
     assert (found.job.status, found.job.attempts, found.errors) == ("pending", 0, [])
+
+
+# -- sync tasks: a thread cannot be cancelled (docs/django.md, "Sync tasks") ---------------
+
+
+def _executions(label: str) -> list[str]:
+    """The rows `stubborn` wrote for ``label``: one per execution, "LABEL ATTEMPT"."""
+    return list(Ran.objects.filter(tenant="stubborn", label__startswith=label + " ")
+                .order_by("id").values_list("label", flat=True))
+
+
+def _short_worker(*args: str) -> subprocess.Popen[str]:
+    return worker("--backend", "short", "--once", *args)
+
+
+def _short_run(offset: timedelta = timedelta(0)) -> None:
+    run_once("--backend", "short", offset=offset)
+
+
+def test_a_second_signal_waits_for_a_sync_task_which_runs_once_and_completes() -> None:
+    # Two SIGTERMs during a 3 s sync task: the process waits for its thread (within
+    # the platform timeout, 300 s by default) and completes the job with its value;
+    # nothing is handed back, so no other worker runs it again.
+    result = stubborn.using(backend="default", queue_name="default").enqueue("twice", 3)
+    w = worker("--once", "--queue", "default")
+    wait_for(lambda: _executions("twice"), timeout=60, what="the task to start")
+    w.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    w.send_signal(signal.SIGTERM)
+    out, err = w.communicate(timeout=60)
+    assert (w.returncode, out) == (130, ""), err
+    assert err.endswith(STOPPED_AT_ONCE), err
+    found = job_row(result.id)
+    assert (found.job.status, found.job.attempts, found.value, found.errors) == (
+        "done", 1, 1, [])
+    run_once("--queue", "default", offset=timedelta(hours=1))  # nothing left to run
+    assert _executions("twice") == ["twice 1"]
+
+
+@pytest.mark.parametrize("how", ["two SIGTERMs", "SIGKILL"])
+def test_a_sync_task_outliving_its_process_is_reclaimed_after_the_stale_window(
+    how: str,
+) -> None:
+    # A hard stop waits for the thread up to the platform timeout (4 s from the run's
+    # start), then exits leaving the job running; SIGKILL leaves it so at once. Either
+    # way the job is reclaimed only after the stale window (20 s), its lost attempt
+    # recorded (docs/design.md, "Stale locks").
+    label = how.replace(" ", "-")
+    result = stubborn.enqueue(label, 60)
+    w = _short_worker()
+    wait_for(lambda: _executions(label), timeout=60, what="the task to start")
+    t0 = time.monotonic()
+    if how == "SIGKILL":
+        w.kill()
+        w.communicate(timeout=60)
+        assert w.returncode == -signal.SIGKILL
+    else:
+        w.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        w.send_signal(signal.SIGTERM)
+        out, err = w.communicate(timeout=60)
+        assert (w.returncode, out) == (130, ""), err
+        assert 2 < time.monotonic() - t0 < 8
+        assert "still running at the platform timeout; left to the stale-lock rules" in err
+    found = job_row(result.id)
+    assert (found.job.status, found.job.attempts, found.errors) == ("running", 1, [])
+    _short_run(offset=timedelta(seconds=3))  # its lock is not stale yet
+    assert (job_row(result.id).job.status, _executions(label)) == ("running", [f"{label} 1"])
+    _short_run(offset=timedelta(seconds=30))
+    result.refresh()
+    assert (result.status, result.return_value, result.attempts) == (
+        TaskResultStatus.SUCCESSFUL, 2, 2)
+    assert [e.exception_class_path for e in result.errors] == ["rota.errors.AttemptLost"]
+    assert result.errors[0].traceback.startswith("AttemptLost: the run holding this attempt "
+                                                 "stopped without settling it")
+    assert _executions(label) == [f"{label} 1", f"{label} 2"]
+
+
+def test_a_sync_task_past_its_timeout_is_overdue_and_fails_once_its_thread_returns() -> None:
+    # The handler timeout is 1 s; the thread runs 2.5 s and is never cut: overdue at
+    # 1 s (counted in the run's summary), failed with HandlerTimedOut when it returns,
+    # retried with backoff, and never run twice at once.
+    result = stubborn.enqueue("overdue", 2.5)
+    _short_run()
+    found = job_row(result.id)
+    assert (found.job.status, found.job.attempts) == ("pending", 1)
+    with connection.cursor() as cur:
+        cur.execute(f'SELECT summary FROM "{backend().config.schema}".runs '
+                    "WHERE id = %s", [found.errors[0].run_id])
+        assert json.loads(cur.fetchone()[0]) == {"overdue": 1, "timed_out": 1, "retries": 1}
+    result.refresh()
+    assert [e.exception_class_path for e in result.errors] == ["rota.errors.HandlerTimedOut"]
+    assert result.errors[0].exception_class.__name__ == "HandlerTimedOut"
+    trace = result.errors[0].traceback
+    assert trace.startswith("Traceback (most recent call last):\n")
+    assert "where the thread was at the timeout:" in trace
+    assert "time.sleep(seconds)" in trace  # the task's own frame
+    assert "HandlerTimedOut: the sync handler ran 2." in trace
+    assert " s, past its 1 s timeout (a thread cannot be cancelled)" in trace
+    _short_run(offset=timedelta(minutes=3))  # after its backoff
+    result.refresh()
+    assert (result.status, result.return_value, result.attempts) == (
+        TaskResultStatus.SUCCESSFUL, 2, 2)
+    assert _executions("overdue") == ["overdue 1", "overdue 2"]
 
 
 # -- configuration ------------------------------------------------------------------------
@@ -319,6 +441,51 @@ def test_bad_queue_settings_are_improperly_configured(
     with pytest.raises(ImproperlyConfigured) as e:
         RotaBackend("x", {"OPTIONS": {"QUEUE": queue}})
     assert str(e.value) == message
+
+
+def test_the_worker_timeouts_and_the_stale_window_come_from_options() -> None:
+    from rota.contrib.django.worker import make_pipeline, make_queue
+
+    b = RotaBackend("x", {"OPTIONS": {
+        "QUEUE": {"stale_after": timedelta(seconds=90)},
+        "WORKER": {"platform_timeout": 60, "handler_timeout": 20, "heartbeat_every": 5}}})
+    pipeline = make_pipeline(b, make_queue(b))
+    assert (pipeline.platform_timeout, pipeline.handler_timeout, pipeline.heartbeat_every,
+            pipeline.queue.stale_after) == (timedelta(seconds=60), timedelta(seconds=20),
+                                            timedelta(seconds=5), timedelta(seconds=90))
+    defaults = make_pipeline(backend(), make_queue(backend()))
+    assert (defaults.platform_timeout, defaults.handler_timeout,
+            defaults.queue.stale_after) == (timedelta(minutes=5), timedelta(seconds=150),
+                                            timedelta(minutes=15))
+
+
+@pytest.mark.parametrize(("worker_options", "message"), [
+    ({"platform_timout": 60}, "rota: unknown OPTIONS['WORKER'] keys ['platform_timout']; "
+     "known: ['batch', 'concurrency', 'handler_timeout', 'heartbeat_every', "
+     "'platform_timeout', 'time_budget']"),
+    ({"handler_timeout": "20"}, "rota: OPTIONS['WORKER']['handler_timeout'] must be a "
+     "number of seconds above 0, got '20'"),
+    ({"concurrency": 0}, "rota: OPTIONS['WORKER']['concurrency'] must be a whole number "
+     "above 0, got 0"),
+])
+def test_bad_worker_options_are_improperly_configured(
+    worker_options: dict[str, object], message: str,
+) -> None:
+    with pytest.raises(ImproperlyConfigured) as e:
+        RotaBackend("x", {"OPTIONS": {"WORKER": worker_options}})
+    assert str(e.value) == message
+
+
+def test_a_stale_window_not_longer_than_the_platform_timeout_is_refused_in_one_line() -> None:
+    # docs/design.md, "Stale locks": otherwise a live worker's tasks look stale
+    # (rota_worker says it as a CommandError).
+    from rota.contrib.django.worker import make_pipeline, make_queue
+
+    b = RotaBackend("x", {"OPTIONS": {"QUEUE": {"stale_after": timedelta(seconds=60)},
+                                      "WORKER": {"platform_timeout": 60}}})
+    with pytest.raises(ConfigError, match=r"^the queue's stale window \(0:01:00\) must be "
+                                          r"longer than the platform timeout \(0:01:00\)"):
+        make_pipeline(b, make_queue(b))
 
 
 @pytest.mark.parametrize(("args", "message"), [

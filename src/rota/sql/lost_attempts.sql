@@ -3,9 +3,9 @@
 -- the database). Recorded here, once, when the job is claimed again, so each attempt
 -- before the running one has its error. Only the claimed jobs (the caller's ids and
 -- claim tokens: it holds them), in id order.
-INSERT INTO {schema}.job_errors (job_id, attempt, failed_at, error)
-SELECT j.id, j.attempts - 1, now() + %(offset)s::interval,
-       'lost: the run holding this attempt stopped without settling it (killed, or cut '
+INSERT INTO {schema}.job_errors (job_id, attempt, failed_at, error_type, error)
+SELECT j.id, j.attempts - 1, now() + %(offset)s::interval, 'rota.errors.AttemptLost',
+       'AttemptLost: the run holding this attempt stopped without settling it (killed, or cut '
        'off from the database); its lock went stale and the job was claimed again'
 FROM {schema}.jobs j
 WHERE j.id = ANY(%(ids)s)

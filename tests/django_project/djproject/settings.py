@@ -3,6 +3,7 @@ ROTA_DJANGO_SCHEMA (one per test process, made by tests/django_project/conftest.
 rota's in SCHEMA_rota, on DATABASE_URL."""
 
 import os
+from datetime import timedelta
 
 from psycopg.conninfo import conninfo_to_dict
 
@@ -68,6 +69,18 @@ TASKS = {
                        "ACTIVE": "active"},
             "QUEUE": {"max_attempts": 3},
             "WORKER": {"concurrency": 4},
+        },
+    },
+    # Short timeouts, for sync tasks that outlive them (seconds): a 4 s platform
+    # timeout, a 1 s handler timeout, a 20 s stale window.
+    "short": {
+        "BACKEND": "rota.contrib.django.RotaBackend",
+        "QUEUES": ["slow"],
+        "OPTIONS": {
+            "SCHEMA": f"{SCHEMA}_rota",
+            "QUEUE": {"stale_after": timedelta(seconds=20)},
+            "WORKER": {"platform_timeout": 4, "handler_timeout": 1,
+                       "heartbeat_every": 0.5},
         },
     },
     "lite": {

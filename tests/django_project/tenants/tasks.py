@@ -56,6 +56,27 @@ def nap(seconds: float) -> str:
     return "rested"
 
 
+@task()
+async def anap(seconds: float) -> str:
+    """Sleeps on the worker's event loop (an async task: cancelled by a hard stop)."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+    return "rested"
+
+
+@task(backend="short", queue_name="slow", takes_context=True)
+def stubborn(context, label: str, seconds: float) -> int:  # type: ignore[no-untyped-def]
+    """A sync task that writes one row per execution as it starts ("LABEL ATTEMPT"),
+    then, on its first attempt only, sleeps ``seconds``."""
+    import time
+
+    Ran.objects.create(tenant="stubborn", label=f"{label} {context.attempt}")
+    if context.attempt == 1:
+        time.sleep(seconds)
+    return int(context.attempt)
+
+
 @receiver(task_started)
 @receiver(task_finished)
 def note_signal(sender, task_result, **kwargs) -> None:  # type: ignore[no-untyped-def]

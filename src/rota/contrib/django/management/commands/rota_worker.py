@@ -65,5 +65,7 @@ class Command(BaseCommand):  # type: ignore[misc]
         except (ConfigError, InvalidInput) as exc:  # a handler's never reaches here
             raise CommandError(str(exc)) from None
         except asyncio.CancelledError:  # a second SIGINT/SIGTERM, as for `rota worker`
-            self.stderr.write("stopped at once: the tasks in flight were handed back")
+            self.stderr.write("stopped at once: the async tasks in flight were handed "
+                              "back (sync ones, which cannot be cancelled, were waited "
+                              "for up to the platform timeout)")
             sys.exit(EXIT_STOPPED_AT_ONCE)
