@@ -39,7 +39,8 @@ async def start_run(queue: Queue) -> uuid.UUID:
     run_id = uuid.uuid4()
     async with queue.connection() as c:
         await c.execute(queue.sql("run_start"), {"id": run_id, "trigger": "cron",
-                                                 "offset": queue.clock_offset})
+                                                 "offset": queue.clock_offset,
+                                                 "worker": "killed-host:1"})
     return run_id
 
 

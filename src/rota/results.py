@@ -120,6 +120,8 @@ class AttemptError:
         run_id: the run (worker) that ran the attempt, or ``None``.
         started_at: when the attempt was claimed (aware UTC, queue clock), or ``None``.
         failed_at: when it failed (aware UTC, queue clock).
+        worker: the process that ran it, ``host:pid``, while its run is kept (runs are
+            pruned after ``runs_retention``), else ``None``.
     """
 
     attempt: int
@@ -129,6 +131,7 @@ class AttemptError:
     run_id: uuid.UUID | None
     started_at: datetime | None
     failed_at: datetime
+    worker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,14 +144,17 @@ class JobResult:
             for a handler that returned ``None``), as JSON reads it back.
         errors: every failed attempt's error, oldest first.
         started_at: when the attempt that settled the job was claimed (aware UTC,
-            queue clock); for a running job, when it was claimed (or its lock last
-            refreshed); ``None`` for a job never tried.
+            queue clock); for a running job, when it was claimed (never a heartbeat's
+            time); ``None`` for a pending job.
+        worker: the process holding the job or having completed it (``host:pid``,
+            while its run is kept), else ``None``.
     """
 
     job: Job
     value: Any
     errors: list[AttemptError]
     started_at: datetime | None
+    worker: str | None = None
 
     @property
     def status(self) -> JobStatus:
@@ -254,11 +260,12 @@ def result_from_row(row: dict[str, Any]) -> JobResult:
         traceback=e["traceback"],
         run_id=uuid.UUID(e["run_id"]) if e["run_id"] else None,
         started_at=_instant(e["started_at"]),
-        failed_at=cast(datetime, _instant(e["failed_at"])))
+        failed_at=cast(datetime, _instant(e["failed_at"])), worker=e.get("worker"))
         for e in (row["errors"] or [])]
-    started = row["started_at"] if row["status"] in FINISHED else row["locked_at"]
+    # The claim sets started_at; a job claimed before it did (or pending) has locked_at.
+    started = (row["started_at"] or row["locked_at"]) if row["status"] != "pending" else None
     return JobResult(job=Job.from_row(row, lenient=True), value=row["result"],
-                     errors=errors, started_at=started)
+                     errors=errors, started_at=started, worker=row.get("run_worker"))
 
 
 def _instant(text: str | None) -> datetime | None:

@@ -32,7 +32,9 @@ CREATE TABLE {schema}.runs (
     -- The run's last sign of life (its progress saves and heartbeats). Maintenance marks
     -- a run killed only when it has been silent for longer than the platform timeout, so
     -- a live long-running worker's run is never marked.
-    heartbeat_at  timestamptz
+    heartbeat_at  timestamptz,
+    -- The process that ran it, host:pid (one for all the runs of one worker).
+    worker        text
 );
 CREATE INDEX runs_started_idx ON {schema}.runs (started_at DESC);
 -- Killed-run sweep: only unfinished runs.
@@ -82,7 +84,7 @@ CREATE TABLE {schema}.jobs (
     finished_at      timestamptz,
     give_up_pending  boolean NOT NULL DEFAULT false, -- failed, give-up hook not yet run
     -- Results (docs/design.md, "Results"): the handler's return value, and the claim
-    -- time of the attempt that settled the job; null until it settles.
+    -- time of the latest attempt (set by the claim); null until it is first claimed.
     result           jsonb,
     started_at       timestamptz,
     -- The W3C Trace Context of the span that enqueued the job ({{"traceparent": …,

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.tasks import TaskResultStatus, task_backends
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
 from django.test import Client
 from django.utils import timezone
 from tenants.models import Ran, Tenant
@@ -31,6 +33,7 @@ from tenants.tasks import (
     banded,
     fair,
     flaky,
+    introspect,
     nap,
     plain,
     record,
@@ -98,7 +101,8 @@ def test_a_rolled_back_task_never_runs_and_a_committed_one_runs_once() -> None:
             ["acme", "committed"], {}, [], 1)
         assert result.enqueued_at <= result.started_at <= result.finished_at
         assert result.last_attempted_at == result.started_at
-        assert result.worker_ids == [str(found.job.run_id)]
+        # The worker's process (host:pid), as its runs record it.
+        assert result.worker_ids == [f"{socket.gethostname()}:{w.pid}"]
     finally:
         w.send_signal(signal.SIGTERM)
         out, err = w.communicate(timeout=60)
@@ -107,6 +111,53 @@ def test_a_rolled_back_task_never_runs_and_a_committed_one_runs_once() -> None:
         record.get_result(lost.id)
     assert list(Ran.objects.filter(tenant="acme").values_list("label", flat=True)) == [
         "committed"]
+
+
+def test_task_enqueued_is_sent_once_the_enqueue_commits() -> None:
+    sent: list[str] = []
+
+    def note(sender: object, task_result: Any, **kwargs: object) -> None:
+        sent.append(task_result.id)
+
+    later = plain.using(run_after=timezone.now() + timedelta(days=30))  # never run here
+    task_enqueued.connect(note)
+    try:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            later.enqueue(1)
+            raise RuntimeError("roll back")
+        assert sent == []
+        with transaction.atomic():
+            kept = later.enqueue(2)
+            assert sent == []  # not before the commit
+        assert sent == [kept.id]
+        outside = later.enqueue(3)  # autocommit: at once
+        assert sent == [kept.id, outside.id]
+    finally:
+        task_enqueued.disconnect(note)
+
+
+def test_get_result_keeps_run_after_and_refuses_a_job_that_is_not_a_task() -> None:
+    when = timezone.now().replace(microsecond=0) + timedelta(days=30)  # never run here
+    result = plain.using(run_after=when).enqueue(5)
+    assert plain.get_result(result.id).task.run_after == when
+    conn = backend().connection()
+    # A job type no stage of the project's workers claims.
+    other = backend().sync_queue.enqueue(conn, "elsewhere", {"not": "a task"})
+    assert other is not None
+    with pytest.raises(TaskResultDoesNotExist, match=f"^job {other.id} is not a Django "
+                                                     f"task$"):
+        backend().get_result(str(other.id))
+
+
+def test_get_result_works_after_its_queue_was_removed_from_queues() -> None:
+    conn = backend().connection()
+    job = backend().sync_queue.enqueue(conn, "retired", {
+        "task": "tenants.tasks.plain", "args": [7], "kwargs": {}, "queue_name": "retired",
+        "priority": 0})
+    assert job is not None
+    result = plain.get_result(str(job.id))
+    assert (result.task.queue_name, result.status, result.args) == (
+        "retired", TaskResultStatus.READY, [7])
 
 
 def test_refresh_reads_the_job_row_again() -> None:
@@ -162,7 +213,54 @@ def test_a_raising_task_retries_with_backoff_and_ends_failed_with_every_tracebac
     with pytest.raises(ValueError, match="Task failed"):
         result.return_value  # noqa: B018
     assert result.finished_at is not None and result.started_at is not None
-    assert len(set(result.worker_ids)) == 3  # three runs, one attempt each
+    assert len(set(result.worker_ids)) == 3  # three worker processes, one attempt each
+    # task_finished once, when the task ends: not for the two attempts retried.
+    assert list(Ran.objects.filter(tenant="signals", label__startswith="flaky ")
+                .order_by("id").values_list("label", flat=True)) == [
+        "flaky RUNNING", "flaky RUNNING", "flaky RUNNING", "flaky FAILED"]
+
+
+def test_a_task_sees_its_attempts_workers_and_errors_in_its_context() -> None:
+    result = introspect.enqueue()
+    host = socket.gethostname()
+    pids = []
+    for offset in (timedelta(0), timedelta(minutes=3)):  # the retry after its backoff
+        w = worker("--once", "--queue", "default", "--clock-offset",
+                   str(offset.total_seconds()))
+        out, err = w.communicate(timeout=240)
+        assert w.returncode == 0, (out, err)
+        pids.append(w.pid)
+    result.refresh()
+    found = job_row(result.id)
+    first_start, second_start = found.errors[0].started_at, found.started_at
+    assert first_start < second_start
+    assert result.return_value == {
+        "worker_ids": [f"{host}:{pids[0]}", f"{host}:{pids[1]}"],
+        "errors": ["builtins.LookupError"],
+        "started_at": first_start.isoformat(),
+        "last_attempted_at": second_start.isoformat()}
+    assert (result.worker_ids, result.started_at, result.last_attempted_at) == (
+        [f"{host}:{pids[0]}", f"{host}:{pids[1]}"], first_start, second_start)
+    assert list(Ran.objects.filter(tenant="signals", label__startswith="introspect ")
+                .order_by("id").values_list("label", flat=True)) == [
+        "introspect RUNNING", "introspect RUNNING", "introspect SUCCESSFUL"]
+
+
+def test_a_running_tasks_start_is_its_claim_not_its_last_heartbeat() -> None:
+    # The short backend beats every 0.5 s; the task runs 0.9 s (its timeout is 1 s).
+    result = stubborn.enqueue("beating", 0.9)
+    w = _short_worker()
+    wait_for(lambda: _executions("beating"), timeout=60, what="the task to start")
+    first = stubborn.get_result(result.id)
+    time.sleep(0.6)
+    again = stubborn.get_result(result.id)
+    out, err = w.communicate(timeout=60)
+    assert w.returncode == 0, (out, err)
+    assert (first.status, again.status) == (TaskResultStatus.RUNNING,) * 2
+    assert again.started_at == first.started_at == again.last_attempted_at
+    result.refresh()
+    assert (result.status, result.started_at) == (TaskResultStatus.SUCCESSFUL,
+                                                  first.started_at)
 
 
 @pytest.mark.parametrize(("kind", "error"), [

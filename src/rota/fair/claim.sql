@@ -288,6 +288,8 @@ claimed AS (
     UPDATE {schema}.jobs AS u
     SET status = 'running',
         locked_at = now() + %(offset)s::interval,
+        started_at = now() + %(offset)s::interval,  -- the attempt's start (a heartbeat
+                                            -- moves locked_at, never this)
         attempts = u.attempts + 1,          -- attempts count at claim time, so a crash counts
         run_id = %(run_id)s::uuid,
         claim_token = gen_random_uuid()     -- fences complete/fail/defer to this very claim

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from datetime import datetime, timedelta
 
@@ -35,6 +37,12 @@ SAVE_EVERY_S = 1.0
 HEARTBEAT_RECANCEL_S = 0.05
 #: What a run's summary becomes when the runs row refuses it, so its end is recorded.
 UNSTORABLE = {"summary_unstorable": 1}
+
+
+def worker_id() -> str:
+    """This process as a run records it: ``host:pid`` (the same for every run of one
+    worker; the pid read each time, so a forked child names itself)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class RunRecorder:
@@ -65,7 +73,8 @@ class RunRecorder:
         q = self.queue
         async with q.connection() as c:
             row = await q.store.fetch_one("run_start", {
-                "id": run.id, "trigger": run.trigger, "offset": q.clock_offset}, conn=c)
+                "id": run.id, "trigger": run.trigger, "offset": q.clock_offset,
+                "worker": worker_id()}, conn=c)
         assert row is not None
         started_at: datetime = row[0]
         return started_at

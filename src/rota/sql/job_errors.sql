@@ -4,6 +4,7 @@
             'attempt', e.attempt, 'error', e.error, 'error_type', e.error_type,
             'traceback', e.traceback,
             'run_id', e.run_id, 'started_at', e.started_at,
+            'worker', (SELECT r.worker FROM {schema}.runs r WHERE r.id = e.run_id),
             'failed_at', e.failed_at) ORDER BY e.id)
  FROM {schema}.job_errors e
  WHERE e.job_id = j.id)

@@ -65,6 +65,18 @@ async def anap(seconds: float) -> str:
     return "rested"
 
 
+@task(takes_context=True, max_attempts=2)
+def introspect(context) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Fails its first attempt; the second returns what its TaskContext says."""
+    result = context.task_result
+    if context.attempt == 1:
+        raise LookupError("first attempt")
+    return {"worker_ids": result.worker_ids,
+            "errors": [e.exception_class_path for e in result.errors],
+            "started_at": result.started_at.isoformat(),
+            "last_attempted_at": result.last_attempted_at.isoformat()}
+
+
 @task(backend="short", queue_name="slow", takes_context=True)
 def stubborn(context, label: str, seconds: float) -> int:  # type: ignore[no-untyped-def]
     """A sync task that writes one row per execution as it starts ("LABEL ATTEMPT"),
@@ -80,6 +92,8 @@ def stubborn(context, label: str, seconds: float) -> int:  # type: ignore[no-unt
 @receiver(task_started)
 @receiver(task_finished)
 def note_signal(sender, task_result, **kwargs) -> None:  # type: ignore[no-untyped-def]
-    """Django's task signals reach the project's receivers (for `plain` only)."""
-    if task_result.task.name == "plain":
-        Ran.objects.create(tenant="signals", label=f"plain {task_result.status}")
+    """Django's task signals reach the project's receivers (for `plain`, `flaky` and
+    `introspect` only)."""
+    if task_result.task.name in ("plain", "flaky", "introspect"):
+        Ran.objects.create(tenant="signals",
+                           label=f"{task_result.task.name} {task_result.status}")

@@ -12,15 +12,16 @@ plans and quotas apply to Django tasks as to any job. Results are read from the 
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import connections, transaction
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskError
@@ -252,6 +253,8 @@ class RotaBackend(BaseTaskBackend):  # type: ignore[misc]
             run_after = timezone.make_aware(run_after)  # USE_TZ = False: local time
         payload = {"task": task.module_path, "args": list(args), "kwargs": dict(kwargs),
                    "queue_name": task.queue_name, "priority": task.priority}
+        if run_after is not None:
+            payload["run_after"] = run_after.isoformat()
         job = self.sync_queue.enqueue(
             self.connection(), job_type(task.queue_name, task.priority), payload,
             group_id=group_of(task, args, kwargs), run_after=run_after,
@@ -262,7 +265,10 @@ class RotaBackend(BaseTaskBackend):  # type: ignore[misc]
             enqueued_at=job.created_at, started_at=None, last_attempted_at=None,
             finished_at=None, args=list(args), kwargs=dict(kwargs), backend=self.alias,
             errors=[], worker_ids=[])
-        task_enqueued.send(type(self), task_result=result)
+        # Django's signal says the task exists: sent once the enqueue commits (at once
+        # in autocommit), never for one rolled back with its transaction.
+        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result),
+                              using=self.config.database)
         return result
 
     def validate_task(self, task: Task) -> None:
@@ -317,13 +323,37 @@ def group_of(task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str 
 
 
 def task_result(found: JobResult, alias: str) -> TaskResult:
-    """A Django :class:`~django.tasks.TaskResult` from a rota job's result."""
+    """A Django :class:`~django.tasks.TaskResult` from a rota job's result: its task as
+    enqueued (queue name, priority, ``run_after``, even once that queue is no longer in
+    ``QUEUES``), each attempt's error and worker (``host:pid``), ``started_at`` the
+    first attempt's claim and ``last_attempted_at`` the latest's.
+
+    Raises:
+        TaskResultDoesNotExist: the job is not a Django task (rota's own job type), or
+            its task can no longer be imported.
+    """
     job = found.job
     payload = job.payload
-    task = import_string(payload["task"])
+    path = payload.get("task") if isinstance(payload, dict) else None
+    if not isinstance(path, str):
+        raise TaskResultDoesNotExist(f"job {job.id} is not a Django task")
+    try:
+        task = import_string(path)
+    except ImportError as exc:
+        raise TaskResultDoesNotExist(f"job {job.id}: its task {path!r} cannot be imported "
+                                     f"({exc})") from None
+    if not isinstance(task, Task):
+        raise TaskResultDoesNotExist(f"job {job.id}: {path!r} is not a Django task")
     band_queue, band = queue_and_priority(job)
-    task = task.using(queue_name=payload.get("queue_name", band_queue),
-                      priority=payload.get("priority", band))
+    # As enqueued, without Django's validation of today's settings: a queue removed
+    # from QUEUES since still names its tasks' results.
+    task = copy.copy(task)
+    run_after = payload.get("run_after")
+    for name, value in (("queue_name", payload.get("queue_name", band_queue)),
+                        ("priority", payload.get("priority", band)),
+                        ("run_after", None if run_after is None
+                         else datetime.fromisoformat(run_after))):
+        object.__setattr__(task, name, value)
     starts = [e.started_at for e in found.errors if e.started_at is not None]
     last_attempt = found.started_at
     if job.status == "pending" and found.errors:
@@ -342,13 +372,14 @@ def task_result(found: JobResult, alias: str) -> TaskResult:
 
 
 def worker_ids(found: JobResult) -> list[str]:
-    """One entry per attempt (Django counts attempts as ``len(worker_ids)``): the run
-    of each failed attempt, then the run holding or completing the job; an attempt
-    whose process died without a word (its lock went stale) is ``"unknown"``."""
+    """One entry per attempt (Django counts attempts as ``len(worker_ids)``): the
+    worker (``host:pid``) of each failed attempt, then the one holding or having
+    completed the job; a run's id when its row was pruned; ``"unknown"`` for an attempt
+    with neither (its process died and nothing recorded it)."""
     job = found.job
-    ids = [str(e.run_id) if e.run_id else "unknown" for e in found.errors]
+    ids = [e.worker or (str(e.run_id) if e.run_id else "unknown") for e in found.errors]
     if job.status in ("running", "done") and job.run_id is not None:
-        ids.append(str(job.run_id))
+        ids.append(found.worker or str(job.run_id))
     missing = job.attempts - len(ids)
     return ["unknown"] * missing + ids if missing > 0 else ids
 

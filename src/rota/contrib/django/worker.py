@@ -22,12 +22,16 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 from psycopg.conninfo import make_conninfo
 
+from ...job import DeferJob
 from ...queue import Queue
+from ...quota import QuotaExhausted
+from ...rates import RateLimited
 from ...results import EncodedResult, ResultError, encode_result
 from ...runner import JobContext, Pipeline, Stage
+from ...runner.recording import worker_id
 from ...settings import default_time_budget
 from ...worker import Worker
-from .backend import RotaBackend, job_types
+from .backend import RotaBackend, job_types, task_result
 
 #: The keys of Django's connection parameters that are not libpq's.
 _NOT_LIBPQ = frozenset({"cursor_factory", "context", "pool", "server_side_binding",
@@ -70,24 +74,28 @@ def make_queue(b: RotaBackend, **overrides: Any) -> Queue:
 async def run_task(ctx: JobContext) -> Any:
     """The handler of every Django task: import it, call it with its arguments (a
     :class:`~django.tasks.TaskContext` first when it ``takes_context``, whose
-    ``attempt`` is this attempt's number), and return its value, JSON-normalized as
-    Django's own backends do. A sync task runs in a thread of its own, with Django's
-    stale connections closed before and after, as a request's are. Django's
-    ``task_started`` and ``task_finished`` signals are sent for each attempt."""
+    ``task_result`` has this attempt's number, every earlier attempt's error and each
+    attempt's worker, ``host:pid``), and return its value, JSON-normalized as Django's
+    own backends do. A sync task runs in a thread of its own, which rota never cuts
+    (docs/django.md, "Sync tasks"), its Django connections closed when it returns.
+    Django's ``task_started`` is sent for each attempt, ``task_finished`` when the task
+    ends (SUCCESSFUL, or FAILED with no attempt left), not for an attempt that will be
+    retried."""
     payload = ctx.job.payload
     task = import_string(payload["task"])
     args = list(payload.get("args", []))
     kwargs = dict(payload.get("kwargs", {}))
-    result = TaskResult(
-        task=task, id=str(ctx.job.id), status=TaskResultStatus.RUNNING,
-        enqueued_at=ctx.job.created_at, started_at=ctx.job.locked_at,
-        last_attempted_at=ctx.job.locked_at, finished_at=None, args=args,
-        kwargs=kwargs, backend=task.backend, errors=[],
-        worker_ids=[str(ctx.run_id)] * ctx.job.attempts)
+    if ctx.job.attempts > 1:  # the earlier attempts' errors and workers, as stored
+        result = task_result(await ctx.queue.result(ctx.job.id), task.backend)
+        object.__setattr__(result, "status", TaskResultStatus.RUNNING)
+    else:
+        result = TaskResult(
+            task=task, id=str(ctx.job.id), status=TaskResultStatus.RUNNING,
+            enqueued_at=ctx.job.created_at, started_at=ctx.job.locked_at,
+            last_attempted_at=ctx.job.locked_at, finished_at=None, args=args,
+            kwargs=kwargs, backend=task.backend, errors=[], worker_ids=[worker_id()])
     if task.takes_context:
         args = [TaskContext(task_result=result), *args]
-    # Django's task signals, once per attempt: task_finished says how this attempt
-    # ended (a FAILED attempt with attempts left is retried: docs/django.md).
     await task_started.asend(sender=RotaBackend, task_result=result)
     try:
         if iscoroutinefunction(task.func):
@@ -97,7 +105,11 @@ async def run_task(ctx: JobContext) -> Any:
             # until it returns (docs/design.md, "Handler deadlines").
             returned = await ctx.to_thread(_call_sync, task.func, args, kwargs)
     except Exception as exc:
-        await _finished_failed(result, exc)
+        # Retried with backoff while attempts are left (a DeferJob or a quota's reset
+        # is no failure): task_finished only when the task ends.
+        if (ctx.job.attempts >= ctx.job.max_attempts
+                and not isinstance(exc, DeferJob | QuotaExhausted | RateLimited)):
+            await _finished_failed(result, exc)
         raise
     try:
         value, encoded = _storable(returned, ctx.queue.max_payload_bytes)
