@@ -28,6 +28,7 @@ SCHEMA = f"dj_{uuid.uuid4().hex[:10]}"
 os.environ["DATABASE_URL"] = URL
 os.environ["ROTA_DJANGO_SCHEMA"] = SCHEMA
 os.environ["DJANGO_SETTINGS_MODULE"] = "djproject.settings"
+os.environ["ROTA_DJANGO_WITH_LITE"] = "1"  # this process only: see manage()
 sys.path.insert(0, str(HERE))
 
 import django  # noqa: E402  (after the settings' environment above)

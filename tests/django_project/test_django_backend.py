@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,18 @@ from rota.contrib.django import RotaBackend, job_type
 HERE = Path(__file__).resolve().parent
 
 
+def manage(*args: str, **env: str) -> subprocess.Popen[str]:
+    """`python manage.py ARGS` in the project's directory, with ``env`` added (without
+    the sqlite task backend of this process, which fails Django's system checks)."""
+    environ = {k: v for k, v in os.environ.items() if k != "ROTA_DJANGO_WITH_LITE"}
+    return subprocess.Popen([sys.executable, "manage.py", *args], cwd=HERE,
+                            env={**environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
 def worker(*args: str) -> subprocess.Popen[str]:
     """`python manage.py rota_worker ARGS` in the project's directory."""
-    return subprocess.Popen([sys.executable, "manage.py", "rota_worker", *args], cwd=HERE,
-                            env=dict(os.environ), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return manage("rota_worker", *args)
 
 
 def run_once(*args: str, offset: timedelta = timedelta(0)) -> None:
@@ -320,8 +328,12 @@ def test_groups_come_from_the_model_and_unknown_ones_are_refused() -> None:
         cur.execute("SELECT group_id, plan, active FROM rota_groups WHERE group_id = %s",
                     ["model-co"])
         assert cur.fetchall() == [("model-co", "pro", True)]
-    with pytest.raises(UnknownGroup):
+    with pytest.raises(UnknownGroup) as e:
         record.enqueue("nobody", "x")
+    assert str(e.value) == (
+        "unknown group 'nobody': no tenants.Tenant has slug='nobody' (rota's groups are "
+        "tenants.Tenant rows: OPTIONS['GROUPS']); create it first, or enqueue without a "
+        "group")
     with pytest.raises(InvalidTask, match="group='nope' is not an argument of"):
         record.using().__class__(func=record.func, group="nope")
 
@@ -602,6 +614,87 @@ def test_rota_worker_refuses_bad_arguments_in_one_line(args: list[str], message:
     p = worker("--once", *args)
     out, err = p.communicate(timeout=120)
     assert (p.returncode, out, err) == (1, "", message + "\n")
+
+
+# -- Django's workflow ---------------------------------------------------------------------
+
+
+def _empty_schema() -> str:
+    name = f"dj_{uuid.uuid4().hex[:10]}"
+    with connection.cursor() as cur:
+        cur.execute(f'CREATE SCHEMA "{name}"')
+    return name
+
+
+def _drop_schemas(name: str) -> None:
+    with connection.cursor() as cur:
+        cur.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        cur.execute(f'DROP SCHEMA IF EXISTS "{name}_rota" CASCADE')
+
+
+def test_manage_py_test_gets_rotas_schema_in_its_test_database() -> None:
+    p = manage("test", "tenants", "--noinput", ROTA_DJANGO_PUBLIC="1",
+               ROTA_DJANGO_SCHEMA=f"dj_{uuid.uuid4().hex[:10]}")
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, (out, err)
+    assert "Ran 1 test" in err and "\nOK\n" in err, err
+
+
+def test_rota_migrate_before_migrate_says_so_in_one_line_and_migrate_does_both() -> None:
+    name = _empty_schema()
+    try:
+        p = manage("rota_migrate", ROTA_DJANGO_SCHEMA=name)
+        out, err = p.communicate(timeout=240)
+        assert (p.returncode, out, err) == (1, "", (
+            "CommandError: the table of tenants.Tenant (OPTIONS['GROUPS']['MODEL']) does "
+            "not exist yet: run `python manage.py migrate` first (it applies rota's schema "
+            "too)\n"))
+        # `check --database` says what is missing (a warning: migrate must still run).
+        p = manage("check", "--database", "default", ROTA_DJANGO_SCHEMA=f"{name}x")
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, (out, err)
+        assert f"(rota.W001) rota: schema '{name}x_rota' is missing" in err, err
+        p = manage("migrate", ROTA_DJANGO_SCHEMA=name)
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, (out, err)
+        with connection.cursor() as cur:
+            cur.execute(f'SELECT count(*) FROM "{name}_rota".rota_migrations')
+            assert cur.fetchone()[0] >= 1
+            cur.execute(f'SELECT count(*) FROM "{name}".rota_groups')
+            assert cur.fetchone()[0] == 0
+        p = manage("check", "--database", "default", ROTA_DJANGO_SCHEMA=name)
+        out, err = p.communicate(timeout=240)
+        assert (p.returncode, out) == (0, "System check identified no issues (0 silenced).\n"), err
+    finally:
+        _drop_schemas(name)
+        _drop_schemas(f"{name}x")
+
+
+def test_a_non_postgresql_backend_is_a_system_check_error() -> None:
+    [error] = task_backends["lite"].check()
+    assert (error.id, error.level, error.msg) == (
+        "rota.E001", 40, "rota's task backend needs a PostgreSQL database: DATABASES"
+        "['lite'] is sqlite (set OPTIONS['DATABASE'] to a PostgreSQL alias)")
+    assert backend().check() == []
+
+
+@pytest.mark.parametrize(("backend_path", "expected"), [
+    ("rota.contrib.django.ImmediateBackend",
+     "SUCCESSFUL {'tenant': 'imm-co', 'label': 'at once', 'runs': 1} 1"),
+    ("rota.contrib.django.DummyBackend", "READY None 0"),
+])
+def test_the_same_tasks_run_on_djangos_immediate_and_dummy_backends(
+    backend_path: str, expected: str,
+) -> None:
+    # record (group="tenant") and flaky (group=, max_attempts=) import unchanged.
+    code = ("from tenants.tasks import flaky, record; r = record.enqueue('imm-co', "
+            "'at once'); from tenants.models import Ran; "
+            "print(r.status, r.return_value if r.status == 'SUCCESSFUL' else None, "
+            "Ran.objects.filter(tenant='imm-co').count())")
+    p = manage("shell", "--no-imports", "-c", code, ROTA_TASKS_BACKEND=backend_path)
+    out, err = p.communicate(timeout=240)
+    assert (p.returncode, out) == (0, expected + "\n"), err
+    Ran.objects.filter(tenant="imm-co").delete()
 
 
 def test_importing_rota_does_not_import_django() -> None:

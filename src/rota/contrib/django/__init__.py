@@ -8,5 +8,6 @@ Importing this package imports Django; ``import rota`` never does.
 """
 
 from .backend import RotaBackend, RotaTask, job_type
+from .local import DummyBackend, ImmediateBackend
 
-__all__ = ["RotaBackend", "RotaTask", "job_type"]
+__all__ = ["DummyBackend", "ImmediateBackend", "RotaBackend", "RotaTask", "job_type"]

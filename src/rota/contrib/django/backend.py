@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.tasks import TaskResult, TaskResultStatus
@@ -30,7 +31,8 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from ...errors import InvalidInput, JobNotFound
+from ...db import migrations
+from ...errors import InvalidInput, JobNotFound, UnknownGroup
 from ...job import Job
 from ...results import JobResult
 from ...sync import SyncQueue
@@ -235,6 +237,38 @@ class RotaBackend(BaseTaskBackend):  # type: ignore[misc]
                 f"using {type(raw).__module__}); pip install 'psycopg[binary]'")
         return raw
 
+    # -- system checks -------------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Django's system checks of this backend (``manage.py check``; Django runs them
+        before every command): its database is PostgreSQL through psycopg 3
+        (``rota.E001``), without connecting. That rota's schema is migrated is a
+        database check (:func:`schema_check`)."""
+        try:
+            self.database()
+        except ImproperlyConfigured as exc:
+            return [checks.Error(str(exc), obj=f"TASKS[{self.alias!r}]", id="rota.E001",
+                                 hint="Point OPTIONS['DATABASE'] at a PostgreSQL alias.")]
+        return []
+
+    def missing_migrations(self) -> list[int] | None:
+        """rota's migrations not applied to the backend's schema (on Django's
+        connection), ascending; ``None`` when the schema has none at all.
+
+        Raises:
+            ImproperlyConfigured: the database is not PostgreSQL through psycopg 3.
+            psycopg.Error: the database could not be read.
+        """
+        conn = self.connection()
+        statement = self.sync_queue.statements.sql("applied_migrations")
+        with conn.cursor() as cur:
+            found = cur.execute("SELECT to_regclass(%s) IS NOT NULL", [
+                f'"{self.config.schema}".rota_migrations']).fetchone()
+            if not found or not found[0]:
+                return None
+            applied = {row[0] for row in cur.execute(statement).fetchall()}
+        return sorted({m.version for m in migrations()} - applied)
+
     # -- enqueue -------------------------------------------------------------------------
 
     def enqueue(self, task: Task, args: Sequence[Any],
@@ -255,10 +289,22 @@ class RotaBackend(BaseTaskBackend):  # type: ignore[misc]
                    "queue_name": task.queue_name, "priority": task.priority}
         if run_after is not None:
             payload["run_after"] = run_after.isoformat()
-        job = self.sync_queue.enqueue(
-            self.connection(), job_type(task.queue_name, task.priority), payload,
-            group_id=group_of(task, args, kwargs), run_after=run_after,
-            max_attempts=getattr(task, "max_attempts", None))
+        group_id = group_of(task, args, kwargs)
+        try:
+            job = self.sync_queue.enqueue(
+                self.connection(), job_type(task.queue_name, task.priority), payload,
+                group_id=group_id, run_after=run_after,
+                max_attempts=getattr(task, "max_attempts", None))
+        except UnknownGroup as exc:
+            groups = self.config.groups
+            if groups is None:
+                raise
+            # The hint names the model: rota's groups are its rows here.
+            raise UnknownGroup(
+                f"unknown group {group_id!r}: no {groups['MODEL']} has "
+                f"{groups['GROUP_ID']}={group_id!r} (rota's groups are {groups['MODEL']} "
+                f"rows: OPTIONS['GROUPS']); create it first, or enqueue without a "
+                f"group") from exc
         assert job is not None  # no dedupe key: never a duplicate
         result = TaskResult(
             task=task, id=str(job.id), status=TaskResultStatus.READY,
@@ -272,17 +318,9 @@ class RotaBackend(BaseTaskBackend):  # type: ignore[misc]
         return result
 
     def validate_task(self, task: Task) -> None:
-        """Django's checks, then the group option's (it names an argument of the task
-        function, or is callable)."""
+        """Django's checks, then the group option's (:func:`check_group_option`)."""
         super().validate_task(task)
-        group = getattr(task, "group", None)
-        if isinstance(group, str):
-            params = inspect.signature(task.func).parameters
-            if group not in params:
-                raise InvalidTask(f"group={group!r} is not an argument of "
-                                  f"{task.module_path} (its arguments: {list(params)})")
-        elif group is not None and not callable(group):
-            raise InvalidTask(f"group must be an argument name or a callable, got {group!r}")
+        check_group_option(task)
 
     # -- results -------------------------------------------------------------------------
 
@@ -304,6 +342,22 @@ class RotaBackend(BaseTaskBackend):  # type: ignore[misc]
         except JobNotFound:
             raise TaskResultDoesNotExist(result_id) from None
         return task_result(found, self.alias)
+
+
+def check_group_option(task: Task) -> None:
+    """A task's ``group`` option names an argument of its function, or is callable.
+
+    Raises:
+        InvalidTask: it is neither.
+    """
+    group = getattr(task, "group", None)
+    if isinstance(group, str):
+        params = inspect.signature(task.func).parameters
+        if group not in params:
+            raise InvalidTask(f"group={group!r} is not an argument of "
+                              f"{task.module_path} (its arguments: {list(params)})")
+    elif group is not None and not callable(group):
+        raise InvalidTask(f"group must be an argument name or a callable, got {group!r}")
 
 
 def group_of(task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
@@ -391,3 +445,33 @@ def queue_and_priority(job: Job) -> tuple[str, int]:
     if job.type.endswith(LOW_SUFFIX):
         return job.type.removesuffix(LOW_SUFFIX), -1
     return job.type, 0
+
+
+def schema_check(app_configs: Any = None, databases: Any = None,
+                 **kwargs: Any) -> list[checks.CheckMessage]:
+    """Django's database check (``manage.py check --database default``, the test
+    runner, ``migrate``) that each rota backend's schema is migrated: a warning
+    (``rota.W001``), not an error, because ``migrate`` runs it before it has applied
+    rota's schema itself (``post_migrate``: docs/django.md, "Settings")."""
+    from django.tasks import task_backends
+
+    found: list[checks.CheckMessage] = []
+    for b in task_backends.all():
+        if not isinstance(b, RotaBackend) or not databases \
+                or b.config.database not in databases or b.check():
+            continue
+        try:
+            missing = b.missing_migrations()
+        except psycopg.Error as exc:
+            found.append(checks.Warning(
+                f"rota: cannot read schema {b.config.schema!r}: {str(exc).strip()}",
+                obj=f"TASKS[{b.alias!r}]", id="rota.W002"))
+            continue
+        if missing is None or missing:
+            what = "is missing" if missing is None else f"lacks migrations {missing}"
+            found.append(checks.Warning(
+                f"rota: schema {b.config.schema!r} {what}",
+                hint="Run `python manage.py migrate` (it applies rota's schema too) or "
+                     "`python manage.py rota_migrate`.",
+                obj=f"TASKS[{b.alias!r}]", id="rota.W001"))
+    return found

@@ -51,6 +51,11 @@ def backend(alias: str = "default") -> RotaBackend:
     return found
 
 
+def rota_backends() -> list[RotaBackend]:
+    """Every ``TASKS`` backend that is rota's."""
+    return [b for b in task_backends.all() if isinstance(b, RotaBackend)]
+
+
 def conninfo(b: RotaBackend) -> str:
     """A libpq connection string for the backend's Django database (its NAME, USER,
     PASSWORD, HOST, PORT and libpq OPTIONS, such as ``options`` and ``sslmode``)."""

@@ -3,13 +3,13 @@ the groups view over its model (docs/django.md)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...groups import create_view
-from ...worker import backend, make_queue
+from ...migrate import migrate_backend
+from ...worker import backend
 
 
 class Command(BaseCommand):  # type: ignore[misc]
@@ -21,15 +21,14 @@ class Command(BaseCommand):  # type: ignore[misc]
                             help="The TASKS alias (default: default).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        """Migrate the backend's schema and groups view; a groups model whose table
+        does not exist yet is one line saying to run ``migrate`` first."""
         b = backend(options["backend"])
-        view = create_view(b)
+        try:
+            view, applied = migrate_backend(b)
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
         if view is not None:
             self.stdout.write(f"groups view {view} over {b.config.groups['MODEL']}")  # type: ignore[index]
-
-        async def go() -> list[int]:
-            async with make_queue(b) as queue:
-                return await queue.migrate()
-
-        applied = asyncio.run(go())
         self.stdout.write(f"schema {b.config.schema}: "
                           + (f"applied {applied}" if applied else "up to date"))
