@@ -148,6 +148,8 @@ class JobResult:
             time); ``None`` for a pending job.
         worker: the process holding the job or having completed it (``host:pid``,
             while its run is kept), else ``None``.
+        group_active: whether the job's group is active (``False``: paused, so a
+            pending job waits for it); ``None`` without a group.
     """
 
     job: Job
@@ -155,6 +157,7 @@ class JobResult:
     errors: list[AttemptError]
     started_at: datetime | None
     worker: str | None = None
+    group_active: bool | None = None
 
     @property
     def status(self) -> JobStatus:
@@ -265,7 +268,8 @@ def result_from_row(row: dict[str, Any]) -> JobResult:
     # The claim sets started_at; a job claimed before it did (or pending) has locked_at.
     started = (row["started_at"] or row["locked_at"]) if row["status"] != "pending" else None
     return JobResult(job=Job.from_row(row, lenient=True), value=row["result"],
-                     errors=errors, started_at=started, worker=row.get("run_worker"))
+                     errors=errors, started_at=started, worker=row.get("run_worker"),
+                     group_active=row.get("group_active"))
 
 
 def _instant(text: str | None) -> datetime | None:

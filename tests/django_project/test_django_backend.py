@@ -338,6 +338,23 @@ def test_groups_come_from_the_model_and_unknown_ones_are_refused() -> None:
         record.using().__class__(func=record.func, group="nope")
 
 
+def test_a_paused_tenants_task_stays_ready_and_says_why() -> None:
+    tenant("paused-co")
+    result = record.enqueue("paused-co", "while paused")
+    Tenant.objects.filter(slug="paused-co").update(active=False)
+    try:
+        run_once("--queue", "default")
+        result.refresh()
+        assert (result.status, result.waiting) == (TaskResultStatus.READY, (
+            "paused: its group 'paused-co' is not active (tenants.Tenant.active is "
+            "false); it runs once the group is active again"))
+    finally:
+        Tenant.objects.filter(slug="paused-co").update(active=True)
+    run_once("--queue", "default")
+    result.refresh()
+    assert (result.status, result.waiting) == (TaskResultStatus.SUCCESSFUL, None)
+
+
 def test_two_tenants_interleave_fairly() -> None:
     """One tenant enqueues 5,000 tasks, then 20 tenants 5 each (bench/'s fairness case):
     the small tenants' tasks run among the first ~100, not after the 5,000."""

@@ -7,7 +7,8 @@ Python 3.12 and later; docs/django.md)::
 Importing this package imports Django; ``import rota`` never does.
 """
 
-from .backend import RotaBackend, RotaTask, job_type
+from .backend import RotaBackend, RotaTask, RotaTaskResult, job_type
 from .local import DummyBackend, ImmediateBackend
 
-__all__ = ["DummyBackend", "ImmediateBackend", "RotaBackend", "RotaTask", "job_type"]
+__all__ = ["DummyBackend", "ImmediateBackend", "RotaBackend", "RotaTask", "RotaTaskResult",
+           "job_type"]

@@ -25,7 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import Task, TaskError
+from django.tasks.base import TASK_REFRESH_ATTRS, Task, TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
@@ -88,6 +88,31 @@ class RotaTask(Task):  # type: ignore[misc]
 
     group: str | Callable[..., Any] | None = None
     max_attempts: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RotaTaskResult(TaskResult):  # type: ignore[misc]
+    """Django's :class:`~django.tasks.TaskResult` plus why a ``READY`` task waits.
+
+    Attributes:
+        waiting: ``None``, or for a ``READY`` task of a paused group (its ``ACTIVE``
+            field is false: docs/django.md, "Groups from a Django model") why it
+            waits, its status staying ``READY``.
+    """
+
+    waiting: str | None = None
+
+    def refresh(self) -> None:
+        """Read the job row again (Django's attributes, and ``waiting``)."""
+        self._copy(self.task.get_backend().get_result(self.id))
+
+    async def arefresh(self) -> None:
+        """:meth:`refresh` from async code."""
+        self._copy(await self.task.get_backend().aget_result(self.id))
+
+    def _copy(self, fresh: TaskResult) -> None:
+        for name in (*TASK_REFRESH_ATTRS, "waiting"):
+            object.__setattr__(self, name, getattr(fresh, name, None))
 
 
 @dataclass(frozen=True)
@@ -306,7 +331,7 @@ class RotaBackend(BaseTaskBackend):  # type: ignore[misc]
                 f"rows: OPTIONS['GROUPS']); create it first, or enqueue without a "
                 f"group") from exc
         assert job is not None  # no dedupe key: never a duplicate
-        result = TaskResult(
+        result = RotaTaskResult(
             task=task, id=str(job.id), status=TaskResultStatus.READY,
             enqueued_at=job.created_at, started_at=None, last_attempted_at=None,
             finished_at=None, args=list(args), kwargs=dict(kwargs), backend=self.alias,
@@ -341,7 +366,7 @@ class RotaBackend(BaseTaskBackend):  # type: ignore[misc]
             found = self.sync_queue.result(self.connection(), job_id)
         except JobNotFound:
             raise TaskResultDoesNotExist(result_id) from None
-        return task_result(found, self.alias)
+        return task_result(found, self.alias, self.config.groups)
 
 
 def check_group_option(task: Task) -> None:
@@ -376,11 +401,13 @@ def group_of(task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str 
     return None if value is None else str(value)
 
 
-def task_result(found: JobResult, alias: str) -> TaskResult:
+def task_result(found: JobResult, alias: str,
+                groups: Mapping[str, str | None] | None = None) -> RotaTaskResult:
     """A Django :class:`~django.tasks.TaskResult` from a rota job's result: its task as
     enqueued (queue name, priority, ``run_after``, even once that queue is no longer in
     ``QUEUES``), each attempt's error and worker (``host:pid``), ``started_at`` the
-    first attempt's claim and ``last_attempted_at`` the latest's.
+    first attempt's claim and ``last_attempted_at`` the latest's, and why a ``READY``
+    task of a paused group waits (``waiting``; ``groups``: the backend's ``GROUPS``).
 
     Raises:
         TaskResultDoesNotExist: the job is not a Django task (rota's own job type), or
@@ -412,7 +439,13 @@ def task_result(found: JobResult, alias: str) -> TaskResult:
     last_attempt = found.started_at
     if job.status == "pending" and found.errors:
         last_attempt = found.errors[-1].started_at
-    result = TaskResult(
+    waiting = None
+    if job.status == "pending" and found.group_active is False:
+        field = f"{groups['MODEL']}.{groups.get('ACTIVE')}" if groups else "active"
+        waiting = (f"paused: its group {job.group_id!r} is not active ({field} is false); "
+                   f"it runs once the group is active again")
+    result = RotaTaskResult(
+        waiting=waiting,
         task=task, id=str(job.id), status=_STATUS[job.status], enqueued_at=job.created_at,
         started_at=starts[0] if starts else found.started_at,
         last_attempted_at=last_attempt, finished_at=job.finished_at,
