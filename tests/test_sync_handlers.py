@@ -152,3 +152,41 @@ async def test_a_sync_handler_that_raises_fails_its_job_with_its_own_error(
     found = await queue.result(job.id)
     assert (found.errors[0].error_type, found.errors[0].error) == (
         "builtins.KeyError", "KeyError: 'missing'")
+
+
+@pytest.mark.parametrize(("sleep", "status"), [(0.5, "done"), (5, "running")])
+async def test_a_hard_stop_waits_for_a_sync_handler_up_to_the_platform_timeout(
+    queue: Queue, aconn: AConn, sleep: float, status: str,
+) -> None:
+    # A stop request, then the run cancelled (a second signal): the thread that returns
+    # within the platform timeout (2 s) completes its job; one that does not is left
+    # running, to the stale-lock rules, never handed back while it runs.
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+
+    def slow(ctx: JobContext) -> str:
+        loop.call_soon_threadsafe(started.set)
+        time.sleep(sleep)
+        return "finished"
+
+    job = await queue.enqueue("t", {})
+    assert job
+    pipeline = Pipeline(queue, [Stage("t", 1, 1, slow, timeout=timedelta(seconds=1.5))],
+                        platform_timeout=timedelta(seconds=2))
+    stop = asyncio.Event()
+    t0 = time.monotonic()
+    running = asyncio.create_task(pipeline.run(time_budget=timedelta(seconds=1), stop=stop))
+    await started.wait()
+    stop.set()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    elapsed = time.monotonic() - t0
+    state = await job_state(aconn, queue, job.id)
+    assert state[:2] == (status, 1)
+    if status == "done":
+        assert 0.5 <= elapsed < 1.5
+        assert (await queue.result(job.id)).value == "finished"
+    else:
+        assert 1.9 < elapsed < 3.5  # the platform timeout from the run's start
+        assert (await queue.result(job.id)).errors == []

@@ -90,6 +90,9 @@ class RunState:
         # sync handlers still running in threads (docs/design.md, "Handler deadlines").
         self.platform_deadline = now + (platform_limit or hard_limit or budget).total_seconds()
         self.stop = stop
+        # The run itself was cancelled (a second stop request, or its caller): sync
+        # handlers' threads are waited for until the platform deadline, not longer.
+        self.cancelled = False
         self.ended = False  # the end is recorded: nothing else saves the row
         self.jobs_done = 0
         self.jobs_failed = 0
@@ -323,9 +326,9 @@ class JobContext:
     async def _outlast(self, future: asyncio.Future[Any]) -> None:
         """Wait until the thread's ``future`` is done, whatever cancels the caller
         meanwhile: a run's end or an error elsewhere in the batch waits for it; a hard
-        stop (the run's ``stop`` is set) waits until the run's platform deadline and
-        then leaves the job behind (:attr:`abandoned`) and lets the cancellation
-        through."""
+        stop (the run's ``stop`` is set, or the run itself cancelled) waits until the
+        run's platform deadline and then leaves the job behind (:attr:`abandoned`) and
+        lets the cancellation through."""
         task = asyncio.current_task()
         while not future.done():
             try:
@@ -333,7 +336,7 @@ class JobContext:
             except asyncio.CancelledError:
                 if future.done():
                     break
-                if self._run.stopping():
+                if self._run.stopping() or self._run.cancelled:
                     left = self._run.platform_deadline - time.monotonic()
                     if left > 0:
                         log.warning("job %s: stopping; waiting up to %.0f s for its sync "

@@ -180,6 +180,7 @@ class RunLoop:
                 await run.threads_returned()
                 cut_at = time.monotonic() + grace
         except asyncio.CancelledError:
+            run.cancelled = True
             task.cancel()
             # Handlers running in threads wait for them until the platform deadline
             # (JobContext.to_thread), then let the cancellation through.
