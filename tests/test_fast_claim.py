@@ -217,7 +217,7 @@ async def test_scaled_down_backlog_with_deferred_paused_and_stale_jobs(
             assert await queue.complete(j)
         await queue.settle()
     # no claim needed a wider probe
-    assert queue.fair_claim._probe["t"] == queue.fair_claim._floor(25)
+    assert queue.fair_claim._probe["t", "group"] == queue.fair_claim._floor(25)
     assert await recount(aconn, schema) == []
 
 
