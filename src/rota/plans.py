@@ -13,7 +13,6 @@ from typing import Any
 
 from .errors import InvalidInput, UnknownPlan
 
-
 #: The largest plan weight: the claim divides served counts by it (a numeric ratio), and a
 #: share of one in a million is already none.
 MAX_WEIGHT = 1_000_000

@@ -420,8 +420,9 @@ class Queue:
         plan priority desc, then the group's served count in the window plus the job's
         position in its group (divided by the plan's weight), then oldest, then id; with
         ``fair_by="owner"`` the owner's served count plus the job's position among its
-        owner's jobs (divided by the weight) comes before the group's. Rows are taken with FOR UPDATE SKIP
-        LOCKED, so concurrent claimers never get the same job, and set running with
+        owner's jobs (divided by the weight) comes before the group's. Rows are taken
+        with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same job, and
+        set running with
         ``attempts + 1``, ``locked_at = now``, ``run_id`` and a new ``claim_token``.
 
         Args:
