@@ -6,9 +6,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from rota import InvalidInput, Plan, Plans, Queue
+from rota.db import _VERSION_TABLE, _record, migrate, migrations
+from rota.fair.upkeep import UpkeepConfig
+
+from .test_fast_claim import claim_equals_oracle
 
 # After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
 pytestmark = pytest.mark.usefixtures("fair_exact")
@@ -135,3 +141,65 @@ async def test_bad_owner_and_fair_by_settings_are_refused(make_queue: Any,
     async with queue.connection() as conn:
         cur = await conn.execute(f"SELECT count(*) FROM {queue.schema}.groups")
         assert await cur.fetchone() == (0,)  # nothing half-written
+
+
+async def test_an_owner_with_a_group_changed_since_the_fold_counts_it(make_queue: Any) -> None:
+    """Owner A's row (folded) says served 1; a claim since then made its group a2
+    special (served 2 in all). The claim counts A's row plus a2's change: B (served 1)
+    goes next, where A's folded row alone would tie with B and A's older job would win."""
+    queue = await make_queue(fair_by="owner")
+    queue.upkeep.config = UpkeepConfig(every=3600)  # folds only when this test says
+    for gid, owner in (("a1", "A"), ("a2", "A"), ("b1", "B")):
+        await queue.upsert_group(gid, plan="pro", owner_id=owner)
+    for gid in ("a1", "a1", "a2", "a2", "b1", "b1"):
+        await queue.enqueue("t", {"g": gid}, group_id=gid)
+    assert await drain(queue, 2, 2) == ["a1", "b1"]
+    await queue.settle()  # folded: A served 1, B served 1
+    assert await drain(queue, 1, 1) == ["a2"]  # A's a2 (group served 0) before B's b1
+    assert await drain(queue, 1, 1) == ["b1"]  # A served 2 now, B 1
+    assert await drain(queue, 2, 2) == ["a1", "a2"]
+
+
+async def test_an_upgrade_builds_the_owners_rows_from_the_groups(
+        database_url: str, schema: str) -> None:
+    """A schema one migration behind, with owners of several groups, served counts
+    folded and not, and pending jobs: the upgrade copies each group's owner and builds
+    the owners' rows, so rota verify finds nothing and the claim by owner is the
+    naive query's."""
+    before = [m for m in migrations() if m.version < 14]
+    ident = sql.Identifier(schema)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+            conn.execute(_VERSION_TABLE.format(schema=ident.as_string(conn)).encode())
+            for m in before:
+                conn.execute(m.text.format(schema=ident.as_string(conn)).encode())
+                conn.execute(_record(m, ident))
+        for g, owner in (("a1", "A"), ("a2", "A"), ("b1", "B"), ("solo", None)):
+            conn.execute(sql.SQL("INSERT INTO {}.groups (group_id, owner_id, plan)"
+                                 " VALUES (%s, %s, 'pro')").format(ident), [g, owner])
+            conn.execute(sql.SQL("INSERT INTO {}.jobs (type, group_id, payload, max_attempts,"
+                                 " run_after, created_at) SELECT 't', %s, '{{}}', 3, now(),"
+                                 " now() FROM generate_series(1, 3)").format(ident), [g])
+        # One job of each of a1 and b1 running, folded; one of a2 running, not folded.
+        conn.execute(sql.SQL("UPDATE {}.jobs SET status = 'running', locked_at = now(),"
+                             " attempts = 1 WHERE id IN (SELECT min(id) FROM {}.jobs"
+                             " WHERE group_id IN ('a1', 'b1') GROUP BY group_id)")
+                     .format(ident, ident))
+        conn.execute(sql.SQL("SELECT {}.fair_fold('t', now())").format(ident))
+        conn.execute(sql.SQL("UPDATE {}.jobs SET status = 'running', locked_at = now(),"
+                             " attempts = 1 WHERE id = (SELECT min(id) FROM {}.jobs"
+                             " WHERE group_id = 'a2')").format(ident, ident))
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+        assert await migrate(c, schema) == [14]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        owners = conn.execute(sql.SQL(
+            "SELECT unit, plan, served_n FROM {}.fair_owners ORDER BY unit")
+            .format(ident)).fetchall()
+    assert owners == [("g:solo", "pro", 0), ("o:A", "pro", 1), ("o:B", "pro", 1)]
+    async with Queue(database_url, schema=schema, fair_by="owner") as queue:
+        assert await queue.verify() == []
+        await claim_equals_oracle(queue, database_url, "t", 5)
+        await queue.upkeep.run_once()
+        assert await queue.verify() == []
+        await claim_equals_oracle(queue, database_url, "t", 5)

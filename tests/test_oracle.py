@@ -42,7 +42,8 @@ job_st = st.fixed_dictionaries({
 async def _check(url: str, schema: str, groups: list[tuple[Any, ...]],
                  jobs: list[dict[str, Any]], limit: int, offset_s: int, *,
                  horizon_held: bool = False,
-                 probe_floor: tuple[int, int] | None = None, **settings: Any) -> None:
+                 probe_floor: tuple[int, int] | None = None, fold_after: int | None = None,
+                 **settings: Any) -> None:
     # Its pool is never opened: every call passes conn.
     queue = Queue(url, schema=schema, **settings)
     queue.clock_offset = timedelta(seconds=offset_s)
@@ -50,7 +51,16 @@ async def _check(url: str, schema: str, groups: list[tuple[Any, ...]],
     queue.fair_claim.probe_floor = probe_floor  # (1, 1): the walk cut after 2 groups a plan
     async with await psycopg.AsyncConnection.connect(url) as conn:
         now = sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset))
-        await insert_rows(conn, schema, groups, jobs, now)
+        if fold_after is None:
+            await insert_rows(conn, schema, groups, jobs, now)
+        else:
+            # The first jobs folded into the bookkeeping (served counts, bounds, owners'
+            # rows), the rest written after: the claim reads both kinds.
+            await insert_rows(conn, schema, groups, jobs[:fold_after], now)
+            for type_ in ("a", "b"):
+                await conn.execute(sql.SQL("SELECT {s}.fair_fold(%s, {now})").format(
+                    s=sql.Identifier(schema), now=now), [type_])
+            await insert_rows(conn, schema, [], jobs[fold_after:], now)
         for type_ in ("a", "b"):
             expected = await oracle_ids(queue, conn, type_, limit)
             claimed = await queue.claim(type_, limit, conn=conn)
@@ -130,7 +140,8 @@ def owned_examples(max_examples: int) -> Callable[[T], T]:
                      jobs=st.lists(owned_job_st, max_size=40),
                      limit=st.integers(1, 12),
                      offset_s=st.sampled_from((0, 3600, 90_000)),
-                     fair_by=st.sampled_from(["group", "owner"]))(test)
+                     fair_by=st.sampled_from(["group", "owner"]),
+                     fold_after=st.one_of(st.none(), st.integers(0, 40)))(test)
         return settings(max_examples=max_examples, deadline=None,
                         suppress_health_check=[HealthCheck.function_scoped_fixture])(test)
 
@@ -141,19 +152,22 @@ def owned_examples(max_examples: int) -> Callable[[T], T]:
 def test_claim_matches_the_naive_query_with_owners_and_weights(
     database_url: str, migrated: str, groups: list[tuple[Any, ...]],
     jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
+    fold_after: int | None,
 ) -> None:
     """Owners with several groups, plans that share a priority by weight, under both
-    orders (docs/design.md, "The fair claim")."""
+    orders (docs/design.md, "The fair claim"), some jobs folded before the rest."""
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
-                       plans=WEIGHTED, fair_by=fair_by))
+                       plans=WEIGHTED, fair_by=fair_by, fold_after=fold_after))
 
 
 @owned_examples(100)
 def test_claim_matches_the_naive_query_with_owners_and_the_smallest_probe(
     database_url: str, migrated: str, groups: list[tuple[Any, ...]],
     jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
+    fold_after: int | None,
 ) -> None:
     """A probe of one owner (group), one group an owner and one job a group: every cut
     falls inside an owner, and the retries widen the probe until the batch is proven."""
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
-                       plans=WEIGHTED, fair_by=fair_by, probe_floor=(1, 1)))
+                       plans=WEIGHTED, fair_by=fair_by, probe_floor=(1, 1),
+                       fold_after=fold_after))

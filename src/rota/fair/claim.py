@@ -54,11 +54,17 @@ class FairClaim:
         fair claim"). By group it walks fair_groups' copy of plan and active for rota's
         own groups table (through fair_groups_walk_idx, or in one sorted pass while the
         upkeep finds the xmin horizon held: :attr:`ClaimUpkeep.horizon_held`), and reads
-        an application's groups relation live. By owner it reads every group of the type
-        with its owner, live from the groups relation (``claim_pool_owner.sql``)."""
+        an application's groups relation live. By owner it walks the owners' rows
+        (``fair_owners``) for rota's own groups table, and reads every group of the type
+        with its owner, live, from an application's relation (``claim_pool_owner.sql``)."""
         if fair_by == "owner":
-            return self.store.raw("fair/claim", pool="fair/claim_pool_owner",
-                                  claim_order="fair/claim_order_owner")
+            if self.store.external_groups:
+                return self.store.raw("fair/claim", pool="fair/claim_pool_owner",
+                                      claim_order="fair/claim_order_owner",
+                                      owner_walk="fair/claim_owner_walk_scan")
+            return self.store.raw("fair/claim", pool="fair/claim_pool_owner_cached",
+                                  claim_order="fair/claim_order_owner",
+                                  owner_walk="fair/claim_owner_walk_cached")
         if self.store.external_groups:
             pool = "fair/claim_pool_scan"
         elif self.upkeep.horizon_held:
