@@ -54,18 +54,20 @@ DONE = {"group_id": "'g' || floor(random() * %(g)s)::int", "status": "'done'",
         "finished_at": "now() - random() * interval '23 hours'"}
 
 
-async def create(c: psycopg.AsyncConnection[Any], schema: str, groups: int) -> None:
-    """Create ``schema`` from scratch with ``groups`` active groups ``g0``… (owners
-    ``o0``…) over the three plans, round robin, and seed ``random()`` (the data sets
-    are the same at each build)."""
+async def create(c: psycopg.AsyncConnection[Any], schema: str, groups: int,
+                 owners: int | None = None) -> None:
+    """Create ``schema`` from scratch with ``groups`` active groups ``g0``… over the
+    three plans, round robin, owned by ``o0``… (one owner a group, or ``owners`` owners
+    round robin, each owner's groups on one plan when ``owners`` is a multiple of 3), and
+    seed ``random()`` (the data sets are the same at each build)."""
     s = sql.Identifier(schema)
     await c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
     await migrate(c, schema)
     await c.execute(sql.SQL(
         "INSERT INTO {s}.groups (group_id, owner_id, plan, active) "
-        "SELECT 'g' || i, 'o' || i, (%(plans)s::text[])[1 + i %% 3], true "
+        "SELECT 'g' || i, 'o' || (i %% %(owners)s), (%(plans)s::text[])[1 + i %% 3], true "
         "FROM generate_series(0, %(n)s - 1) i").format(s=s),
-        {"plans": list(PLANS), "n": groups})
+        {"plans": list(PLANS), "n": groups, "owners": owners or groups})
     await c.execute("SELECT setseed(0.42)")
 
 
@@ -97,7 +99,7 @@ async def finish(c: psycopg.AsyncConnection[Any], s: sql.Identifier, job_type: s
 
 async def build(url: str, schema: str, *, pending: int, groups: int = 10_000,
                 done: int = 200_000, deferred: int = 0, stale: int = 0,
-                paused_jobs: int = 0, job_type: str = "t") -> None:
+                paused_jobs: int = 0, job_type: str = "t", owners: int | None = None) -> None:
     """Create ``schema`` from scratch with ``groups`` groups over three plans,
     ``pending`` ready jobs spread over them, ``done`` jobs finished inside the served
     window (random groups, so served counts differ), and optionally jobs deferred far
@@ -105,7 +107,7 @@ async def build(url: str, schema: str, *, pending: int, groups: int = 10_000,
     s = sql.Identifier(schema)
     params = {"t": job_type, "g": groups}
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
-        await create(c, schema, groups)
+        await create(c, schema, groups, owners)
         # Pending: round-robin over groups, created over the last hour, ready now.
         await add_jobs(c, s, pending, params, run_after="now() - interval '1 hour'",
                        created_at="now() - interval '1 hour' + i * interval '1 millisecond'")
@@ -131,12 +133,14 @@ async def build(url: str, schema: str, *, pending: int, groups: int = 10_000,
 
 def literal_claim(queue: Queue) -> sql.Composed:
     """The post's literal claim for ``queue`` (its select is tests/oracle.py's)."""
-    from tests.oracle import ORACLE, priority_case
+    from tests.oracle import ORACLE, ORDERS, plan_case
 
     select = sql.SQL(ORACLE).format(
         schema=sql.Identifier(queue.schema),
         now=sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset)),
-        priority=priority_case(queue.plans),
+        priority=plan_case(queue.plans, "priority"),
+        weight=plan_case(queue.plans, "weight"),
+        order=sql.SQL(ORDERS[queue.fair_by]),
     )
     return sql.SQL(LITERAL_CLAIM).format(select=select, schema=sql.Identifier(queue.schema))
 

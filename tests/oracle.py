@@ -2,8 +2,11 @@
 
 It is the naive fair query (the whole order as one ORDER BY over every eligible row),
 on rota's table names, with the batch interleave of docs/design.md ("The fair claim"):
-the second ORDER BY term is ``served + position`` instead of ``served``. It reads only;
-the test compares its first ``limit`` ids with what ``Queue.claim`` hands out.
+the second ORDER BY term is ``served + position`` instead of ``served``, divided by the
+plan's weight; with ``fair_by="owner"`` the owner's served count plus the job's position
+among its owner's jobs (by the rest of the key), divided by the weight, comes first. It
+reads only; the test compares its first ``limit`` ids with what ``Queue.claim`` hands
+out.
 """
 
 from __future__ import annotations
@@ -23,10 +26,27 @@ WITH served AS (
       AND coalesce(finished_at, locked_at) >= {now} - %(served_window)s::interval
     GROUP BY group_id
 ),
+-- An owner's served count: the sum over its groups on one plan (every group, paused or
+-- not); a group without an owner (or missing from the relation) is its own owner.
+owners AS (
+    SELECT groups.plan,
+           CASE WHEN groups.owner_id IS NULL THEN 'g:' || served.group_id
+                ELSE 'o:' || groups.owner_id END AS unit,
+           sum(served.n)::int AS n
+    FROM served
+    LEFT JOIN {schema}.groups ON groups.group_id = served.group_id
+    WHERE served.group_id IS NOT NULL
+    GROUP BY 1, 2
+),
 eligible AS (
     SELECT jobs.id, jobs.group_id, jobs.created_at,
            {priority} AS priority,
-           coalesce(served.n, 0) AS served
+           {weight} AS weight,
+           coalesce(served.n, 0) AS served,
+           groups.plan,
+           CASE WHEN jobs.group_id IS NULL THEN '-'
+                WHEN groups.owner_id IS NULL THEN 'g:' || jobs.group_id
+                ELSE 'o:' || groups.owner_id END AS unit
     FROM {schema}.jobs
     LEFT JOIN {schema}.groups ON groups.group_id = jobs.group_id
     LEFT JOIN served ON served.group_id = jobs.group_id
@@ -37,33 +57,63 @@ eligible AS (
                AND jobs.locked_at < {now} - %(stale_after)s::interval
                AND jobs.attempts < jobs.max_attempts))
       AND (jobs.group_id IS NULL OR groups.active OR groups.group_id IS NULL)
+),
+by_group AS (
+    SELECT e.*,
+           e.served + (row_number() OVER (PARTITION BY e.group_id
+                                          ORDER BY e.created_at, e.id) - 1) AS fair
+    FROM eligible e
+),
+by_owner AS (
+    SELECT g.*,
+           coalesce(o.n, 0) + (row_number() OVER (PARTITION BY g.plan, g.unit
+                                                  ORDER BY g.fair, g.created_at, g.id) - 1)
+             AS owner_fair
+    FROM by_group g
+    LEFT JOIN owners o ON o.plan IS NOT DISTINCT FROM g.plan AND o.unit = g.unit
 )
-SELECT id FROM eligible
-ORDER BY priority DESC,
-         served + (row_number() OVER (PARTITION BY group_id ORDER BY created_at, id) - 1),
-         created_at, id
+SELECT id FROM by_owner
+ORDER BY {order}
 LIMIT %(limit)s
 """
 
+#: The ORDER BY of each fair_by (docs/design.md, "The fair claim"): the served counts
+#: and positions divided by the plan's weight, as numerics, the claim's own arithmetic.
+ORDERS = {
+    "group": "priority DESC, fair::numeric / weight, created_at, id",
+    "owner": "priority DESC, owner_fair::numeric / weight, fair, created_at, id",
+}
 
-def priority_case(plans: Plans) -> sql.Composable:
-    """The post's generated CASE: no owner -> the middle plan, each plan its priority,
-    anything else the lowest. Plan ids go in as literals, quoted by psycopg."""
+
+def plan_case(plans: Plans, attribute: str) -> sql.Composable:
+    """The post's generated CASE for a plan's ``priority`` or ``weight``: no owner -> the
+    middle plan's, each plan its own, anything else the lowest plan's. Plan ids go in as
+    literals, quoted by psycopg."""
     whens = [
-        sql.SQL("WHEN groups.plan = {} THEN {}").format(sql.Literal(p.id), sql.Literal(p.priority))
+        sql.SQL("WHEN groups.plan = {} THEN {}").format(
+            sql.Literal(p.id), sql.Literal(getattr(p, attribute)))
         for p in plans
     ]
     return sql.SQL("CASE WHEN groups.plan IS NULL THEN {} {} ELSE {} END").format(
-        sql.Literal(plans.middle.priority), sql.SQL(" ").join(whens),
-        sql.Literal(plans.lowest.priority),
+        sql.Literal(getattr(plans.middle, attribute)), sql.SQL(" ").join(whens),
+        sql.Literal(getattr(plans.lowest, attribute)),
     )
 
 
+def priority_case(plans: Plans) -> sql.Composable:
+    """The priority CASE (:func:`plan_case`)."""
+    return plan_case(plans, "priority")
+
+
 async def oracle_ids(queue: Queue, conn: Any, type_: str, limit: int) -> list[int]:
+    """The first ``limit`` job ids of ``type_`` in the queue's fair order (its plans,
+    clock, windows and ``fair_by``), by the naive query."""
     query = sql.SQL(ORACLE).format(
         schema=sql.Identifier(queue.schema),
         now=sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset)),
         priority=priority_case(queue.plans),
+        weight=plan_case(queue.plans, "weight"),
+        order=sql.SQL(ORDERS[queue.fair_by]),
     )
     cur = await conn.execute(query, {
         "type": type_, "limit": limit, "served_window": queue.served_window,
@@ -72,15 +122,17 @@ async def oracle_ids(queue: Queue, conn: Any, type_: str, limit: int) -> list[in
     return [r[0] for r in await cur.fetchall()]
 
 
-async def insert_rows(conn: Any, schema: str, groups: list[tuple[Any, bool]],
+async def insert_rows(conn: Any, schema: str, groups: list[tuple[Any, ...]],
                       jobs: list[dict[str, Any]], now: sql.Composable) -> None:
-    """Insert a property test's generated groups (``g0``…) and jobs, with times as offsets
-    in seconds from ``now`` (an SQL expression: the queue's clock)."""
+    """Insert a property test's generated groups (``g0``…, each ``(plan, active)`` or
+    ``(plan, active, owner_id)``) and jobs, with times as offsets in seconds from ``now``
+    (an SQL expression: the queue's clock)."""
     s = sql.Identifier(schema)
-    for i, (plan, active) in enumerate(groups):
+    for i, (plan, active, *owner) in enumerate(groups):  # (plan, active[, owner_id])
         await conn.execute(
-            sql.SQL("INSERT INTO {}.groups (group_id, plan, active) VALUES (%s, %s, %s)")
-            .format(s), [f"g{i}", plan, active])
+            sql.SQL("INSERT INTO {}.groups (group_id, plan, active, owner_id)"
+                    " VALUES (%s, %s, %s, %s)")
+            .format(s), [f"g{i}", plan, active, owner[0] if owner else None])
     for j in jobs:
         running, done = j["status"] == "running", j["status"] in ("done", "failed")
         await conn.execute(sql.SQL(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -138,8 +139,14 @@ async def test_bad_settings_and_batch_items(database_url: str, queue: Queue) -> 
 
 
 def test_plans_are_validated() -> None:
-    with pytest.raises(InvalidInput, match="strictly increasing"):
-        Plans([Plan("a", "A", 1), Plan("b", "B", 1)])
+    with pytest.raises(InvalidInput, match=r"priorities never decreasing\), got \[2, 1\]"):
+        Plans([Plan("a", "A", 2), Plan("b", "B", 1)])
+    assert [p.weight for p in Plans([Plan("a", "A", 1), Plan("b", "B", 1, weight=4)])] \
+        == [1, 4]  # plans of one priority share by weight
+    for bad in (0, -1, 1.5, True, "4", 1_000_001, None):
+        with pytest.raises(InvalidInput, match=f"plan 'a': weight must be an int from 1 to "
+                                               f"1,000,000, got {re.escape(repr(bad))}$"):
+            Plan("a", "A", 1, weight=bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="duplicate plan ids"):
         Plans([Plan("a", "A", 1), Plan("a", "B", 2)])
     with pytest.raises(InvalidInput, match="plan id must be a non-empty string"):

@@ -52,7 +52,7 @@ async def test_one_statements_jobs_tie_on_created_at_and_the_probe_stays_put(
                                           for j in batch])
         await queue.settle()
     assert claim.retries.get("t", 0) == 0
-    assert claim._probe["t"] == claim._floor(25)
+    assert claim._probe["t", "group"] == claim._floor(25)
     await claim_equals_oracle(queue, database_url, "t", 25)
     async with queue.pool.connection() as c:
         assert await recount(c, schema) == []

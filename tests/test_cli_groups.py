@@ -6,6 +6,7 @@ lists it and refuses to set."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -114,3 +115,38 @@ def test_an_application_groups_relation_is_listed_and_never_written(
     result = rota("groups", "set", "x", "--paused", "--app", app, ok=False)
     one_line_error(result, "error: this queue reads groups from the application's relation")
     assert rota.sql("SELECT active FROM {s}.app_groups") == [(True,)]
+
+
+FAIR_BY_APP = """
+from rota import Pipeline, Stage
+
+async def note(ctx):
+    ctx.count("by_" + ctx.queue.fair_by)
+
+def build(queue):
+    return Pipeline(queue, [Stage("note", 1, 1, note)])
+
+build.queue_settings = {{"fair_by": {setting!r}}}
+"""
+
+
+@pytest.mark.parametrize("setting, flag, env, used", [
+    ("group", [], None, "group"),                      # the app's setting
+    ("owner", [], None, "owner"),
+    ("group", ["--fair-by", "owner"], None, "owner"),  # the flag wins over the app's
+    ("owner", [], "group", "group"),                   # and so does ROTA_FAIR_BY
+])
+def test_fair_by_comes_from_the_flag_the_environment_or_the_app(
+        rota: Rota, write_app: Any, setting: str, flag: list[str], env: str | None,
+        used: str) -> None:
+    app = write_app(FAIR_BY_APP.format(setting=setting))
+    rota("enqueue", "note", "{}", "--app", f"{app}:build")
+    summary = rota.json("run", *flag, "--app", f"{app}:build", "--budget", "10",
+                        ROTA_FAIR_BY=env)["summary"]
+    assert {k: v for k, v in summary.items() if k.startswith("by_")} == {f"by_{used}": 1}
+
+
+def test_a_bad_fair_by_is_refused_before_anything_runs(rota: Rota) -> None:
+    result = rota("groups", "list", ok=False, ROTA_FAIR_BY="customer")
+    assert result.exit_code == 2
+    assert "'customer' is not one of 'group', 'owner'" in result.stderr

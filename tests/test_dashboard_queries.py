@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from rota import Allowance, Pipeline, Queue, Quota, Stage
+from rota import Allowance, Pipeline, Plan, Plans, Queue, Quota, Stage
 from rota.web import queries
 from tests.cli_app import TEST_PLANS
 
@@ -288,3 +288,38 @@ def test_quotas_are_found_on_a_pipeline(queue: Queue) -> None:
                                 Stage("b", 1, 1, noop, quota=YT)], quotas=[LLM, SEARCHES])
     assert queries.discover_quotas(pipeline) == [YT, LLM, SEARCHES]
     assert queries.discover_quotas(None) == []
+
+
+async def test_owners_served_with_their_share_against_their_weight(make_queue: Any) -> None:
+    """Owners sum their groups' jobs done in the last hour; a group without an owner is
+    its own; the share per weight compares done / weight with the owners' mean."""
+    plans = Plans([Plan("free", "Free", 0), Plan("pro", "Pro", 1, weight=4)])
+    queue: Queue = await make_queue(plans=plans, fair_by="owner")
+    for gid, plan, owner in (("a1", "pro", "A"), ("a2", "pro", "A"), ("b1", "free", "B"),
+                             ("solo", "free", None)):
+        await queue.upsert_group(gid, plan=plan, owner_id=owner)
+    # Done in the last hour: A 8 (a1 5, a2 3), B 2, solo 2; one of B's 2 hours ago.
+    await run(queue, """
+        INSERT INTO {jobs} (type, group_id, payload, status, max_attempts, run_after,
+                            created_at, finished_at)
+        SELECT 'a', w.g, '{{}}', 'done', 3, now() - interval '1 hour',
+               now() - interval '1 hour', now() - w.ago
+        FROM (VALUES ('a1', interval '1 minute'), ('a1', interval '1 minute'),
+                     ('a1', interval '1 minute'), ('a1', interval '1 minute'),
+                     ('a1', interval '1 minute'), ('a2', interval '1 minute'),
+                     ('a2', interval '1 minute'), ('a2', interval '1 minute'),
+                     ('b1', interval '1 minute'), ('b1', interval '1 minute'),
+                     ('b1', interval '2 hours'), ('solo', interval '1 minute'),
+                     ('solo', interval '1 minute')) AS w(g, ago)
+        """)
+    async with queue.connection() as conn:
+        owners = await queries.owners_served(queue, conn, ["a"])
+    # done / weight: A 8/4 = 2, B 2, solo 2: each exactly its weighted share.
+    assert owners == [
+        {"owner_id": "A", "own": False, "plan": "pro", "groups": 2, "done": 8, "weight": 4,
+         "share": 8 / 12, "per_weight": 1.0},
+        {"owner_id": "B", "own": False, "plan": "free", "groups": 1, "done": 2,
+         "weight": 1, "share": 2 / 12, "per_weight": 1.0},
+        {"owner_id": "solo", "own": True, "plan": "free", "groups": 1, "done": 2,
+         "weight": 1, "share": 2 / 12, "per_weight": 1.0},
+    ]

@@ -86,7 +86,9 @@ async def test_a_served_count_off_by_some_is_named_with_both_counts(
     await scenario(queue, aconn)
     await run(aconn, queue, "UPDATE {s}.fair_groups SET served_n = served_n + 5"
               " WHERE group_id = 'g1'")
-    assert await queue.verify() == [Violation("t", "g1", "served", "2", "7")]
+    # Its owner's row (g1 has none: its own) no longer sums its groups' rows either.
+    assert await queue.verify() == [Violation("t", "g1", "served", "2", "7"),
+                                    Violation("t", "g:g1 'p:pro'", "owner_served", "7", "2")]
 
 
 async def test_a_stray_served_delta_is_counted_in_found(queue: Queue, aconn: Any) -> None:
@@ -184,6 +186,50 @@ async def test_a_group_with_pending_jobs_and_no_row_is_named(
         Violation("t", "g2", "row", "a fair_groups row (2 pending jobs)", "none")]
 
 
+async def test_an_owner_copy_that_differs_from_the_groups_table_is_named(
+        queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    await run(aconn, queue, "UPDATE {s}.fair_groups SET owner_id = 'acme'"
+              " WHERE group_id = 'g2'")
+    assert await queue.verify() == [Violation("t", "g2", "owner_id", "NULL", "'acme'")]
+
+
+async def test_an_owner_row_whose_served_count_is_not_its_groups_sum_is_named(
+        queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    await run(aconn, queue, "UPDATE {s}.fair_owners SET served_n = served_n + 3"
+              " WHERE unit = 'g:g1'")
+    assert await queue.verify() == [
+        Violation("t", "g:g1 'p:pro'", "owner_served", "2", "5")]
+
+
+async def test_an_owner_bound_above_a_group_or_no_owner_row_is_named(
+        queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    head_lb, head_id, _, ready = await bounds(aconn, queue, "g2")
+    expected = (f"(b_served, b_head_lb, b_head_id) <= (0, {head_lb}, {head_id}) and "
+                f"ready_lb <= {ready}")
+    await run(aconn, queue, "UPDATE {s}.fair_owners SET b_served = 9 WHERE unit = 'g:g2'")
+    assert await queue.verify() == [Violation(
+        "t", "g2", "owner_bound", expected, f"(9, {head_lb}, {head_id}), ready_lb {ready}")]
+    await run(aconn, queue, "DELETE FROM {s}.fair_owners WHERE unit = 'g:g2'")
+    assert await queue.verify() == [Violation("t", "g2", "owner_bound", expected,
+                                              "no owner row")]
+    # Named in fair_lowered since the fold (as a writer that lowered it would): the
+    # claim takes it as special, and the owner's row need not hold it.
+    await run(aconn, queue, "INSERT INTO {s}.fair_lowered (type, group_id) VALUES ('t', 'g2')")
+    assert await queue.verify() == []
+
+
+async def test_a_lowered_row_below_the_fold_mark_is_named(queue: Queue, aconn: Any) -> None:
+    await scenario(queue, aconn)
+    [(mark,)] = await run(aconn, queue, "SELECT max(upto)::text FROM {s}.fair_fold_mark")
+    await run(aconn, queue, "INSERT INTO {s}.fair_lowered (type, group_id, xid)"
+              " VALUES ('t', 'g2', '1')")
+    assert await queue.verify() == [Violation(
+        "t", "g2", "lowered_mark", f"rows at or above mark {mark}", "1 below it, from xid 1")]
+
+
 # -- rota verify ------------------------------------------------------------------------
 
 
@@ -207,16 +253,19 @@ async def test_rota_verify_exits_0_when_exact_and_1_naming_each_violation(
     broken = await rota("--schema", queue.schema)  # the target options of every command
     assert broken.exit_code == 1
     rows = [line.split("│")[1:-1] for line in broken.stdout.splitlines() if "│" in line]
-    assert "violations (2)" in broken.stdout
+    assert "violations (3)" in broken.stdout
     assert [[c.strip() for c in r] for r in rows] == [
         ["t", "g1", "served", "2", "7"],
-        ["t", "g2", "active", "true", "false"]]
+        ["t", "g2", "active", "true", "false"],
+        ["t", "g:g1 'p:pro'", "owner_served", "7", "2"]]
     as_json = await rota("--json")
     assert as_json.exit_code == 1
     assert json.loads(as_json.stdout) == {"violations": [
         {"type": "t", "group_id": "g1", "invariant": "served", "expected": "2", "found": "7"},
         {"type": "t", "group_id": "g2", "invariant": "active", "expected": "true",
-         "found": "false"}]}
+         "found": "false"},
+        {"type": "t", "group_id": "g:g1 'p:pro'", "invariant": "owner_served",
+         "expected": "7", "found": "2"}]}
     repaired = await rota("--repair", "--json")
     assert repaired.exit_code == 0
     assert json.loads(repaired.stdout) == {
@@ -271,7 +320,8 @@ async def test_ctrl_c_during_a_repair_exits_130_and_rebuilds_nothing(
         assert (repair.returncode, out, err) == (130, "", "error: interrupted\n")
         await holder.rollback()
     # The rebuild was rolled back with its connection: the damage is still there.
-    assert await queue.verify() == [Violation("t", "g1", "served", "2", "7")]
+    assert await queue.verify() == [Violation("t", "g1", "served", "2", "7"),
+                                    Violation("t", "g:g1 'p:pro'", "owner_served", "7", "2")]
 
 
 # -- the rebuild --------------------------------------------------------------------------
@@ -293,7 +343,7 @@ async def test_repair_rebuilds_every_kind_of_damage_and_the_claim_stays_the_orac
     assert {(v.group_id, v.invariant) for v in broken} == {
         ("g1", "served"), ("g2", "served"), ("g2", "head"), ("g2", "ready_lb"),
         ("g3", "head"), ("g1", "plan"), ("g1", "active"), ("g1", "fair_plans"),
-        ("g2", "fair_plans")}
+        ("g2", "fair_plans"), ("g:g1 'p:pro'", "owner_served")}
     report = await queue.repair_bookkeeping()
     assert (report.found, report.groups) == (broken, 3)
     assert await queue.verify() == []

@@ -13,6 +13,14 @@ from rota import Queue
 pytestmark = pytest.mark.usefixtures("fair_exact")
 
 
+@pytest.fixture(params=["group", "owner"])
+async def queue(make_queue: Any, request: pytest.FixtureRequest) -> Queue:
+    """Each scenario under both orders: its groups have no owner, so each is its own,
+    and fair_by="owner" gives the same order (docs/design.md, "The fair claim")."""
+    q: Queue = await make_queue(fair_by=request.param)
+    return q
+
+
 async def enqueue(queue: Queue, group: str | None, n: int, type_: str = "t") -> list[int]:
     ids = []
     for i in range(n):

@@ -74,12 +74,16 @@ def test_claim_reading_an_application_view_is_exact(
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s))
 
 
+@pytest.mark.parametrize("fair_by", ["group", "owner"])
 async def test_concurrent_churn_and_crashes_leave_bookkeeping_equal_to_a_recount(
-    make_queue: Any, database_url: str, aconn: Any, schema: str
+    make_queue: Any, database_url: str, aconn: Any, schema: str, fair_by: str
 ) -> None:
-    queue: Queue = await make_queue(stale_after=timedelta(minutes=15))
+    queue: Queue = await make_queue(stale_after=timedelta(minutes=15), fair_by=fair_by)
+    # Owners of several groups (A: big, g0, g3; B: g1, g4), and g2, g5 without one.
+    owners = ["A", "B", None]
     for g in range(6):
-        await queue.upsert_group(f"g{g}", plan=["free", "standard", "pro"][g % 3])
+        await queue.upsert_group(f"g{g}", plan=["free", "standard", "pro"][g % 3],
+                                 owner_id=owners[g % 3])
     rnd = random.Random(7)
 
     async def producer(n: int) -> None:
@@ -93,7 +97,7 @@ async def test_concurrent_churn_and_crashes_leave_bookkeeping_equal_to_a_recount
                     ["big", "big", "big", "g0", "g2", "g3", "g4", "g5", None]))
 
     async def worker(w: int) -> None:
-        q: Queue = await make_queue()
+        q: Queue = await make_queue(fair_by=fair_by)
         for _ in range(40):
             batch = await q.claim("t", rnd.randint(1, 6))
             for j in batch:
@@ -123,11 +127,12 @@ async def test_concurrent_churn_and_crashes_leave_bookkeeping_equal_to_a_recount
 
     async def operator() -> None:
         for k in range(10):
-            await queue.upsert_group("big", plan=["pro", "free"][k % 2], active=k % 3 != 1)
+            await queue.upsert_group("big", plan=["pro", "free"][k % 2], active=k % 3 != 1,
+                                     owner_id=["A", "B"][k % 2])
             await asyncio.sleep(0.01)
-        await queue.upsert_group("big", plan="pro", active=True)
+        await queue.upsert_group("big", plan="pro", active=True, owner_id="A")
 
-    await queue.upsert_group("big", plan="pro")
+    await queue.upsert_group("big", plan="pro", owner_id="A")
     await producer(30)
     await asyncio.gather(producer(120), producer(120), operator(), crasher(),
                          *(worker(w) for w in range(8)), return_exceptions=False)
@@ -217,7 +222,7 @@ async def test_scaled_down_backlog_with_deferred_paused_and_stale_jobs(
             assert await queue.complete(j)
         await queue.settle()
     # no claim needed a wider probe
-    assert queue.fair_claim._probe["t"] == queue.fair_claim._floor(25)
+    assert queue.fair_claim._probe["t", "group"] == queue.fair_claim._floor(25)
     assert await recount(aconn, schema) == []
 
 

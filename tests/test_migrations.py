@@ -141,9 +141,9 @@ EDITS = [
      "relation fair_groups"),
     ("constraint", "CHECK (attempts >= 0)", "CHECK (attempts >= 1)",
      "constraint jobs.jobs_attempts_check"),
-    # A function no later migration replaces (004 replaces fair_fold).
-    ("function body", "WHERE group_id = OLD.group_id AND (plan IS NOT NULL OR NOT active)",
-     "WHERE group_id = OLD.group_id", "function fair_groups_changed()"),
+    # A function no later migration replaces.
+    ("function body", "PERFORM pg_notify(TG_TABLE_SCHEMA, 'insert');",
+     "PERFORM pg_notify(TG_TABLE_SCHEMA, 'inserted');", "function notify_jobs_inserted()"),
     ("trigger", "AFTER INSERT OR UPDATE OR DELETE ON {schema}.groups",
      "AFTER INSERT OR UPDATE ON {schema}.groups", "trigger groups.groups_fair_changed"),
 ]

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from rota import Queue
+from rota import Plan, Plans, Queue
 
 from .helpers import fair_violations
 from .oracle import insert_rows, oracle_ids
@@ -39,17 +39,28 @@ job_st = st.fixed_dictionaries({
 })
 
 
-async def _check(url: str, schema: str, groups: list[tuple[Any, bool]],
+async def _check(url: str, schema: str, groups: list[tuple[Any, ...]],
                  jobs: list[dict[str, Any]], limit: int, offset_s: int, *,
                  horizon_held: bool = False,
-                 probe_floor: tuple[int, int] | None = None) -> None:
-    queue = Queue(url, schema=schema)  # its pool is never opened: every call passes conn
+                 probe_floor: tuple[int, int] | None = None, fold_after: int | None = None,
+                 **settings: Any) -> None:
+    # Its pool is never opened: every call passes conn.
+    queue = Queue(url, schema=schema, **settings)
     queue.clock_offset = timedelta(seconds=offset_s)
     queue.upkeep.horizon_held = horizon_held  # the walk in one sorted pass
     queue.fair_claim.probe_floor = probe_floor  # (1, 1): the walk cut after 2 groups a plan
     async with await psycopg.AsyncConnection.connect(url) as conn:
         now = sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset))
-        await insert_rows(conn, schema, groups, jobs, now)
+        if fold_after is None:
+            await insert_rows(conn, schema, groups, jobs, now)
+        else:
+            # The first jobs folded into the bookkeeping (served counts, bounds, owners'
+            # rows), the rest written after: the claim reads both kinds.
+            await insert_rows(conn, schema, groups, jobs[:fold_after], now)
+            for type_ in ("a", "b"):
+                await conn.execute(sql.SQL("SELECT {s}.fair_fold(%s, {now})").format(
+                    s=sql.Identifier(schema), now=now), [type_])
+            await insert_rows(conn, schema, [], jobs[fold_after:], now)
         for type_ in ("a", "b"):
             expected = await oracle_ids(queue, conn, type_, limit)
             claimed = await queue.claim(type_, limit, conn=conn)
@@ -107,3 +118,56 @@ def test_claim_matches_the_posts_query_while_the_horizon_is_held_with_the_smalle
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
                        horizon_held=True, probe_floor=(1, 1)))
 
+
+
+# Plans that share a priority by weight (standard 2, pro 3), under free; owners o0..o2
+# and groups without one; group 6 is missing from the table.
+WEIGHTED = Plans([Plan("free", "Free", 0), Plan("standard", "Standard", 1, weight=2),
+                  Plan("pro", "Pro", 1, weight=3)])
+owned_group_st = st.tuples(st.sampled_from(PLAN_CHOICES), st.booleans(),
+                           st.sampled_from([None, "o0", "o1", "o1", "o2"]))
+owned_job_st = job_st.map(lambda j: j).flatmap(
+    lambda j: st.integers(0, 6).map(lambda g: {**j, "group": g if j["group"] is not None
+                                                else None}))
+
+
+def owned_examples(max_examples: int) -> Callable[[T], T]:
+    """Like :func:`oracle_examples`, with six groups that have owners (several groups an
+    owner, some none), a group the table lacks, up to 40 jobs, and both orders."""
+
+    def decorate(test: T) -> T:
+        test = given(groups=st.lists(owned_group_st, min_size=6, max_size=6),
+                     jobs=st.lists(owned_job_st, max_size=40),
+                     limit=st.integers(1, 12),
+                     offset_s=st.sampled_from((0, 3600, 90_000)),
+                     fair_by=st.sampled_from(["group", "owner"]),
+                     fold_after=st.one_of(st.none(), st.integers(0, 40)))(test)
+        return settings(max_examples=max_examples, deadline=None,
+                        suppress_health_check=[HealthCheck.function_scoped_fixture])(test)
+
+    return decorate
+
+
+@owned_examples(150)
+def test_claim_matches_the_naive_query_with_owners_and_weights(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
+    fold_after: int | None,
+) -> None:
+    """Owners with several groups, plans that share a priority by weight, under both
+    orders (docs/design.md, "The fair claim"), some jobs folded before the rest."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       plans=WEIGHTED, fair_by=fair_by, fold_after=fold_after))
+
+
+@owned_examples(100)
+def test_claim_matches_the_naive_query_with_owners_and_the_smallest_probe(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
+    fold_after: int | None,
+) -> None:
+    """A probe of one owner (group), one group an owner and one job a group: every cut
+    falls inside an owner, and the retries widen the probe until the batch is proven."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       plans=WEIGHTED, fair_by=fair_by, probe_floor=(1, 1),
+                       fold_after=fold_after))

@@ -399,6 +399,107 @@ async def test_a_handler_take_refused_defers_its_job(
     assert rows[1][4] == state.next_free
 
 
+async def test_a_take_the_jobs_own_units_keep_out_of_reach_fails_instead_of_deferring(
+        make_queue: Any, aconn: psycopg.AsyncConnection[Any],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A stage declares api (20 a minute, burst 1: a unit every 3 s, max_wait 1 s) and
+    its handler takes api again: the second unit is 3 s after the stage's, past
+    max_wait, for every attempt. Deferring would spend the stage's unit each time and
+    never start the work; the take fails the attempt with the reason instead (retried
+    with backoff, then failed), warns naming the limit and the stage, and counts."""
+    queue = await make_queue(types=["search"], max_attempts=2)
+    api = RateLimit("api", 20, timedelta(minutes=1))
+
+    async def search(ctx: JobContext) -> None:
+        await ctx.take(api)
+
+    pipeline = Pipeline(queue, [Stage("search", 1, 1, search, rate_limits=[api])])
+    await enqueue_jobs(queue, "search", 1)
+    result = await pipeline.run("manual", timedelta(seconds=10))
+    assert (result.jobs_done, result.jobs_deferred, result.summary["retries"]) == (0, 0, 1)
+    assert result.summary["rate.api.unreachable"] == 1
+    assert "rate_deferred" not in result.summary
+    message = ("rate limit 'api' in stage 'search': this job already holds 1 unit(s) of "
+               "it from this attempt and asks 1 more; with burst 1 they come ")
+    [warning] = [r.getMessage() for r in caplog.records if "can never be granted" in
+                 r.getMessage()]
+    assert message in warning
+    [row] = await job_rows(aconn, queue)
+    assert row[1:4] == ("pending", 1, 0)  # an attempt spent, no deferral
+    cur = await aconn.execute(f"SELECT last_error FROM {queue.schema}.jobs")
+    [(error,)] = await cur.fetchall()
+    assert error.startswith("RateLimitUnreachable: " + message)
+    assert "past max_wait 1 s, so this take can never be granted" in error
+    # The second attempt (after its backoff and the bucket's 3 s) ends the job failed.
+    queue.clock_offset = timedelta(minutes=10)
+    result = await pipeline.run("manual", timedelta(seconds=10))
+    assert (result.jobs_done, result.jobs_failed) == (0, 1)
+    [row] = await job_rows(aconn, queue)
+    assert row[1:4] == ("failed", 2, 0)
+
+
+async def test_two_units_a_job_with_a_burst_of_two_are_granted(make_queue: Any) -> None:
+    """The documented way to spend two units a job: a burst of 2, so the stage's unit
+    and the handler's come together (docs/design.md, "Rates")."""
+    queue = await make_queue(types=["search"])
+    api = RateLimit("api", 20, timedelta(minutes=1), burst=2)
+
+    async def search(ctx: JobContext) -> None:
+        await ctx.take(api)
+
+    pipeline = Pipeline(queue, [Stage("search", 1, 1, search, rate_limits=[api])])
+    await enqueue_jobs(queue, "search", 1)
+    result = await pipeline.run("manual", timedelta(seconds=10))
+    assert (result.jobs_done, result.summary["rate.api"]) == (1, 1)
+    assert "rate.api.unreachable" not in result.summary
+
+
+async def test_a_take_refused_by_other_takers_still_defers(
+        make_queue: Any, aconn: psycopg.AsyncConnection[Any]) -> None:
+    """Refused because another taker holds the units (not the job's own): deferred as
+    before, no failure."""
+    queue = await make_queue(types=["search"])
+    api = RateLimit("api", 1, timedelta(hours=1), burst=1)
+    other = RateLimit("other", 1, timedelta(hours=1))
+    await other.take(queue, 1)  # someone else spent the only unit of "other"
+
+    async def search(ctx: JobContext) -> None:
+        await ctx.take(other)
+
+    pipeline = Pipeline(queue, [Stage("search", 1, 1, search, rate_limits=[api])])
+    await enqueue_jobs(queue, "search", 1)
+    result = await pipeline.run("manual", timedelta(seconds=10))
+    assert (result.jobs_done, result.jobs_deferred) == (0, 1)
+    assert result.summary["rate.other.deferred"] == 1
+
+
+async def test_a_job_deferred_for_a_rate_again_and_again_is_reported(
+        make_queue: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Another taker gets the unit first, run after run: from the 10th deferral on the
+    run warns naming the limit and the stage, and counts rate.NAME.repeated."""
+    queue = await make_queue(types=["call"])
+    shared = RateLimit("shared", 1, timedelta(hours=1), max_wait=timedelta(0))
+
+    async def call(ctx: JobContext) -> None:
+        await ctx.take(shared)
+
+    pipeline = Pipeline(queue, [Stage("call", 1, 1, call)], rate_limits=[shared])
+    await enqueue_jobs(queue, "call", 1)
+    repeated = []
+    for hour in range(11):
+        queue.clock_offset = timedelta(hours=hour)
+        await shared.take(queue, 1)  # the other taker, first every time
+        result = await pipeline.run("manual", timedelta(seconds=10))
+        assert result.jobs_deferred == 1
+        repeated.append(result.summary.get("rate.shared.repeated", 0))
+    assert repeated == [0] * 9 + [1, 1]  # deferrals 10 and 11
+    warnings = [r.getMessage() for r in caplog.records
+                if "deferred for rate limit 'shared' again" in r.getMessage()]
+    assert len(warnings) == 2 and warnings[0].startswith("stage 'call': job(s) [")
+    assert warnings[0].endswith("(deferrals: [10]); its units keep going elsewhere: check "
+                                "the limit's size and who takes it (rota limits)")
+
+
 async def test_limit_names_are_checked(make_queue: Any) -> None:
     queue = await make_queue(types=["a", "b"])
 

@@ -45,6 +45,7 @@ from rich.table import Table
 from rota import Queue, db
 
 from . import app as demo_app
+from . import customers
 from .brief import pages_app
 from .loopback import serve_in_thread
 from .youtube import stand_in_app
@@ -530,6 +531,7 @@ async def _main(url: str, config: DemoConfig, seed: int, keep: bool,
         await demo.drive(queue)
         maintained = demo.maintain()
         code = await demo.report(queue, maintained)
+        console.print(await customers.report(url, demo.schema), soft_wrap=True)
         console.print(f"demo took {time.monotonic() - started:.0f} s")
         if dashboard is not None:
             await _serve_dashboard(queue, dashboard)

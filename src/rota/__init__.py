@@ -24,7 +24,7 @@ from .maintenance import KilledRuns, Maintenance, PruneDoneJobs, StuckJobs, main
 from .plans import DEFAULT_PLANS, Plan, Plans
 from .queue import Queue
 from .quota import Allowance, Quota, QuotaExhausted
-from .rates import RateLimit, RateLimited
+from .rates import RateLimit, RateLimited, RateLimitUnreachable
 from .results import AttemptError, JobResult, ResultError, WaitTimeout
 from .runner import JobContext, Pipeline, RunResult, Stage
 from .schedule import Schedule, Scheduler, scheduled_tick
@@ -76,6 +76,7 @@ __all__ = [
     "Quota",
     "QuotaExhausted",
     "RateLimit",
+    "RateLimitUnreachable",
     "RateLimited",
     "ResultError",
     "RotaError",

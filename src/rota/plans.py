@@ -13,6 +13,10 @@ from typing import Any
 
 from .errors import InvalidInput, UnknownPlan
 
+#: The largest plan weight: the claim divides served counts by it (a numeric ratio), and a
+#: share of one in a million is already none.
+MAX_WEIGHT = 1_000_000
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -23,12 +27,22 @@ class Plan:
         name: display name (``"Free"``).
         priority: claim priority; higher is claimed first when there is a backlog.
         limits: free-form limits (``{"searches_per_day": 20, "draft_credits": 50}``).
+        weight: how plans of the same priority share the claim (docs/design.md, "The
+            fair claim"): a positive int, at most :data:`MAX_WEIGHT`, default 1. The
+            units compared (groups, or owners under ``fair_by="owner"``) are claimed in
+            proportion to their plan's weight: their served count is divided by it
+            (virtual time). Plans of different priorities stay strict.
+
+    Raises:
+        InvalidInput: an empty or NUL-holding id, a priority that is not an int, limits
+            that are not a mapping, a weight that is not an int in 1..MAX_WEIGHT.
     """
 
     id: str
     name: str
     priority: int
     limits: Mapping[str, Any] = field(default_factory=dict)
+    weight: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id.strip():
@@ -42,6 +56,10 @@ class Plan:
             raise InvalidInput(f"plan {self.id!r}: limits must be a mapping, got "
                                f"{self.limits!r} (display labels are not part of a Plan)")
         object.__setattr__(self, "limits", MappingProxyType(dict(self.limits or {})))
+        if (not isinstance(self.weight, int) or isinstance(self.weight, bool)
+                or not 1 <= self.weight <= MAX_WEIGHT):
+            raise InvalidInput(f"plan {self.id!r}: weight must be an int from 1 to "
+                               f"{MAX_WEIGHT:,}, got {self.weight!r}")
 
 
 class Plans:
@@ -51,8 +69,11 @@ class Plans:
     that have no owner, so housekeeping neither always wins nor always loses. A plan id
     stored in the groups relation that is not here ranks as the lowest plan.
 
+    Plans may share a priority: they are then claimed in proportion to their weights
+    (:class:`Plan`); ordered lowest to highest means priorities never decrease.
+
     Raises:
-        InvalidInput: no plans, duplicate ids, or priorities not strictly increasing.
+        InvalidInput: no plans, duplicate ids, or a priority lower than the one before.
     """
 
     def __init__(self, plans: Iterable[Plan]) -> None:
@@ -63,10 +84,10 @@ class Plans:
         if len(set(ids)) != len(ids):
             raise InvalidInput(f"duplicate plan ids in {ids}")
         prios = [p.priority for p in self._plans]
-        if any(b <= a for a, b in itertools.pairwise(prios)):
+        if any(b < a for a, b in itertools.pairwise(prios)):
             raise InvalidInput(
-                f"plans must be ordered lowest to highest with strictly increasing "
-                f"priorities, got {prios}"
+                f"plans must be ordered lowest to highest (priorities never decreasing), "
+                f"got {prios}"
             )
         self._by_id = {p.id: p for p in self._plans}
 
@@ -100,13 +121,16 @@ class Plans:
         return self._plans[-1]
 
     def claim_params(self) -> dict[str, Any]:
-        """The bound parameters the claim ranks by: plan ids and priorities as arrays,
-        and the middle and lowest priorities."""
+        """The bound parameters the claim ranks by: plan ids, priorities and weights as
+        arrays, and the middle and lowest plans' priorities and weights."""
         return {
             "plan_ids": [p.id for p in self._plans],
             "plan_priorities": [p.priority for p in self._plans],
+            "plan_weights": [p.weight for p in self._plans],
             "middle_priority": self.middle.priority,
             "lowest_priority": self.lowest.priority,
+            "middle_weight": self.middle.weight,
+            "lowest_weight": self.lowest.weight,
         }
 
 

@@ -85,7 +85,7 @@ class Queue:
             (docs/operations.md, "Traces"); default the global one. Ignored without
             ``opentelemetry-api``.
         **settings: see :class:`rota.settings.QueueSettings` (schema, plans, groups,
-            types, max_attempts, max_attempts_by_type, stale_after, served_window,
+            types, max_attempts, max_attempts_by_type, stale_after, served_window, fair_by,
             backoff_base, max_backoff, max_deferrals, max_payload_bytes); an application ``groups``
             relation needs columns ``group_id text``, ``owner_id text``, ``plan text``,
             ``active boolean``.
@@ -108,6 +108,7 @@ class Queue:
     stale_after: timedelta = _setting("stale_after", "A lock older than this is stale.")
     served_window: timedelta = _setting("served_window",
                                         "How far back the fair order counts work.")
+    fair_by: str = _setting("fair_by", "What the fair claim compares: group or owner.")
     backoff_base: timedelta = _setting("backoff_base", "The failure backoff's base.")
     max_backoff: timedelta = _setting("max_backoff", "The failure backoff's ceiling.")
     max_deferrals = _setting("max_deferrals", "Deferrals before a job gives up, or None.")
@@ -417,8 +418,11 @@ class Queue:
         Claimable: ``run_after <= now`` and pending, or running with a stale lock and
         attempts left, and the group active (or unknown to the groups relation). Order:
         plan priority desc, then the group's served count in the window plus the job's
-        position in its group, then oldest, then id. Rows are taken with FOR UPDATE SKIP
-        LOCKED, so concurrent claimers never get the same job, and set running with
+        position in its group (divided by the plan's weight), then oldest, then id; with
+        ``fair_by="owner"`` the owner's served count plus the job's position among its
+        owner's jobs (divided by the weight) comes before the group's. Rows are taken
+        with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same job, and
+        set running with
         ``attempts + 1``, ``locked_at = now``, ``run_id`` and a new ``claim_token``.
 
         Args:
@@ -457,7 +461,7 @@ class Queue:
             claimed = await self.fair_claim.claim(
                 t, limit, plans=self.plans, clock_offset=self.clock_offset,
                 stale_after=self.stale_after, served_window=self.served_window,
-                run_id=run_id, conn=conn)
+                run_id=run_id, fair_by=self.fair_by, conn=conn)
             claiming.claimed(len(claimed), self.fair_claim.retries.get(t, 0) - retries)
         for observe in self.claim_observers:
             observe(t, time.perf_counter() - started)

@@ -38,7 +38,7 @@ from .checks import (
     require_duration_or_seconds,
     require_text,
 )
-from .errors import InvalidInput, RotaError
+from .errors import ConfigError, InvalidInput, RotaError
 
 if TYPE_CHECKING:
     from .job import Job
@@ -50,6 +50,25 @@ NO_KEY = ""
 DEFAULT_MAX_WAIT = timedelta(seconds=1)
 
 KeyFunction = Callable[["Job"], "str | None"]
+
+
+class RateLimitUnreachable(ConfigError):
+    """A take that can never be granted as the limit is configured: the job's own units
+    of the limit, taken earlier in the same attempt (its stage's, or the handler's),
+    keep the bucket below what it asks for until after ``max_wait``, so every attempt
+    would spend them again and be deferred, forever (docs/design.md, "Rates"). Raised
+    by ``ctx.take`` instead of :class:`RateLimited`: the job fails (retried with backoff,
+    then failed), rather than spending the shared budget on deferrals.
+
+    Attributes:
+        limit: the limit's name.
+        stage: the stage's job type.
+    """
+
+    def __init__(self, message: str, limit: str, stage: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.stage = stage
 
 
 class RateLimited(RotaError):

@@ -58,6 +58,11 @@ def default_time_budget(platform_timeout: timedelta) -> timedelta:
 DEFAULT_MAX_BACKOFF = timedelta(hours=1)
 
 
+#: The fair claim's orders (docs/design.md, "The fair claim"): by group (the default) or
+#: by owner, then group.
+FAIR_BY = ("group", "owner")
+
+
 class QueueSettings:
     """Validated settings and input checks shared by :class:`rota.Queue` and
     :class:`rota.SyncQueue` (each holds one; neither inherits from it).
@@ -75,6 +80,10 @@ class QueueSettings:
         stale_after: a running job's lock older than this is stale (docs/design.md, "Stale locks").
         served_window: how far back the fair order counts served work
             (docs/design.md, "The fair claim").
+        fair_by: what the fair claim compares after plan priority (docs/design.md,
+            "The fair claim"): ``"group"`` (the default: the least-served group) or
+            ``"owner"`` (the least-served owner, the sum over its groups, then the
+            least-served group within it).
         backoff_base: failure backoff is ``backoff_base * 2**attempts`` (docs/design.md,
             "Fail and backoff").
         max_backoff: the longest failure backoff (default 1 hour): the doubling stops
@@ -98,6 +107,7 @@ class QueueSettings:
         max_attempts_by_type: Mapping[str, int] | None = None,
         stale_after: timedelta = timedelta(minutes=15),
         served_window: timedelta = timedelta(days=1),
+        fair_by: str = "group",
         backoff_base: timedelta = timedelta(minutes=1),
         max_backoff: timedelta = DEFAULT_MAX_BACKOFF,
         max_deferrals: int | None = None,
@@ -124,6 +134,10 @@ class QueueSettings:
         }
         self.stale_after = require_duration(stale_after, "stale_after")
         self.served_window = require_duration(served_window, "served_window")
+        if fair_by not in FAIR_BY:
+            raise InvalidInput(f"fair_by must be one of {', '.join(map(repr, FAIR_BY))}, "
+                               f"got {fair_by!r}")
+        self.fair_by: str = fair_by
         self.backoff_base = require_duration(backoff_base, "backoff_base", positive=False)
         if self.backoff_base < timedelta(0):
             raise InvalidInput(f"backoff_base must not be negative, got {backoff_base}")

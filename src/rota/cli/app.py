@@ -135,6 +135,7 @@ class Target:
     schema: str | None
     app_spec: str | None
     _app: Callable[..., Any] | None = field(default=None, repr=False)
+    fair_by: str | None = None  # --fair-by / ROTA_FAIR_BY, over the app's setting
 
     @property
     def app(self) -> Callable[..., Any] | None:
@@ -154,7 +155,8 @@ class Target:
         return db.check_conninfo(self.database_url)
 
     def queue_settings(self) -> dict[str, Any]:
-        """The app's ``queue_settings`` with the schema from the flags applied.
+        """The app's ``queue_settings`` with the schema and ``--fair-by`` from the flags
+        applied.
 
         Raises:
             CliConfigError: ``queue_settings`` raised, is not a mapping, or has a key that
@@ -179,6 +181,8 @@ class Target:
                 raise CliConfigError(f"app {self.app_spec!r}: queue_settings has unknown key "
                                      f"{key!r} ({hint})")
         settings["schema"] = self.schema or settings.get("schema") or "rota"
+        if self.fair_by is not None:
+            settings["fair_by"] = self.fair_by
         return settings
 
     def settings(self) -> QueueSettings:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ..settings import FAIR_BY
 from .app import Target
 from .errors import CliConfigError
 
@@ -18,8 +19,27 @@ F = TypeVar("F", bound=Callable[..., Any])
 MAX_SECONDS = 86_400.0
 
 
+def _keep_fair_by(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """Keep ``--fair-by`` in the context's meta (shared with the group's context), so
+    :func:`make_target` applies it without every command taking it as an argument."""
+    if value is not None:
+        ctx.meta[FAIR_BY_KEY] = value
+
+
+#: Where ``--fair-by`` is kept in the click context's meta.
+FAIR_BY_KEY = "rota.fair_by"
+
+
 def target_options(f: F) -> F:
-    """``--database-url``, ``--schema`` and ``--app``, each with its environment variable."""
+    """``--database-url``, ``--schema``, ``--app`` and ``--fair-by``, each with its
+    environment variable."""
+    f = click.option("--fair-by", type=click.Choice(FAIR_BY), envvar="ROTA_FAIR_BY",
+                     default=None, expose_value=False, callback=_keep_fair_by,
+                     is_eager=True,
+                     help="What the fair claim compares after plan priority: the "
+                          "least-served group, or the least-served owner then group "
+                          "[env ROTA_FAIR_BY; default: the app's, else group] "
+                          "(docs/design.md, \"The fair claim\").")(f)
     f = click.option("--app", "app_spec", envvar="ROTA_APP", metavar="MODULE:ATTR",
                      help="The app: a callable taking a Queue and returning the pipeline "
                           "[env ROTA_APP].")(f)
@@ -66,7 +86,9 @@ def make_target(database_url: str | None, schema: str | None,
                                  f"out for the default")
     url, schema_, app = (mine if mine is not None else theirs
                          for mine, theirs in given.values())
-    return Target(url, schema_, app)
+    ctx = click.get_current_context(silent=True)
+    fair_by = ctx.meta.get(FAIR_BY_KEY) if ctx is not None else None
+    return Target(url, schema_, app, fair_by=fair_by)
 
 
 def wants_json(as_json: bool) -> bool:

@@ -56,6 +56,12 @@ CREATE TABLE {schema}.fair_groups (
     plan       text,
     active     boolean NOT NULL DEFAULT true,
     head_id    bigint NOT NULL DEFAULT 0,  -- with head_lb: a bound of (created_at, id)
+    owner_id   text,  -- rota's groups table's owner_id (copied like plan and active)
+    -- The unit fair_by "owner" compares (docs/fast-claim.md, "The owner level"): the
+    -- owner, or the group itself when it has none; per plan (plan_key: '' for none).
+    unit       text GENERATED ALWAYS AS (CASE WHEN owner_id IS NULL THEN 'g:' || group_id
+                                              ELSE 'o:' || owner_id END) STORED,
+    plan_key   text GENERATED ALWAYS AS (coalesce('p:' || plan, '')) STORED,
     PRIMARY KEY (type, group_id)
 ) WITH (fillfactor = 70,  -- room for HOT updates
        -- small and rewritten all the time: vacuum it often, not at 20% dead rows
@@ -70,6 +76,57 @@ CREATE INDEX fair_groups_expiry_idx ON {schema}.fair_groups (type, head_until)
     WHERE head_until < 'infinity';
 -- A groups-table change updates the group's rows of every type (fair_groups_changed).
 CREATE INDEX fair_groups_group_idx ON {schema}.fair_groups (group_id);
+-- The owner claim's walk of one owner's groups, like fair_groups_walk_idx within a plan.
+CREATE INDEX fair_groups_unit_walk_idx
+    ON {schema}.fair_groups (type, plan_key, unit, served_n, head_lb, head_id)
+    WHERE active AND head_lb < 'infinity';
+-- Every group of an owner, for the fold's sums (fair_owners).
+CREATE INDEX fair_groups_unit_idx ON {schema}.fair_groups (type, plan_key, unit);
+
+-- The owners' rows (docs/fast-claim.md, "The owner level"), one per (type, plan_key,
+-- unit) that has groups: served_n is the sum of its groups' served_n (exactly: every
+-- change of a group's served_n or owner changes it in the same transaction, fair_fold
+-- and fair_copy_group); (b_served, b_head_lb, b_head_id) is a lower bound of
+-- (served_n, head_lb, head_id) over its active groups with pending jobs and ready_lb of
+-- their ready_lb, except groups named in fair_lowered at or above the type's fold mark
+-- (a writer lowered their bounds, or the group is new or moved, since the owner's row
+-- was last computed): the claim takes those as special. Only fair_fold computes the
+-- bounds; writers never lock these rows, so no enqueue waits on an owner.
+CREATE TABLE {schema}.fair_owners (
+    type       text NOT NULL,
+    plan_key   text NOT NULL,
+    unit       text NOT NULL,
+    plan       text,
+    served_n   bigint NOT NULL DEFAULT 0,
+    b_served   integer NOT NULL DEFAULT 0,
+    b_head_lb  timestamptz NOT NULL DEFAULT 'infinity',
+    b_head_id  bigint NOT NULL DEFAULT 0,
+    ready_lb   timestamptz NOT NULL DEFAULT 'infinity',
+    PRIMARY KEY (type, plan_key, unit)
+) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0,
+       autovacuum_vacuum_threshold = 2000);
+
+-- The owner claim's walk: per type and plan, owners with pending work by served count
+-- and their best group's bound.
+CREATE INDEX fair_owners_walk_idx
+    ON {schema}.fair_owners (type, plan_key, served_n, b_served, b_head_lb, b_head_id)
+    WHERE b_head_lb < 'infinity';
+
+-- Groups whose owner's row does not account for them yet, stamped with the writer's
+-- transaction id (append-only, like fair_served): a writer that lowered the group's
+-- bounds (fair_note_pending_each), made its row (fair_insert_groups) or changed its
+-- plan, owner or status (fair_copy_group). The owner claim treats these groups' owners
+-- as special until fair_fold recomputes them and deletes the rows below its new mark
+-- (the same fold mark as fair_served's: the claim reads the rows at or above it).
+CREATE TABLE {schema}.fair_lowered (
+    type      text NOT NULL,
+    group_id  text NOT NULL,
+    xid       xid8 NOT NULL DEFAULT pg_current_xact_id()
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000);
+
+CREATE INDEX fair_lowered_xid_idx ON {schema}.fair_lowered (type, xid);
+
+ALTER TABLE {schema}.fair_lowered REPLICA IDENTITY FULL;
 
 -- The plans present among a type's groups (NULL, no plan, is always walked). Rows are
 -- only ever added (INSERT … ON CONFLICT DO NOTHING takes no lock); a plan no longer
@@ -161,26 +218,77 @@ BEGIN
 END
 $$;
 
--- Keep fair_groups' copy of plan and active. A group missing from the table ranks as an
--- active group with no owner, so a delete resets the copy to that.
+-- Set a group's copy of plan, active and owner in its fair_groups rows of every type,
+-- keeping the owners' rows exact: a row that moves to another owner or plan takes its
+-- served_n from the old owner's row to the new one's, and every changed row is named in
+-- fair_lowered (its new owner's bounds do not account for it until the next fold).
+-- The group's rows are locked first (FOR NO KEY UPDATE: writers' FOR KEY SHARE goes on;
+-- fair_fold, FOR UPDATE SKIP LOCKED, leaves them and their served_n alone until this
+-- commits), then the owners' rows, in key order.
+CREATE FUNCTION {schema}.fair_copy_group(p_group text, p_plan text, p_active boolean,
+                                         p_owner text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    new_key text := coalesce('p:' || p_plan, '');
+    new_unit text := CASE WHEN p_owner IS NULL THEN 'g:' || p_group ELSE 'o:' || p_owner END;
+BEGIN
+    FOR r IN
+        SELECT fg.type, fg.plan_key, fg.unit, fg.served_n
+        FROM {schema}.fair_groups fg
+        WHERE fg.group_id = p_group
+          AND (fg.plan IS DISTINCT FROM p_plan OR fg.active IS DISTINCT FROM p_active
+               OR fg.owner_id IS DISTINCT FROM p_owner)
+        ORDER BY fg.type
+        FOR NO KEY UPDATE
+    LOOP
+        IF (r.plan_key, r.unit) <> (new_key, new_unit) AND r.served_n <> 0 THEN
+            LOOP  -- a fold may drop an owner's empty row in between: make it again
+                INSERT INTO {schema}.fair_owners (type, plan_key, unit, plan)
+                VALUES (r.type, new_key, new_unit, p_plan)
+                ON CONFLICT DO NOTHING;
+                PERFORM 1 FROM {schema}.fair_owners o
+                WHERE o.type = r.type
+                  AND (o.plan_key, o.unit) IN ((r.plan_key, r.unit), (new_key, new_unit))
+                ORDER BY o.plan_key, o.unit
+                FOR NO KEY UPDATE;
+                EXIT WHEN EXISTS (SELECT 1 FROM {schema}.fair_owners o
+                                  WHERE o.type = r.type AND o.plan_key = new_key
+                                    AND o.unit = new_unit);
+            END LOOP;
+            UPDATE {schema}.fair_owners o SET served_n = o.served_n - r.served_n
+            WHERE o.type = r.type AND o.plan_key = r.plan_key AND o.unit = r.unit;
+            UPDATE {schema}.fair_owners o SET served_n = o.served_n + r.served_n
+            WHERE o.type = r.type AND o.plan_key = new_key AND o.unit = new_unit;
+        END IF;
+        INSERT INTO {schema}.fair_lowered (type, group_id) VALUES (r.type, p_group);
+    END LOOP;
+    UPDATE {schema}.fair_groups SET plan = p_plan, active = p_active, owner_id = p_owner
+    WHERE group_id = p_group
+      AND (plan IS DISTINCT FROM p_plan OR active IS DISTINCT FROM p_active
+           OR owner_id IS DISTINCT FROM p_owner);
+    IF p_plan IS NOT NULL THEN
+        INSERT INTO {schema}.fair_plans (type, plan)
+        SELECT DISTINCT f.type, p_plan FROM {schema}.fair_groups f
+        WHERE f.group_id = p_group
+        ON CONFLICT DO NOTHING;
+    END IF;
+END
+$$;
+
+-- Keep fair_groups' copy of plan, active and owner (fair_copy_group). A group missing
+-- from the table ranks as an active group with no owner, so a delete resets the copy to
+-- that.
 CREATE FUNCTION {schema}.fair_groups_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        UPDATE {schema}.fair_groups SET plan = NULL, active = true
-        WHERE group_id = OLD.group_id AND (plan IS NOT NULL OR NOT active);
+        PERFORM {schema}.fair_copy_group(OLD.group_id, NULL, true, NULL);
     ELSE
         IF TG_OP = 'UPDATE' AND OLD.group_id <> NEW.group_id THEN
-            UPDATE {schema}.fair_groups SET plan = NULL, active = true
-            WHERE group_id = OLD.group_id;
+            PERFORM {schema}.fair_copy_group(OLD.group_id, NULL, true, NULL);
         END IF;
-        UPDATE {schema}.fair_groups SET plan = NEW.plan, active = NEW.active
-        WHERE group_id = NEW.group_id
-          AND (plan IS DISTINCT FROM NEW.plan OR active IS DISTINCT FROM NEW.active);
-        INSERT INTO {schema}.fair_plans (type, plan)
-        SELECT DISTINCT f.type, NEW.plan FROM {schema}.fair_groups f
-        WHERE f.group_id = NEW.group_id AND NEW.plan IS NOT NULL
-        ON CONFLICT DO NOTHING;
+        PERFORM {schema}.fair_copy_group(NEW.group_id, NEW.plan, NEW.active, NEW.owner_id);
     END IF;
     RETURN NULL;
 END
@@ -190,8 +298,9 @@ CREATE TRIGGER groups_fair_changed
     AFTER INSERT OR UPDATE OR DELETE ON {schema}.groups
     FOR EACH ROW EXECUTE FUNCTION {schema}.fair_groups_changed();
 
--- Insert missing fair_groups rows (bounds and served count as given), copying plan and
--- active from rota's groups table under FOR SHARE of those rows, so a concurrent plan
+-- Insert missing fair_groups rows (bounds and served count as given), copying plan,
+-- active and owner from rota's groups table under FOR SHARE of those rows (and naming
+-- each new row in fair_lowered), so a concurrent plan
 -- change either commits first (and is read here) or waits and then updates these rows.
 -- Rows that exist are left alone. The head is the first ready job by (created_at, id).
 CREATE FUNCTION {schema}.fair_insert_groups(
@@ -227,20 +336,25 @@ BEGIN
         GROUP BY w.type, w.group_id, w.head, w.head_id, w.ready, w.served
     ),
     g AS (
-        SELECT g.group_id, g.plan, g.active FROM {schema}.groups g
+        SELECT g.group_id, g.plan, g.active, g.owner_id FROM {schema}.groups g
         WHERE g.group_id IN (SELECT group_id FROM want)
         ORDER BY g.group_id
         FOR SHARE
     ),
     ins AS (
         INSERT INTO {schema}.fair_groups AS fg (type, group_id, head_lb, head_id, head_until,
-                                                ready_lb, served_n, plan, active)
+                                                ready_lb, served_n, plan, active, owner_id)
         SELECT w.type, w.group_id, w.head, w.head_id, w.until, w.ready, w.served, g.plan,
-               coalesce(g.active, true)
+               coalesce(g.active, true), g.owner_id
         FROM want w LEFT JOIN g ON g.group_id = w.group_id
         ORDER BY w.type, w.group_id
         ON CONFLICT (type, group_id) DO NOTHING
-        RETURNING fg.type, fg.plan
+        RETURNING fg.type, fg.plan, fg.group_id
+    ),
+    -- A new row: its owner's row does not account for it until the next fold.
+    marked AS (
+        INSERT INTO {schema}.fair_lowered (type, group_id)
+        SELECT i.type, i.group_id FROM ins i
     )
     INSERT INTO {schema}.fair_plans (type, plan)
     SELECT DISTINCT i.type, i.plan FROM ins i WHERE i.plan IS NOT NULL
@@ -284,7 +398,9 @@ BEGIN
     -- later cuts head_until instead. Rows are locked in key order (FOR NO KEY UPDATE,
     -- which does not conflict with other writers' FOR KEY SHARE), so two writers
     -- lowering the same groups cannot deadlock. Rare: new jobs come after their group's
-    -- head.
+    -- head. A lowered group is named in fair_lowered: its owner's bounds do not
+    -- account for it until the next fold.
+    WITH lowered AS (
     UPDATE {schema}.fair_groups AS fg
     SET head_lb = a.head, head_id = a.head_id, head_until = a.until, ready_lb = a.ready
     FROM (
@@ -326,7 +442,11 @@ BEGIN
     ) a
     WHERE fg.type = a.type AND fg.group_id = a.group_id
       AND (fg.head_lb <> a.head OR fg.head_id <> a.head_id OR fg.head_until <> a.until
-           OR fg.ready_lb <> a.ready);
+           OR fg.ready_lb <> a.ready)
+    RETURNING fg.type, fg.group_id
+    )
+    INSERT INTO {schema}.fair_lowered (type, group_id)
+    SELECT l.type, l.group_id FROM lowered l;
 END
 $$;
 
@@ -670,27 +790,33 @@ $$;
 -- deferred, the oldest of all, valid forever), valid until the first job due after
 -- p_now. One new row version per group per round, since every version leaves an entry
 -- in the walk index. No edge lock is needed: deltas and served_n count against the
--- same edge, and a fold moves them in one transaction. It never waits: rows a writer
--- holds (FOR KEY SHARE or a lowering) and delta rows another fold holds are left for
--- the next one; while another fold of the type runs (its fair_fold_lock row is locked)
--- it returns 0 at once.
--- The mark: the fold reads the deltas from the type's newest mark on, and records as
--- its new mark the smaller of its first snapshot's xmin and the smallest xid of a delta
--- it left (a group a writer held). Every transaction with an xid below a snapshot's
--- xmin had ended when the snapshot was taken, so each of their deltas was visible to
--- the fold's later statements and was folded; the fold's own xid is never below its
--- snapshot's xmin. A read-only long transaction (a report, pg_dump) has no xid and does
--- not hold the mark back; one that wrote and stays open does. Returns the number of
--- groups folded.
+-- same edge, and a fold moves them in one transaction. Then the owners' rows
+-- (fair_owners) of the groups folded and of the groups named in fair_lowered are
+-- computed again from their groups. It never waits: rows a writer holds (FOR KEY SHARE
+-- or a lowering), owners' rows a plan or owner change holds (a group of such an owner
+-- is not folded this time) and delta rows another fold holds are left for the next one;
+-- while another fold of the type runs (its fair_fold_lock row is locked) it returns 0 at
+-- once.
+-- The mark: the fold reads the deltas and fair_lowered's rows from the type's newest
+-- mark on, and records as its new mark the smaller of its first snapshot's xmin and the
+-- smallest xid of a row it left (a group a writer held). Every transaction with an xid
+-- below a snapshot's xmin had ended when the snapshot was taken, so each of their rows
+-- was visible to the fold's later statements and was folded; the fold's own xid is never
+-- below its snapshot's xmin. A read-only long transaction (a report, pg_dump) has no xid
+-- and does not hold the mark back; one that wrote and stays open does. Returns the
+-- number of groups folded.
 CREATE FUNCTION {schema}.fair_fold(p_type text, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     gs text[];
     missing text[];
-    folded integer;
+    marked text[];
+    ukeys text[];
+    uunits text[];
+    folded integer := 0;
     mark xid8;
     new_mark xid8;
-    had_deltas boolean;
+    had_rows boolean;
 BEGIN
     INSERT INTO {schema}.fair_fold_lock (type) VALUES (p_type) ON CONFLICT (type) DO NOTHING;
     PERFORM 1 FROM {schema}.fair_fold_lock l WHERE l.type = p_type FOR UPDATE SKIP LOCKED;
@@ -702,7 +828,9 @@ BEGIN
                       WHERE m.type = p_type), '0');
     SELECT array_agg(DISTINCT f.group_id) INTO gs
     FROM {schema}.fair_served f WHERE f.type = p_type AND f.xid >= mark;
-    had_deltas := gs IS NOT NULL;
+    SELECT array_agg(DISTINCT l.group_id) INTO marked
+    FROM {schema}.fair_lowered l WHERE l.type = p_type AND l.xid >= mark;
+    had_rows := gs IS NOT NULL OR marked IS NOT NULL;
     IF gs IS NOT NULL THEN
         SELECT array_agg(x.group_id ORDER BY x.group_id) INTO missing
         FROM unnest(gs) AS x(group_id)
@@ -729,68 +857,142 @@ BEGIN
         ORDER BY fg.group_id
         FOR UPDATE OF fg SKIP LOCKED
     ) l;
-    IF gs IS NULL THEN
+    IF gs IS NULL AND marked IS NULL THEN
         RETURN 0;
     END IF;
-    -- A new statement: its snapshot sees every writer that finished before the locks.
-    WITH moved AS (
-        DELETE FROM {schema}.fair_served d
-        WHERE d.ctid = ANY (ARRAY(
-            SELECT f.ctid FROM {schema}.fair_served f
-            JOIN unnest(gs) AS x(group_id) ON x.group_id = f.group_id
-            WHERE f.type = p_type AND f.xid >= mark
-            FOR UPDATE OF f SKIP LOCKED))
-        RETURNING d.group_id, d.n
-    ),
-    sums AS (
-        SELECT mv.group_id, sum(mv.n)::int AS n FROM moved mv GROUP BY mv.group_id
-    ),
-    b0 AS (
-        SELECT g.group_id,
-               coalesce(sm.n, 0) AS n,
-               (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
-                  AND j.group_id = g.group_id AND j.status = 'pending') AS ready,
-               rh.created_at AS ready_head, rh.id AS ready_id,
-               ah.created_at AS any_head, ah.id AS any_id,
-               (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
-                  AND j.group_id = g.group_id AND j.status = 'pending'
-                  AND j.run_after > p_now) AS next_due
-        FROM unnest(gs) AS g(group_id)
-        LEFT JOIN sums sm ON sm.group_id = g.group_id
-        -- The first ready job among the 200 oldest: read in index order, the scan stops
-        -- at it (rather than taking the min over all 200).
-        LEFT JOIN LATERAL (
-            SELECT o.created_at, o.id FROM (
-                SELECT j.created_at, j.id, j.run_after FROM {schema}.jobs j
+    -- The owners of those groups and of the marked ones, their rows made when missing,
+    -- then locked; a group whose owner's row another transaction holds keeps its deltas
+    -- and bounds for the next fold (its owner's sum must move with its served_n).
+    INSERT INTO {schema}.fair_owners (type, plan_key, unit, plan)
+    SELECT DISTINCT p_type, fg.plan_key, fg.unit, fg.plan FROM {schema}.fair_groups fg
+    WHERE fg.type = p_type AND fg.group_id = ANY (gs || marked)
+      AND NOT EXISTS (SELECT 1 FROM {schema}.fair_owners o
+                      WHERE o.type = p_type AND o.plan_key = fg.plan_key
+                        AND o.unit = fg.unit)
+    ORDER BY 2, 3
+    ON CONFLICT DO NOTHING;
+    SELECT array_agg(x.plan_key), array_agg(x.unit) INTO ukeys, uunits FROM (
+        SELECT o.plan_key, o.unit FROM {schema}.fair_owners o
+        WHERE o.type = p_type AND (o.plan_key, o.unit) IN (
+            SELECT fg.plan_key, fg.unit FROM {schema}.fair_groups fg
+            WHERE fg.type = p_type AND fg.group_id = ANY (gs || marked))
+        ORDER BY o.plan_key, o.unit
+        FOR UPDATE OF o SKIP LOCKED) x;
+    SELECT array_agg(fg.group_id) INTO gs FROM {schema}.fair_groups fg
+    WHERE fg.type = p_type AND fg.group_id = ANY (gs)
+      AND (fg.plan_key, fg.unit) IN (SELECT u.k, u.u FROM unnest(ukeys, uunits) AS u(k, u));
+    IF gs IS NOT NULL THEN
+        -- A new statement: its snapshot sees every writer that finished before the locks.
+        WITH moved AS (
+            DELETE FROM {schema}.fair_served d
+            WHERE d.ctid = ANY (ARRAY(
+                SELECT f.ctid FROM {schema}.fair_served f
+                JOIN unnest(gs) AS x(group_id) ON x.group_id = f.group_id
+                WHERE f.type = p_type AND f.xid >= mark
+                FOR UPDATE OF f SKIP LOCKED))
+            RETURNING d.group_id, d.n
+        ),
+        sums AS (
+            SELECT mv.group_id, sum(mv.n)::int AS n FROM moved mv GROUP BY mv.group_id
+        ),
+        b0 AS (
+            SELECT g.group_id,
+                   coalesce(sm.n, 0) AS n,
+                   (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
+                      AND j.group_id = g.group_id AND j.status = 'pending') AS ready,
+                   rh.created_at AS ready_head, rh.id AS ready_id,
+                   ah.created_at AS any_head, ah.id AS any_id,
+                   (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
+                      AND j.group_id = g.group_id AND j.status = 'pending'
+                      AND j.run_after > p_now) AS next_due
+            FROM unnest(gs) AS g(group_id)
+            LEFT JOIN sums sm ON sm.group_id = g.group_id
+            -- The first ready job among the 200 oldest: read in index order, the scan
+            -- stops at it (rather than taking the min over all 200).
+            LEFT JOIN LATERAL (
+                SELECT o.created_at, o.id FROM (
+                    SELECT j.created_at, j.id, j.run_after FROM {schema}.jobs j
+                    WHERE j.type = p_type AND j.group_id = g.group_id
+                      AND j.status = 'pending'
+                    ORDER BY j.created_at, j.id LIMIT 200) o
+                WHERE o.run_after <= p_now
+                ORDER BY o.created_at, o.id LIMIT 1) rh ON true
+            LEFT JOIN LATERAL (
+                SELECT j.created_at, j.id FROM {schema}.jobs j
                 WHERE j.type = p_type AND j.group_id = g.group_id AND j.status = 'pending'
-                ORDER BY j.created_at, j.id LIMIT 200) o
-            WHERE o.run_after <= p_now
-            ORDER BY o.created_at, o.id LIMIT 1) rh ON true
-        LEFT JOIN LATERAL (
-            SELECT j.created_at, j.id FROM {schema}.jobs j
-            WHERE j.type = p_type AND j.group_id = g.group_id AND j.status = 'pending'
-            ORDER BY j.created_at, j.id LIMIT 1) ah ON true
-    )
-    UPDATE {schema}.fair_groups fg
-    SET served_n = fg.served_n + b.n,
-        head_lb = coalesce(b.ready_head, b.any_head, 'infinity'),
-        head_id = coalesce(b.ready_id, b.any_id, 0),
-        head_until = CASE WHEN b.ready_head IS NULL THEN 'infinity'
-                          ELSE coalesce(b.next_due, 'infinity') END,
-        ready_lb = coalesce(b.ready, 'infinity')
-    FROM b0 b
-    WHERE fg.type = p_type AND fg.group_id = b.group_id;
-    GET DIAGNOSTICS folded = ROW_COUNT;
-    -- Drop rows with nothing left to say (no pending job, no served count).
-    DELETE FROM {schema}.fair_groups fg
-    USING unnest(gs) AS x(group_id)
-    WHERE fg.type = p_type AND fg.group_id = x.group_id
-      AND fg.served_n = 0 AND fg.ready_lb = 'infinity';
-    -- The new mark, after the deltas moved (a fold that found none keeps the old one, so
-    -- an idle queue writes no mark). Deltas left behind hold it at their xid.
-    IF had_deltas THEN
-        SELECT least(new_mark, min(f.xid)) INTO new_mark
-        FROM {schema}.fair_served f WHERE f.type = p_type AND f.xid >= mark;
+                ORDER BY j.created_at, j.id LIMIT 1) ah ON true
+        )
+        UPDATE {schema}.fair_groups fg
+        SET served_n = fg.served_n + b.n,
+            head_lb = coalesce(b.ready_head, b.any_head, 'infinity'),
+            head_id = coalesce(b.ready_id, b.any_id, 0),
+            head_until = CASE WHEN b.ready_head IS NULL THEN 'infinity'
+                              ELSE coalesce(b.next_due, 'infinity') END,
+            ready_lb = coalesce(b.ready, 'infinity')
+        FROM b0 b
+        WHERE fg.type = p_type AND fg.group_id = b.group_id;
+        GET DIAGNOSTICS folded = ROW_COUNT;
+        -- Drop rows with nothing left to say (no pending job, no served count).
+        DELETE FROM {schema}.fair_groups fg
+        USING unnest(gs) AS x(group_id)
+        WHERE fg.type = p_type AND fg.group_id = x.group_id
+          AND fg.served_n = 0 AND fg.ready_lb = 'infinity';
+    END IF;
+    IF ukeys IS NOT NULL THEN
+        -- The owners' rows from their groups as they are now (a new statement: every
+        -- writer that named a group in fair_lowered before this statement's snapshot is
+        -- seen), and the fair_lowered rows this accounts for: those of these owners'
+        -- groups (or of groups with no row left) written before the snapshot, and the
+        -- fold's own.
+        WITH agg AS (
+            SELECT u.k AS plan_key, u.u AS unit,
+                   coalesce(sum(fg.served_n), 0) AS served,
+                   (array_agg(fg.served_n ORDER BY fg.served_n, fg.head_lb, fg.head_id)
+                    FILTER (WHERE fg.active AND fg.head_lb < 'infinity'))[1] AS b_served,
+                   (array_agg(fg.head_lb ORDER BY fg.served_n, fg.head_lb, fg.head_id)
+                    FILTER (WHERE fg.active AND fg.head_lb < 'infinity'))[1] AS b_head_lb,
+                   (array_agg(fg.head_id ORDER BY fg.served_n, fg.head_lb, fg.head_id)
+                    FILTER (WHERE fg.active AND fg.head_lb < 'infinity'))[1] AS b_head_id,
+                   min(fg.ready_lb) FILTER (WHERE fg.active) AS ready
+            FROM unnest(ukeys, uunits) AS u(k, u)
+            LEFT JOIN {schema}.fair_groups fg
+              ON fg.type = p_type AND fg.plan_key = u.k AND fg.unit = u.u
+            GROUP BY u.k, u.u
+        ),
+        upd AS (
+            UPDATE {schema}.fair_owners o
+            SET served_n = a.served, b_served = coalesce(a.b_served, 0),
+                b_head_lb = coalesce(a.b_head_lb, 'infinity'),
+                b_head_id = coalesce(a.b_head_id, 0),
+                ready_lb = coalesce(a.ready, 'infinity')
+            FROM agg a
+            WHERE o.type = p_type AND o.plan_key = a.plan_key AND o.unit = a.unit
+        )
+        DELETE FROM {schema}.fair_lowered d
+        WHERE d.type = p_type AND d.xid >= mark
+          AND (d.xid < pg_snapshot_xmin(pg_current_snapshot())
+               OR d.xid = pg_current_xact_id())
+          AND NOT EXISTS (
+              SELECT 1 FROM {schema}.fair_groups fg
+              WHERE fg.type = p_type AND fg.group_id = d.group_id
+                AND (fg.plan_key, fg.unit) NOT IN (
+                    SELECT u.k, u.u FROM unnest(ukeys, uunits) AS u(k, u)));
+        -- Owners with no group left.
+        DELETE FROM {schema}.fair_owners o
+        USING unnest(ukeys, uunits) AS u(k, u)
+        WHERE o.type = p_type AND o.plan_key = u.k AND o.unit = u.u
+          AND NOT EXISTS (SELECT 1 FROM {schema}.fair_groups fg
+                          WHERE fg.type = p_type AND fg.plan_key = u.k
+                            AND fg.unit = u.u);
+    END IF;
+    -- The new mark, after the rows moved (a fold that found none keeps the old one, so
+    -- an idle queue writes no mark). Rows left behind hold it at their xid.
+    IF had_rows THEN
+        SELECT least(new_mark, (SELECT min(f.xid) FROM {schema}.fair_served f
+                                WHERE f.type = p_type AND f.xid >= mark),
+                     (SELECT min(l.xid) FROM {schema}.fair_lowered l
+                      WHERE l.type = p_type AND l.xid >= mark))
+        INTO new_mark;
         IF new_mark > mark THEN
             INSERT INTO {schema}.fair_fold_mark (type, upto) VALUES (p_type, new_mark);
             DELETE FROM {schema}.fair_fold_mark m WHERE m.type = p_type AND m.upto < new_mark;

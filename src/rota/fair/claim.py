@@ -42,30 +42,43 @@ class FairClaim:
     def __init__(self, store: Store, upkeep: ClaimUpkeep) -> None:
         self.store = store
         self.upkeep = upkeep
-        self._probe: dict[str, tuple[int, int]] = {}  # probe sizes that sufficed, per type
-        self._probe_calm: dict[str, int] = {}  # claims in a row that needed no retry
+        # Probe sizes that sufficed (groups, per, spread), per type and order.
+        self._probe: dict[tuple[str, str], tuple[int, int, int]] = {}
+        self._probe_calm: dict[tuple[str, str], int] = {}  # claims in a row with no retry
         # Claim statements re-run because the probe could not prove the batch, per type
         # (tests and bench/ check that ties and locked candidates do not make it grow).
         self.retries: dict[str, int] = {}
 
-    def statement(self) -> RawStatement:
-        """The claim: it walks fair_groups' copy of plan and active for rota's own groups
-        table (through fair_groups_walk_idx, or in one sorted pass while the upkeep
-        finds the xmin horizon held: :attr:`ClaimUpkeep.horizon_held`), and reads an
-        application's groups relation live."""
+    def statement(self, fair_by: str = "group") -> RawStatement:
+        """The claim for ``fair_by`` (``"group"`` or ``"owner"``; docs/design.md, "The
+        fair claim"). By group it walks fair_groups' copy of plan and active for rota's
+        own groups table (through fair_groups_walk_idx, or in one sorted pass while the
+        upkeep finds the xmin horizon held: :attr:`ClaimUpkeep.horizon_held`), and reads
+        an application's groups relation live. By owner it walks the owners' rows
+        (``fair_owners``) for rota's own groups table, and reads every group of the type
+        with its owner, live, from an application's relation (``claim_pool_owner.sql``)."""
+        if fair_by == "owner":
+            if self.store.external_groups:
+                return self.store.raw("fair/claim", pool="fair/claim_pool_owner",
+                                      claim_order="fair/claim_order_owner",
+                                      owner_walk="fair/claim_owner_walk_scan")
+            return self.store.raw("fair/claim", pool="fair/claim_pool_owner_cached",
+                                  claim_order="fair/claim_order_owner",
+                                  owner_walk="fair/claim_owner_walk_cached")
         if self.store.external_groups:
             pool = "fair/claim_pool_scan"
         elif self.upkeep.horizon_held:
             pool = "fair/claim_pool_sorted"
         else:
             pool = "fair/claim_pool_cached"
-        return self.store.raw("fair/claim", pool=pool)
+        return self.store.raw("fair/claim", pool=pool, claim_order="fair/claim_order_group")
 
     async def claim(self, job_type: str, limit: int, *, plans: Plans,
                     clock_offset: timedelta, stale_after: timedelta,
                     served_window: timedelta, run_id: uuid.UUID | None = None,
-                    conn: AnyConn | None = None) -> list[Job]:
-        """Claim up to ``limit`` jobs of ``job_type``; see :meth:`rota.Queue.claim`.
+                    fair_by: str = "group", conn: AnyConn | None = None) -> list[Job]:
+        """Claim up to ``limit`` jobs of ``job_type``; see :meth:`rota.Queue.claim`
+        (``fair_by``: ``"group"`` or ``"owner"``, the queue's setting).
 
         Returns:
             The claimed jobs in fair order, made leniently: a row holding a value that
@@ -89,9 +102,9 @@ class FairClaim:
             "served_window": served_window,
             **plans.claim_params(),
         }
-        groups, per = self._probe.get(job_type, self._floor(limit))
+        groups, per, spread = self._probe.get((job_type, fair_by), self._floor(limit))
         retried = False
-        statement = self.statement()
+        statement = self.statement(fair_by)
         async with self.store.deadline(), self.store.connection(conn) as c:
             while True:
                 # Times are loaded guarded (a small cost a value): a value that cannot be
@@ -110,7 +123,7 @@ class FairClaim:
                     await c.execute(self.store.sql("fair/claim_settings"), prepare=True)
                     await cur.execute(statement.text, statement.params(
                         {**params, "probe_groups": groups, "probe_per": per,
-                         "candidates": candidates}), prepare=True)
+                         "probe_spread": spread, "candidates": candidates}), prepare=True)
                 # Read after the pipeline's Sync: its results came back with it, in the
                 # one round trip.
                 rows = await cur.fetchall()
@@ -125,11 +138,13 @@ class FairClaim:
                     groups *= 2
                 if "per" in retry:
                     per *= 2
+                if "spread" in retry:  # fair_by "owner": more groups of each owner
+                    spread *= 2
                 if "cand" in retry:
                     candidates *= 2
                 retried = True
                 self.retries[job_type] = self.retries.get(job_type, 0) + 1
-        self._remember(job_type, limit, groups, per, retried)
+        self._remember((job_type, fair_by), limit, (groups, per, spread), retried)
         # A claim on the caller's connection asks for upkeep too: an application that
         # always claims inside its own transaction would otherwise never fold.
         self.upkeep.request(job_type)
@@ -169,23 +184,28 @@ class FairClaim:
         self._probe.clear()  # sizes that sufficed on the old rows say nothing now
         return report
 
-    def _floor(self, limit: int) -> tuple[int, int]:
-        return self.probe_floor or (limit * 2 + 8, 2)
+    def _floor(self, limit: int) -> tuple[int, int, int]:
+        """The smallest probe: groups (owners, by owner), jobs per group, and groups per
+        owner (by owner only)."""
+        if self.probe_floor:
+            return (*self.probe_floor, 1)
+        return (limit * 2 + 8, 2, 2)
 
-    def _remember(self, job_type: str, limit: int, groups: int, per: int,
+    def _remember(self, key: tuple[str, str], limit: int, sizes: tuple[int, int, int],
                   retried: bool) -> None:
-        """Start the next claim of this type from the probe sizes that sufficed, drifting
-        back toward the smallest useful ones so one unusual claim does not stick: by an
-        eighth after every 8 claims in a row that needed no retry (a retry costs a whole
-        claim, a few more groups probed far less)."""
-        floor_groups, floor_per = self._floor(limit)
-        calm = 0 if retried else self._probe_calm.get(job_type, 0) + 1
+        """Start the next claim of this type (and order) from the probe sizes that
+        sufficed, drifting back toward the smallest useful ones so one unusual claim does
+        not stick: by an eighth after every 8 claims in a row that needed no retry (a
+        retry costs a whole claim, a few more groups probed far less)."""
+        calm = 0 if retried else self._probe_calm.get(key, 0) + 1
         if calm >= 8:
             calm = 0
-            groups -= max(1, groups // 8)
-            per -= max(1, per // 8)
-        self._probe_calm[job_type] = calm
-        self._probe[job_type] = (max(floor_groups, groups), max(floor_per, per))
+            sizes = (sizes[0] - max(1, sizes[0] // 8), sizes[1] - max(1, sizes[1] // 8),
+                     sizes[2] - max(1, sizes[2] // 8))
+        self._probe_calm[key] = calm
+        floor = self._floor(limit)
+        self._probe[key] = (max(floor[0], sizes[0]), max(floor[1], sizes[1]),
+                            max(floor[2], sizes[2]))
 
 
 __all__ = ["FairClaim"]

@@ -1,17 +1,27 @@
 -- Claim a batch of one type, in the fair order, at a cost that does not grow with the
 -- backlog (docs/design.md#claim and #the-fair-claim; how: docs/fast-claim.md).
--- Order: plan priority desc, then served + position asc, then created_at, id.
+-- Order (the queue's fair_by, docs/design.md "The fair claim"):
+--   fair_by "group": plan priority desc, then (served + position) / weight asc, then
+--                    created_at, id;
+--   fair_by "owner": plan priority desc, then the owner's (served + position) / weight,
+--                    then the group's served + position, then created_at, id.
 --   served:   the group's jobs of this type done or running within the served window
 --             (finished, or locked, in it: running counts as served, so a group being
 --             worked on does not look idle);
---             jobs with no group never match, so their served is 0.
+--             jobs with no group never match, so their served is 0. An owner's served
+--             is the sum over its groups on that plan.
 --   position: the job's 0-based rank among its group's claimable jobs by age; all
---             group-less jobs form one group for it.
--- Priority comes from the plans object as bound arrays: a plan id never becomes SQL text.
+--             group-less jobs form one group for it. An owner's position ranks the job
+--             among the owner's claimable jobs by the rest of the key.
+--   weight:   the plan's weight (Plan.weight): plans of one priority share by it.
+-- Priority and weight come from the plans object as bound arrays: a plan id never
+-- becomes SQL text.
 -- A job with no group, or whose group has no plan (no owner), ranks as the middle plan;
 -- a plan id the plans object does not know ranks as the lowest plan. A group missing
 -- from the groups relation is treated as an active group with no owner, so its jobs are
 -- never stranded. Only job rows are locked (FOR UPDATE OF j), never the group rows.
+-- Every key is compared as five parts (priority, v, fair, created_at, id): fair_by
+-- "group" keeps fair at 0.
 --
 -- How it avoids reading the backlog (docs/fast-claim.md has the proof):
 --   1. Every group that may have a ready job (fair_groups, one row per group) gets its
@@ -33,15 +43,18 @@
 -- Locks are taken with SKIP LOCKED, which never waits, so the claim cannot deadlock
 -- with sweepers or batch deferrals even though it locks in fair order, not id order.
 --
--- Fragments: the pool placeholder below is claim_pool_cached.sql (rota's groups table)
--- or claim_pool_scan.sql (an application's groups relation), chosen by
--- FairClaim.statement; each states what it needs from this statement and defines.
+-- Fragments, chosen by FairClaim.statement (each states what it needs and defines):
+-- the pool placeholder is claim_pool_cached.sql (rota's groups table),
+-- claim_pool_sorted.sql (the same while the xmin horizon is held), claim_pool_scan.sql
+-- (an application's groups relation) or claim_pool_owner.sql (fair_by "owner"); the
+-- claim_order placeholder is claim_order_group.sql or claim_order_owner.sql.
 -- Needs:   parameters type, limit, run_id, offset, stale_after, served_window,
---          plan_ids, plan_priorities, middle_priority, lowest_priority, probe_groups,
---          probe_per, candidates.
+--          plan_ids, plan_priorities, plan_weights, middle_priority, lowest_priority,
+--          middle_weight, lowest_weight, probe_groups, probe_per, candidates (and
+--          probe_spread for fair_by "owner").
 -- Defines: CTEs clock, plan_priority, running_old, edge_fix, served_delta, stale,
---          stale_head, special (read by the pool); the pool's CTEs; then keyed, walk,
---          probe, ranked, ordered, cand, kth, unread, blocked, locked, last_locked,
+--          stale_head, special (read by the pool); the pool's CTEs; the order's CTEs
+--          (ending in ordered and unread); then cand, kth, blocked, locked, last_locked,
 --          blocked_after, claimed. Returns the claimed jobs' columns, claim_order and
 --          retry (one row with retry set, and nothing claimed, when the proof failed).
 WITH clock AS (
@@ -52,8 +65,9 @@ WITH clock AS (
                     '-infinity') AS edge
 ),
 plan_priority AS (
-    SELECT p.plan, p.priority
-    FROM unnest(%(plan_ids)s::text[], %(plan_priorities)s::int[]) AS p(plan, priority)
+    SELECT p.plan, p.priority, p.weight
+    FROM unnest(%(plan_ids)s::text[], %(plan_priorities)s::int[], %(plan_weights)s::int[])
+         AS p(plan, priority, weight)
 ),
 -- Running jobs are in the served counts (fair_served, folded into served_n) whatever
 -- their lock's age; those locked before the window start are not served and are taken
@@ -128,80 +142,7 @@ special AS (
     WHERE fg.type = %(type)s AND fg.head_until <= c.now AND fg.head_until < 'infinity'
 ),
 {pool},
-keyed AS (
-    SELECT pl.group_id, pl.head_lb, pl.head_id, pl.served_n, pl.served_lb,
-           CASE WHEN pl.group_id IS NULL OR pl.plan IS NULL THEN %(middle_priority)s::int
-                ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority
-    FROM pool pl
-    LEFT JOIN plan_priority pp ON pp.plan = pl.plan
-    WHERE pl.active
-),
--- Groups in order of the lower bound (priority, served_lb, head_lb, head_id) of their
--- first job's key; only the first probe_groups are probed, the next one bounds the rest.
-walk AS (
-    SELECT k.group_id, k.head_lb, k.head_id, k.priority, k.served_lb,
-           k.served_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0) AS served,
-           row_number() OVER (ORDER BY k.priority DESC, k.served_lb, k.head_lb, k.head_id,
-                                       k.group_id NULLS FIRST) AS rank
-    FROM (SELECT * FROM keyed k
-          ORDER BY k.priority DESC, k.served_lb, k.head_lb, k.head_id,
-                   k.group_id NULLS FIRST
-          LIMIT %(probe_groups)s + 1) k
-    LEFT JOIN served_delta dd ON dd.group_id = k.group_id
-    LEFT JOIN edge_fix ef ON ef.group_id = k.group_id
-    LEFT JOIN running_old ro ON ro.group_id = k.group_id
-),
-probe AS (
-    SELECT w.group_id, w.priority, w.served, j.id, j.created_at
-    FROM walk w
-    CROSS JOIN LATERAL (
-        (SELECT p.id, p.created_at
-         FROM {schema}.jobs p, clock c
-         WHERE p.type = %(type)s AND p.group_id = w.group_id AND p.status = 'pending'
-           -- From the group's head bound on (the pool's, '-infinity' once expired): no
-           -- claimable job lies before it (the head invariant), and the index scan
-           -- starts past the entries of jobs claimed before the last fold, which a
-           -- long transaction keeps from vacuum (docs/operations.md, "Long
-           -- transactions").
-           AND (p.created_at, p.id) >= (w.head_lb, w.head_id)
-           -- `+ interval '0'` keeps run_after out of the index condition: the planner
-           -- otherwise picks jobs_pending_ready_idx and sorts the group's ready jobs
-           -- instead of reading jobs_pending_idx in order and stopping after
-           -- probe_per + 1 rows (bench/RESULTS.md, "Planner notes").
-           AND p.run_after + interval '0' <= c.now
-         ORDER BY p.created_at, p.id
-         LIMIT %(probe_per)s + 1)
-        UNION ALL
-        (SELECT p.id, p.created_at
-         FROM {schema}.jobs p, clock c
-         WHERE w.group_id IS NULL
-           AND p.type = %(type)s AND p.group_id IS NULL AND p.status = 'pending'
-           AND p.run_after + interval '0' <= c.now
-         ORDER BY p.created_at, p.id
-         LIMIT %(probe_per)s + 1)
-        UNION ALL
-        SELECT s.id, s.created_at FROM stale s
-        WHERE s.group_id = w.group_id OR (w.group_id IS NULL AND s.group_id IS NULL)
-    ) j
-    WHERE w.rank <= %(probe_groups)s
-),
-ranked AS (
-    SELECT pr.*,
-           row_number() OVER (PARTITION BY pr.group_id ORDER BY pr.created_at, pr.id) AS pos
-    FROM probe pr
-),
--- The best `candidates` jobs read, and the next one, which bounds the rest (LIMIT also
--- tells the planner how few they are, so `locked` fetches them by primary key rather
--- than by a hash join over jobs, (bench/RESULTS.md, "Planner notes")).
-ordered AS MATERIALIZED (
-    SELECT r.id, r.group_id, r.priority, r.served + r.pos - 1 AS fair, r.created_at,
-           row_number() OVER (ORDER BY r.priority DESC, r.served + r.pos - 1,
-                                       r.created_at, r.id) AS ord
-    FROM ranked r
-    WHERE r.pos <= %(probe_per)s
-    ORDER BY ord
-    LIMIT %(candidates)s + 1
-),
+{claim_order},
 cand AS (
     SELECT o.* FROM ordered o WHERE o.ord <= %(candidates)s
 ),
@@ -209,22 +150,7 @@ cand AS (
 -- `limit`) is exact; the candidates after it are the best of the jobs read, a reserve
 -- for a claimer that finds rows locked by a concurrent claimer.
 kth AS MATERIALIZED (
-    SELECT c.priority, c.fair, c.created_at, c.id FROM cand c WHERE c.ord = %(limit)s
-),
--- Lower bounds, id included, of every job not a candidate: the first group not probed
--- (its head's bound), for each group with more than probe_per claimable jobs its next
--- job, and the first job read beyond the candidates (both read, so their keys are
--- exact; what they bound ranks after them).
-unread AS (
-    SELECT w.priority, w.served_lb AS fair, w.head_lb AS created_at, w.head_id AS id,
-           'groups' AS need
-    FROM walk w WHERE w.rank = %(probe_groups)s + 1
-    UNION ALL
-    SELECT r.priority, r.served + r.pos - 1, r.created_at, r.id, 'per'
-    FROM ranked r WHERE r.pos = %(probe_per)s + 1
-    UNION ALL
-    SELECT o.priority, o.fair, o.created_at, o.id, 'cand'
-    FROM ordered o WHERE o.ord = %(candidates)s + 1
+    SELECT c.priority, c.v, c.fair, c.created_at, c.id FROM cand c WHERE c.ord = %(limit)s
 ),
 -- Unread jobs that might rank before the limit-th candidate: none, or the claim is not
 -- exact. Keys are unique (id is the last tie-break) and the limit-th candidate was
@@ -234,7 +160,8 @@ blocked AS (
     FROM unread u
     LEFT JOIN kth k ON true
     WHERE k.id IS NULL
-       OR (-u.priority, u.fair, u.created_at, u.id) < (-k.priority, k.fair, k.created_at, k.id)
+       OR (-u.priority, u.v, u.fair, u.created_at, u.id)
+          < (-k.priority, k.v, k.fair, k.created_at, k.id)
 ),
 -- Lock in fair order, one candidate at a time by primary key, re-checking eligibility on
 -- the row's latest version (a concurrent claimer may have committed since this
@@ -281,8 +208,8 @@ blocked_after AS (
     WHERE NOT EXISTS (SELECT 1 FROM blocked)
       AND ll.ord IS DISTINCT FROM %(limit)s::bigint  -- else the check above was this one
       AND (ll.n < %(limit)s
-           OR (-u.priority, u.fair, u.created_at, u.id)
-              < (-k.priority, k.fair, k.created_at, k.id))
+           OR (-u.priority, u.v, u.fair, u.created_at, u.id)
+              < (-k.priority, k.v, k.fair, k.created_at, k.id))
 ),
 claimed AS (
     UPDATE {schema}.jobs AS u

@@ -7,8 +7,9 @@
 --   head       the first job ready now by (created_at, id), valid until the earliest
 --              run_after of the older jobs not ready (as fair_fold renews it); none
 --              ready: the oldest pending job, valid forever; none pending: 'infinity';
---   plan, active  copied from rota's groups table (no row: none, true);
--- and the plans present added to fair_plans. Returns the number of rows written.
+--   plan, active, owner_id  copied from rota's groups table (no row: none, true, none);
+-- then one fair_owners row per owner (its groups' served_n summed, its bounds the
+-- smallest of its active groups'), and the plans present added to fair_plans. Returns the number of rows written.
 -- Needs: parameter offset.
 WITH clock AS (SELECT now() + %(offset)s::interval AS now),
 counted AS (
@@ -48,13 +49,30 @@ heads AS (
 ),
 rows AS (
     INSERT INTO {schema}.fair_groups AS fg (type, group_id, head_lb, head_id, head_until,
-                                            ready_lb, served_n, plan, active)
+                                            ready_lb, served_n, plan, active, owner_id)
     SELECT h.type, h.group_id, h.head_lb, h.head_id, h.head_until,
-           coalesce(h.ready, 'infinity'), h.served, g.plan, coalesce(g.active, true)
+           coalesce(h.ready, 'infinity'), h.served, g.plan, coalesce(g.active, true),
+           g.owner_id
     FROM heads h
     LEFT JOIN {schema}.groups g ON g.group_id = h.group_id
     ORDER BY h.type, h.group_id
-    RETURNING fg.type, fg.plan
+    RETURNING fg.type, fg.plan, fg.plan_key, fg.unit, fg.served_n, fg.head_lb, fg.head_id,
+              fg.ready_lb, fg.active
+),
+-- The owners' rows from the groups' (as fair_fold computes them).
+owners AS (
+    INSERT INTO {schema}.fair_owners (type, plan_key, unit, plan, served_n, b_served,
+                                      b_head_lb, b_head_id, ready_lb)
+    SELECT r.type, r.plan_key, r.unit, min(r.plan), sum(r.served_n),
+           coalesce((array_agg(r.served_n ORDER BY r.served_n, r.head_lb, r.head_id)
+                     FILTER (WHERE r.active AND r.head_lb < 'infinity'))[1], 0),
+           coalesce((array_agg(r.head_lb ORDER BY r.served_n, r.head_lb, r.head_id)
+                     FILTER (WHERE r.active AND r.head_lb < 'infinity'))[1], 'infinity'),
+           coalesce((array_agg(r.head_id ORDER BY r.served_n, r.head_lb, r.head_id)
+                     FILTER (WHERE r.active AND r.head_lb < 'infinity'))[1], 0),
+           coalesce(min(r.ready_lb) FILTER (WHERE r.active), 'infinity')
+    FROM rows r
+    GROUP BY r.type, r.plan_key, r.unit
 ),
 plans AS (
     INSERT INTO {schema}.fair_plans (type, plan)

@@ -20,6 +20,17 @@
 --   fair_plans  every plan a type's groups have is listed in fair_plans.
 --   mark        no fair_served delta of the group lies below its type's newest fold
 --               mark (fair_fold_mark; no row: 0): the claim would not read it.
+--   owner_id    fair_groups.owner_id is the owner of rota's groups table (no row: none).
+--   owner_served  each owner's fair_owners.served_n is the sum of its groups'
+--               fair_groups.served_n, by rota's groups table's plan and owner (a group
+--               without an owner is its own; group_id names the owner and its plan): a
+--               damaged served_n shows here too, a damaged copy of plan or owner only as
+--               plan or owner_id.
+--   owner_bound for each active group with pending jobs not named in fair_lowered at or
+--               above the mark: its owner (as above) has a row, whose (b_served,
+--               b_head_lb, b_head_id) <= the group's (served_n, head_lb, head_id) and
+--               ready_lb <= the group's ready_lb.
+--   lowered_mark  no fair_lowered row lies below its type's newest fold mark.
 --
 -- Values are text; timestamps print in the session's TimeZone (FairClaim.verify sets
 -- UTC). Cost: one pass over the jobs that are pending, running or done (done history
@@ -27,7 +38,11 @@
 -- Needs: no parameters.
 WITH marks AS (
     SELECT t.type, coalesce(max(m.upto), '0') AS upto
-    FROM (SELECT DISTINCT fs.type FROM {schema}.fair_served fs) t
+    FROM (SELECT fs.type FROM {schema}.fair_served fs
+          UNION
+          SELECT fl.type FROM {schema}.fair_lowered fl
+          UNION
+          SELECT fg.type FROM {schema}.fair_groups fg) t
     LEFT JOIN {schema}.fair_fold_mark m ON m.type = t.type
     GROUP BY t.type
 ),
@@ -43,6 +58,16 @@ counted AS (
     LEFT JOIN {schema}.fair_edge e ON e.type = j.type
     WHERE j.group_id IS NOT NULL AND j.status IN ('pending', 'running', 'done')
     GROUP BY j.type, j.group_id
+),
+-- Each group row's owner, from rota's groups table (a group without one is its own).
+owned AS (
+    SELECT fg.type, fg.group_id, fg.served_n,
+           coalesce('p:' || g.plan, '') AS plan_key,
+           CASE WHEN g.owner_id IS NULL THEN 'g:' || fg.group_id
+                ELSE 'o:' || g.owner_id END AS unit,
+           coalesce(g.active, true) AS active
+    FROM {schema}.fair_groups fg
+    LEFT JOIN {schema}.groups g ON g.group_id = fg.group_id
 ),
 kept AS (
     SELECT k.type, k.group_id, sum(k.n) AS served
@@ -106,6 +131,46 @@ violations AS (
     JOIN marks m ON m.type = fs.type
     WHERE fs.xid < m.upto
     GROUP BY fs.type, fs.group_id, m.upto
+    UNION ALL
+    SELECT fg.type, fg.group_id, 'owner_id', quote_nullable(g.owner_id),
+           quote_nullable(fg.owner_id)
+    FROM {schema}.fair_groups fg
+    LEFT JOIN {schema}.groups g ON g.group_id = fg.group_id
+    WHERE fg.owner_id IS DISTINCT FROM g.owner_id
+    UNION ALL
+    SELECT coalesce(o.type, s.type), coalesce(o.unit, s.unit) || ' ' || quote_literal(
+               coalesce(o.plan_key, s.plan_key)), 'owner_served',
+           coalesce(s.served, 0)::text, coalesce(o.served_n, 0)::text
+    FROM {schema}.fair_owners o
+    FULL JOIN (SELECT ow.type, ow.plan_key, ow.unit, sum(ow.served_n) AS served
+               FROM owned ow GROUP BY 1, 2, 3) s
+      ON s.type = o.type AND s.plan_key = o.plan_key AND s.unit = o.unit
+    WHERE coalesce(s.served, 0) <> coalesce(o.served_n, 0)
+    UNION ALL
+    SELECT fg.type, fg.group_id, 'owner_bound',
+           '(b_served, b_head_lb, b_head_id) <= (' || fg.served_n || ', ' || fg.head_lb
+           || ', ' || fg.head_id || ') and ready_lb <= ' || fg.ready_lb,
+           coalesce('(' || o.b_served || ', ' || o.b_head_lb || ', ' || o.b_head_id
+                    || '), ready_lb ' || o.ready_lb, 'no owner row')
+    FROM {schema}.fair_groups fg
+    JOIN owned ow ON ow.type = fg.type AND ow.group_id = fg.group_id
+    LEFT JOIN marks m ON m.type = fg.type
+    LEFT JOIN {schema}.fair_owners o
+      ON o.type = fg.type AND o.plan_key = ow.plan_key AND o.unit = ow.unit
+    WHERE ow.active AND fg.head_lb < 'infinity'
+      AND NOT EXISTS (SELECT 1 FROM {schema}.fair_lowered fl
+                      WHERE fl.type = fg.type AND fl.group_id = fg.group_id
+                        AND fl.xid >= coalesce(m.upto, '0'))
+      AND (o.unit IS NULL
+           OR (o.b_served, o.b_head_lb, o.b_head_id) > (fg.served_n, fg.head_lb, fg.head_id)
+           OR o.ready_lb > fg.ready_lb)
+    UNION ALL
+    SELECT fl.type, fl.group_id, 'lowered_mark', 'rows at or above mark ' || m.upto,
+           count(*) || ' below it, from xid ' || min(fl.xid)
+    FROM {schema}.fair_lowered fl
+    JOIN marks m ON m.type = fl.type
+    WHERE fl.xid < m.upto
+    GROUP BY fl.type, fl.group_id, m.upto
 )
 SELECT v.type, v.group_id, v.invariant, v.expected, v.found
 FROM violations v

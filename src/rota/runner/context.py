@@ -31,7 +31,7 @@ from ..errors import ConfigError, HandlerTimedOut, InvalidInput, first_line
 from ..job import DeferJob, FailOutcome, Job, due_or_delay
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
-from ..rates import NO_KEY, Grant, RateLimit, RateLimited
+from ..rates import NO_KEY, Grant, RateLimit, RateLimited, RateLimitUnreachable
 from ..results import ResultError, encode_result
 from ..store import is_connection_failure
 
@@ -233,6 +233,9 @@ class JobContext:
         #: Units of the stage's rate limits taken for this job, by limit name: when
         #: they were the job's (docs/design.md, "Rates").
         self.rate_grants: dict[str, Grant] = {}
+        #: Units of each rate limit this attempt holds, before the fact (the stage's and
+        #: the handler's takes): (when they were the job's, units), by limit name.
+        self.rate_taken: dict[str, list[tuple[datetime, int]]] = {}
         #: The job's result, stored when the runner completes it (docs/design.md,
         #: "Results"): a handler's return value lands here; a batch handler sets it.
         self.result: Any = None
@@ -489,11 +492,47 @@ class JobContext:
         key = lim.key_for(self.job)
         if key is None:
             return Grant(await self.queue.now(), timedelta(0))
-        grant = await lim.take(self.queue, units, key=key, after=after)
+        try:
+            grant = await lim.take(self.queue, units, key=key, after=after)
+        except RateLimited:
+            await self._refused_by_own_units(lim, units)
+            raise
+        if not after:
+            self.rate_taken.setdefault(lim.name, []).append((grant.at, units))
         if grant.wait > timedelta(0):
             await asyncio.sleep(grant.wait.total_seconds())
         self._run.add(f"rate.{lim.name}", units)
         return grant
+
+    async def _refused_by_own_units(self, lim: RateLimit, units: int) -> None:
+        """After a refused take: raise :class:`~rota.rates.RateLimitUnreachable` when
+        this job's own units of ``lim`` from this attempt alone keep the ``units`` asked
+        for further away than ``max_wait``. The bucket gives at most ``burst`` at once
+        and one more every emission interval, so once the job holds ``k`` units, ``n``
+        more are its at the earliest ``(k + n - burst)`` intervals after its first;
+        every attempt takes those ``k`` again, so deferring it would repeat forever
+        (docs/design.md, "Rates")."""
+        own = self.rate_taken.get(lim.name, [])
+        held = sum(n for _, n in own)
+        if not own or held + units <= lim.burst:
+            return
+        first = min(at for at, _ in own)
+        own_free_at = first + lim.emission * (held + units - lim.burst)
+        wait = own_free_at - await self.queue.now()
+        if wait <= lim.max_wait:
+            return
+        self._run.add(f"rate.{lim.name}.unreachable")
+        stage = self.stage.type
+        message = (
+            f"rate limit {lim.name!r} in stage {stage!r}: this job already holds {held} "
+            f"unit(s) of it from this attempt and asks {units} more; with burst "
+            f"{lim.burst} they come {wait.total_seconds():g} s later at the earliest, past "
+            f"max_wait {lim.max_wait.total_seconds():g} s, so this take can never be "
+            f"granted (each attempt would take its units again and be deferred). Take all "
+            f"of a job's units at once (burst >= {held + units}), or raise max_wait "
+            f"(docs/design.md, \"Rates\")")
+        log.warning("job %s: %s", self.job.id, message)
+        raise RateLimitUnreachable(message, lim.name, stage)
 
     async def backoff(self, limit: RateLimit | str, wait: timedelta | float) -> NoReturn:
         """The provider answered HTTP 429 with ``Retry-After: wait``: hold every worker

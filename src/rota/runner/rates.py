@@ -22,6 +22,11 @@ from .stage import Stage
 
 log = logging.getLogger("rota.runner")
 
+#: From this many deferrals on, a job deferred for a rate is reported as deferred again
+#: and again (a warning naming the limit and the stage, the counter
+#: ``rate.NAME.repeated``; docs/design.md, "Rates").
+REPEATED_DEFERRALS = 10
+
 
 def collect_limits(stages: Iterable[Stage], given: Iterable[RateLimit]
                    ) -> dict[str, RateLimit]:
@@ -106,6 +111,7 @@ async def take_for_job(queue: Queue, run: RunState, stage: Stage,
             await defer_for_rate(queue, run, stage, [ctx], exc, lim)
             return False
         ctx.rate_grants[lim.name] = grant
+        ctx.rate_taken.setdefault(lim.name, []).append((grant.at, 1))
         wait = max(wait, grant.wait.total_seconds())
     if wait > 0:
         await asyncio.sleep(wait)
@@ -144,6 +150,18 @@ async def defer_for_rate(queue: Queue, run: RunState, stage: Stage,
                 "until": exc.free_at, "offset": queue.clock_offset}, conn=conn)
     run.add("rate_deferred", len(deferred))
     run.add(f"rate.{exc.limit}.deferred", len(deferred))
+    again = [(c.job.id, c.job.deferrals + 1) for c in todo
+             if c.job.id in deferred and c.job.deferrals + 1 >= REPEATED_DEFERRALS]
+    if again:
+        # Deferred for a rate again and again: the units never reach this job (a
+        # limit too small for the stage's traffic, a key every job shares, another
+        # stage spending them first). Said, counted and shown in the run's summary
+        # (docs/design.md, "Rates").
+        run.add(f"rate.{exc.limit}.repeated", len(again))
+        log.warning("stage %r: job(s) %s deferred for rate limit %r again (deferrals: %s); "
+                    "its units keep going elsewhere: check the limit's size and who "
+                    "takes it (rota limits)", stage.type, [i for i, _ in again],
+                    exc.limit, [n for _, n in again])
     if exc.key == NO_KEY and (lim is None or lim in stage.limits):
         limit = lim or next((x for x in stage.limits if x.name == exc.limit), None)
         if limit is not None:

@@ -317,6 +317,7 @@ def dashboard_app(
             types = await queries.job_types(queue, conn)
             waits = await queries.plan_waits(queue, conn, types)
             served = await queries.groups_served(queue, conn, types)
+            owners = await queries.owners_served(queue, conn, types)
             waiting = await queries.oldest_due(queue, conn, types)
             paused, paused_total = await queries.groups_paused(queue, conn, types)
         wait_chart = charts.grouped_bars(
@@ -325,6 +326,7 @@ def dashboard_app(
         return render(request, "fairness.html", "/fairness", now,
                       title="Fairness", waits=waits, wait_chart=wait_chart, served=served,
                       waiting=waiting, paused=paused, paused_total=paused_total,
+                      owners=owners, fair_by=queue.fair_by,
                       waits_per_type=queries.WAITS_PER_TYPE)
 
     @page

@@ -197,6 +197,33 @@ async def groups_served(queue: Queue, conn: AnyConn, types: Sequence[str],
                        {"types": list(types), "limit": limit})
 
 
+async def owners_served(queue: Queue, conn: AnyConn, types: Sequence[str],
+                        limit: int = 10) -> list[dict[str, Any]]:
+    """The owners with the most jobs done in the last hour (docs/design.md, "The fair
+    claim"; a group without an owner is its own, ``own`` true).
+
+    Returns:
+        Rows ``owner_id, own, plan, groups, done, weight, share, per_weight``: ``share``
+        is the owner's part of the jobs done by the owners listed (0..1), ``weight`` its
+        plan's (:class:`rota.Plan`; the middle plan's without one, the lowest plan's for
+        an unknown plan), and ``per_weight`` its done divided by its weight against the
+        mean of the owners listed (1.0: exactly its weighted share among them).
+    """
+    rows = await _rows(queue, conn, "dashboard_owners_served",
+                       {"types": list(types), "limit": limit})
+    plans = queue.plans
+    for r in rows:
+        plan = r["plan"]
+        r["weight"] = (plans.middle.weight if plan is None else
+                       plans[plan].weight if plan in plans else plans.lowest.weight)
+    total = sum(r["done"] for r in rows)
+    mean = sum(r["done"] / r["weight"] for r in rows) / len(rows) if rows else 0
+    for r in rows:
+        r["share"] = r["done"] / total if total else 0.0
+        r["per_weight"] = r["done"] / r["weight"] / mean if mean else 0.0
+    return rows
+
+
 async def groups_paused(queue: Queue, conn: AnyConn, types: Sequence[str],
                         limit: int = 20) -> tuple[list[dict[str, Any]], int]:
     """Paused groups (group_id, plan, pending), the first ``limit`` by id, and how

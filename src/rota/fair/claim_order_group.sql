@@ -1,0 +1,104 @@
+-- Fragment of claim.sql, put in place of its claim_order placeholder for fair_by
+-- "group" (docs/design.md, "The fair claim"): the key (priority, (served + position) /
+-- weight, 0, created_at, id), its walk of the pool's groups, the probe and the bounds.
+-- Needs:   CTEs clock, plan_priority, served_delta, edge_fix, running_old, stale, pool;
+--          parameters type, middle_priority, lowest_priority, middle_weight,
+--          lowest_weight, probe_groups, probe_per, candidates.
+-- Defines: CTEs keyed, walk, probe, ranked, ordered(id, group_id, priority, v, fair,
+--          created_at, ord), unread(priority, v, fair, created_at, id, need).
+-- A plan's weight divides the served count (virtual time): within one plan every group
+-- has the same weight, so the pool's walk by served_n per plan is the walk by v, and
+-- the walk's merge of the plans orders by v.
+keyed AS (
+    SELECT pl.group_id, pl.head_lb, pl.head_id, pl.served_n, pl.served_lb,
+           CASE WHEN pl.group_id IS NULL OR pl.plan IS NULL THEN %(middle_priority)s::int
+                ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority,
+           CASE WHEN pl.group_id IS NULL OR pl.plan IS NULL THEN %(middle_weight)s::int
+                ELSE coalesce(pp.weight, %(lowest_weight)s::int) END AS weight
+    FROM pool pl
+    LEFT JOIN plan_priority pp ON pp.plan = pl.plan
+    WHERE pl.active
+),
+-- Groups in order of the lower bound (priority, served_lb / weight, head_lb, head_id)
+-- of their first job's key; only the first probe_groups are probed, the next one bounds the rest.
+walk AS (
+    SELECT k.group_id, k.head_lb, k.head_id, k.priority, k.weight, k.v_lb,
+           k.served_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0) AS served,
+           row_number() OVER (ORDER BY k.priority DESC, k.v_lb, k.head_lb, k.head_id,
+                                       k.group_id NULLS FIRST) AS rank
+    FROM (SELECT k.*, k.served_lb::numeric / k.weight AS v_lb FROM keyed k
+          ORDER BY k.priority DESC, k.served_lb::numeric / k.weight, k.head_lb, k.head_id,
+                   k.group_id NULLS FIRST
+          LIMIT %(probe_groups)s + 1) k
+    LEFT JOIN served_delta dd ON dd.group_id = k.group_id
+    LEFT JOIN edge_fix ef ON ef.group_id = k.group_id
+    LEFT JOIN running_old ro ON ro.group_id = k.group_id
+),
+probe AS (
+    SELECT w.group_id, w.priority, w.weight, w.served, j.id, j.created_at
+    FROM walk w
+    CROSS JOIN LATERAL (
+        (SELECT p.id, p.created_at
+         FROM {schema}.jobs p, clock c
+         WHERE p.type = %(type)s AND p.group_id = w.group_id AND p.status = 'pending'
+           -- From the group's head bound on (the pool's, '-infinity' once expired): no
+           -- claimable job lies before it (the head invariant), and the index scan
+           -- starts past the entries of jobs claimed before the last fold, which a
+           -- long transaction keeps from vacuum (docs/operations.md, "Long
+           -- transactions").
+           AND (p.created_at, p.id) >= (w.head_lb, w.head_id)
+           -- `+ interval '0'` keeps run_after out of the index condition: the planner
+           -- otherwise picks jobs_pending_ready_idx and sorts the group's ready jobs
+           -- instead of reading jobs_pending_idx in order and stopping after
+           -- probe_per + 1 rows (bench/RESULTS.md, "Planner notes").
+           AND p.run_after + interval '0' <= c.now
+         ORDER BY p.created_at, p.id
+         LIMIT %(probe_per)s + 1)
+        UNION ALL
+        (SELECT p.id, p.created_at
+         FROM {schema}.jobs p, clock c
+         WHERE w.group_id IS NULL
+           AND p.type = %(type)s AND p.group_id IS NULL AND p.status = 'pending'
+           AND p.run_after + interval '0' <= c.now
+         ORDER BY p.created_at, p.id
+         LIMIT %(probe_per)s + 1)
+        UNION ALL
+        SELECT s.id, s.created_at FROM stale s
+        WHERE s.group_id = w.group_id OR (w.group_id IS NULL AND s.group_id IS NULL)
+    ) j
+    WHERE w.rank <= %(probe_groups)s
+),
+ranked AS (
+    SELECT pr.*,
+           row_number() OVER (PARTITION BY pr.group_id ORDER BY pr.created_at, pr.id) AS pos
+    FROM probe pr
+),
+-- The best `candidates` jobs read, and the next one, which bounds the rest (LIMIT also
+-- tells the planner how few they are, so `locked` fetches them by primary key rather
+-- than by a hash join over jobs, (bench/RESULTS.md, "Planner notes")).
+ordered AS MATERIALIZED (
+    SELECT r.id, r.group_id, r.priority, (r.served + r.pos - 1)::numeric / r.weight AS v,
+           0 AS fair, r.created_at,
+           row_number() OVER (ORDER BY r.priority DESC, (r.served + r.pos - 1)::numeric
+                                       / r.weight, r.created_at, r.id) AS ord
+    FROM ranked r
+    WHERE r.pos <= %(probe_per)s
+    ORDER BY ord
+    LIMIT %(candidates)s + 1
+),
+-- Lower bounds, id included, of every job not a candidate: the first group not probed
+-- (its head's bound), for each group with more than probe_per claimable jobs its next
+-- job, and the first job read beyond the candidates (both read, so their keys are
+-- exact; what they bound ranks after them).
+unread AS (
+    SELECT w.priority, w.v_lb AS v, 0 AS fair, w.head_lb AS created_at, w.head_id AS id,
+           'groups' AS need
+    FROM walk w WHERE w.rank = %(probe_groups)s + 1
+    UNION ALL
+    SELECT r.priority, (r.served + r.pos - 1)::numeric / r.weight, 0, r.created_at, r.id,
+           'per'
+    FROM ranked r WHERE r.pos = %(probe_per)s + 1
+    UNION ALL
+    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand'
+    FROM ordered o WHERE o.ord = %(candidates)s + 1
+)

@@ -1,0 +1,112 @@
+-- Fragment of claim.sql, put in place of its claim_order placeholder for fair_by "owner"
+-- (docs/design.md, "The fair claim"): the key (priority, v, fair, created_at, id) where
+--   fair = the group's served + the job's position in its group (the group order), and
+--   v    = (the owner's served + the job's position among its owner's claimable jobs by
+--          (fair, created_at, id)) / the plan's weight (the batch interleave one level up).
+-- The walk is the group claim's, one level up: owners in order of the lower bound of
+-- their first job's key (priority, owner served / weight, then their best group's served
+-- and head); the first probe_groups owners have their first probe_spread groups (by
+-- served, head) probed for probe_per jobs each.
+-- The proof: a job's position among its owner's jobs is exact only while every job of
+-- the owner before it was read. So each probed owner has a cut, the smallest inner key
+-- (fair, created_at, id) it did not read: its next group's bound, or a cut group's next
+-- job. Only the jobs before the cut are candidates; every job at or after it has an
+-- inner key at or after the cut and at least as many of the owner's jobs before it as
+-- were read before the cut, so its key is at or after (priority, (owner served + jobs
+-- before the cut) / weight, cut). That bound, the first owner not probed and the first
+-- job past the candidates are the unread bounds.
+-- The walk is the owner_walk placeholder: claim_owner_walk_scan.sql (every group read,
+-- claim_pool_owner.sql) or claim_owner_walk_cached.sql (rota's own groups table: the
+-- owners' rows, fair_owners).
+-- Needs:   CTEs clock, stale, the walk's; parameters type, probe_groups, probe_spread,
+--          probe_per, candidates.
+-- Defines: the walk's CTEs (unit_walk, walk), then probe, ranked, cuts, valid,
+--          ordered(id, group_id, priority, v, fair, created_at, ord), unread(priority, v,
+--          fair, created_at, id, need).
+{owner_walk},
+probe AS (
+    SELECT w.group_id, w.plan, w.unit, w.unit_served, w.priority, w.weight, w.served,
+           j.id, j.created_at
+    FROM walk w
+    CROSS JOIN LATERAL (
+        -- As in claim_order_group.sql's probe (its comments say why each condition).
+        (SELECT p.id, p.created_at
+         FROM {schema}.jobs p, clock c
+         WHERE p.type = %(type)s AND p.group_id = w.group_id AND p.status = 'pending'
+           AND (p.created_at, p.id) >= (w.head_lb, w.head_id)
+           AND p.run_after + interval '0' <= c.now
+         ORDER BY p.created_at, p.id
+         LIMIT %(probe_per)s + 1)
+        UNION ALL
+        (SELECT p.id, p.created_at
+         FROM {schema}.jobs p, clock c
+         WHERE w.group_id IS NULL
+           AND p.type = %(type)s AND p.group_id IS NULL AND p.status = 'pending'
+           AND p.run_after + interval '0' <= c.now
+         ORDER BY p.created_at, p.id
+         LIMIT %(probe_per)s + 1)
+        UNION ALL
+        SELECT s.id, s.created_at FROM stale s
+        WHERE s.group_id = w.group_id OR (w.group_id IS NULL AND s.group_id IS NULL)
+    ) j
+    WHERE w.grank <= %(probe_spread)s
+),
+ranked AS (
+    SELECT pr.*,
+           row_number() OVER (PARTITION BY pr.group_id ORDER BY pr.created_at, pr.id) AS pos
+    FROM probe pr
+),
+-- Each probed owner's cut: the smallest inner key it did not read (its first group not
+-- probed, or a cut group's next job), and which probe size would move it.
+cuts AS (
+    SELECT DISTINCT ON (x.plan, x.unit) x.plan, x.unit, x.fair, x.created_at, x.id, x.need
+    FROM (SELECT w.plan, w.unit, w.served AS fair, w.head_lb AS created_at,
+                 w.head_id AS id, 'spread' AS need
+          FROM walk w WHERE w.grank = %(probe_spread)s + 1
+          UNION ALL
+          SELECT r.plan, r.unit, r.served + r.pos - 1, r.created_at, r.id, 'per'
+          FROM ranked r WHERE r.pos = %(probe_per)s + 1) x
+    ORDER BY x.plan, x.unit, x.fair, x.created_at, x.id
+),
+-- The jobs read before their owner's cut, each with its exact position in its owner.
+valid AS (
+    SELECT r.id, r.group_id, r.plan, r.unit, r.unit_served, r.priority, r.weight,
+           r.served + r.pos - 1 AS fair, r.created_at,
+           row_number() OVER (PARTITION BY r.plan, r.unit
+                              ORDER BY r.served + r.pos - 1, r.created_at, r.id) - 1
+             AS upos
+    FROM ranked r
+    LEFT JOIN cuts ct ON ct.plan IS NOT DISTINCT FROM r.plan AND ct.unit = r.unit
+    WHERE r.pos <= %(probe_per)s
+      AND (ct.need IS NULL
+           OR (r.served + r.pos - 1, r.created_at, r.id) < (ct.fair, ct.created_at, ct.id))
+),
+-- The best `candidates` jobs read, and the next one, which bounds the rest.
+ordered AS MATERIALIZED (
+    SELECT v.id, v.group_id, v.priority, (v.unit_served + v.upos)::numeric / v.weight AS v,
+           v.fair, v.created_at,
+           row_number() OVER (ORDER BY v.priority DESC,
+                                       (v.unit_served + v.upos)::numeric / v.weight,
+                                       v.fair, v.created_at, v.id) AS ord
+    FROM valid v
+    ORDER BY ord
+    LIMIT %(candidates)s + 1
+),
+-- Lower bounds, id included, of every job not a candidate: the first owner not probed,
+-- each probed owner's cut, and the first job read beyond the candidates.
+unread AS (
+    SELECT uw.priority, uw.v_lb AS v, uw.served AS fair, uw.head_lb AS created_at,
+           uw.head_id AS id, 'groups' AS need
+    FROM unit_walk uw WHERE uw.urank = %(probe_groups)s + 1
+    UNION ALL
+    SELECT uw.priority, (uw.unit_served + coalesce(n.before, 0))::numeric / uw.weight,
+           ct.fair, ct.created_at, ct.id, ct.need
+    FROM cuts ct
+    JOIN unit_walk uw ON uw.plan IS NOT DISTINCT FROM ct.plan AND uw.unit = ct.unit
+    LEFT JOIN LATERAL (
+        SELECT count(*) AS before FROM valid v
+        WHERE v.plan IS NOT DISTINCT FROM ct.plan AND v.unit = ct.unit) n ON true
+    UNION ALL
+    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand'
+    FROM ordered o WHERE o.ord = %(candidates)s + 1
+)

@@ -1,0 +1,108 @@
+-- Fragment of claim_order_owner.sql, put in place of its owner_walk placeholder on
+-- rota's own groups table (docs/fast-claim.md, "The owner level"): the owners in order
+-- of their first job's lower bound, read from the owners' rows (fair_owners_walk_idx)
+-- instead of every group, and the groups of the first probe_groups owners
+-- (fair_groups_unit_walk_idx). An owner with a special group (claim_pool_owner_cached.sql)
+-- is special: its served count is its row's plus its special groups' changes, and its
+-- bound the smaller of its row's and its special groups' exact keys. Every other owner's
+-- row is exact: its served_n is the sum of its groups' (none of which has a change the
+-- fold has not taken in), and its bound holds for each of its groups.
+-- Needs:   CTEs clock, plan_priority, stale, ospecial, special_rows, pool; parameters
+--          type, middle_priority, lowest_priority, middle_weight, lowest_weight,
+--          probe_groups, probe_spread.
+-- Defines: CTEs special_units, owner_levels, units, unit_walk(plan, plan_key, unit,
+--          unit_served, served, head_lb, head_id, priority, weight, v_lb, urank),
+--          walk(group_id, head_lb, head_id, served, plan, plan_key, unit, unit_served,
+--          priority, weight, grank); includes groupless_head.sql.
+special_units AS (
+    SELECT sr.plan_key, sr.unit, min(sr.plan) AS plan, sum(sr.adj) AS adj
+    FROM special_rows sr
+    GROUP BY sr.plan_key, sr.unit
+),
+owner_levels AS (
+    SELECT 'p:' || p.plan AS plan_key FROM {schema}.fair_plans p WHERE p.type = %(type)s
+    UNION ALL
+    SELECT ''
+),
+units AS (
+    SELECT u.*,
+           CASE WHEN u.unit = '-' OR u.plan IS NULL THEN %(middle_priority)s::int
+                ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority,
+           CASE WHEN u.unit = '-' OR u.plan IS NULL THEN %(middle_weight)s::int
+                ELSE coalesce(pp.weight, %(lowest_weight)s::int) END AS weight
+    FROM (
+        -- Per plan, the first probe_groups + 1 other owners by their row's key.
+        SELECT o.plan, o.plan_key, o.unit, o.served_n AS unit_served, o.b_served AS served,
+               o.b_head_lb AS head_lb, o.b_head_id AS head_id
+        FROM owner_levels l
+        CROSS JOIN clock c
+        CROSS JOIN LATERAL (
+            SELECT o.* FROM {schema}.fair_owners o
+            WHERE o.type = %(type)s AND o.plan_key = l.plan_key
+              AND o.b_head_lb < 'infinity' AND o.ready_lb <= c.now
+              AND (o.plan_key, o.unit) NOT IN (SELECT su.plan_key, su.unit
+                                              FROM special_units su)
+            ORDER BY o.served_n, o.b_served, o.b_head_lb, o.b_head_id
+            LIMIT %(probe_groups)s + 1) o
+        UNION ALL
+        -- The special owners, exactly.
+        SELECT su.plan, su.plan_key, su.unit, coalesce(o.served_n, 0) + su.adj,
+               b.served, b.head_lb, b.head_id
+        FROM special_units su
+        LEFT JOIN LATERAL (
+            SELECT x.served_n, x.b_served, x.b_head_lb, x.b_head_id
+            FROM {schema}.fair_owners x
+            WHERE x.type = %(type)s AND x.plan_key = su.plan_key AND x.unit = su.unit
+            OFFSET 0) o ON true
+        CROSS JOIN LATERAL (
+            SELECT y.served, y.head_lb, y.head_id FROM (
+                SELECT o.b_served, o.b_head_lb, o.b_head_id WHERE o.b_head_lb < 'infinity'
+                UNION ALL
+                SELECT p.served_lb, p.head_lb, p.head_id FROM pool p
+                WHERE p.plan_key = su.plan_key AND p.unit = su.unit
+            ) y(served, head_lb, head_id)
+            ORDER BY y.served, y.head_lb, y.head_id LIMIT 1) b
+        UNION ALL
+        -- The group-less jobs, one owner of their own (served 0, the middle plan).
+        SELECT NULL, '', '-', 0, 0, h.head, h.head_id
+        FROM {groupless_head} h
+    ) u
+    LEFT JOIN plan_priority pp ON pp.plan = u.plan
+),
+unit_walk AS (
+    SELECT u.*, u.unit_served::numeric / u.weight AS v_lb,
+           row_number() OVER (ORDER BY u.priority DESC, u.unit_served::numeric / u.weight,
+                                       u.served, u.head_lb, u.head_id,
+                                       u.plan NULLS FIRST, u.unit) AS urank
+    FROM units u
+),
+-- The groups of the first probe_groups owners: per owner its first probe_spread + 1
+-- other groups by (served_n, head) and its special groups, numbered by (served, head).
+walk AS (
+    SELECT x.*,
+           row_number() OVER (PARTITION BY x.plan_key, x.unit
+                              ORDER BY x.served, x.head_lb, x.head_id,
+                                       x.group_id NULLS FIRST) AS grank
+    FROM (
+        SELECT g.group_id, g.head_lb, g.head_id, g.served, uw.plan, uw.plan_key, uw.unit,
+               uw.unit_served, uw.priority, uw.weight
+        FROM unit_walk uw
+        CROSS JOIN clock c
+        CROSS JOIN LATERAL (
+            (SELECT f.group_id, f.head_lb, f.head_id, f.served_n AS served
+             FROM {schema}.fair_groups f
+             WHERE f.type = %(type)s AND f.plan_key = uw.plan_key AND f.unit = uw.unit
+               AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
+               AND f.head_until > c.now
+               AND f.group_id NOT IN (SELECT s.group_id FROM ospecial s)
+             ORDER BY f.served_n, f.head_lb, f.head_id
+             LIMIT %(probe_spread)s + 1)
+            UNION ALL
+            SELECT p.group_id, p.head_lb, p.head_id, p.served_lb FROM pool p
+            WHERE p.plan_key = uw.plan_key AND p.unit = uw.unit
+            UNION ALL
+            SELECT NULL, h.head, h.head_id, 0 FROM {groupless_head} h WHERE uw.unit = '-'
+        ) g
+        WHERE uw.urank <= %(probe_groups)s
+    ) x
+)
