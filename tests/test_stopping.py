@@ -30,12 +30,16 @@ from tests.test_cli import Rota
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# One stage "slow" (a job sleeps its payload's seconds, one at a time) and one "flaky"
-# (its first attempt fails or defers, as its payload says; later ones are done); each
-# attempt's start is written to SCHEMA.starts. Platform timeout 60 s.
+# One stage "slow" (a job sleeps its payload's seconds, one at a time), one "flaky"
+# (its first attempt fails or defers, as its payload says; later ones are done) and one
+# "blocking" (a sync handler: a thread sleeps its payload's seconds); each attempt's
+# start is written to SCHEMA.starts. Platform timeout 60 s.
 APP = """
 import asyncio
+import os
+import time
 from datetime import timedelta
+import psycopg
 from psycopg import sql
 from rota import DeferJob, Pipeline, Stage
 
@@ -56,11 +60,21 @@ async def flaky(ctx):
             raise RuntimeError("first attempt fails")
         raise DeferJob(timedelta(seconds=2))
 
+def blocking(ctx):
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(sql.SQL(
+            "INSERT INTO {}.starts (job_id, attempt, at) VALUES (%s, %s, clock_timestamp())"
+        ).format(sql.Identifier(ctx.queue.schema)), (ctx.job.id, ctx.job.attempts))
+    time.sleep(ctx.job.payload["seconds"])
+    return "slept"
+
 def build(queue):
-    return Pipeline(queue, [Stage("slow", 5, 1, slow), Stage("flaky", 5, 1, flaky)],
+    return Pipeline(queue, [Stage("slow", 5, 1, slow), Stage("flaky", 5, 1, flaky),
+                            Stage("blocking", 1, 1, blocking)],
                     platform_timeout=timedelta(seconds=60))
 
-build.queue_settings = {"types": ["slow", "flaky"], "stale_after": timedelta(seconds=120),
+build.queue_settings = {"types": ["slow", "flaky", "blocking"],
+                        "stale_after": timedelta(seconds=120),
                         "backoff_base": timedelta(seconds=1)}
 """
 
@@ -211,6 +225,28 @@ def test_a_second_signal_stops_the_worker_at_once_and_hands_the_job_back(
     assert jobs(rota) == [("pending", 0, 1)]
     assert runs(rota) == [("worker", "interrupted", 0, None, True)]
     assert rota.sql("SELECT summary FROM {s}.runs") == [({"interrupted": 1},)]
+
+
+def test_a_second_signal_waits_for_a_sync_handler_and_its_job_runs_once(
+    rota: Rota, env: dict[str, str], spawn: Any,
+) -> None:
+    # A thread cannot be cancelled (docs/design.md, "Handler deadlines"): the worker
+    # waits for it (within the platform timeout) and completes its job with what it
+    # returned, rather than hand it back while the thread goes on.
+    rota("enqueue", "blocking", json.dumps({"seconds": 3}))
+    p = spawn(["worker", "--no-maintenance"], env)
+    one_running(rota, p)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert 2 < time.monotonic() - t0 < 10
+    assert jobs(rota) == [("done", 1, 1)]
+    assert rota.sql("SELECT result FROM {s}.jobs") == [("slept",)]
+    assert rota.sql("SELECT count(*) FROM {s}.starts") == [(1,)]  # ran once
+    assert runs(rota) == [("worker", "interrupted", 1, None, True)]
 
 
 @pytest.mark.parametrize("first", ["fail", "defer"])
