@@ -8,6 +8,8 @@ refused when the stage is built."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -190,3 +192,25 @@ async def test_a_hard_stop_waits_for_a_sync_handler_up_to_the_platform_timeout(
     else:
         assert 1.9 < elapsed < 3.5  # the platform timeout from the run's start
         assert (await queue.result(job.id)).errors == []
+
+
+async def test_the_dashboards_run_page_shows_the_overdue_count_and_the_worker(
+    queue: Queue,
+) -> None:
+    import httpx
+
+    from rota import dashboard_app
+
+    def slow(ctx: JobContext) -> None:
+        time.sleep(0.5)
+
+    await queue.enqueue("t", {})
+    result = await Pipeline(queue, [Stage("t", 1, 1, slow, timeout=timedelta(seconds=0.2))]
+                            ).run(time_budget=timedelta(seconds=5))
+    app = dashboard_app(queue, secret="s" * 32)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://127.0.0.1",
+                                 headers={"Authorization": "Bearer " + "s" * 32}) as c:
+        page = (await c.get(f"/runs/{result.run_id}")).text
+    assert f"<dt>worker</dt><dd>{socket.gethostname()}:{os.getpid()}</dd>" in page
+    assert '<span class="kv">overdue=1</span>' in page
