@@ -33,6 +33,8 @@ def apply_schema(sender: AppConfig, using: str = "default", apps: Any = None,
     test runner's test database gets rota's schema (docs/django.md, "Settings")."""
     from django.apps import apps as global_apps
 
+    if "plan" not in kwargs:  # a flush (TransactionTestCase), not a migrate: nothing to do
+        return
     configs = [c for c in global_apps.get_app_configs() if c.models_module is not None]
     if not configs or sender is not configs[-1]:
         return
