@@ -317,8 +317,9 @@ def dashboard_app(
             types = await queries.job_types(queue, conn)
             waits = await queries.plan_waits(queue, conn, types)
             served = await queries.groups_served(queue, conn, types)
-            owners = await queries.owners_served(queue, conn, types)
             waiting = await queries.oldest_due(queue, conn, types)
+            owners = await queries.owners_served(queue, conn, types,
+                                                 waiting=waiting.groups)
             paused, paused_total = await queries.groups_paused(queue, conn, types)
         wait_chart = charts.grouped_bars(
             [_plan_name(w.plan) for w in waits],
