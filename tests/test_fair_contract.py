@@ -215,19 +215,36 @@ async def test_an_owner_bound_above_a_group_or_no_owner_row_is_named(
     await run(aconn, queue, "DELETE FROM {s}.fair_owners WHERE unit = 'g:g2'")
     assert await queue.verify() == [Violation("t", "g2", "owner_bound", expected,
                                               "no owner row")]
-    # Named in fair_lowered since the fold (as a writer that lowered it would): the
-    # claim takes it as special, and the owner's row need not hold it.
-    await run(aconn, queue, "INSERT INTO {s}.fair_lowered (type, group_id) VALUES ('t', 'g2')")
+    # Recorded in fair_owner_changes since the fold (as a writer that lowered it
+    # would): the claim takes it as special, and the owner's row need not hold it.
+    await run(aconn, queue, "INSERT INTO {s}.fair_owner_changes (type, group_id, plan_key,"
+              " unit) VALUES ('t', 'g2', 'p:free', 'g:g2')")
     assert await queue.verify() == []
 
 
-async def test_a_lowered_row_below_the_fold_mark_is_named(queue: Queue, aconn: Any) -> None:
+async def test_an_owner_change_below_the_fold_mark_is_named(
+        queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
     [(mark,)] = await run(aconn, queue, "SELECT max(upto)::text FROM {s}.fair_fold_mark")
-    await run(aconn, queue, "INSERT INTO {s}.fair_lowered (type, group_id, xid)"
-              " VALUES ('t', 'g2', '1')")
+    await run(aconn, queue, "INSERT INTO {s}.fair_owner_changes (type, group_id, plan_key,"
+              " unit, xid) VALUES ('t', 'g2', 'p:free', 'g:g2', '1')")
     assert await queue.verify() == [Violation(
-        "t", "g2", "lowered_mark", f"rows at or above mark {mark}", "1 below it, from xid 1")]
+        "t", "g2", "changes_mark", f"rows at or above mark {mark}", "1 below it, from xid 1")]
+
+
+async def test_an_owner_change_moving_a_served_count_is_counted_with_the_row(
+        queue: Queue, aconn: Any) -> None:
+    """A move not taken in yet: the owner's row plus its changes is its groups' sum, and
+    a change with no move behind it shows as owner_served."""
+    await scenario(queue, aconn)
+    await queue.upsert_group("g1", plan="pro", owner_id="acme")  # g1 (served 2) moves
+    assert await queue.verify() == []
+    assert await run(aconn, queue, "SELECT unit, n FROM {s}.fair_owner_changes"
+                     " ORDER BY unit") == [("g:g1", -2), ("o:acme", 2)]
+    await run(aconn, queue, "INSERT INTO {s}.fair_owner_changes (type, group_id, plan_key,"
+              " unit, n) VALUES ('t', 'g2', 'p:free', 'g:g2', 4)")
+    assert await queue.verify() == [
+        Violation("t", "g:g2 'p:free'", "owner_served", "0", "4")]
 
 
 # -- rota verify ------------------------------------------------------------------------
