@@ -225,26 +225,26 @@ def error_record(error: BaseException | str) -> tuple[str, str | None, str | Non
     :data:`TRACEBACK_HEAD_CHARS` and its last characters, :data:`MAX_TRACEBACK_CHARS`
     in all; class and traceback are ``None`` for an error given as text."""
     if isinstance(error, str):
-        return storable_text(_cut(error, MAX_ERROR_CHARS)), None, None
-    message = _cut(f"{type(error).__name__}: {error}", MAX_ERROR_CHARS)
+        return storable_text(error, MAX_ERROR_CHARS), None, None
+    message = storable_text(f"{type(error).__name__}: {error}", MAX_ERROR_CHARS)
     trace: str | None = None
     if error.__traceback__ is not None:
-        trace = "".join(tb.format_exception(error))
-        if len(trace) > MAX_TRACEBACK_CHARS:
-            cut = len(trace) - MAX_TRACEBACK_CHARS
-            marker = f"\n... ({cut} characters left out) ...\n"
-            tail = MAX_TRACEBACK_CHARS - TRACEBACK_HEAD_CHARS - len(marker)
-            trace = trace[:TRACEBACK_HEAD_CHARS] + marker + trace[-tail:]
-        trace = storable_text(trace)
+        # Bounded before it is scanned, and again after escaping lengthened it.
+        text = _keep_ends("".join(tb.format_exception(error)), 2 * MAX_TRACEBACK_CHARS)
+        trace = _keep_ends(storable_text(text), MAX_TRACEBACK_CHARS)
     kind = type(error)
-    return (storable_text(message), storable_text(f"{kind.__module__}.{kind.__qualname__}"),
-            trace)
+    return (message, storable_text(f"{kind.__module__}.{kind.__qualname__}"), trace)
 
 
-def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return text[:limit - 1] + "…"
+def _keep_ends(trace: str, limit: int) -> str:
+    """A traceback cut to its first :data:`TRACEBACK_HEAD_CHARS` and its last characters,
+    ``limit`` in all, with a line saying how many were left out between them."""
+    if len(trace) <= limit:
+        return trace
+    cut = len(trace) - limit
+    marker = f"\n... ({cut} characters left out) ...\n"
+    tail = limit - TRACEBACK_HEAD_CHARS - len(marker)
+    return trace[:TRACEBACK_HEAD_CHARS] + marker + trace[-tail:]
 
 
 def result_from_row(row: dict[str, Any]) -> JobResult:
