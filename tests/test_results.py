@@ -11,6 +11,7 @@ import json
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -34,6 +35,7 @@ from rota import (
 )
 from rota.admin import show_job
 from rota.cli import cli
+from rota.job import encode_payload, printed_size
 from rota.results import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, encode_result, error_record
 
 AConn = psycopg.AsyncConnection[Any]
@@ -128,6 +130,42 @@ async def test_a_result_that_cannot_be_stored_fails_the_job_saying_why(
         "failed", 1, None, expected)
     assert [(e.attempt, e.error) for e in found.errors] == [(1, expected)]
     assert await error_rows(aconn, queue) == [(job.id, 1, expected)]
+
+
+async def test_a_result_and_a_payload_have_one_size_rule(make_queue: Any) -> None:
+    """Both are counted as PostgreSQL's jsonb prints them, every digit of a number:
+    [1e300] * 100 is 30,300 bytes (not the 700 Python writes), refused as a result as
+    enqueue refuses it as a payload."""
+    queue = await make_queue(max_payload_bytes=4096, max_attempts=3)
+    value = [1e300] * 100
+    with pytest.raises(InvalidInput) as refused:
+        await queue.enqueue("t", value)
+    assert str(refused.value) == "payload is 30300 bytes, larger than the maximum 4096"
+
+    async def handler(ctx: JobContext) -> Any:
+        return value
+
+    job = await queue.enqueue("t", {})
+    assert job is not None
+    await run(Pipeline(queue, [Stage("t", handler=handler)]))
+    found = await queue.result(job.id)
+    assert (found.status, found.value, found.job.last_error) == (
+        "failed", None, "ResultError: the return value is 30300 bytes of JSON, larger "
+                        "than the maximum 4096 (max_payload_bytes)")
+
+
+@pytest.mark.parametrize("value", [
+    [1e300] * 100, 1e-300, -0.0, 0.0, 1.5e-7, 123.45, -1e16, 2**70, -(2**70), 0, True,
+    None, "é\n\x01\"\\/\u2028", {"b": [1, {"c": None}], "a": "x"}, [], {}, [[], {}],
+    Decimal("1.50E+1"), Decimal("0.00"), Decimal("-0.000"), Decimal("123.4500"),
+    Decimal("-1E-3"), Decimal("12345678901234567.89"), Decimal("1E+2"),
+], ids=repr)
+async def test_printed_size_is_what_postgresql_prints(aconn: AConn, value: Any) -> None:
+    """printed_size counts what octet_length(value::jsonb::text) does, for every kind of
+    JSON value and every way of writing a number."""
+    text = encode_payload(value)
+    cur = await aconn.execute("SELECT octet_length(%s::jsonb::text)", [text])
+    assert printed_size(value) == (await cur.fetchone())[0]  # type: ignore[index]
 
 
 def test_a_result_nested_deeper_than_a_payload_may_be_is_refused() -> None:

@@ -20,7 +20,6 @@ pooler that drops LISTEN, a job given up by its deferral cap, which does not not
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import traceback as tb
 import uuid
@@ -35,7 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .checks import require_duration, require_row_id, storable_text
 from .errors import JobNotFound, PayloadError, RotaError
-from .job import MAX_PAYLOAD_DEPTH, Job, JobStatus, encode_payload
+from .job import MAX_PAYLOAD_DEPTH, Job, JobStatus, encode_payload, printed_size
 from .store import AnyConn, Statements, Store, configure_cursor, listen_connect_args
 
 
@@ -202,20 +201,12 @@ def encode_result(value: Any, max_bytes: int) -> EncodedResult | None:
     except PayloadError as exc:
         message = str(exc).removeprefix("payload")
         raise ResultError(f"the return value{message}") from None
-    # Counted as a payload's size is: on the JSON text as PostgreSQL prints it, with a
-    # space after each ":" and "," (docs/design.md, "Enqueue"): at most twice the
-    # compact text's bytes, at most four bytes a character, so short values need no count.
-    if len(text) * 8 > max_bytes and (size := _printed_size(value)) > max_bytes:
+    # One size rule for payloads and results: the JSON text as PostgreSQL's jsonb prints
+    # it (docs/design.md, "Enqueue"), a number digit for digit.
+    if (size := printed_size(value)) > max_bytes:
         raise ResultError(f"the return value is {size} bytes of JSON, larger than the "
                           f"maximum {max_bytes} (max_payload_bytes)")
     return EncodedResult(text)
-
-
-def _printed_size(value: Any) -> int:
-    """UTF-8 bytes of ``value``'s JSON text as PostgreSQL's jsonb prints it."""
-    printed = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "),
-                               default=str).encode(value)
-    return len(printed.encode("utf-8"))
 
 
 def error_record(error: BaseException | str) -> tuple[str, str | None, str | None]:
