@@ -41,3 +41,9 @@ build_pipeline.queue_settings = {  # type: ignore[attr-defined]
 
 def not_callable_app() -> None:
     """Deliberately not a pipeline builder's shape: tests use it for a bad --app."""
+
+
+def build_stages_only(queue: Queue) -> Pipeline:
+    """The same stages on a queue that declares no types (any type may be enqueued in
+    Python): `rota migrate --app` publishes the stage types for SQL."""
+    return Pipeline(queue, [Stage("echo", 10, 2, echo), Stage("boom", 5, 1, boom)])

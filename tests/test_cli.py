@@ -249,6 +249,29 @@ def test_with_an_app_enqueue_and_migrate_apply_the_stages_max_attempts(rota: Rot
         ({"boom": 1},)]
 
 
+def test_migrate_with_an_app_publishes_its_stage_types_for_sql(rota: Rota) -> None:
+    """SQL enqueue of a type no stage runs was accepted after `rota migrate --app`, and
+    the job waited forever; the app's stage types are now published, and SQL refuses
+    another type as `rota enqueue --app` does (docs/enqueue-from-sql.md, "Settings")."""
+    app = "tests.cli_app:build_stages_only"
+    rota("migrate")
+    assert rota.sql("SELECT {s}.enqueue('nosuchtype', '{{}}')") == [(1,)]  # any type
+    rota("migrate", "--app", app)
+    assert rota.sql("SELECT types FROM {s}.enqueue_settings") == [(["boom", "echo"],)]
+    with pytest.raises(psycopg.errors.UndefinedObject) as refused:
+        rota.sql("SELECT {s}.enqueue('nosuchtype', '{{}}')")
+    assert refused.value.diag.message_primary == (
+        "unknown job type 'nosuchtype'; declared types: boom, echo")
+    assert rota.sql("SELECT {s}.enqueue('echo', '{{}}')") == [(2,)]
+    result = rota("enqueue", "nosuchtype", "{}", "--app", app, ok=False)
+    assert (result.exit_code, result.stderr) == (2, (
+        "error: unknown job type 'nosuchtype': app 'tests.cli_app:build_stages_only' runs "
+        "the stage types echo, boom (without --app/ROTA_APP any type may be enqueued)\n"))
+    # The app's queue declares types: those are published with the stage types.
+    rota("migrate", "--app", APP)
+    assert rota.sql("SELECT types FROM {s}.enqueue_settings") == [(["boom", "echo"],)]
+
+
 def test_cancel_fails_a_pending_job_and_runs_its_give_up_hook_once(rota: Rota) -> None:
     rota("enqueue", "echo", "{}")
     rota("enqueue", "echo", "{}")

@@ -33,7 +33,8 @@ def migrate(database_url: str | None, schema: str | None, app_spec: str | None,
             as_json: bool) -> None:
     """Apply missing migrations (safe to run concurrently). With an app, then publish
     its queue settings (its stages' max_attempts included) for the SQL functions
-    enqueue and enqueue_many."""
+    enqueue and enqueue_many, which then accept only the types its stages run or its
+    queue declares."""
     target = make_target(database_url, schema, app_spec)
 
     async def go() -> list[int]:
@@ -46,7 +47,10 @@ def migrate(database_url: str | None, schema: str | None, app_spec: str | None,
             async with open_queue(target) as queue:
                 # The pipeline's queue carries its stages' max_attempts.
                 _, pipeline = await load_pipeline(target, queue)
-                await pipeline_queue(pipeline, queue).publish_settings()
+                # And its stage types: SQL refuses a type no stage runs, as
+                # `rota enqueue --app` does (docs/enqueue-from-sql.md, "Settings").
+                types = {s.type for s in pipeline.stages} | set(queue.types or ())
+                await pipeline_queue(pipeline, queue).publish_settings(types=types)
         return applied
 
     applied = asyncio.run(go())
