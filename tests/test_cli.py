@@ -249,6 +249,22 @@ def test_with_an_app_enqueue_and_migrate_apply_the_stages_max_attempts(rota: Rot
         ({"boom": 1},)]
 
 
+def test_cancel_with_an_app_says_when_the_type_has_no_give_up_hook(rota: Rota) -> None:
+    """The app's boom stage declares no on_give_up: cancelling one of its jobs said "its
+    give-up hook ran" (the no-op standing in for it had)."""
+    rota("enqueue", "boom", "{}")
+    rota("enqueue", "boom", "{}")
+    rota("enqueue", "echo", "{}")
+    assert rota("jobs", "cancel", "1", "--app", APP).stdout == (
+        "job 1 (boom) cancelled; its type has no give-up hook\n")
+    assert rota.json("jobs", "cancel", "2", "--app", APP) == {
+        "id": 2, "status": "failed", "giveUpHookRan": False, "giveUpHook": "none"}
+    assert rota("jobs", "cancel", "3", "--app", APP).stdout == (
+        "job 3 (echo) cancelled; its give-up hook ran\n")
+    assert rota.sql("SELECT id, give_up_pending FROM {s}.jobs ORDER BY id") == [
+        (1, False), (2, False), (3, False)]
+
+
 def test_migrate_with_an_app_publishes_its_stage_types_for_sql(rota: Rota) -> None:
     """SQL enqueue of a type no stage runs was accepted after `rota migrate --app`, and
     the job waited forever; the app's stage types are now published, and SQL refuses
@@ -279,7 +295,7 @@ def test_cancel_fails_a_pending_job_and_runs_its_give_up_hook_once(rota: Rota) -
         "job 1 (echo) cancelled; its give-up hook, if the app has one, is owed (run with "
         "--app, by `rota maintain --app` or by a worker)\n")
     assert rota.json("jobs", "cancel", "2", "--app", APP) == {
-        "id": 2, "status": "failed", "giveUpHookRan": True}
+        "id": 2, "status": "failed", "giveUpHookRan": True, "giveUpHook": "ran"}
     assert rota.sql("SELECT id, status, last_error, give_up_pending, finished_at IS NOT NULL "
                     "FROM {s}.jobs ORDER BY id") == [
         (1, "failed", "cancelled", True, True), (2, "failed", "cancelled", False, True)]

@@ -382,26 +382,32 @@ def jobs_retry(database_url: str | None, schema: str | None, app_spec: str | Non
 def jobs_cancel(database_url: str | None, schema: str | None, app_spec: str | None,
                 job_id: int, as_json: bool) -> None:
     """Cancel pending job ID: it ends failed ('cancelled') and its give-up hook is owed
-    (run now when --app registers one, else by the next maintenance)."""
+    (run now when --app registers one, else by the next maintenance; with --app, a type
+    whose stage has no hook is said to have none)."""
     target = make_target(database_url, schema, app_spec)
     as_json = wants_json(as_json)
 
-    async def go() -> tuple[Job, int]:
+    async def go() -> tuple[Job, str | None]:
         async with open_queue(target) as queue:
             job = await admin.cancel_job(queue, job_id)
-            ran = 0
-            if target.app is not None:
-                _, pipeline = await load_pipeline(target, queue)
-                # The pipeline's queue runs the app's give-up hooks.
-                ran = await pipeline_queue(pipeline, queue).run_give_up_hooks([job_id])
-            return job, ran
+            if target.app is None:
+                return job, None
+            _, pipeline = await load_pipeline(target, queue)
+            # The pipeline's queue runs the app's give-up hooks; a stage without one
+            # has a no-op, whose give-up is recorded as handled: "none", not "ran".
+            hooks = pipeline_queue(pipeline, queue)
+            ran = await hooks.run_give_up_hooks([job_id])
+            return job, admin.give_up_hook_state(job.type, "failed", not ran,
+                                                 hooks.give_up_hooks)
 
-    job, ran = asyncio.run(go())
+    job, state = asyncio.run(go())
     if as_json:
-        emit_json({"id": job_id, "status": job.status, "giveUpHookRan": bool(ran)})
+        emit_json({"id": job_id, "status": job.status, "giveUpHookRan": state == "ran",
+                   "giveUpHook": state or "owed"})
     else:
-        hook = ("its give-up hook ran" if ran else
-                "its give-up hook is owed" if target.app is not None else
-                "its give-up hook, if the app has one, is owed (run with --app, by "
-                "`rota maintain --app` or by a worker)")
+        hook = {"ran": "its give-up hook ran",
+                "none": "its type has no give-up hook",
+                "owed": "its give-up hook is owed"}.get(
+                    state or "", "its give-up hook, if the app has one, is owed (run with "
+                    "--app, by `rota maintain --app` or by a worker)")
         click.echo(safe_text(f"job {job_id} ({job.type}) cancelled; {hook}"))
