@@ -497,7 +497,8 @@ def test_jobs_subcommands_take_the_groups_options_too(rota: Rota) -> None:
     rota("enqueue", "echo", "{}")
     out = rota("jobs", "--database-url", rota.url, "--json", "cancel", "1",
                DATABASE_URL=None).stdout
-    assert json.loads(out) == {"id": 1, "status": "failed", "giveUpHookRan": False}
+    assert json.loads(out) == {"id": 1, "status": "failed", "giveUpHookRan": False,
+                               "giveUpHook": "owed"}
     assert [j["id"] for j in json.loads(rota("jobs", "--json", "failed").stdout)] == [1]
 
 
@@ -782,10 +783,47 @@ def test_tables_are_not_cut_at_80_columns_when_stdout_is_not_a_terminal(
 ) -> None:
     rota.sql("INSERT INTO {s}.runs (id, trigger, stop_reason, error, summary, started_at, "
              "finished_at) VALUES (gen_random_uuid(), 'worker', 'time_budget', NULL, "
-             "'{{\"maintenance.stuck_jobs.failed\": 0, \"echoed\": 12}}', now(), now())")
+             "'{{\"maintenance.stuck_jobs.failed\": 0, \"echoed\": 12, "
+             "\"a_rather_long_counter_name\": 1, \"another_long_counter_name\": 2, "
+             "\"and_a_third_one\": 3}}', now(), now())")
     out = rota("runs", COLUMNS=None).stdout
-    assert "time_budget" in out and "maintenance.stuck_jobs.failed=0" in out
+    assert "time_budget" in out and "another_long_counter_name=2, echoed=12" in out
     assert 80 < max(len(line) for line in out.splitlines()) <= 160
+
+
+def test_rota_runs_is_readable_at_80_columns(rota: Rota) -> None:
+    """Ten columns wrapped into 1-5-character ones at 80 columns, floats printed
+    unrounded, six maintenance.*=0 counters on a worker's run: the figures are one table
+    that fits, what each run counted (floats to two decimals, zero maintenance counters
+    left out) and its error another."""
+    rota("migrate")
+    rota.sql("""INSERT INTO {s}.runs (id, trigger, stop_reason, jobs_done, jobs_failed,
+        jobs_deferred, quota_units, summary, error, started_at, finished_at) VALUES
+        ('1a2b3c4d-0000-0000-0000-000000000001', 'worker', 'quota_exhausted', 1234, 5, 17,
+         10000, '{{"maintenance.stuck_jobs.failed": 0, "maintenance.stuck_jobs.hooks_run": 0,
+         "maintenance.killed_runs.marked": 0, "maintenance.prune.jobs_deleted": 3,
+         "maintenance.prune.quota_rows_deleted": 0, "maintenance.prune.runs_deleted": 0,
+         "rate_waited_s": 7.8759999999999994, "searches": 12}}', NULL,
+         '2026-12-01 10:00:00+00', '2026-12-01 10:03:40.5+00'),
+        ('2a2b3c4d-0000-0000-0000-000000000002', 'cron', 'error', 0, 1, 0, 0, '{{}}',
+         'RuntimeError: the database went away in the middle of a long batch of jobs',
+         '2026-12-01 11:00:00+00', '2026-12-01 11:00:02+00'),
+        ('3a2b3c4d-0000-0000-0000-000000000003', 'cli', NULL, 0, 0, 0, 0, '{{}}', NULL,
+         '2026-12-01 12:00:00+00', NULL)""")
+    assert rota("runs", COLUMNS="80").stdout == (
+        "                                 runs (3 shown)                                 \n"
+        "run      trigger started (UTC)   secs stop reason     done failed deferred units\n"
+        "────────────────────────────────────────────────────────────────────────────────\n"
+        "3a2b3c4d cli     12-01 12:00:00     — unfinished         0      0        0     0\n"
+        "2a2b3c4d cron    12-01 11:00:00   2.0 error              0      1        0     0\n"
+        "1a2b3c4d worker  12-01 10:00:00 220.5 quota_exhausted 1234      5       17 10000\n"
+        "\n"
+        "run      summary / error                                                    \n"
+        "────────────────────────────────────────────────────────────────────────────\n"
+        "2a2b3c4d error: RuntimeError: the database went away in the middle of a lon…\n"
+        "1a2b3c4d maintenance.prune.jobs_deleted=3, rate_waited_s=7.88, searches=12  \n")
+    # --json keeps every counter as stored.
+    assert rota.json("runs")[2]["summary"]["maintenance.killed_runs.marked"] == 0
 
 
 def test_depth_age_counts_from_when_the_job_could_first_be_due(rota: Rota) -> None:

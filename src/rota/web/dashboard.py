@@ -155,6 +155,7 @@ def _environment() -> jinja2.Environment:
     env.filters["num"] = _num
     env.filters["duration"] = charts.duration
     env.filters["local"] = _local
+    env.filters["counters"] = admin.summary_items
     return env
 
 
