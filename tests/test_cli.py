@@ -373,6 +373,54 @@ DB_COMMANDS = [
 ]
 
 
+@pytest.mark.parametrize(("args", "line"), [
+    (["jobs", "--bogus"], "error: No such option '--bogus'. (see 'rota jobs --help')"),
+    (["nosuch"], "error: No such command 'nosuch'. (see 'rota --help')"),
+    (["--bogus"], "error: No such option '--bogus'. (see 'rota --help')"),
+    (["enqueue"], "error: Missing argument 'TYPE'. (see 'rota enqueue --help')"),
+    (["jobs", "--limit", "5000"], "error: Invalid value for '--limit': 5000 is not in the "
+                                  "range 1<=x<=1000. (see 'rota jobs --help')"),
+    (["groups", "set", "g", "--active", "--paused"],
+     "error: --active and --paused contradict each other (see 'rota groups set --help')"),
+    (["jobs", "--lim", "3"], "error: No such option '--lim'. (Did you mean one of: '--id', "
+                             "'--limit'?) (see 'rota jobs --help')"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else "")
+def test_a_usage_error_is_one_error_line_like_every_other(
+        rota: Rota, args: list[str], line: str) -> None:
+    """click's usage errors were four lines (usage, hint, blank, "Error: …") beside rota's
+    one "error: …" line: now one line too, exit 2, naming the help to read."""
+    result = CliRunner().invoke(cli, args, prog_name="rota", env=rota.env)
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", line + "\n")
+
+
+def test_a_usage_error_from_the_installed_command_is_one_line() -> None:
+    out = subprocess.run([str(ROOT / ".venv" / "bin" / "rota"), "jobs", "--bogus"],
+                         capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert (out.returncode, out.stdout, out.stderr) == (
+        2, "", "error: No such option '--bogus'. (see 'rota jobs --help')\n")
+
+
+@pytest.mark.parametrize(("url", "line"), [
+    ("postgresql://u:pw@h:99999/db", "error: malformed database URL: its port is not "
+     "between 1 and 65535 (in a URL, user:password needs an @ before the host)"),
+    ("postgresql://u:123456/db", "error: malformed database URL: its port is not between "
+     "1 and 65535 (in a URL, user:password needs an @ before the host)"),
+    ("host=127.0.0.1 port=0", "error: malformed database URL: its port is not between 1 "
+     "and 65535"),
+    ("mysql://u:pw@localhost/db", "error: not a PostgreSQL URL: 'mysql://u:***@localhost/db'"
+     " (rota needs postgresql://… or postgres://…, or libpq's key=value form)"),
+    ("http://example.com/db", "error: not a PostgreSQL URL: 'http://example.com/db' (rota "
+     "needs postgresql://… or postgres://…, or libpq's key=value form)"),
+], ids=["port-99999", "password-as-port", "key-value-port-0", "mysql", "http"])
+def test_a_url_that_is_not_one_rota_can_use_is_named_as_such(
+        schema: str, url: str, line: str) -> None:
+    """A port out of range was "database unreachable" (a malformed URL), and mysql://
+    got libpq's `missing "="`; the password is never shown."""
+    result = Rota(url, schema)("jobs", ok=False)
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", line + "\n")
+    assert "pw" not in result.stderr and "123456" not in result.stderr
+
+
 @pytest.mark.parametrize("args", DB_COMMANDS, ids=lambda a: " ".join(a[:2]))
 def test_unreachable_database_is_one_line_and_exit_2(schema: str, args: list[str]) -> None:
     r = Rota(UNREACHABLE, schema)
@@ -890,6 +938,24 @@ def test_enqueue_refuses_a_type_the_app_never_runs(rota: Rota, write_app: Any,
     assert rota.json("enqueue", "send", "{}", *args, **env)["id"] == 1
     assert rota.json("enqueue", "nosuchtype", "{}")["id"] == 2
     assert rota.sql("SELECT type FROM {s}.jobs ORDER BY id") == [("send",), ("nosuchtype",)]
+
+
+def test_serve_refuses_to_start_without_cron_secret(
+    rota: Rota, process_env: dict[str, str],
+) -> None:
+    """As `rota dashboard` refuses without its secret: `rota serve` started and answered
+    401 to everything. A real process, exit 2, one line, nothing served."""
+    rota("migrate")
+    for secret in (None, "", "   ", "undefined"):
+        env = {k: v for k, v in process_env.items() if k != "CRON_SECRET"}
+        if secret is not None:
+            env["CRON_SECRET"] = secret
+        out = subprocess.run([sys.executable, "-m", "rota.cli", "serve", "--port", "0"],
+                             capture_output=True, text=True, timeout=30, cwd=ROOT, env=env)
+        assert (out.returncode, out.stdout, out.stderr) == (2, "", (
+            "error: CRON_SECRET is not set: /api/cron would refuse every request (make "
+            "one with python -c 'import secrets; print(secrets.token_urlsafe(32))')\n")), secret
+    assert rota.sql("SELECT count(*) FROM {s}.runs") == [(0,)]
 
 
 IN_USE = "the address is already in use (by another server?; pick another --port)"
