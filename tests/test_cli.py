@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -457,6 +458,47 @@ def test_console_script_reports_an_unreachable_database_in_one_line(schema: str)
 def process_env(rota: Rota) -> dict[str, str]:
     return {**os.environ, "DATABASE_URL": rota.url, "ROTA_SCHEMA": rota.schema,
             "ROTA_APP": APP, "PYTHONUNBUFFERED": "1"}
+
+
+def test_a_killed_workers_run_is_marked_as_soon_as_it_passes_the_stale_window(
+    rota: Rota, process_env: dict[str, str], spawn: Any,
+) -> None:
+    """A worker SIGKILLed mid-run left its run unfinished (shown running) until a
+    maintenance pass found it silent past the platform timeout: the next worker's start
+    was too early, and then it looked once a minute, or once a day. It now wakes when
+    the run's last heartbeat passes the stale window (4 s here) and marks it then, at
+    its last sign of life (docs/design.md, "Maintenance"). Real processes."""
+    app = "tests.cli_app:build_quick_stale"
+    env = {**process_env, "ROTA_APP": app}
+    rota("migrate")
+    rota.sql("SELECT {s}.enqueue('nap', to_jsonb(g)) FROM generate_series(1, 60) g")
+    first = spawn(["worker", "--idle-poll", "30"], env)
+    # Mid-run: a run unfinished, some of its jobs done, one running.
+    wait_for(lambda: rota.sql(
+        "SELECT count(*) FROM {s}.runs r JOIN {s}.jobs j ON j.run_id = r.id "
+        "WHERE r.finished_at IS NULL AND j.status = 'running' AND r.jobs_done > 0"
+    )[0][0] == 1, what="a run in the middle of its jobs")
+    first.kill()
+    first.wait(10)
+    [(killed, beat)] = rota.sql(
+        "SELECT id, heartbeat_at FROM {s}.runs WHERE finished_at IS NULL")
+    second = spawn(["worker", "--idle-poll", "30"], env)
+    seen: list[Any] = []
+
+    def marked() -> bool:
+        [(reason, error, finished, last, now)] = rota.sql(
+            "SELECT stop_reason, error, finished_at, heartbeat_at, now() FROM {s}.runs "
+            "WHERE id = %s", [killed])
+        seen[:] = [reason, error, finished, last, now]
+        return reason is not None
+
+    wait_for(marked, timeout=40, interval=0.05, what="the killed run marked")
+    reason, error, finished, last, now = seen
+    assert (reason, error, finished, last) == ("error", "killed", beat, beat)
+    # Never before the window, and soon after it, not at the next minute's rescue.
+    assert timedelta(seconds=4) <= now - beat < timedelta(seconds=10), now - beat
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(30) == 0
 
 
 def test_worker_process_runs_jobs_and_stops_on_sigterm(

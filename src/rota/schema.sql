@@ -30,8 +30,8 @@ CREATE TABLE {schema}.runs (
     started_at    timestamptz NOT NULL,
     finished_at   timestamptz,
     -- The run's last sign of life (its progress saves and heartbeats). Maintenance marks
-    -- a run killed only when it has been silent for longer than the platform timeout, so
-    -- a live long-running worker's run is never marked.
+    -- a run killed only when it has been silent for longer than the stale window, so a
+    -- live long-running worker's run is never marked.
     heartbeat_at  timestamptz
 );
 CREATE INDEX runs_started_idx ON {schema}.runs (started_at DESC);

@@ -224,8 +224,9 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
     at once (exit 130): the current run's jobs in flight are handed back too, their
     attempt returned, and run again by the next worker.
 
-    Between runs it fails stuck jobs every minute; full maintenance (killed runs,
-    pruning) runs daily. Each run is logged once, to stderr.
+    Between runs it fails stuck jobs every minute, and marks a killed run (a SIGKILLed
+    worker's) as soon as its last heartbeat is older than the stale window; full
+    maintenance (pruning too) runs daily. Each run is logged once, to stderr.
 
     Exits 2 at start, before looping, when the app or its settings are wrong, the
     budget is not below the app's platform timeout, the database is unreachable or its
