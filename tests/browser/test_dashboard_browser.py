@@ -165,6 +165,31 @@ def test_a_bad_filter_and_a_missing_page_show_the_dashboards_own_page(
                            f"of {s}" for s in ("400 (Bad Request)", *["404 (Not Found)"] * 3)]
 
 
+def test_a_type_no_stage_runs_is_named_on_the_overview_and_left_out_of_fairness(
+        page: Any, live: Live) -> None:
+    """Once `rota migrate --app` published the app's stage types, a type outside them
+    (here draft) is tagged on the overview and left out of the fairness page."""
+
+    async def publish() -> None:
+        async with Queue(live.database_url, schema=live.schema) as q:
+            await q.publish_settings(types=["search", "enrich"])
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, publish()).result()
+    page.goto(live.url + "/")
+    row = page.locator("tr", has=page.get_by_role("link", name="draft", exact=True))
+    sync_api.expect(row.locator(".tag.unrun")).to_have_text("no stage runs it")
+    assert page.locator(".tag.unrun").count() == 1
+    sync_api.expect(page.locator("p.notice.error")).to_have_text(
+        "No stage of the app runs draft: no run will ever claim its jobs. Add a stage for "
+        "it, or cancel the pending ones.")
+    page.goto(live.url + "/fairness")
+    sync_api.expect(page.locator("p.notice.error")).to_have_text(
+        "Left out: jobs of draft, which no stage of the app runs. They wait for no claim, "
+        "so their waits say nothing of fairness (see the overview).")
+    assert page.errors == []
+
+
 def test_retry_and_cancel_by_clicking(page: Any, live: Live) -> None:
     s = live.seeded
     page.goto(f"{live.url}/jobs/{s.failed_id}")
