@@ -197,9 +197,10 @@ class Rescue:
         """Run both tasks once; counters as ``"TASK.COUNTER"``."""
         return await run_tasks(self.tasks)
 
-    async def next_killed_in(self) -> float | None:
-        """See :meth:`KilledRuns.next_in`."""
-        return await self.killed.next_in()
+    async def next_killed_in(self) -> tuple[float | None]:
+        """:meth:`KilledRuns.next_in`, as a one-tuple (so that a caller waiting for it or
+        a stop request can tell "no unfinished run" from "stopped")."""
+        return (await self.killed.next_in(),)
 
 
 async def run_tasks(tasks: tuple[Maintainer, ...]) -> dict[str, int]:

@@ -240,7 +240,7 @@ class Worker:
                 if rescuer is not None:
                     # Also when the next unfinished run passes the stale window: a
                     # killed run is marked as soon as it can be known, busy or idle.
-                    next_rescue = min(next_rescue, await self._killed_due(rescuer))
+                    next_rescue = min(next_rescue, await self._killed_due(rescuer, stop_event))
                 if rescuer is not None and time.monotonic() >= next_rescue:
                     rescued = await _until_stopped(stop_event, self._rescue(rescuer))
                     if rescued is None:  # asked to stop while waiting for the database
@@ -299,7 +299,7 @@ class Worker:
                 if due_in is not None and due_in > 0:
                     timeout = min(timeout, due_in)
                 if rescuer is not None:
-                    next_rescue = min(next_rescue, await self._killed_due(rescuer))
+                    next_rescue = min(next_rescue, await self._killed_due(rescuer, stop_event))
                     timeout = min(timeout, max(next_rescue - time.monotonic(), 0.0))
                 await self._sleep(stop_event, timeout, asked_at)
         finally:
@@ -380,17 +380,18 @@ class Worker:
                          ", ".join(f"{k}={v}" for k, v in counters.items()))
         return self.rescue_every.total_seconds()
 
-    async def _killed_due(self, rescuer: Rescue) -> float:
+    async def _killed_due(self, rescuer: Rescue, stop_event: asyncio.Event) -> float:
         """When (monotonic) the next unfinished run will have been silent for the stale
         window, a little after so the rescue finds it past; ``inf`` when none is
-        unfinished or the database does not answer (the usual rescue interval then
-        applies)."""
+        unfinished, the database does not answer (the usual rescue interval then
+        applies) or a stop was asked for meanwhile (which ends the wait at once)."""
         try:
-            due = await asyncio.wait_for(rescuer.next_killed_in(),
-                                         self.liveness_timeout.total_seconds())
+            asked = await _until_stopped(stop_event, asyncio.wait_for(
+                rescuer.next_killed_in(), self.liveness_timeout.total_seconds()))
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.debug("could not ask when a run goes stale: %s", exc)
             return math.inf
+        due = None if asked is None else asked[0]
         if due is None:
             return math.inf
         # At most one rescue a second for it: one that keeps failing is not a busy loop.
