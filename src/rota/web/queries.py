@@ -52,6 +52,15 @@ async def job_types(queue: Queue, conn: AnyConn) -> list[str]:
     return [r["type"] for r in await _rows(queue, conn, "dashboard_types", {})]
 
 
+async def published_types(queue: Queue, conn: AnyConn) -> frozenset[str] | None:
+    """The job types published for the SQL entry points (``rota migrate --app``: the
+    app's stage types and its queue's declared ones), or ``None``: any type."""
+    rows = await _rows(queue, conn, "dashboard_published_types", {})
+    if not rows or rows[0]["types"] is None:
+        return None
+    return frozenset(rows[0]["types"])
+
+
 @dataclass(frozen=True)
 class TypeCounts:
     """One job type's jobs by status (``/`` and the rota_jobs gauges).
