@@ -1,5 +1,5 @@
 """Fair between customers: the fairness scenarios and the owner claim's cost
-(docs/design.md, "The fair claim"; bench/RESULTS.md, section 15).
+(docs/design.md, "The fair claim"; bench/RESULTS.md, section 16).
 
 Scenarios (one claimer drains in claims of 10, completing each claim; positions count
 the jobs handed out, so the figures are exact and do not depend on the machine):

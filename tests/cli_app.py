@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from datetime import timedelta
 from typing import Any
 
 from rota import JobContext, Pipeline, Plan, Plans, Queue, Stage
@@ -41,3 +43,24 @@ build_pipeline.queue_settings = {  # type: ignore[attr-defined]
 
 def not_callable_app() -> None:
     """Deliberately not a pipeline builder's shape: tests use it for a bad --app."""
+
+
+def build_stages_only(queue: Queue) -> Pipeline:
+    """The same stages on a queue that declares no types (any type may be enqueued in
+    Python): `rota migrate --app` publishes the stage types for SQL."""
+    return Pipeline(queue, [Stage("echo", 10, 2, echo), Stage("boom", 5, 1, boom)])
+
+
+async def nap(ctx: JobContext) -> None:
+    await asyncio.sleep(0.3)
+
+
+def build_quick_stale(queue: Queue) -> Pipeline:
+    """A 4 s stale window (a 3 s platform timeout, a heartbeat every second): for
+    killing a worker and seeing its run marked without waiting 15 minutes."""
+    return Pipeline(queue, [Stage("nap", handler=nap)],
+                    platform_timeout=timedelta(seconds=3))
+
+
+build_quick_stale.queue_settings = {  # type: ignore[attr-defined]
+    "stale_after": timedelta(seconds=4)}

@@ -53,12 +53,32 @@ def database_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def schema(database_url: str) -> Iterator[str]:
-    """A unique schema name for this test, dropped afterwards."""
+def schema(database_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A unique schema name for this test, dropped afterwards. Before it is dropped, the
+    fair claim's bookkeeping in it must keep every invariant of its contract
+    (src/rota/fair/verify.sql, what `rota verify` runs), after every test that touches a
+    queue: a violation fails the test at teardown, naming each one. A test that breaks
+    the bookkeeping on purpose says so with ``@pytest.mark.damages_bookkeeping``."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     yield name
     with psycopg.connect(database_url, autocommit=True) as conn:
+        violations: list[str] = []
+        if request.node.get_closest_marker("damages_bookkeeping") is None:
+            violations = _violations(conn, name)
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+    if violations:
+        pytest.fail("the fair claim's bookkeeping broke its contract: "
+                    + "; ".join(violations), pytrace=False)
+
+
+def _violations(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+    """The contract's violations in ``schema`` (none when it was never migrated)."""
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                          (f"{schema}.fair_groups",)).fetchone()
+    if not exists or not exists[0]:
+        return []
+    rows = conn.execute(Statements(schema).sql("fair/verify")).fetchall()
+    return [str(Violation(*r)) for r in rows]
 
 
 @pytest.fixture
@@ -97,18 +117,10 @@ async def queue(make_queue: Any) -> Queue:
 
 
 @pytest.fixture
-def fair_exact(database_url: str, schema: str) -> Iterator[None]:
-    """After the test: the fair claim's bookkeeping in the test's schema keeps every
-    invariant of its contract (src/rota/fair/verify.sql, what `rota verify` runs);
-    concurrency, oracle and chaos tests use it (``pytest.mark.usefixtures``)."""
+def fair_exact(schema: str) -> Iterator[None]:
+    """Kept for the modules that name it: every test's schema is checked against the
+    fair claim's contract at teardown (:func:`schema`)."""
     yield
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                              (f"{schema}.fair_groups",)).fetchone()
-        if not exists or not exists[0]:
-            return  # the test never migrated its schema
-        rows = conn.execute(Statements(schema).sql("fair/verify")).fetchall()
-    assert [str(Violation(*r)) for r in rows] == []
 
 
 @pytest.fixture

@@ -107,7 +107,8 @@ def test_wrong_database_urls_are_one_line_exit_2(schema: str, url: str) -> None:
     result = rota(url, schema, "enqueue", "echo", "{}")
     assert result.exit_code == 2 and result.stdout == ""
     [line] = result.stderr.splitlines()
-    assert line.startswith(("error: database unreachable: ", "error: malformed database URL"))
+    assert line.startswith(("error: database unreachable: ", "error: malformed database URL",
+                            "error: not a PostgreSQL URL"))
 
 
 def test_the_database_password_never_appears_in_the_error(schema: str) -> None:

@@ -83,10 +83,10 @@ def test_list_pages_in_id_order_with_plan_names(rota: Rota) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--plan", "platinum"], "error: unknown plan 'platinum'"),
-    (["--plan", "pro", "--no-plan"], "Error: --plan and --no-plan contradict each other"),
-    (["--owner", "u", "--no-owner"], "Error: --owner and --no-owner contradict each other"),
-    (["--paused", "--active"], "Error: --active and --paused contradict each other"),
-    (["--active", "--paused"], "Error: --active and --paused contradict each other"),
+    (["--plan", "pro", "--no-plan"], "error: --plan and --no-plan contradict each other"),
+    (["--owner", "u", "--no-owner"], "error: --owner and --no-owner contradict each other"),
+    (["--paused", "--active"], "error: --active and --paused contradict each other"),
+    (["--active", "--paused"], "error: --active and --paused contradict each other"),
 ])
 def test_bad_values_are_one_line_exit_2_and_write_nothing(
     rota: Rota, args: list[str], message: str,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import re
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from starlette.routing import Mount
 from rota import ConfigError, Queue, dashboard_app
 from rota.cli import cli
 from rota.web.auth import check_credential, csrf_ok, csrf_token, is_loopback
+from tests.cli_app import build_stages_only
 from tests.dashboard_data import EVIL_GROUP, IMG, SCRIPT, YOUTUBE, Seeded, seed
 
 SECRET = "dash-S3cret_value-for_tests"
@@ -31,9 +33,10 @@ def basic(secret: str = SECRET, user: str = "rota") -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
-def client(app: Any, host: str = "127.0.0.1", **kw: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                             base_url=f"http://{host}", **kw)
+def client(app: Any, host: str = "127.0.0.1", raise_errors: bool = True,
+           **kw: Any) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_errors)
+    return httpx.AsyncClient(transport=transport, base_url=f"http://{host}", **kw)
 
 
 @pytest.fixture
@@ -227,6 +230,83 @@ async def test_bad_filters_are_a_400_page_not_an_error(queue: Queue) -> None:
         assert (await c.get("/jobs/999999")).status_code == 404
 
 
+TOP_PAGES = ["/", "/fairness", "/runs", "/jobs", "/quotas"]
+PARAMS = ["type", "status", "group", "id", "run", "before", "done"]
+HOSTILE = ["%00", "a%00b", "%01", "%7F", "%C0%80", "%FF%FE", "%ED%A0%80", "x" * 300,
+           "-1", "0", "99999999999999999999", "1e999", "' OR 1=1 --", "%E2%80%AE"]
+
+
+async def test_every_parameter_of_every_page_is_checked_never_a_500(queue: Queue) -> None:
+    """A NUL in a filter was a 500 with a traceback: every page's every parameter is
+    checked, and what it refuses is a styled 400 page naming the parameter."""
+    app = dashboard_app(queue, secret=SECRET)
+    async with client(app, headers=basic()) as c:
+        r = await c.get("/jobs?type=%00")
+        assert r.status_code == 400
+        assert "<h1>Bad request</h1>" in r.text and "/static/dashboard.css" in r.text
+        assert "<p>type must not contain a NUL or another control character</p>" in r.text
+        for path in TOP_PAGES:
+            for name in PARAMS:
+                for value in HOSTILE:
+                    r = await c.get(f"{path}?{name}={value}")
+                    assert r.status_code in (200, 400), (path, name, value, r.text[:300])
+                    assert "/static/dashboard.css" in r.text, (path, name, value)
+
+
+@pytest.mark.parametrize(("path", "heading", "detail"), [
+    ("/jobs/abc", "No such job",
+     "There is no job &#39;abc&#39;: a job&#39;s id is a whole number from 1 to "
+     "9223372036854775807."),
+    ("/jobs/0", "No such job", "There is no job &#39;0&#39;"),
+    ("/jobs/99999999999999999999", "No such job", "There is no job &#39;9999"),
+    ("/jobs/999999", "No such job", "There is no job 999999."),
+    ("/runs/not-a-uuid", "No such run",
+     "There is no run &#39;not-a-uuid&#39;: a run&#39;s id is a UUID."),
+    ("/runs/00000000-0000-0000-0000-000000000000", "No such run",
+     "There is no run 00000000-0000-0000-0000-000000000000"),
+    ("/nowhere", "Not found", "There is no page /nowhere."),
+    ("/jobs/1/nowhere", "Not found", "There is no page /jobs/1/nowhere."),
+])
+async def test_a_missing_page_is_a_styled_404(queue: Queue, path: str, heading: str,
+                                              detail: str) -> None:
+    app = dashboard_app(queue, secret=SECRET)
+    async with client(app, headers=basic()) as c:
+        r = await c.get(path)
+    assert r.status_code == 404
+    assert f"<h1>{heading}</h1>" in r.text and detail in r.text
+    assert "/static/dashboard.css" in r.text and "Not Found" not in r.text
+    assert r.headers["content-security-policy"].startswith("default-src 'none'")
+
+
+async def test_every_refusal_is_a_styled_page(queue: Queue) -> None:
+    """401, 403, 405 and 500 too: the dashboard's own page, never bare text or a
+    traceback."""
+    app = dashboard_app(queue, secret=SECRET)
+    async with client(app) as c:
+        r = await c.get("/jobs")
+        assert r.status_code == 401 and "<h1>Unauthorized</h1>" in r.text
+        assert r.headers["www-authenticate"].startswith("Basic")
+    async with client(app, headers=basic()) as c:
+        r = await c.delete("/jobs")
+        assert r.status_code == 405 and "<h1>Method not allowed</h1>" in r.text
+        assert "<p>/jobs does not take DELETE.</p>" in r.text
+        r = await c.post("/jobs/abc/retry")
+        assert r.status_code == 404 and "<h1>No such job</h1>" in r.text
+        r = await c.post("/jobs/1/retry", content="csrf=x",
+                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 403 and "forbidden: reload the page" in r.text
+    ro = dashboard_app(queue, secret=SECRET, read_only=True)
+    async with client(ro, headers=basic()) as c:
+        r = await c.post("/jobs/1/retry")
+        assert r.status_code == 403 and "<p>the dashboard is read-only</p>" in r.text
+    async with client(app, headers=basic(), raise_errors=False) as c:
+        await queue.close()  # every query now fails: an unexpected error
+        r = await c.get("/jobs")
+    assert r.status_code == 500 and "<h1>Something went wrong</h1>" in r.text
+    assert "Traceback" not in r.text and "/static/dashboard.css" in r.text
+    assert r.headers["content-security-policy"].startswith("default-src 'none'")
+
+
 async def test_jobs_are_paged_by_id_and_each_page_reads_a_bounded_range(
         queue: Queue) -> None:
     await queue.enqueue_many([{"type": "t", "payload": {"i": i}} for i in range(120)])
@@ -281,3 +361,42 @@ async def test_the_quotas_page_says_why_it_is_empty(queue: Queue, given: dict[st
         r = await c.get("/quotas")
     assert r.status_code == 200
     assert says in r.text
+
+
+async def test_a_type_no_stage_runs_is_shown_as_such(queue: Queue) -> None:
+    """A job of a type no stage of the app runs (enqueued from SQL before the types were
+    published) is named on the overview, and left out of the fairness page, where it
+    showed its group, a Pro one, as the longest waiting."""
+    await queue.upsert_group("acme", plan="pro")
+    await queue.upsert_group("small", plan="free")
+    await queue.enqueue("nosuchtype", {}, group_id="acme")
+    queue.clock_offset = timedelta(minutes=5)
+    await queue.enqueue("echo", {}, group_id="small")
+    queue.clock_offset = timedelta(minutes=10)
+    note = ("No stage of the app runs nosuchtype: no run\nwill ever claim its jobs. Add "
+            "a stage for\nit, or cancel the pending ones.")
+    for known_by in ("the app", "the published types"):
+        if known_by == "the app":
+            app = dashboard_app(queue, secret=SECRET, pipeline=build_stages_only(queue))
+        else:  # as `rota migrate --app` publishes them
+            await queue.publish_settings(types=["echo", "boom"])
+            app = dashboard_app(queue, secret=SECRET)
+        async with client(app, headers=basic()) as c:
+            home = (await c.get("/")).text
+            fair = (await c.get("/fairness")).text
+        assert home.count('<span class="tag unrun">no stage runs it</span>') == 1
+        assert ('<td><a href="/jobs?type=nosuchtype">nosuchtype</a> <span class="tag '
+                'unrun">no stage runs it</span></td>') in home
+        assert note in home
+        assert ("Left out: jobs of nosuchtype, which no stage\nof the app runs.") in fair
+        longest = fair.split("<h2>Longest waiting</h2>")[1].split("</section>")[0]
+        assert re.findall(r'jobs\?group=([^&"]+)', longest) == ["small"]
+        assert "<td>Free</td>" in longest and "Pro" not in longest
+    # Nothing published and no app: nothing is known to be unrun.
+    await queue.publish_settings()
+    async with client(dashboard_app(queue, secret=SECRET), headers=basic()) as c:
+        home = (await c.get("/")).text
+        fair = (await c.get("/fairness")).text
+    assert "no stage runs it" not in home and "Left out" not in fair
+    longest = fair.split("<h2>Longest waiting</h2>")[1].split("</section>")[0]
+    assert re.findall(r'jobs\?group=([^&"]+)', longest) == ["acme", "small"]

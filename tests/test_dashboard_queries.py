@@ -312,14 +312,22 @@ async def test_owners_served_with_their_share_against_their_weight(make_queue: A
                      ('b1', interval '2 hours'), ('solo', interval '1 minute'),
                      ('solo', interval '1 minute')) AS w(g, ago)
         """)
+    await queue.upsert_group("c1", plan="free", owner_id="C")  # starved: nothing done
+    waiting = [{"group_id": "c1", "waited_seconds": 90.0},
+               {"group_id": "a2", "waited_seconds": 12.5},
+               {"group_id": "gone", "waited_seconds": 3.0}]  # not in the groups table
     async with queue.connection() as conn:
-        owners = await queries.owners_served(queue, conn, ["a"])
+        owners = await queries.owners_served(queue, conn, ["a"], waiting=waiting)
     # done / weight: A 8/4 = 2, B 2, solo 2: each exactly its weighted share.
     assert owners == [
         {"owner_id": "A", "own": False, "plan": "pro", "groups": 2, "done": 8, "weight": 4,
-         "share": 8 / 12, "per_weight": 1.0},
+         "share": 8 / 12, "per_weight": 1.0, "waited": 12.5},
         {"owner_id": "B", "own": False, "plan": "free", "groups": 1, "done": 2,
-         "weight": 1, "share": 2 / 12, "per_weight": 1.0},
+         "weight": 1, "share": 2 / 12, "per_weight": 1.0, "waited": None},
         {"owner_id": "solo", "own": True, "plan": "free", "groups": 1, "done": 2,
-         "weight": 1, "share": 2 / 12, "per_weight": 1.0},
+         "weight": 1, "share": 2 / 12, "per_weight": 1.0, "waited": None},
+        {"owner_id": "C", "own": False, "plan": "free", "groups": 0, "done": 0,
+         "weight": 1, "share": 0.0, "per_weight": 0.0, "waited": 90.0},
+        {"owner_id": "gone", "own": True, "plan": None, "groups": 0, "done": 0,
+         "weight": 1, "share": 0.0, "per_weight": 0.0, "waited": 3.0},
     ]

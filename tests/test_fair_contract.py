@@ -81,6 +81,7 @@ def head(created: str, id_: int, ready: str) -> str:
     return f"(head_lb, head_id) <= ({created}, {id_}) or head_until <= {ready}"
 
 
+@pytest.mark.damages_bookkeeping
 async def test_a_served_count_off_by_some_is_named_with_both_counts(
         queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
@@ -91,6 +92,7 @@ async def test_a_served_count_off_by_some_is_named_with_both_counts(
                                     Violation("t", "g:g1 'p:pro'", "owner_served", "7", "2")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_a_stray_served_delta_is_counted_in_found(queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
     await run(aconn, queue, "INSERT INTO {s}.fair_served (type, group_id, n)"
@@ -98,6 +100,7 @@ async def test_a_stray_served_delta_is_counted_in_found(queue: Queue, aconn: Any
     assert await queue.verify() == [Violation("t", "g2", "served", "0", "1")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_a_head_lb_above_the_first_job_names_that_job(
         queue: Queue, aconn: Any) -> None:
     jobs = await scenario(queue, aconn)
@@ -109,6 +112,7 @@ async def test_a_head_lb_above_the_first_job_names_that_job(
         Violation("t", "g2", "head", head(*jobs["g2"][0]), f"({lb}, {hid}), head_until {until}")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_a_head_id_past_the_first_job_of_its_instant_names_that_job(
         queue: Queue, aconn: Any) -> None:
     jobs = await scenario(queue, aconn)
@@ -120,6 +124,7 @@ async def test_a_head_id_past_the_first_job_of_its_instant_names_that_job(
                   f"({created}, {first_id + 1}), head_until infinity")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_a_head_until_past_an_older_deferred_job_names_that_job(
         queue: Queue, aconn: Any) -> None:
     jobs = await scenario(queue, aconn)
@@ -132,6 +137,7 @@ async def test_a_head_until_past_an_older_deferred_job_names_that_job(
         Violation("t", "g3", "head", head(*deferred), f"({lb}, {hid}), head_until infinity")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_a_ready_lb_after_a_pending_job_is_named(queue: Queue, aconn: Any) -> None:
     jobs = await scenario(queue, aconn)
     await run(aconn, queue, "UPDATE {s}.fair_groups SET ready_lb = ready_lb + interval"
@@ -141,6 +147,7 @@ async def test_a_ready_lb_after_a_pending_job_is_named(queue: Queue, aconn: Any)
         Violation("t", "g2", "ready_lb", f"<= {jobs['g2'][0][2]}", ready_lb)]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_a_moved_edge_shows_in_the_served_counts_it_moved_across(
         queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
@@ -149,6 +156,7 @@ async def test_a_moved_edge_shows_in_the_served_counts_it_moved_across(
     assert await queue.verify() == [Violation("t", "g1", "served", "1", "2")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_a_missing_edge_row_counts_every_done_job(queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
     await run(aconn, queue, "UPDATE {s}.jobs SET finished_at = now() - interval '3 days'"
@@ -158,6 +166,7 @@ async def test_a_missing_edge_row_counts_every_done_job(queue: Queue, aconn: Any
     assert await queue.verify() == [Violation("t", "g1", "served", "2", "1")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_a_plan_copy_that_differs_from_the_groups_table_is_named(
         queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
@@ -165,12 +174,14 @@ async def test_a_plan_copy_that_differs_from_the_groups_table_is_named(
     assert await queue.verify() == [Violation("t", "g1", "plan", "'pro'", "'free'")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_an_active_copy_that_differs_is_named(queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
     await run(aconn, queue, "UPDATE {s}.fair_groups SET active = false WHERE group_id = 'g2'")
     assert await queue.verify() == [Violation("t", "g2", "active", "true", "false")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_a_plan_missing_from_fair_plans_is_named(queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
     await run(aconn, queue, "DELETE FROM {s}.fair_plans WHERE plan = 'pro'")
@@ -178,6 +189,7 @@ async def test_a_plan_missing_from_fair_plans_is_named(queue: Queue, aconn: Any)
         Violation("t", "g1", "fair_plans", "plan 'pro' listed", "not listed")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_a_group_with_pending_jobs_and_no_row_is_named(
         queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
@@ -186,6 +198,7 @@ async def test_a_group_with_pending_jobs_and_no_row_is_named(
         Violation("t", "g2", "row", "a fair_groups row (2 pending jobs)", "none")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_an_owner_copy_that_differs_from_the_groups_table_is_named(
         queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
@@ -194,6 +207,7 @@ async def test_an_owner_copy_that_differs_from_the_groups_table_is_named(
     assert await queue.verify() == [Violation("t", "g2", "owner_id", "NULL", "'acme'")]
 
 
+@pytest.mark.damages_bookkeeping
 async def test_an_owner_row_whose_served_count_is_not_its_groups_sum_is_named(
         queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
@@ -215,19 +229,38 @@ async def test_an_owner_bound_above_a_group_or_no_owner_row_is_named(
     await run(aconn, queue, "DELETE FROM {s}.fair_owners WHERE unit = 'g:g2'")
     assert await queue.verify() == [Violation("t", "g2", "owner_bound", expected,
                                               "no owner row")]
-    # Named in fair_lowered since the fold (as a writer that lowered it would): the
-    # claim takes it as special, and the owner's row need not hold it.
-    await run(aconn, queue, "INSERT INTO {s}.fair_lowered (type, group_id) VALUES ('t', 'g2')")
+    # Recorded in fair_owner_changes since the fold (as a writer that lowered it
+    # would): the claim takes it as special, and the owner's row need not hold it.
+    await run(aconn, queue, "INSERT INTO {s}.fair_owner_changes (type, group_id, plan_key,"
+              " unit) VALUES ('t', 'g2', 'p:free', 'g:g2')")
     assert await queue.verify() == []
 
 
-async def test_a_lowered_row_below_the_fold_mark_is_named(queue: Queue, aconn: Any) -> None:
+@pytest.mark.damages_bookkeeping
+async def test_an_owner_change_below_the_fold_mark_is_named(
+        queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
     [(mark,)] = await run(aconn, queue, "SELECT max(upto)::text FROM {s}.fair_fold_mark")
-    await run(aconn, queue, "INSERT INTO {s}.fair_lowered (type, group_id, xid)"
-              " VALUES ('t', 'g2', '1')")
+    await run(aconn, queue, "INSERT INTO {s}.fair_owner_changes (type, group_id, plan_key,"
+              " unit, xid) VALUES ('t', 'g2', 'p:free', 'g:g2', '1')")
     assert await queue.verify() == [Violation(
-        "t", "g2", "lowered_mark", f"rows at or above mark {mark}", "1 below it, from xid 1")]
+        "t", "g2", "changes_mark", f"rows at or above mark {mark}", "1 below it, from xid 1")]
+
+
+@pytest.mark.damages_bookkeeping
+async def test_an_owner_change_moving_a_served_count_is_counted_with_the_row(
+        queue: Queue, aconn: Any) -> None:
+    """A move not taken in yet: the owner's row plus its changes is its groups' sum, and
+    a change with no move behind it shows as owner_served."""
+    await scenario(queue, aconn)
+    await queue.upsert_group("g1", plan="pro", owner_id="acme")  # g1 (served 2) moves
+    assert await queue.verify() == []
+    assert await run(aconn, queue, "SELECT unit, n FROM {s}.fair_owner_changes"
+                     " ORDER BY unit") == [("g:g1", -2), ("o:acme", 2)]
+    await run(aconn, queue, "INSERT INTO {s}.fair_owner_changes (type, group_id, plan_key,"
+              " unit, n) VALUES ('t', 'g2', 'p:free', 'g:g2', 4)")
+    assert await queue.verify() == [
+        Violation("t", "g:g2 'p:free'", "owner_served", "0", "4")]
 
 
 # -- rota verify ------------------------------------------------------------------------
@@ -273,6 +306,7 @@ async def test_rota_verify_exits_0_when_exact_and_1_naming_each_violation(
         "repaired": {"found": json.loads(as_json.stdout)["violations"], "groups": 3}}
 
 
+@pytest.mark.damages_bookkeeping
 async def test_ctrl_c_during_a_repair_exits_130_and_rebuilds_nothing(
         queue: Queue, aconn: Any, database_url: str, spawn: Any) -> None:
     # Interrupted, `rota verify` used to print click's "Aborted!" and exit 1, which is
@@ -503,6 +537,7 @@ def test_fresh_install_includes_the_bookkeeping_file() -> None:
 
 
 @pytest.mark.parametrize("damage", ["served"])
+@pytest.mark.damages_bookkeeping
 def test_the_fixture_used_after_concurrency_tests_fails_on_a_violation(
         migrated: str, database_url: str, damage: str) -> None:
     """fair_exact (tests/conftest.py) reads the same contract: damage it and the query

@@ -109,6 +109,7 @@ async def test_a_group_moved_to_another_owner_counts_for_it_at_the_next_claim(
                                   for _ in range(10)])
     # X (two groups) and Y alternate: X's jobs take turns between x1 and x2.
     assert await drain(queue, 4, 4) == ["x1", "y1", "x2", "y1"]
+    await queue.settle()  # the owners' rows have the served counts: the move is a change
     # x2 moves to Y: X is x1 (served 1), Y is y1 and x2 (served 3). X takes its
     # positions 1 and 2 alone; at 3 Y's first job (x2's: served 1 before y1's 2) wins the
     # tie on the group's served count; then X's fourth.

@@ -120,8 +120,12 @@ async def test_hooks_owed_by_a_process_without_them_run_at_maintenance(
 # -- killed runs ------------------------------------------------------------------------
 
 
-async def test_runs_silent_past_the_platform_timeout_are_marked_killed(
+async def test_runs_silent_past_the_stale_window_are_marked_killed(
         queue: Queue, aconn: AConn) -> None:
+    """One rule for "dead": a run silent for longer than the queue's stale window (15
+    minutes here), when its jobs are reclaimed too, whatever platform timeout the caller
+    knows (docs/design.md, "Maintenance")."""
+    assert queue.stale_after == timedelta(minutes=15)
     killed = await start_run(queue)
 
     async def handler(ctx: JobContext) -> None:
@@ -129,31 +133,34 @@ async def test_runs_silent_past_the_platform_timeout_are_marked_killed(
 
     finished = (await Pipeline(queue, [Stage("x", 1, 1, handler)]).run()).run_id
 
-    queue.clock_offset = timedelta(minutes=4)
+    queue.clock_offset = timedelta(minutes=14)
     assert (await KilledRuns(queue).run_once()) == {"marked": 0}
-    alive = await start_run(queue)  # started at +4 minutes
+    assert 59 < (await KilledRuns(queue).next_in() or 0) <= 60
+    alive = await start_run(queue)  # started at +14 minutes
 
-    queue.clock_offset = timedelta(minutes=5, seconds=1)
-    assert (await KilledRuns(queue).run_once()) == {"marked": 1}
+    queue.clock_offset = timedelta(minutes=15, seconds=1)
+    assert (await KilledRuns(queue).next_in() or 0) < 0  # due to be marked now
+    assert (await KilledRuns(queue, platform_timeout=timedelta(hours=1)).run_once()
+            ) == {"marked": 1}
     rows = await runs(aconn, queue)
     assert (rows[killed]["stop_reason"], rows[killed]["error"]) == ("error", "killed")
-    assert rows[killed]["finished_at"] is not None
+    # It ended at its last sign of life, not when the sweep noticed.
+    assert rows[killed]["finished_at"] == rows[killed]["started_at"]
     assert rows[alive]["finished_at"] is None
     assert (rows[finished]["stop_reason"], rows[finished]["error"]) == ("no_work", None)
 
     # A run that keeps saving progress is alive however long it has been running.
-    queue.clock_offset = timedelta(minutes=8)
+    queue.clock_offset = timedelta(minutes=20)
     async with queue.connection() as c:
         await c.execute(queue.sql("run_save"), {
             "id": alive, "jobs_done": 3, "jobs_failed": 0, "jobs_deferred": 0,
             "quota_units": 0, "summary": "{}", "final": False, "stop_reason": None,
             "error": None, "offset": queue.clock_offset})
-    queue.clock_offset = timedelta(minutes=12)
+    queue.clock_offset = timedelta(minutes=34, seconds=59)
     assert (await KilledRuns(queue).run_once()) == {"marked": 0}
-    queue.clock_offset = timedelta(minutes=13, seconds=1)
-    assert (await KilledRuns(queue, platform_timeout=timedelta(minutes=10)).run_once()
-            ) == {"marked": 0}
+    queue.clock_offset = timedelta(minutes=35, seconds=1)
     assert (await KilledRuns(queue).run_once()) == {"marked": 1}
+    assert await KilledRuns(queue).next_in() is None  # no unfinished run left
     assert (await runs(aconn, queue))[alive]["jobs_done"] == 3
 
 
@@ -209,7 +216,7 @@ async def test_maintenance_counters_land_in_the_run_summary(queue: Queue,
                                                             aconn: AConn) -> None:
     killed = await start_run(queue)
     await done_job(queue, timedelta(days=10))
-    queue.clock_offset = timedelta(minutes=6)
+    queue.clock_offset = timedelta(minutes=16)  # past the stale window
 
     async def handler(ctx: JobContext) -> None:
         pass

@@ -578,6 +578,43 @@ def test_four_workers_share_one_limit_of_20_a_second(database_url: str,
 # -- seen from outside -----------------------------------------------------------------
 
 
+def test_rota_limits_is_readable_at_80_columns(database_url: str, migrated: str) -> None:
+    """Eleven columns wrapped into 1-5-character ones at 80 columns: the table keeps
+    what a reader needs there (the rate as 500/1m, the next free unit as a wait), and
+    the key column only when a limit is keyed; --json has the rest."""
+    limit = RateLimit("openai", 10, timedelta(hours=1), burst=5)  # a unit in 6 minutes
+    keyed = RateLimit("model-tokens", 200_000, timedelta(minutes=1),
+                      key=lambda job: job.payload["m"])
+
+    async def spend(*limits: tuple[RateLimit, int, str | None]) -> None:
+        async with Queue(database_url, schema=migrated) as queue:
+            for lim, units, key in limits:
+                if key is None:
+                    await lim.take(queue, units, after=True)
+                else:
+                    await lim.take(queue, units, key=key, after=True)
+
+    asyncio.run(spend((limit, 3, None)))
+    env = {"DATABASE_URL": database_url, "ROTA_SCHEMA": migrated, "COLUMNS": "80"}
+    out = CliRunner().invoke(cli, ["limits"], env=env).stdout
+    assert out == (
+        "                rate limits (1 bucket)                \n"
+        "limit  rate  burst used before avail next free waiting\n"
+        "──────────────────────────────────────────────────────\n"
+        "openai 10/1h     5    3      0   2.0 now             0\n"
+        "used, before: units taken in this window of the period and the one before. \n"
+        "avail: units a take could have now (below 0: owed). --json: every bucket's \n"
+        "totals and instants.\n")
+    asyncio.run(spend((keyed, 9_000, "gpt-4o-mini"), (keyed, 1, "small")))
+    out = CliRunner().invoke(cli, ["limits"], env=env).stdout
+    lines = out.splitlines()
+    assert lines[1].split() == ["limit", "key", "rate", "burst", "used", "before", "avail",
+                                "next", "free", "waiting"]
+    assert re.fullmatch(r"model-tokens gpt-4o-mini 200000/1m +1 9000 +0 +-8\d{3} in "
+                        r"2\.\ds +0", lines[3]), lines[3]
+    assert max(len(line) for line in lines) <= 80 and len(lines) == 9
+
+
 def test_rota_limits_lists_each_bucket(database_url: str, migrated: str) -> None:
     limit = RateLimit("model", 500, timedelta(minutes=1), key=lambda job: job.payload["m"])
 
@@ -602,7 +639,7 @@ def test_rota_limits_lists_each_bucket(database_url: str, migrated: str) -> None
     assert small["window_units"] + small["prev_units"] == 10
     table = CliRunner().invoke(cli, ["limits", "--name", "model"], env=env)
     assert table.exit_code == 0, table.output
-    assert "rate limits (2 buckets)" in table.stdout and "500 per 1m" in table.stdout
+    assert "rate limits (2 buckets)" in table.stdout and "500/1m" in table.stdout
     empty = CliRunner().invoke(cli, ["limits", "--name", "nope", "--json"], env=env)
     assert json.loads(empty.stdout) == []
     # Not an empty table: a line that says why there is nothing.

@@ -52,3 +52,26 @@ def test_readme_smallest_app_runs_under_the_cli(database_url: str, schema: str,
     with psycopg.connect(database_url) as conn:
         rows = conn.execute(f'SELECT type, status FROM "{schema}".jobs').fetchall()
     assert rows == [("t", "done")]
+
+
+def test_readme_embedded_server_example_runs(tmp_path: Path) -> None:
+    """The README's EmbeddedServer example, as written, in its own process: the server
+    starts, the queue migrates on it, and it is gone afterwards."""
+    text = README.read_text()
+    code = re.search(r"development scripts or tests \(`pip install 'rota\[embedded\]'`\):\s+"
+                     r"```python\n(.*?)```", text, re.S)
+    assert code is not None
+    lines = code.group(1).splitlines()
+    imports = [line for line in lines if line.startswith("from ")]
+    body = [line for line in lines if line and not line.startswith("from ")]
+    body = [line.replace("...", "print(await queue.now() is not None, "
+                                 "os.path.isdir(server.directory)); seen = server.directory")
+            for line in body]
+    source = "\n".join([*imports, "import asyncio, os", "async def main():",
+                        *(f"    {line}" for line in body),
+                        "    print(os.path.isdir(seen))", "asyncio.run(main())"])
+    out = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
+                         timeout=180, cwd=tmp_path, env={"PATH": "/usr/bin:/bin",
+                                                          "TMPDIR": "/tmp"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "True True\nFalse\n"

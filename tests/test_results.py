@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -33,7 +35,8 @@ from rota import (
 )
 from rota.admin import show_job
 from rota.cli import cli
-from rota.results import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, encode_result
+from rota.job import encode_payload, printed_size
+from rota.results import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, encode_result, error_record
 
 AConn = psycopg.AsyncConnection[Any]
 HOUR = timedelta(hours=1)
@@ -129,6 +132,42 @@ async def test_a_result_that_cannot_be_stored_fails_the_job_saying_why(
     assert await error_rows(aconn, queue) == [(job.id, 1, expected)]
 
 
+async def test_a_result_and_a_payload_have_one_size_rule(make_queue: Any) -> None:
+    """Both are counted as PostgreSQL's jsonb prints them, every digit of a number:
+    [1e300] * 100 is 30,300 bytes (not the 700 Python writes), refused as a result as
+    enqueue refuses it as a payload."""
+    queue = await make_queue(max_payload_bytes=4096, max_attempts=3)
+    value = [1e300] * 100
+    with pytest.raises(InvalidInput) as refused:
+        await queue.enqueue("t", value)
+    assert str(refused.value) == "payload is 30300 bytes, larger than the maximum 4096"
+
+    async def handler(ctx: JobContext) -> Any:
+        return value
+
+    job = await queue.enqueue("t", {})
+    assert job is not None
+    await run(Pipeline(queue, [Stage("t", handler=handler)]))
+    found = await queue.result(job.id)
+    assert (found.status, found.value, found.job.last_error) == (
+        "failed", None, "ResultError: the return value is 30300 bytes of JSON, larger "
+                        "than the maximum 4096 (max_payload_bytes)")
+
+
+@pytest.mark.parametrize("value", [
+    [1e300] * 100, 1e-300, -0.0, 0.0, 1.5e-7, 123.45, -1e16, 2**70, -(2**70), 0, True,
+    None, "é\n\x01\"\\/\u2028", {"b": [1, {"c": None}], "a": "x"}, [], {}, [[], {}],
+    Decimal("1.50E+1"), Decimal("0.00"), Decimal("-0.000"), Decimal("123.4500"),
+    Decimal("-1E-3"), Decimal("12345678901234567.89"), Decimal("1E+2"),
+], ids=repr)
+async def test_printed_size_is_what_postgresql_prints(aconn: AConn, value: Any) -> None:
+    """printed_size counts what octet_length(value::jsonb::text) does, for every kind of
+    JSON value and every way of writing a number."""
+    text = encode_payload(value)
+    cur = await aconn.execute("SELECT octet_length(%s::jsonb::text)", [text])
+    assert printed_size(value) == (await cur.fetchone())[0]  # type: ignore[index]
+
+
 def test_a_result_nested_deeper_than_a_payload_may_be_is_refused() -> None:
     deep: Any = []
     for _ in range(300):
@@ -219,6 +258,58 @@ async def test_errors_and_tracebacks_are_bounded(queue: Queue) -> None:
     assert e.traceback.startswith("Traceback (most recent call last):\n")
     assert " characters left out) ...\n" in e.traceback
     assert e.traceback.endswith("x" * 100 + "\n")
+
+
+async def test_an_error_is_cut_at_its_limit_after_escaping(queue: Queue, aconn: AConn) -> None:
+    """A NUL is stored as two characters (\\0), so the cut comes after the escaping:
+    "start" and 5,000 NULs keep exactly MAX_ERROR_CHARS characters, not 7,994."""
+    async def handler(ctx: JobContext) -> None:
+        raise ValueError("start" + "\x00" * 5_000)
+
+    job = await queue.enqueue("t", {}, max_attempts=1)
+    await run(Pipeline(queue, [Stage("t", handler=handler)]))
+    found = await queue.result(job.id)  # type: ignore[union-attr]
+    expected = "ValueError: start" + "\\0" * 1991 + "…"
+    assert len(expected) == MAX_ERROR_CHARS == 4000
+    assert [e.error for e in found.errors] == [expected]
+    assert found.job.last_error == expected
+    assert found.errors[0].traceback is not None
+    assert found.errors[0].traceback.endswith("ValueError: start" + "\\0" * 5_000 + "\n")
+    assert await error_rows(aconn, queue) == [(job.id, 1, expected)]
+    # A traceback too is cut after escaping: 10,000 NULs print as 20,000 characters.
+    try:
+        raise ValueError("start" + "\x00" * 10_000)
+    except ValueError as exc:
+        text, _, trace = error_record(exc)
+    assert text == expected
+    assert trace is not None and len(trace) == MAX_TRACEBACK_CHARS
+    assert trace.endswith("\\0" * 100 + "\n") and "\x00" not in trace
+
+
+@pytest.mark.parametrize("length", [50_000, 200_000])
+async def test_a_one_word_error_of_any_length_settles_at_once(
+        queue: Queue, length: int) -> None:
+    """Redaction scans a bounded text in linear time: a one-word message of 50,000 or
+    200,000 characters (which took 11 s and minutes when a pattern was quadratic on the
+    whole message) is stored cut, and the handler's failure is settled within the run
+    at once (the bound only guards against quadratic time)."""
+    word = "a" * length
+
+    async def handler(ctx: JobContext) -> None:
+        raise ValueError(word)
+
+    job = await queue.enqueue("t", {}, max_attempts=1)
+    started = time.perf_counter()
+    text, kind, _ = error_record(ValueError(word))
+    assert time.perf_counter() - started < 1.0
+    assert (text, kind) == ("ValueError: " + "a" * (MAX_ERROR_CHARS - 13) + "…",
+                            "builtins.ValueError")
+    started = time.perf_counter()
+    result = await Pipeline(queue, [Stage("t", handler=handler)]).run(trigger="manual")
+    assert time.perf_counter() - started < 1.0
+    assert (result.stop_reason, result.jobs_failed) == ("no_work", 1)
+    found = await queue.result(job.id)  # type: ignore[union-attr]
+    assert [e.error for e in found.errors] == [text]
 
 
 async def test_a_timeout_and_a_stuck_job_keep_their_errors_without_a_traceback(

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import logging
 import pkgutil
+import time
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -24,7 +25,7 @@ from psycopg import sql
 import rota
 from rota import DatabaseUnavailable, Pipeline, Queue, Stage
 from rota.cli import cli
-from rota.redact import LOGGERS, RedactSecrets, redact
+from rota.redact import LOGGERS, MAX_SCANNED, RedactSecrets, redact
 from rota.web import cron_app
 
 PASSWORD = "Qx9vSECRETzK"
@@ -98,7 +99,8 @@ def test_queue_refuses_a_malformed_url_without_showing_its_password(
     with pytest.raises(DatabaseUnavailable) as exc:
         Queue(url)
     shown = "".join(traceback.format_exception(exc.value)) + repr(exc.value)
-    assert str(exc.value).startswith("malformed database URL")
+    # A scheme that is not postgres(ql):// (a typo included) is said to be one.
+    assert str(exc.value).startswith(("malformed database URL", "not a PostgreSQL URL"))
     assert leaks(shown, password) == [], shown
     assert leaks(logged(caplog), password) == []
 
@@ -274,3 +276,33 @@ def test_the_cli_log_handler_redacts_records_of_any_library(
                                (f"postgresql://u:{PASSWORD}@h/db",), None)
     assert handler.filter(record)
     assert handler.format(record).endswith("uvicorn.error: dsn postgresql://u:***@h/db")
+
+
+# Each a repeated unit that once made a pattern try many starts that each scanned to the
+# end of the text: quadratic time on a single long word.
+HOSTILE_UNITS = ["a", "1", "password", "a.", "x://", "a://b:", "'a:", " a:", "/a:", "a:",
+                 "password=", "password='", "x://@", "'a:@", "@a:", ":@"]
+
+
+@pytest.mark.parametrize("unit", HOSTILE_UNITS)
+def test_redaction_takes_linear_time(unit: str) -> None:
+    """No pattern is super-linear: 200,000 characters of any of these units (and with
+    an @ at the end, where the userinfo patterns' password ends) are redacted in a time
+    far from quadratic (the bound only guards against that; it takes milliseconds)."""
+    text = unit * (200_000 // len(unit))
+    for given in (text, "x" + text + "@"):
+        started = time.perf_counter()
+        redact(given, given[:1000])
+        assert time.perf_counter() - started < 1.0, unit
+
+
+def test_redaction_reads_a_bounded_text() -> None:
+    """A text longer than MAX_SCANNED keeps its two ends and says how much was left out;
+    a password in either end is still masked."""
+    head, tail = "postgresql://u:hunter2@h/db ", " password=hunter3"
+    text = head + "a" * 100_000 + tail
+    out = redact(text)
+    left_out = len(text) - MAX_SCANNED
+    assert out == ("postgresql://u:***@h/db " + "a" * (MAX_SCANNED // 2 - len(head))
+                   + f"… ({left_out} characters left out) …"
+                   + "a" * (MAX_SCANNED // 2 - len(tail)) + " password=***")

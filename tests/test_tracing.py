@@ -311,7 +311,12 @@ async def _noop(ctx: JobContext) -> None:
     ('{"traceparent": 5}', '{"traceparent": 5}'),
     ('{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x": "1"}',
      '{"x": "1", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'),
-], ids=["not-an-object", "short-parent-id", "not-text", "unknown-key"])
+    # traceparent is required (docs/enqueue-from-sql.md): both were accepted once.
+    ('{}', '{}'),
+    ('{"tracestate": "a=b"}', '{"tracestate": "a=b"}'),
+    ('{"traceparent": null}', '{"traceparent": null}'),
+], ids=["not-an-object", "short-parent-id", "not-text", "unknown-key", "empty",
+        "tracestate-only", "null-traceparent"])
 async def test_sql_enqueue_refuses_a_trace_context_that_is_not_one(
     queue: Queue, database_url: str, context: str, shown: str
 ) -> None:

@@ -19,6 +19,7 @@ Durations are compressed by the app's ``fast`` profile (3 s budget, 6 s platform
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import secrets
@@ -52,6 +53,18 @@ from .youtube import stand_in_app
 
 # Wide when not a terminal, so logs (CI, `| tee`) keep whole table cells.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
+
+
+def say(text: str = "") -> None:
+    """One line of the report, never broken by the console (a line too long for the
+    terminal wraps there, not at a width rich guessed): the report keeps each line to
+    one statement instead."""
+    console.print(text, soft_wrap=True)
+
+
+def num(value: int | float) -> str:
+    """A count as the whole report writes counts: with thousands separators."""
+    return f"{value:,}"
 
 
 @dataclass
@@ -154,11 +167,11 @@ class Demo:
                                       self.config.queries), rng=self.rng)
         if self.config.prespent_units:
             await demo_app.YOUTUBE_QUOTA.spend(queue, self.config.prespent_units, use_reserve=True)
-        console.print(
-            f"seeded {len(self.campaigns)} campaigns "
+        say(f"seeded {len(self.campaigns)} campaigns "
             f"({', '.join(f'{n} {p}' for p, n in self.config.per_plan.items())}); "
-            f"schemas {self.schema} / {self.app_schema}; "
-            f"YouTube quota: {self.config.prespent_units} of 10,000 units spent earlier today")
+            f"schemas {self.schema} / {self.app_schema}.")
+        say(f"  YouTube quota: {num(self.config.prespent_units)} of "
+            f"{num(demo_app.YOUTUBE_QUOTA.daily_units)} units spent earlier today")
         return queue
 
     def start_server(self) -> tuple[str, subprocess.Popen[bytes]]:
@@ -205,8 +218,8 @@ class Demo:
             await task
         except httpx.HTTPError as exc:
             self.runs[-1].body = {"error": f"connection lost: {type(exc).__name__}"}
-        console.print(f"  [red]SIGKILLed[/red] a cron invocation {self.config.kill_after}s "
-                      f"into its run (pid {victim.pid})")
+        say(f"  [red]SIGKILLed[/red] a cron invocation {self.config.kill_after} s into its "
+            f"run (pid {victim.pid}).")
 
     async def counts(self, queue: Queue) -> dict[str, int]:
         """Jobs by state. ``running`` counts live locks only; a stale lock with attempts
@@ -274,8 +287,9 @@ class Demo:
                         await asyncio.sleep(1.0)  # the killed run's locks go stale
 
     def maintain(self) -> str:
-        # Killed runs are recognized after the platform timeout (6 s in the fast profile).
-        time.sleep(6.5)
+        # A killed run is recognized once its last heartbeat is older than the stale
+        # window (8 s in the fast profile; docs/design.md, "Maintenance").
+        time.sleep(demo_app.profile().stale_after.total_seconds() + 0.5)
         out = subprocess.run([sys.executable, "-m", "rota.cli", "maintain", "--json"],
                              env=self.env, capture_output=True, text=True, timeout=120)
         if out.returncode != 0:
@@ -283,6 +297,43 @@ class Demo:
         return out.stdout.strip()
 
     # -- report -----------------------------------------------------------------------
+
+    def fairness_lines(self, waits: list[dict[str, Any]], medians: dict[str, float],
+                       pending: list[dict[str, Any]]) -> list[str]:
+        """What the fair claim did in this demo, in plain words and its own figures:
+        plans in priority order, and within a plan the largest campaign beside the
+        others (docs/design.md, "The fair claim")."""
+        lines = ["fairness: each claim takes the highest plan first, then within a plan the "
+                 "campaign served least, then the oldest job."]
+        done = [p for p in ("pro", "standard", "free") if p in medians]
+        if done:
+            lines.append("  By plan: " + ", ".join(
+                f"{p} jobs waited a median {medians[p]:.1f} s" for p in done) + ".")
+        for plan in ("pro", "standard", "free"):
+            if plan in medians or plan not in self.config.per_plan:
+                continue
+            left = {r["type"]: int(r["pending"]) for r in pending if r["plan"] == plan}
+            what = ", ".join(f"{num(n)} {t}" for t, n in sorted(left.items())) or "none"
+            lines.append(f"  No {plan} job was done: its campaigns' searches come after the "
+                         f"higher plans' in each claim, and the YouTube quota was down to "
+                         f"its reserve before their turn (runs stopped quota_reserve); "
+                         f"{plan} jobs pending: {what}.")
+        for plan in done:
+            by_group: dict[str, list[float]] = {}
+            for x in waits:
+                if x["plan"] == plan and x["group_id"] is not None:
+                    by_group.setdefault(x["group_id"], []).append(float(x["wait"]))
+            if len(by_group) < 2:
+                continue
+            big = max(by_group, key=lambda g: len(by_group[g]))
+            others = [w for g, ws in by_group.items() if g != big for w in ws]
+            lines.append(
+                f"  Within {plan}: the largest campaign ({num(len(by_group[big]))} jobs "
+                f"done) waited a median {statistics.median(by_group[big]):.1f} s, the "
+                f"{len(by_group) - 1} others ({num(len(others))} jobs) "
+                f"{statistics.median(others):.1f} s: the least-served campaign goes first, "
+                f"so a large one does not crowd out the small ones.")
+        return lines
 
     async def report(self, queue: Queue, maintained: str) -> int:
         s, a = sql.Identifier(self.schema), sql.Identifier(self.app_schema)
@@ -295,11 +346,16 @@ class Demo:
                 " FROM {}.runs ORDER BY started_at").format(s))
             runs = await cur.fetchall()
             await cur.execute(sql.SQL(
-                "SELECT coalesce(g.plan, 'none') AS plan,"
+                "SELECT coalesce(g.plan, 'none') AS plan, j.group_id,"
                 " extract(epoch FROM j.finished_at - j.created_at) AS wait"
                 " FROM {s}.jobs j LEFT JOIN {a}.campaign_groups g ON g.group_id = j.group_id"
                 " WHERE j.status = 'done'").format(s=s, a=a))
             waits = await cur.fetchall()
+            await cur.execute(sql.SQL(
+                "SELECT coalesce(g.plan, 'none') AS plan, j.type, count(*) AS pending"
+                " FROM {s}.jobs j LEFT JOIN {a}.campaign_groups g ON g.group_id = j.group_id"
+                " WHERE j.status = 'pending' GROUP BY 1, 2").format(s=s, a=a))
+            pending = await cur.fetchall()
             await cur.execute(sql.SQL(
                 "SELECT type, count(*) FILTER (WHERE status = 'done') AS done,"
                 " count(*) FILTER (WHERE status = 'failed') AS failed,"
@@ -335,9 +391,10 @@ class Demo:
         quota = await demo_app.YOUTUBE_QUOTA.usage(queue)
 
         t = Table(title="runs (each cron invocation's row)")
-        for col in ("trigger", "stop reason", "done", "failed", "deferred", "units",
+        for col in ("trigger", "stop reason", "done", "failed", "deferred", "quota units",
                     "seconds", "error"):
-            t.add_column(col)
+            t.add_column(col, justify="right" if col in (
+                "done", "failed", "deferred", "quota units", "seconds") else "left")
         idle = 0  # consecutive runs that found nothing to do, shown as one row
         for i, r in enumerate(runs):
             if r["jobs_done"] == r["jobs_failed"] == r["jobs_deferred"] == 0 and not r["error"]:
@@ -352,69 +409,83 @@ class Demo:
                     idle = 0
                     continue
             idle = 0
-            t.add_row(r["trigger"], str(r["stop_reason"] or "(unfinished)"), str(r["jobs_done"]),
-                      str(r["jobs_failed"]), str(r["jobs_deferred"]), str(r["quota_units"]),
-                      "" if r["seconds"] is None else str(r["seconds"]), (r["error"] or "")[:40])
+            t.add_row(r["trigger"], str(r["stop_reason"] or "(unfinished)"),
+                      num(r["jobs_done"]), num(r["jobs_failed"]), num(r["jobs_deferred"]),
+                      num(r["quota_units"]),
+                      "" if r["seconds"] is None else f"{r['seconds']:.1f}",
+                      (r["error"] or "")[:40])
         console.print(t)
         overlapping = sum(1 for r in self.runs if r.label.startswith("overlap"))
-        console.print(f"{len(runs)} runs, {overlapping} of them overlapping, 1 SIGKILLed")
+        say(f"{len(runs)} runs, {overlapping} of them overlapping, 1 SIGKILLed.")
+        say(f"quota units: YouTube Data API units a run spent (a search costs 100, a "
+            f"channel or comments lookup 1; {num(demo_app.YOUTUBE_QUOTA.daily_units)} a "
+            f"day).")
+        say()
 
         t = Table(title="wait from enqueue to done, per plan (seconds)")
-        for col in ("plan", "jobs done", "median", "max"):
-            t.add_column(col)
+        for col in ("plan", "jobs done", "median", "longest"):
+            t.add_column(col, justify="left" if col == "plan" else "right")
+        medians: dict[str, float] = {}
         for plan in ("pro", "standard", "free"):
             w = [float(x["wait"]) for x in waits if x["plan"] == plan]
             if w:
-                t.add_row(plan, str(len(w)), f"{statistics.median(w):.1f}", f"{max(w):.1f}")
+                medians[plan] = statistics.median(w)
+                t.add_row(plan, num(len(w)), f"{medians[plan]:.1f}", f"{max(w):.1f}")
         console.print(t)
+        for line in self.fairness_lines(waits, medians, pending):
+            say(line)
+        say()
 
         t = Table(title="jobs per stage")
         for col in ("stage", "done", "failed", "pending", "running", "deferrals"):
-            t.add_column(col)
+            t.add_column(col, justify="left" if col == "stage" else "right")
         for r in by_type:
-            t.add_row(r["type"], *(str(r[k]) for k in ("done", "failed", "pending", "running",
-                                                       "deferrals")))
+            t.add_row(r["type"], *(num(int(r[k])) for k in ("done", "failed", "pending",
+                                                          "running", "deferrals")))
         console.print(t)
         totals = {k: sum(int(r[k]) for r in by_type) for k in ("done", "failed", "pending")}
         deferrals = sum(int(r["deferrals"]) for r in by_type)
-        console.print(
-            f"jobs: {totals['done']} done, {totals['failed']} failed, {totals['pending']} "
-            f"pending with a due time; {deferrals} deferrals")
-        console.print(
-            f"YouTube quota (rota's count): {quota.used} of {quota.limit} units used today "
-            f"(reserve 1,000; {self.config.prespent_units} spent before the demo); "
-            f"the stand-in charged {usage['units']} units ({usage['injectedErrors']} injected "
-            f"errors and {usage['injectedTimeouts']} timeouts it did not charge for; rota "
-            f"counts units before each call, so failed calls count too), "
-            f"{usage['quotaExceeded']} quotaExceeded answers")
+        say(f"jobs: {num(totals['done'])} done, {num(totals['failed'])} failed, "
+            f"{num(totals['pending'])} pending with a due time; {num(deferrals)} "
+            f"deferral{'' if deferrals == 1 else 's'}.")
+        say()
+        say(f"YouTube quota, as rota counts it: {num(quota.used)} of {num(quota.limit or 0)} "
+            f"units used today ({num(self.config.prespent_units)} before the demo; the "
+            f"last {num(demo_app.YOUTUBE_QUOTA.reserve)} are a reserve no run spends).")
+        say(f"  The stand-in API charged {num(usage['units'])} units and answered "
+            f"{num(usage['quotaExceeded'])} quotaExceeded.")
+        say(f"  It did not charge for {num(usage['injectedErrors'])} injected errors and "
+            f"{num(usage['injectedTimeouts'])} timeouts: rota counts units before each "
+            f"call, so failed calls count too.")
         assert model_calls is not None
         rpm = demo_app.llm_rpm()
         answered, busy = int(model_calls["answered"]), model_calls["busy_s"] or 0.0
         reached = (answered - 1) / busy * 60 if answered > 1 and busy > 0 else 0.0
         busiest = int(model_calls["busiest_10s"] or 0) * 6
-        console.print(
-            f"language model (the stand-in allows {rpm} requests a minute, refilled "
-            f"continuously, bursts of {max(rpm // 60, 1)}): {answered} answered, "
-            f"{model_calls['refused']} answered 429; rate reached: {busiest}/min over the "
-            f"busiest 10 s ({busiest / rpm:.0%} of the limit), {reached:.0f}/min over the "
-            f"{busy:.0f} s it was busy")
+        say(f"language model: the stand-in allows {num(rpm)} requests a minute, refilled "
+            f"continuously, bursts of {max(rpm // 60, 1)}.")
+        say(f"  {num(answered)} answered, {num(int(model_calls['refused']))} answered 429; "
+            f"rate reached: {num(busiest)}/min over the busiest 10 s ({busiest / rpm:.0%} of "
+            f"the limit), {num(round(reached))}/min over the {busy:.0f} s it was busy.")
         checks.append(("the language model never answered 429 (rota kept every worker "
                        "to its requests per minute)", int(model_calls["refused"]) == 0))
         assert ledger is not None
-        console.print(f"draft credits: {ledger['spends']} spent, {ledger['refunds']} refunded "
-                      f"(drafts that gave up)")
-        console.print(f"maintenance: {maintained}")
+        say(f"draft credits: {num(ledger['spends'])} spent, {num(ledger['refunds'])} "
+            f"refunded (drafts that gave up).")
+        counters = json.loads(maintained)
+        say("maintenance (rota maintain): " + ", ".join(
+            f"{k}={num(v)}" for k, v in counters.items()))
         reasons = sorted({str(r["stop_reason"]) for r in runs})
-        console.print(f"stop reasons seen: {', '.join(reasons)}")
+        say(f"stop reasons seen: {', '.join(reasons)}")
         for j in lost_jobs:  # what a failed "no job left running" check is about
-            console.print(f"  [red]left {j['status']}[/red]: job {j['id']} ({j['type']}), "
+            say(f"  [red]left {j['status']}[/red]: job {j['id']} ({j['type']}), "
                           f"attempts {j['attempts']}/{j['max_attempts']}, lock "
                           f"{j['lock_age']} s old (stale after {j['stale_s']} s), "
                           f"run_after in {j['due_in']} s, row locked now: {j['row_locked']}, "
                           f"claimed by run {j['run_id']} ({j['run_stop']}, {j['run_error']})")
         failed = [name for name, ok in checks if not ok]
         for name, ok in checks:
-            console.print(f"  [{'green' if ok else 'red'}]{'ok ' if ok else 'BAD'}[/] {name}")
+            say(f"  [{'green' if ok else 'red'}]{'ok ' if ok else 'BAD'}[/] {name}")
         if failed:
             console.print(f"[red]invariants failed: {', '.join(failed)}[/red]")
             return 1

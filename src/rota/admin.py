@@ -506,6 +506,22 @@ async def list_groups(queue: AdminQueue, *, limit: int = 50, after: str | None =
     return [GroupRow(**row) for row in rows]
 
 
+def summary_items(summary: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """A run's counters as ``rota runs`` and the dashboard show them: sorted by name,
+    a float to at most two decimals (``rate_waited_s`` ``7.88``, not
+    ``7.8759999999999994``), and a maintenance counter only when it is not zero (a
+    worker's maintenance run holds six, mostly zero; ``--json`` has them all)."""
+    return [(k, _counter(v)) for k, v in sorted((summary or {}).items())
+            if not (k.startswith("maintenance.") and v == 0)]
+
+
+def _counter(value: object) -> str:
+    if isinstance(value, float):
+        text = f"{value:.2f}".rstrip("0").rstrip(".")
+        return "0" if text == "-0" else text
+    return str(value)
+
+
 def give_up_hook_state(job_type: str, status: str, give_up_pending: bool,
                        hooks: Mapping[str, object]) -> str:
     """What a job's give-up hook did, as ``rota jobs`` and the dashboard both say it
@@ -534,7 +550,24 @@ def give_up_hook_state(job_type: str, status: str, give_up_pending: bool,
     return "none" if hook is no_give_up_hook else "ran"
 
 
-__all__ = ["JOB_STATUSES", "KEEP", "MAX_LIST_LIMIT", "DepthRow", "GroupRow", "JobPage",
-           "RetryResult", "RunRecord", "cancel_job", "depth", "give_up_hook_state",
-           "list_groups", "list_jobs", "list_runs", "missing_migrations", "retry_job",
-           "set_group", "show_job"]
+__all__ = [
+    "JOB_STATUSES",
+    "KEEP",
+    "MAX_LIST_LIMIT",
+    "DepthRow",
+    "GroupRow",
+    "JobPage",
+    "RetryResult",
+    "RunRecord",
+    "cancel_job",
+    "depth",
+    "give_up_hook_state",
+    "list_groups",
+    "list_jobs",
+    "list_runs",
+    "missing_migrations",
+    "retry_job",
+    "set_group",
+    "show_job",
+    "summary_items",
+]

@@ -192,12 +192,31 @@ def sendable_int(value: object, name: str) -> int:
     return value
 
 
-def storable_text(text: str) -> str:
+def storable_text(text: str, limit: int | None = None) -> str:
     """Make error text storable in a ``text`` column (``jobs.last_error``,
     ``runs.error``): connection-string passwords become ``***`` (docs/operations.md,
-    "Secrets"), NUL characters ``\\0``, and lone surrogates are replaced."""
-    return (redact(text).replace("\x00", "\\0")
+    "Secrets"), NUL characters ``\\0``, and lone surrogates are replaced.
+
+    Args:
+        text: the text.
+        limit: at most this many characters are kept, counted after escaping (a NUL
+            takes two), the last one ``…`` when the text was cut; the text is cut to
+            twice the limit before it is scanned, so a long one costs no more than a
+            short one (docs/design.md, "Results").
+    """
+    if limit is not None:
+        text = cut_text(text, 2 * limit)
+    text = (redact(text).replace("\x00", "\\0")
             .encode("utf-8", "replace").decode("utf-8"))
+    return text if limit is None else cut_text(text, limit)
+
+
+def cut_text(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its first ``limit - 1`` and
+    ``…``."""
+    if len(text) <= limit:
+        return text
+    return text[:limit - 1] + "…"
 
 
 def positive_int(value: object, name: str, minimum: int = 1) -> int:

@@ -314,8 +314,10 @@ def _check_recorded(recorded: dict[int, tuple[str, str]], shipped: tuple[Migrati
 def check_conninfo(conninfo: str) -> str:
     """Validate a libpq connection string or URL without connecting.
 
-    Refuses what libpq cannot parse, a port that is not a number (a URL's password with
-    no ``@`` after it is read as the port), and a URL whose user name or password holds
+    Refuses a URL of another scheme than ``postgresql://`` or ``postgres://``
+    (``mysql://…``, which libpq would misread as key=value text), what libpq cannot
+    parse, a port that is not a number from 1 to 65535 (a URL's password with no ``@``
+    after it is read as the port), and a URL whose user name or password holds
     an unencoded ``@`` or ``/``: libpq would read the rest of the password as the host,
     the port or the database name, where connection errors would show it.
 
@@ -326,6 +328,12 @@ def check_conninfo(conninfo: str) -> str:
         DatabaseUnavailable: one line saying why, with the password replaced by ``***``
             (docs/operations.md, "Secrets").
     """
+    scheme = re.match(r"\s*([A-Za-z][A-Za-z0-9+.\-]*)://", conninfo)
+    if scheme and scheme.group(1) not in ("postgresql", "postgres"):
+        # libpq would read it as key=value text and say `missing "="`.
+        raise DatabaseUnavailable(
+            f"not a PostgreSQL URL: {redact(conninfo, conninfo)!r} (rota needs "
+            "postgresql://… or postgres://…, or libpq's key=value form)")
     try:
         params = psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
@@ -337,6 +345,11 @@ def check_conninfo(conninfo: str) -> str:
         raise DatabaseUnavailable(
             "malformed database URL: its port is not a number (in a URL, user:password "
             "needs an @ before the host)")
+    if any(p.strip() and not 1 <= int(p) <= 65535 for p in ports):
+        # Not echoed either: a password of digits before a missing @ is read as the port.
+        hint = " (in a URL, user:password needs an @ before the host)" if scheme else ""
+        raise DatabaseUnavailable(
+            f"malformed database URL: its port is not between 1 and 65535{hint}")
     if _splits_userinfo(conninfo):
         raise DatabaseUnavailable(
             f"malformed database URL {redact(conninfo, conninfo)!r}: an @ or / in its user "

@@ -265,6 +265,47 @@ def _encode_exact(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
+def printed_size(value: Any) -> int:
+    """UTF-8 bytes of ``value``'s JSON text as PostgreSQL's jsonb prints it: the size
+    ``max_payload_bytes`` limits, for payloads (``enqueue_jobs`` counts
+    ``octet_length(payload::text)``) and results alike (docs/design.md, "Enqueue").
+
+    jsonb prints a space after each ``:`` and ``,``, and a number as ``numeric`` does:
+    every digit, never an exponent (``1e300`` is 301 characters, not 6), with as many
+    decimals as the number was written with (``1.50e1`` is ``15.0``) and no sign on zero.
+    ``value`` is a payload :func:`encode_payload` accepts, nested at most
+    :data:`MAX_PAYLOAD_DEPTH` deep.
+    """
+    if value is None or value is True:
+        return 4
+    if value is False:
+        return 5
+    if isinstance(value, str):
+        return len(_ENCODER.encode(value).encode("utf-8"))
+    if isinstance(value, int):
+        return len(str(int(value)))
+    if isinstance(value, float):
+        return _numeric_size(Decimal(repr(float(value))))
+    if isinstance(value, Decimal):
+        return _numeric_size(value)
+    if isinstance(value, dict):
+        return 2 + max(len(value) - 1, 0) * 2 + sum(
+            printed_size(k) + 2 + printed_size(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return 2 + max(len(value) - 1, 0) * 2 + sum(printed_size(v) for v in value)
+    raise PayloadError(f"payload is not JSON-serializable: {type(value).__name__}")
+
+
+def _numeric_size(number: Decimal) -> int:
+    """Characters of ``number`` as PostgreSQL's ``numeric`` prints it."""
+    sign, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)  # finite: checked by _check_value
+    scale = max(-exponent, 0)
+    zero = not any(digits)
+    whole = 1 if zero else max(len(digits) + exponent, 1)
+    return (sign and not zero) + whole + (scale + 1 if scale else 0)
+
+
 def encode_payload(payload: Any) -> str:
     """Serialize a payload to JSON text for the ``jsonb`` column.
 

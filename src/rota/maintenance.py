@@ -10,7 +10,7 @@ Tasks:
 - :class:`StuckJobs`: running jobs whose lock is stale on their last attempt are failed,
   and their give-up hooks (and any still owed) run (docs/design.md, "Stuck jobs"
   and "Give-up hooks").
-- :class:`KilledRuns`: runs silent for longer than the platform timeout are marked
+- :class:`KilledRuns`: runs silent for longer than the queue's stale window are marked
   ended with stop reason ``error`` and error ``killed``.
 - :class:`PruneDoneJobs`: done jobs older than the retention period are deleted (never
   inside the served window, which the fair claim still counts), quota usage of periods
@@ -71,17 +71,21 @@ class StuckJobs:
 
 
 class KilledRuns:
-    """Mark runs that were killed.
+    """Mark runs that were killed (docs/design.md, "Maintenance").
 
-    A run saves its progress after every batch and every heartbeat; a run whose row is
-    unfinished and has been silent for longer than ``platform_timeout`` cannot be alive
-    (the platform would have killed it), so it is marked finished with stop reason
-    ``error`` and error ``killed``. Should it turn out alive after all, its own end
-    overwrites the mark.
+    A run saves its progress after every batch and every heartbeat (at least every half
+    platform timeout, which is shorter than the stale window); a run whose row is
+    unfinished and has been silent for longer than the queue's stale window
+    (``stale_after``) cannot be alive, and its jobs are being reclaimed, so it is marked
+    finished with stop reason ``error`` and error ``killed``, at its last sign of life.
+    The stale window is the one rule for "dead" (docs/design.md, "Stale locks"), known
+    to every process that has the queue, app or not. Should it turn out alive after
+    all, its own end overwrites the mark.
 
     Args:
-        queue: the queue.
-        platform_timeout: the pipeline's platform timeout (default 300 s).
+        queue: the queue (its ``stale_after``).
+        platform_timeout: ignored, kept so that callers written when killed runs were
+            marked after the platform timeout still work.
 
     Counters: ``marked``.
     """
@@ -91,14 +95,24 @@ class KilledRuns:
     def __init__(self, queue: Queue, *,
                  platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT) -> None:
         self.queue = _check_queue(queue)
-        self.platform_timeout = require_duration(platform_timeout, "platform_timeout")
+        require_duration(platform_timeout, "platform_timeout")
 
     async def run_once(self) -> dict[str, int]:
         q = self.queue
         async with q.connection() as c:
             rows = await q.store.fetch_all("killed_runs", {
-                "platform_timeout": self.platform_timeout, "offset": q.clock_offset}, conn=c)
+                "stale_after": q.stale_after, "offset": q.clock_offset}, conn=c)
         return {"marked": len(rows)}
+
+    async def next_in(self) -> float | None:
+        """Seconds until the next unfinished run will have been silent for the stale
+        window (0 or less: one is due to be marked now), or ``None``: none is
+        unfinished. The worker wakes for it."""
+        q = self.queue
+        async with q.connection() as c:
+            row = await q.store.fetch_one("killed_runs_next", {
+                "stale_after": q.stale_after, "offset": q.clock_offset}, conn=c)
+        return None if row is None or row[0] is None else float(row[0])
 
 
 class PruneDoneJobs:
@@ -160,26 +174,33 @@ class PruneDoneJobs:
 
 class Rescue:
     """The worker's frequent pass between full maintenance runs: stuck jobs (with owed
-    give-up hooks) and killed runs, both index reads. A worker restarted after a SIGKILL
-    thus closes the killed run within a minute of its going silent for longer than the
-    platform timeout, not at the next daily maintenance (docs/design.md, "Maintenance").
+    give-up hooks) and killed runs, both index reads. The worker also runs it when the
+    next unfinished run passes the stale window (:meth:`next_killed_in`), so a run
+    killed by a SIGKILL is marked as soon as that can be known, not at the next daily
+    maintenance (docs/design.md, "Maintenance").
 
     Args:
         queue: the queue.
-        platform_timeout: see :class:`KilledRuns`.
+        platform_timeout: ignored (see :class:`KilledRuns`).
 
     Counters: ``stuck_jobs.failed``, ``stuck_jobs.hooks_run``, ``killed_runs.marked``.
     """
 
     name = "rescue"
 
-    def __init__(self, queue: Queue, platform_timeout: timedelta) -> None:
-        self.tasks: tuple[Maintainer, ...] = (
-            StuckJobs(queue), KilledRuns(queue, platform_timeout=platform_timeout))
+    def __init__(self, queue: Queue,
+                 platform_timeout: timedelta = DEFAULT_PLATFORM_TIMEOUT) -> None:
+        self.killed = KilledRuns(queue, platform_timeout=platform_timeout)
+        self.tasks: tuple[Maintainer, ...] = (StuckJobs(queue), self.killed)
 
     async def run_once(self) -> dict[str, int]:
         """Run both tasks once; counters as ``"TASK.COUNTER"``."""
         return await run_tasks(self.tasks)
+
+    async def next_killed_in(self) -> tuple[float | None]:
+        """:meth:`KilledRuns.next_in`, as a one-tuple (so that a caller waiting for it or
+        a stop request can tell "no unfinished run" from "stopped")."""
+        return (await self.killed.next_in(),)
 
 
 async def run_tasks(tasks: tuple[Maintainer, ...]) -> dict[str, int]:
@@ -196,7 +217,7 @@ class Maintenance:
 
     Args:
         queue: the queue (its registered give-up hooks run for stuck jobs).
-        platform_timeout: see :class:`KilledRuns` (default 300 s).
+        platform_timeout: ignored (see :class:`KilledRuns`).
         retention: see :class:`PruneDoneJobs` (default 7 days).
         prune_batch_size: see :class:`PruneDoneJobs`.
         runs_retention: see :class:`PruneDoneJobs` (default 30 days).

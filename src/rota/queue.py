@@ -390,16 +390,30 @@ class Queue:
             sending.sent([], int(created))
         return int(created)
 
-    async def publish_settings(self, *, conn: AnyConn | None = None) -> None:
+    async def publish_settings(self, *, conn: AnyConn | None = None,
+                               types: Iterable[str] | None = None) -> None:
         """Write this queue's enqueue settings (declared types, max_attempts and its
         per-type values, including a pipeline's stages', max_payload_bytes, the groups
         relation, the clock offset) where the SQL entry points ``SCHEMA.enqueue`` and
         ``SCHEMA.enqueue_many`` read them (docs/enqueue-from-sql.md, "Settings").
         :meth:`migrate` and ``rota migrate --app`` call it; call it again after changing
-        a setting. Writes nothing when they are already published."""
+        a setting. Writes nothing when they are already published.
+
+        Args:
+            conn: run on this connection (inside its transaction).
+            types: the job types the SQL entry points accept, instead of the queue's
+                declared ``types`` (``None``: any type): ``rota migrate --app``
+                publishes the app's stage types and the declared ones, so a type no
+                stage runs is refused as ``rota enqueue --app`` refuses it.
+
+        Raises:
+            InvalidInput: a type is not a valid name.
+        """
+        params = self.settings.enqueue_settings()
+        if types is not None:
+            params["s_types"] = sorted({require_text(t, "job type") or "" for t in types})
         async with self.connection(conn) as c:
-            await self.store.execute("publish_settings", self.settings.enqueue_settings(),
-                                     conn=c)
+            await self.store.execute("publish_settings", params, conn=c)
 
     # -- claim and transitions ---------------------------------------------------------
 

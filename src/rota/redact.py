@@ -22,22 +22,41 @@ from urllib.parse import unquote
 
 MASK = "***"
 
+# Every pattern here runs in time linear in the text it scans (docs/operations.md,
+# "Secrets"): a match may start only where no earlier position could have started the
+# same match (the start of a run of scheme characters, after a delimiter, at a word's
+# start), and what a start scans stops at the characters that could start the next
+# one, so each character is read a bounded number of times. The userinfo patterns'
+# password runs to the last @ of a run of non-blank characters; they are applied only to
+# a run's text up to that @ (:func:`_redact_userinfo`), so a start never scans to the
+# run's end in vain.
+
 # scheme://user:PASSWORD@ — the password runs to the last @ of the unbroken run, since an
 # unencoded @ in a password is the commonest way to write a malformed URL.
-_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/?#@\"']*:)([^\s\"]*)(@)")
+_URL_PASSWORD = re.compile(
+    r"(?i)(?<![a-z0-9+.\-])([a-z][a-z0-9+.\-]*+://[^\s:/?#@\"']*+:)([^\s\"]*)(@)")
 # A URL's userinfo whatever its scheme became (``postgres//u:PASSWORD@h``,
 # ``postgresql:u:PASSWORD@h``, ``u:PASSWORD@h``): a word that starts after a boundary,
 # a colon not followed by ``/`` (that is a scheme's ``://``), then to the last ``@`` of
 # the run.
 _USERINFO_PASSWORD = re.compile(
-    r"(?:(?<=^)|(?<=[\s\"'/\\]))([^\s:/@\"'\\=]+:)(?!/)([^\s\"]*)(@)")
+    r"(?:(?<=^)|(?<=[\s\"'/\\]))([^\s:/@\"'\\=]++:)(?!/)([^\s\"]*)(@)")
 # The same in the connection string a message is about, where the password runs to the
 # string's last @ (a space in it is a malformed password, not the end of one).
 _CONNINFO_USERINFO = re.compile(
-    r"(?:(?<=^)|(?<=[\s\"'/\\]))[^\s:/@\"'\\=]+:(?!/)(.*)@", re.S)
+    r"(?:(?<=^)|(?<=[\s\"'/\\]))[^\s:/@\"'\\=]++:(?!/)(.*)@", re.S)
 # password=VALUE, sslpassword='VALUE', PGPASSWORD=VALUE, ?password=VALUE&…
 _KEY_PASSWORD = re.compile(
-    r"(?i)(\w*password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&'\"]+)")
+    r"(?i)((?<!\w)\w*password\s*+=\s*+)('(?:[^'\\]|\\.)*+'?|[^\s&'\"]++)")
+# A run of characters a URL's or a userinfo's password can hold (and so the patterns
+# above can span).
+_RUN = re.compile(r'[^\s"]+')
+
+#: The most of a text :func:`redact` scans: a longer one keeps its first and last
+#: ``MAX_SCANNED // 2`` characters, the middle left out and said so, before any pattern
+#: reads it, so a message of any length costs a bounded time (docs/operations.md,
+#: "Secrets").
+MAX_SCANNED = 64_000
 
 #: The loggers whose records are redacted: rota's, and the pool's that rota opens.
 LOGGERS = ("rota", "rota.claim", "rota.cli", "rota.queue", "rota.runner",
@@ -56,7 +75,9 @@ def redact(text: str, conninfo: str | None = None) -> str:
     Returns:
         The text, unchanged where it holds no password.
     """
+    text = bounded(text, MAX_SCANNED)
     if conninfo:
+        conninfo = bounded(conninfo, MAX_SCANNED)
         spans = _secret_spans(conninfo)
         if spans:
             text = re.sub(r'"([^"]*)"', lambda m: f'"{_mask_token(m.group(1), conninfo, spans)}"',
@@ -66,9 +87,29 @@ def redact(text: str, conninfo: str | None = None) -> str:
             for secret in sorted(secrets, key=len, reverse=True):
                 if len(secret) >= 3:  # shorter ones would garble the text, not hide much
                     text = text.replace(secret, MASK)
-    text = _URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
-    text = _USERINFO_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    text = _RUN.sub(_redact_userinfo, text)
     return _KEY_PASSWORD.sub(lambda m: m.group(1) + MASK, text)
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its first and last
+    ``limit // 2`` with a marker saying how many were left out between them."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}… ({len(text) - 2 * half} characters left out) …{text[-half:]}"
+
+
+def _redact_userinfo(run: re.Match[str]) -> str:
+    """One run of non-blank characters with its URL and userinfo passwords masked. Both
+    end at an ``@``, so only the run up to its last ``@`` is scanned (none: nothing)."""
+    text = run.group()
+    end = text.rfind("@") + 1
+    if not end:
+        return text
+    head = _URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text[:end])
+    head = _USERINFO_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), head)
+    return head + text[end:]
 
 
 def _secret_spans(conninfo: str) -> list[tuple[int, int]]:
@@ -87,7 +128,8 @@ def _secret_spans(conninfo: str) -> list[tuple[int, int]]:
             if colon >= 0:
                 spans.append((colon + 1, end))
     else:  # a mangled or missing scheme: a userinfo is still a userinfo, spaces and all
-        userinfo = _CONNINFO_USERINFO.search(conninfo)
+        # Up to the last @ only, where the pattern's password ends (see above).
+        userinfo = _CONNINFO_USERINFO.search(conninfo, 0, conninfo.rfind("@") + 1)
         if userinfo:
             spans.append(userinfo.span(1))
     spans += [m.span(2) for m in _KEY_PASSWORD.finditer(conninfo)]
@@ -156,4 +198,4 @@ def install(names: tuple[str, ...] = LOGGERS) -> None:
 
 install()
 
-__all__ = ["LOGGERS", "MASK", "RedactSecrets", "install", "redact"]
+__all__ = ["LOGGERS", "MASK", "MAX_SCANNED", "RedactSecrets", "bounded", "install", "redact"]

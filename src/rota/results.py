@@ -20,7 +20,6 @@ pooler that drops LISTEN, a job given up by its deferral cap, which does not not
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import traceback as tb
 import uuid
@@ -35,7 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .checks import require_duration, require_row_id, storable_text
 from .errors import JobNotFound, PayloadError, RotaError
-from .job import MAX_PAYLOAD_DEPTH, Job, JobStatus, encode_payload
+from .job import MAX_PAYLOAD_DEPTH, Job, JobStatus, encode_payload, printed_size
 from .store import AnyConn, Statements, Store, configure_cursor, listen_connect_args
 
 
@@ -211,20 +210,12 @@ def encode_result(value: Any, max_bytes: int) -> EncodedResult | None:
     except PayloadError as exc:
         message = str(exc).removeprefix("payload")
         raise ResultError(f"the return value{message}") from None
-    # Counted as a payload's size is: on the JSON text as PostgreSQL prints it, with a
-    # space after each ":" and "," (docs/design.md, "Enqueue"): at most twice the
-    # compact text's bytes, at most four bytes a character, so short values need no count.
-    if len(text) * 8 > max_bytes and (size := _printed_size(value)) > max_bytes:
+    # One size rule for payloads and results: the JSON text as PostgreSQL's jsonb prints
+    # it (docs/design.md, "Enqueue"), a number digit for digit.
+    if (size := printed_size(value)) > max_bytes:
         raise ResultError(f"the return value is {size} bytes of JSON, larger than the "
                           f"maximum {max_bytes} (max_payload_bytes)")
     return EncodedResult(text)
-
-
-def _printed_size(value: Any) -> int:
-    """UTF-8 bytes of ``value``'s JSON text as PostgreSQL's jsonb prints it."""
-    printed = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "),
-                               default=str).encode(value)
-    return len(printed.encode("utf-8"))
 
 
 def error_record(error: BaseException | str) -> tuple[str, str | None, str | None]:
@@ -234,26 +225,26 @@ def error_record(error: BaseException | str) -> tuple[str, str | None, str | Non
     :data:`TRACEBACK_HEAD_CHARS` and its last characters, :data:`MAX_TRACEBACK_CHARS`
     in all; class and traceback are ``None`` for an error given as text."""
     if isinstance(error, str):
-        return storable_text(_cut(error, MAX_ERROR_CHARS)), None, None
-    message = _cut(f"{type(error).__name__}: {error}", MAX_ERROR_CHARS)
+        return storable_text(error, MAX_ERROR_CHARS), None, None
+    message = storable_text(f"{type(error).__name__}: {error}", MAX_ERROR_CHARS)
     trace: str | None = None
     if error.__traceback__ is not None:
-        trace = "".join(tb.format_exception(error))
-        if len(trace) > MAX_TRACEBACK_CHARS:
-            cut = len(trace) - MAX_TRACEBACK_CHARS
-            marker = f"\n... ({cut} characters left out) ...\n"
-            tail = MAX_TRACEBACK_CHARS - TRACEBACK_HEAD_CHARS - len(marker)
-            trace = trace[:TRACEBACK_HEAD_CHARS] + marker + trace[-tail:]
-        trace = storable_text(trace)
+        # Bounded before it is scanned, and again after escaping lengthened it.
+        text = _keep_ends("".join(tb.format_exception(error)), 2 * MAX_TRACEBACK_CHARS)
+        trace = _keep_ends(storable_text(text), MAX_TRACEBACK_CHARS)
     kind = type(error)
-    return (storable_text(message), storable_text(f"{kind.__module__}.{kind.__qualname__}"),
-            trace)
+    return (message, storable_text(f"{kind.__module__}.{kind.__qualname__}"), trace)
 
 
-def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return text[:limit - 1] + "…"
+def _keep_ends(trace: str, limit: int) -> str:
+    """A traceback cut to its first :data:`TRACEBACK_HEAD_CHARS` and its last characters,
+    ``limit`` in all, with a line saying how many were left out between them."""
+    if len(trace) <= limit:
+        return trace
+    cut = len(trace) - limit
+    marker = f"\n... ({cut} characters left out) ...\n"
+    tail = limit - TRACEBACK_HEAD_CHARS - len(marker)
+    return trace[:TRACEBACK_HEAD_CHARS] + marker + trace[-tail:]
 
 
 def result_from_row(row: dict[str, Any]) -> JobResult:

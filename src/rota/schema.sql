@@ -30,8 +30,8 @@ CREATE TABLE {schema}.runs (
     started_at    timestamptz NOT NULL,
     finished_at   timestamptz,
     -- The run's last sign of life (its progress saves and heartbeats). Maintenance marks
-    -- a run killed only when it has been silent for longer than the platform timeout, so
-    -- a live long-running worker's run is never marked.
+    -- a run killed only when it has been silent for longer than the stale window, so a
+    -- live long-running worker's run is never marked.
     heartbeat_at  timestamptz,
     -- The process that ran it, host:pid (one for all the runs of one worker).
     worker        text
@@ -250,7 +250,10 @@ BEGIN
             WHEN t.trace_context IS NOT NULL AND t.trace_context <> 'null'::jsonb AND NOT (
                     jsonb_typeof(t.trace_context) = 'object'
                     AND t.trace_context - ARRAY['traceparent', 'tracestate'] = '{{}}'::jsonb
-                    AND jsonb_typeof(t.trace_context -> 'traceparent') = 'string'
+                    -- Required: without it the test above would be null, and NOT
+                    -- (null) let '{{}}' through (docs/enqueue-from-sql.md).
+                    AND coalesce(jsonb_typeof(t.trace_context -> 'traceparent'), '')
+                        = 'string'
                     AND t.trace_context ->> 'traceparent'
                         ~ '^[0-9a-f]{{2}}-[0-9a-f]{{32}}-[0-9a-f]{{16}}-[0-9a-f]{{2}}$'
                     AND coalesce(jsonb_typeof(t.trace_context -> 'tracestate'), 'string')

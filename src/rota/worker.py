@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
@@ -95,10 +96,11 @@ class Worker:
             killed runs closed (:class:`rota.maintenance.Rescue` on the same queue as
             the default maintenance: index reads), between
             the daily maintenance runs: every minute by default (River's rescuer runs
-            every 30 s), so a job whose last attempt died is failed and refunded, and a
-            SIGKILLed run shows as ``error``/``killed``, within minutes, not a day
-            (docs/design.md, "Maintenance"). Its counters are logged, not written as a
-            run; ``None`` turns it off.
+            every 30 s), so a job whose last attempt died is failed and refunded within
+            minutes; the rescue also runs when the next unfinished run passes the stale
+            window, so a SIGKILLed run shows as ``error``/``killed`` as soon as that can
+            be known, not a day later (docs/design.md, "Maintenance"). Its counters are
+            logged, not written as a run; ``None`` turns it off.
         reconnect_delay: first wait before reconnecting the listening connection; it
             doubles on each failure up to ``idle_poll``.
         keepalive: how long the listening connection may stay silent before the worker
@@ -170,6 +172,7 @@ class Worker:
         self.last_result: Any = None
         self.last_maintenance: Mapping[str, int] | None = None
         self.last_rescue: Mapping[str, int] | None = None
+        self._rescued_at = -math.inf
         self._stop: asyncio.Event | None = None
 
     # -- the loop ----------------------------------------------------------------------
@@ -234,6 +237,10 @@ class Worker:
                         self.rescue_every or timedelta(0)).total_seconds()
                     if stop_event.is_set():  # asked to stop during the maintenance run
                         break
+                if rescuer is not None:
+                    # Also when the next unfinished run passes the stale window: a
+                    # killed run is marked as soon as it can be known, busy or idle.
+                    next_rescue = min(next_rescue, await self._killed_due(rescuer, stop_event))
                 if rescuer is not None and time.monotonic() >= next_rescue:
                     rescued = await _until_stopped(stop_event, self._rescue(rescuer))
                     if rescued is None:  # asked to stop while waiting for the database
@@ -292,6 +299,7 @@ class Worker:
                 if due_in is not None and due_in > 0:
                     timeout = min(timeout, due_in)
                 if rescuer is not None:
+                    next_rescue = min(next_rescue, await self._killed_due(rescuer, stop_event))
                     timeout = min(timeout, max(next_rescue - time.monotonic(), 0.0))
                 await self._sleep(stop_event, timeout, asked_at)
         finally:
@@ -360,6 +368,7 @@ class Worker:
         until the next time (sooner after a failure is not needed: the interval is
         short)."""
         assert self.rescue_every is not None
+        self._rescued_at = time.monotonic()
         try:
             counters = await rescuer.run_once()
         except Exception as exc:
@@ -370,6 +379,23 @@ class Worker:
                 log.info("rescue: %s",
                          ", ".join(f"{k}={v}" for k, v in counters.items()))
         return self.rescue_every.total_seconds()
+
+    async def _killed_due(self, rescuer: Rescue, stop_event: asyncio.Event) -> float:
+        """When (monotonic) the next unfinished run will have been silent for the stale
+        window, a little after so the rescue finds it past; ``inf`` when none is
+        unfinished, the database does not answer (the usual rescue interval then
+        applies) or a stop was asked for meanwhile (which ends the wait at once)."""
+        try:
+            asked = await _until_stopped(stop_event, asyncio.wait_for(
+                rescuer.next_killed_in(), self.liveness_timeout.total_seconds()))
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            log.debug("could not ask when a run goes stale: %s", exc)
+            return math.inf
+        due = None if asked is None else asked[0]
+        if due is None:
+            return math.inf
+        # At most one rescue a second for it: one that keeps failing is not a busy loop.
+        return max(time.monotonic() + max(due, 0.0) + 0.1, self._rescued_at + 1.0)
 
     def _cannot_reach(self, exc: BaseException, backoff: float) -> None:
         """Log a failed look at the database: a warning the first time, then quietly

@@ -138,6 +138,58 @@ def test_every_page_opens_and_is_screenshotted(page: Any, live: Live) -> None:
         shutil.copy(SHOTS / "fairness.png", DOCS_IMG / "fairness.png")
 
 
+def test_a_bad_filter_and_a_missing_page_show_the_dashboards_own_page(
+        page: Any, live: Live) -> None:
+    """A NUL in a filter (a 500 with a traceback once) is a 400 page, and a job or run
+    id that cannot exist a 404 page, each in the dashboard's style, with its header."""
+    for path, status, heading, detail in [
+            ("/jobs?type=%00", 400, "Bad request",
+             "type must not contain a NUL or another control character"),
+            ("/jobs/abc", 404, "No such job",
+             "There is no job 'abc': a job's id is a whole number from 1 to "
+             "9223372036854775807."),
+            ("/runs/not-a-uuid", 404, "No such run",
+             "There is no run 'not-a-uuid': a run's id is a UUID."),
+            ("/nowhere", 404, "Not found", "There is no page /nowhere.")]:
+        response = page.goto(live.url + path)
+        assert response.status == status, path
+        sync_api.expect(page.locator("h1")).to_have_text(heading)
+        sync_api.expect(page.locator("main p:not(.asof)")).to_have_text(detail)
+        # Styled: the stylesheet applied (the header is a flex row), the nav is there.
+        assert page.evaluate(
+            "getComputedStyle(document.querySelector('header')).display") == "flex", path
+        assert page.get_by_role("link", name="Jobs").count() == 1, path
+    # The browser reports each page's own 400 or 404 status; nothing else (no CSP
+    # violation, no script error).
+    assert page.errors == ["Failed to load resource: the server responded with a status "
+                           f"of {s}" for s in ("400 (Bad Request)", *["404 (Not Found)"] * 3)]
+
+
+def test_a_type_no_stage_runs_is_named_on_the_overview_and_left_out_of_fairness(
+        page: Any, live: Live) -> None:
+    """Once `rota migrate --app` published the app's stage types, a type outside them
+    (here draft) is tagged on the overview and left out of the fairness page."""
+
+    async def publish() -> None:
+        async with Queue(live.database_url, schema=live.schema) as q:
+            await q.publish_settings(types=["search", "enrich"])
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, publish()).result()
+    page.goto(live.url + "/")
+    row = page.locator("tr", has=page.get_by_role("link", name="draft", exact=True))
+    sync_api.expect(row.locator(".tag.unrun")).to_have_text("no stage runs it")
+    assert page.locator(".tag.unrun").count() == 1
+    sync_api.expect(page.locator("p.notice.error")).to_have_text(
+        "No stage of the app runs draft: no run will ever claim its jobs. Add a stage for "
+        "it, or cancel the pending ones.")
+    page.goto(live.url + "/fairness")
+    sync_api.expect(page.locator("p.notice.error")).to_have_text(
+        "Left out: jobs of draft, which no stage of the app runs. They wait for no claim, "
+        "so their waits say nothing of fairness (see the overview).")
+    assert page.errors == []
+
+
 def test_retry_and_cancel_by_clicking(page: Any, live: Live) -> None:
     s = live.seeded
     page.goto(f"{live.url}/jobs/{s.failed_id}")

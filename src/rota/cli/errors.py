@@ -89,14 +89,39 @@ def is_database_error(exc: Exception) -> bool:
     return isinstance(exc, psycopg.Error | PoolTimeout)
 
 
+class CliUsageError(click.UsageError):
+    """Click's usage error (an unknown option or command, a bad flag value) as one line,
+    like every other error of the command: ``error: MESSAGE (see 'rota jobs --help')``,
+    exit 2, instead of click's usage, hint, blank line and ``Error:`` line."""
+
+    def __init__(self, error: click.UsageError) -> None:
+        super().__init__(error.format_message(), error.ctx)
+
+    def show(self, file: Any = None) -> None:
+        message = " ".join(self.message.split())
+        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(safe_text(f"error: {message}{hint}"), err=True)
+
+
 class RotaGroup(click.Group):
-    """A click group that turns rota and database errors into :class:`CliError`."""
+    """A click group that turns rota and database errors into :class:`CliError`, and
+    click's usage errors into one line (:class:`CliUsageError`)."""
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        """Parse the group's own options; a usage error says so in one line."""
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            raise exc if isinstance(exc, CliUsageError) else CliUsageError(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except click.exceptions.Exit:
             raise
+        except click.UsageError as exc:
+            raise exc if isinstance(exc, CliUsageError) else CliUsageError(exc) from None
         except KeyboardInterrupt:
             # What had not committed is rolled back with the connection (a rebuild of
             # the bookkeeping, a migration and each statement are one transaction).

@@ -19,6 +19,7 @@ from .output import (
     add_row,
     age,
     cell,
+    compact_table,
     console,
     emit_json,
     short,
@@ -33,7 +34,8 @@ def migrate(database_url: str | None, schema: str | None, app_spec: str | None,
             as_json: bool) -> None:
     """Apply missing migrations (safe to run concurrently). With an app, then publish
     its queue settings (its stages' max_attempts included) for the SQL functions
-    enqueue and enqueue_many."""
+    enqueue and enqueue_many, which then accept only the types its stages run or its
+    queue declares."""
     target = make_target(database_url, schema, app_spec)
 
     async def go() -> list[int]:
@@ -46,7 +48,10 @@ def migrate(database_url: str | None, schema: str | None, app_spec: str | None,
             async with open_queue(target) as queue:
                 # The pipeline's queue carries its stages' max_attempts.
                 _, pipeline = await load_pipeline(target, queue)
-                await pipeline_queue(pipeline, queue).publish_settings()
+                # And its stage types: SQL refuses a type no stage runs, as
+                # `rota enqueue --app` does (docs/enqueue-from-sql.md, "Settings").
+                types = {s.type for s in pipeline.stages} | set(queue.types or ())
+                await pipeline_queue(pipeline, queue).publish_settings(types=types)
         return applied
 
     applied = asyncio.run(go())
@@ -84,22 +89,34 @@ def runs(database_url: str | None, schema: str | None, app_spec: str | None,
             None if r.duration is None else round(r.duration.total_seconds(), 3))}
             for r in records])
         return
-    table = Table(title=f"runs ({len(records)} shown)")
-    for col in ("run", "trigger", "started (UTC)", "secs", "stop reason", "done", "failed",
-                "deferred", "units", "summary / error"):
-        table.add_column(col, overflow="fold")
+    # One table of figures (fits 80 columns), then one of what each run counted and its
+    # error, which need the width.
+    table = compact_table(f"runs ({len(records)} shown)")
+    for col in ("run", "trigger", "started (UTC)", "secs", "stop reason", "done",
+                "failed", "deferred", "units"):
+        table.add_column(col, no_wrap=True, justify="right" if col in (
+            "secs", "done", "failed", "deferred", "units") else "left")
+    notes = compact_table()
+    notes.add_column("run", no_wrap=True)
+    notes.add_column("summary / error", overflow="fold")
     for r in records:
         reason = r.stop_reason or "unfinished"
         style = "red" if reason == "error" else ("yellow" if reason == "unfinished" else "")
+        secs = "—" if r.duration is None else f"{r.duration.total_seconds():.1f}"
+        started = utc_time(r.started_at)[5:]  # runs are kept 30 days: no year needed
+        add_row(table, str(r.id)[:8], r.trigger, started, secs, cell(reason, style),
+                r.jobs_done, r.jobs_failed, r.jobs_deferred, r.quota_units)
         note = summary_text(r.summary)
         if r.error:
             error = f"error: {short(r.error)}"
             note = f"{note}; {error}" if note else error
-        secs = "—" if r.duration is None else f"{r.duration.total_seconds():.1f}"
-        add_row(table, str(r.id)[:8], r.trigger, utc_time(r.started_at), secs,
-                cell(reason, style), r.jobs_done, r.jobs_failed, r.jobs_deferred,
-                r.quota_units, note)
-    console().print(table)
+        if note:
+            add_row(notes, str(r.id)[:8], note)
+    out = console()
+    out.print(table)
+    if notes.row_count:
+        out.print()
+        out.print(notes)
 
 
 @target_command

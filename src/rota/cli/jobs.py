@@ -25,7 +25,7 @@ from ..runner.source import pipeline_queue
 from .app import Target, load_pipeline, open_queue
 from .errors import CliConfigError, RotaGroup
 from .options import json_option, make_target, target_options, wants_json
-from .output import add_row, console, emit_json, safe_text, short, utc_time
+from .output import add_row, compact_table, console, emit_json, safe_text, short, utc_time
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -175,11 +175,26 @@ def _json_rows(page: admin.JobPage) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["id"])
 
 
-def _unreadable_rows(table: Table, page: admin.JobPage, columns: int) -> None:
+def _print_jobs(table: Table, page: admin.JobPage, columns: int,
+                errors: list[tuple[int, str]]) -> None:
+    """Print a listing as ``rota runs`` does, readable at 80 columns: the figures in
+    ``table``, then each job's error (and each unreadable row's problems) in a second
+    table, where the text has the width."""
+    notes = compact_table()
+    notes.add_column("job", no_wrap=True, justify="right")
+    notes.add_column("last error", overflow="fold")
+    for job_id, error in errors:
+        if error:
+            add_row(notes, job_id, error)
     for u in page.unreadable:
         detail = "; ".join(f"{k}: {v}" for k, v in u.problems.items())
-        add_row(table, u.job_id, *(["?"] * (columns - 2)), f"unreadable: {detail}",
-                style="red")
+        add_row(table, u.job_id, *(["?"] * (columns - 1)), style="red")
+        add_row(notes, u.job_id, f"unreadable: {detail}", style="red")
+    out = console()
+    out.print(table)
+    if notes.row_count:
+        out.print()
+        out.print(notes)
 
 
 def _plan_of(page: admin.JobPage, job: Job) -> str | None:
@@ -234,17 +249,16 @@ def jobs(ctx: click.Context, database_url: str | None, schema: str | None,
         _next_page(page, as_json)
         return
     plans = target.plans()
-    table = Table(title=f"jobs ({len(page.jobs) + len(page.unreadable)} shown)")
+    table = compact_table(f"jobs ({len(page.jobs) + len(page.unreadable)} shown)")
     for col in ("id", "type", "group", "plan", "status", "attempts", "deferrals",
-                "run after (UTC)", "last error"):
-        table.add_column(col, overflow="fold")
+                "run after (UTC)"):
+        table.add_column(col, overflow="fold", justify="right" if col in (
+            "id", "attempts", "deferrals") else "left")
     for j in page.jobs:
         add_row(table, j.id, j.type, j.group_id or "—",
                 _plan_name(plans, _plan_of(page, j), j.group_id), j.status,
-                f"{j.attempts}/{j.max_attempts}", j.deferrals, utc_time(j.run_after),
-                short(j.last_error))
-    _unreadable_rows(table, page, 9)
-    console().print(table)
+                f"{j.attempts}/{j.max_attempts}", j.deferrals, utc_time(j.run_after))
+    _print_jobs(table, page, 8, [(j.id, short(j.last_error)) for j in page.jobs])
     _next_page(page, as_json)
 
 
@@ -287,16 +301,14 @@ def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | No
         emit_json(rows)
         _next_page(page, as_json)
         return
-    table = Table(title=f"failed jobs ({len(page.jobs) + len(page.unreadable)} shown)")
-    for col in ("id", "type", "group", "attempts", "finished (UTC)", "give-up hook",
-                "last error"):
-        table.add_column(col, overflow="fold")
+    table = compact_table(f"failed jobs ({len(page.jobs) + len(page.unreadable)} shown)")
+    for col in ("id", "type", "group", "attempts", "finished (UTC)", "give-up hook"):
+        table.add_column(col, overflow="fold", justify="right" if col in (
+            "id", "attempts") else "left")
     for j in page.jobs:
         add_row(table, j.id, j.type, j.group_id or "—", f"{j.attempts}/{j.max_attempts}",
-                utc_time(j.finished_at), hook_state(j),
-                j.last_error or "")
-    _unreadable_rows(table, page, 7)
-    console().print(table)
+                utc_time(j.finished_at), hook_state(j))
+    _print_jobs(table, page, 6, [(j.id, j.last_error or "") for j in page.jobs])
     _next_page(page, as_json)
 
 
@@ -382,26 +394,32 @@ def jobs_retry(database_url: str | None, schema: str | None, app_spec: str | Non
 def jobs_cancel(database_url: str | None, schema: str | None, app_spec: str | None,
                 job_id: int, as_json: bool) -> None:
     """Cancel pending job ID: it ends failed ('cancelled') and its give-up hook is owed
-    (run now when --app registers one, else by the next maintenance)."""
+    (run now when --app registers one, else by the next maintenance; with --app, a type
+    whose stage has no hook is said to have none)."""
     target = make_target(database_url, schema, app_spec)
     as_json = wants_json(as_json)
 
-    async def go() -> tuple[Job, int]:
+    async def go() -> tuple[Job, str | None]:
         async with open_queue(target) as queue:
             job = await admin.cancel_job(queue, job_id)
-            ran = 0
-            if target.app is not None:
-                _, pipeline = await load_pipeline(target, queue)
-                # The pipeline's queue runs the app's give-up hooks.
-                ran = await pipeline_queue(pipeline, queue).run_give_up_hooks([job_id])
-            return job, ran
+            if target.app is None:
+                return job, None
+            _, pipeline = await load_pipeline(target, queue)
+            # The pipeline's queue runs the app's give-up hooks; a stage without one
+            # has a no-op, whose give-up is recorded as handled: "none", not "ran".
+            hooks = pipeline_queue(pipeline, queue)
+            ran = await hooks.run_give_up_hooks([job_id])
+            return job, admin.give_up_hook_state(job.type, "failed", not ran,
+                                                 hooks.give_up_hooks)
 
-    job, ran = asyncio.run(go())
+    job, state = asyncio.run(go())
     if as_json:
-        emit_json({"id": job_id, "status": job.status, "giveUpHookRan": bool(ran)})
+        emit_json({"id": job_id, "status": job.status, "giveUpHookRan": state == "ran",
+                   "giveUpHook": state or "owed"})
     else:
-        hook = ("its give-up hook ran" if ran else
-                "its give-up hook is owed" if target.app is not None else
-                "its give-up hook, if the app has one, is owed (run with --app, by "
-                "`rota maintain --app` or by a worker)")
+        hook = {"ran": "its give-up hook ran",
+                "none": "its type has no give-up hook",
+                "owed": "its give-up hook is owed"}.get(
+                    state or "", "its give-up hook, if the app has one, is owed (run with "
+                    "--app, by `rota maintain --app` or by a worker)")
         click.echo(safe_text(f"job {job_id} ({job.type}) cancelled; {hook}"))

@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 
 import click
-from rich.table import Table
 
 from ..rates import RateState, rate_states
 from .app import open_queue
 from .options import json_option, make_target, target_options
-from .output import add_row, cell, console, emit_json, utc_time
+from .output import add_row, cell, compact_table, console, emit_json
 
 
 @click.command()
@@ -45,20 +44,37 @@ def limits(database_url: str | None, schema: str | None, app_spec: str | None,
                         else "no rate-limit buckets yet: a limit has one once a unit of "
                              "it is taken")
         return
-    table = Table(title=f"rate limits ({len(rows)} bucket{'' if len(rows) == 1 else 's'})")
-    for col in ("limit", "key", "rate", "burst", "this window", "last window",
-                "available", "next free (UTC)", "waiting", "taken", "refused"):
-        table.add_column(col, overflow="fold",
-                         justify="left" if col in ("limit", "key", "rate",
-                                                   "next free (UTC)") else "right")
+    # Fits 80 columns: the rate as "500/1m", the next free unit as a wait ("in 1.2s"),
+    # the key column only when a limit is keyed; --json has the lifetime totals and
+    # every instant.
+    table = compact_table(f"rate limits ({len(rows)} bucket{'' if len(rows) == 1 else 's'})")
+    keyed = any(r.key for r in rows)
+    columns = ["limit", *(["key"] if keyed else []), "rate", "burst", "used", "before",
+               "avail", "next free", "waiting"]
+    for col in columns:
+        table.add_column(col, overflow="fold", justify="left" if col in (
+            "limit", "key", "rate", "next free") else "right")
     for r in rows:
-        free = ("now" if r.next_free <= r.now
-                else f"{utc_time(r.next_free)} (in {(r.next_free - r.now).total_seconds():.1f}s)")
-        add_row(table, r.name, r.key or "—", f"{r.limit} per {_period(r.per_s)}", r.burst,
-                r.window_units, r.prev_units,
-                cell(f"{r.available:.1f}", "red" if r.available < 0 else ""),
-                free, r.waiting, r.taken, r.refused)
-    console().print(table)
+        wait = (r.next_free - r.now).total_seconds()
+        free = "now" if wait <= 0 else f"in {_wait(wait)}"
+        available = f"{r.available:.1f}" if abs(r.available) < 10 else f"{r.available:.0f}"
+        add_row(table, r.name, *([r.key or "—"] if keyed else []),
+                f"{r.limit}/{_period(r.per_s)}", r.burst, r.window_units, r.prev_units,
+                cell(available, "red" if r.available < 0 else ""), free, r.waiting)
+    out = console()
+    out.print(table)
+    out.print("used, before: units taken in this window of the period and the one before. "
+              "avail: units a take could have now (below 0: owed). --json: every bucket's "
+              "totals and instants.")
+
+
+def _wait(seconds: float) -> str:
+    """A wait, rounded: ``0.4s``, ``12.3s``, ``5m``, ``2h``."""
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
 
 
 def _period(seconds: float) -> str:

@@ -17,6 +17,7 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 import click
+from rich import box
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -29,6 +30,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from ..admin import summary_items
 from ..redact import RedactSecrets
 
 T = TypeVar("T")
@@ -150,8 +152,15 @@ def age(duration: timedelta | None) -> str:
 
 
 def summary_text(summary: Mapping[str, Any] | None) -> str:
-    """A run's counters as ``key=value`` pairs, sorted by key."""
-    return ", ".join(f"{k}={v}" for k, v in sorted((summary or {}).items()))
+    """A run's counters as ``key=value`` pairs (:func:`rota.admin.summary_items`)."""
+    return ", ".join(f"{k}={v}" for k, v in summary_items(summary))
+
+
+def compact_table(title: str | None = None) -> Table:
+    """A table that fits 80 columns when its cells do: no vertical rules, one space
+    between columns, a rule under the header."""
+    return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=0,
+                 show_edge=False)
 
 
 # -- progress and logs ------------------------------------------------------------------------

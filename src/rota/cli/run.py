@@ -26,6 +26,7 @@ from .app import (
     resolve_budget,
     run_async,
 )
+from .errors import CliConfigError
 from .listening import listen_socket, warn_short_secret
 from .options import POSITIVE_SECONDS, json_option, make_target, target_options
 from .output import (
@@ -223,8 +224,9 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
     at once (exit 130): the current run's jobs in flight are handed back too, their
     attempt returned, and run again by the next worker.
 
-    Between runs it fails stuck jobs every minute; full maintenance (killed runs,
-    pruning) runs daily. Each run is logged once, to stderr.
+    Between runs it fails stuck jobs every minute, and marks a killed run (a SIGKILLed
+    worker's) as soon as its last heartbeat is older than the stale window; full
+    maintenance (pruning too) runs daily. Each run is logged once, to stderr.
 
     Exits 2 at start, before looping, when the app or its settings are wrong, the
     budget is not below the app's platform timeout, the database is unreachable or its
@@ -284,7 +286,7 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
 
     Exits 2 at start when the app or its settings are wrong, the budget is not below
     the app's platform timeout, the database is unreachable or its schema is not
-    migrated."""
+    migrated, or CRON_SECRET is not set (every request would be refused)."""
     from ..web import cron_app, usable_secret
 
     target = make_target(database_url, schema, app_spec)
@@ -302,13 +304,15 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
         return made, pipeline, resolve_budget(pipeline, budget)
 
     made, pipeline, seconds = asyncio.run(check())
-    log_to_stderr()
     secret = os.environ.get("CRON_SECRET")
     if usable_secret(secret) is None:
-        click.echo("warning: CRON_SECRET is not set: /api/cron will refuse every request",
-                   err=True)
-    else:
-        warn_short_secret("CRON_SECRET", usable_secret(secret))
+        # It would answer 401 to every request: refused, as `rota dashboard` refuses to
+        # start without its secret.
+        raise CliConfigError(
+            "CRON_SECRET is not set: /api/cron would refuse every request (make one with "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+    log_to_stderr()
+    warn_short_secret("CRON_SECRET", usable_secret(secret))
     if metrics:
         warn_short_secret("ROTA_DASHBOARD_SECRET",
                           usable_secret(os.environ.get("ROTA_DASHBOARD_SECRET")))

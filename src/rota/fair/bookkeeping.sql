@@ -84,14 +84,14 @@ CREATE INDEX fair_groups_unit_walk_idx
 CREATE INDEX fair_groups_unit_idx ON {schema}.fair_groups (type, plan_key, unit);
 
 -- The owners' rows (docs/fast-claim.md, "The owner level"), one per (type, plan_key,
--- unit) that has groups: served_n is the sum of its groups' served_n (exactly: every
--- change of a group's served_n or owner changes it in the same transaction, fair_fold
--- and fair_copy_group); (b_served, b_head_lb, b_head_id) is a lower bound of
--- (served_n, head_lb, head_id) over its active groups with pending jobs and ready_lb of
--- their ready_lb, except groups named in fair_lowered at or above the type's fold mark
--- (a writer lowered their bounds, or the group is new or moved, since the owner's row
--- was last computed): the claim takes those as special. Only fair_fold computes the
--- bounds; writers never lock these rows, so no enqueue waits on an owner.
+-- unit) that has groups, written only by fair_fold (and the rebuild): served_n plus its
+-- fair_owner_changes rows at or above the type's fold mark is the sum of its groups'
+-- served_n (a group's served_n changes only in a fold, which computes its owner's row
+-- in the same transaction; a plan or owner change appends the move); (b_served,
+-- b_head_lb, b_head_id) is a lower bound of (served_n, head_lb, head_id) over its
+-- active groups with pending jobs, and ready_lb of their ready_lb, except the groups
+-- named in fair_owner_changes from the mark on: the claim takes those as special. No
+-- writer of jobs or groups locks these rows, so none waits on an owner.
 CREATE TABLE {schema}.fair_owners (
     type       text NOT NULL,
     plan_key   text NOT NULL,
@@ -112,21 +112,27 @@ CREATE INDEX fair_owners_walk_idx
     ON {schema}.fair_owners (type, plan_key, served_n, b_served, b_head_lb, b_head_id)
     WHERE b_head_lb < 'infinity';
 
--- Groups whose owner's row does not account for them yet, stamped with the writer's
--- transaction id (append-only, like fair_served): a writer that lowered the group's
--- bounds (fair_note_pending_each), made its row (fair_insert_groups) or changed its
--- plan, owner or status (fair_copy_group). The owner claim treats these groups' owners
--- as special until fair_fold recomputes them and deletes the rows below its new mark
--- (the same fold mark as fair_served's: the claim reads the rows at or above it).
-CREATE TABLE {schema}.fair_lowered (
+-- What the owners' rows do not account for yet, stamped with the writer's transaction
+-- id (append-only, like fair_served: no row is updated, none written by two
+-- transactions): a group whose bounds a writer lowered (fair_note_pending_each), whose
+-- row was made (fair_insert_groups) or whose plan, owner or status changed
+-- (fair_copy_group), with its owner then (plan_key, unit) and n = the served count it
+-- brought to that owner (a move writes -served_n for the old owner and +served_n for
+-- the new one; otherwise 0). The owner claim takes these owners and groups as special
+-- until fair_fold computes the owners' rows again and deletes the rows below its new
+-- mark (fair_served's fold mark: the claim reads the rows at or above it).
+CREATE TABLE {schema}.fair_owner_changes (
     type      text NOT NULL,
     group_id  text NOT NULL,
+    plan_key  text NOT NULL,
+    unit      text NOT NULL,
+    n         integer NOT NULL DEFAULT 0,
     xid       xid8 NOT NULL DEFAULT pg_current_xact_id()
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000);
 
-CREATE INDEX fair_lowered_xid_idx ON {schema}.fair_lowered (type, xid);
+CREATE INDEX fair_owner_changes_xid_idx ON {schema}.fair_owner_changes (type, xid);
 
-ALTER TABLE {schema}.fair_lowered REPLICA IDENTITY FULL;
+ALTER TABLE {schema}.fair_owner_changes REPLICA IDENTITY FULL;
 
 -- The plans present among a type's groups (NULL, no plan, is always walked). Rows are
 -- only ever added (INSERT … ON CONFLICT DO NOTHING takes no lock); a plan no longer
@@ -218,22 +224,20 @@ BEGIN
 END
 $$;
 
--- Set a group's copy of plan, active and owner in its fair_groups rows of every type,
--- keeping the owners' rows exact: a row that moves to another owner or plan takes its
--- served_n from the old owner's row to the new one's, and every changed row is named in
--- fair_lowered (its new owner's bounds do not account for it until the next fold).
--- The group's rows are locked first (FOR NO KEY UPDATE: writers' FOR KEY SHARE goes on;
--- fair_fold, FOR UPDATE SKIP LOCKED, leaves them and their served_n alone until this
--- commits), then the owners' rows, in key order.
+-- Set a group's copy of plan, active and owner in its fair_groups rows of every type.
+-- Each row that changes is recorded in fair_owner_changes: a move to another owner or
+-- plan as -served_n for the old owner and +served_n for the new one, otherwise 0 (the
+-- new owner's bounds do not account for the group until the next fold). The rows are
+-- locked first (FOR NO KEY UPDATE: writers' FOR KEY SHARE goes on; fair_fold, FOR
+-- UPDATE SKIP LOCKED, leaves them and their served_n alone until this commits). No
+-- owner's row is touched.
 CREATE FUNCTION {schema}.fair_copy_group(p_group text, p_plan text, p_active boolean,
                                          p_owner text) RETURNS void
 LANGUAGE plpgsql AS $$
-DECLARE
-    r record;
-    new_key text := coalesce('p:' || p_plan, '');
-    new_unit text := CASE WHEN p_owner IS NULL THEN 'g:' || p_group ELSE 'o:' || p_owner END;
 BEGIN
-    FOR r IN
+    -- Locked and recorded first, in a statement of its own (a row locked by the
+    -- statement that also updates it would be skipped as updated by that statement).
+    WITH changing AS (
         SELECT fg.type, fg.plan_key, fg.unit, fg.served_n
         FROM {schema}.fair_groups fg
         WHERE fg.group_id = p_group
@@ -241,28 +245,23 @@ BEGIN
                OR fg.owner_id IS DISTINCT FROM p_owner)
         ORDER BY fg.type
         FOR NO KEY UPDATE
-    LOOP
-        IF (r.plan_key, r.unit) <> (new_key, new_unit) AND r.served_n <> 0 THEN
-            LOOP  -- a fold may drop an owner's empty row in between: make it again
-                INSERT INTO {schema}.fair_owners (type, plan_key, unit, plan)
-                VALUES (r.type, new_key, new_unit, p_plan)
-                ON CONFLICT DO NOTHING;
-                PERFORM 1 FROM {schema}.fair_owners o
-                WHERE o.type = r.type
-                  AND (o.plan_key, o.unit) IN ((r.plan_key, r.unit), (new_key, new_unit))
-                ORDER BY o.plan_key, o.unit
-                FOR NO KEY UPDATE;
-                EXIT WHEN EXISTS (SELECT 1 FROM {schema}.fair_owners o
-                                  WHERE o.type = r.type AND o.plan_key = new_key
-                                    AND o.unit = new_unit);
-            END LOOP;
-            UPDATE {schema}.fair_owners o SET served_n = o.served_n - r.served_n
-            WHERE o.type = r.type AND o.plan_key = r.plan_key AND o.unit = r.unit;
-            UPDATE {schema}.fair_owners o SET served_n = o.served_n + r.served_n
-            WHERE o.type = r.type AND o.plan_key = new_key AND o.unit = new_unit;
-        END IF;
-        INSERT INTO {schema}.fair_lowered (type, group_id) VALUES (r.type, p_group);
-    END LOOP;
+    )
+    INSERT INTO {schema}.fair_owner_changes (type, group_id, plan_key, unit, n)
+    SELECT c.type, p_group, x.plan_key, x.unit, x.n
+    FROM changing c
+    CROSS JOIN LATERAL (
+        SELECT coalesce('p:' || p_plan, '') AS new_key,
+               CASE WHEN p_owner IS NULL THEN 'g:' || p_group
+                    ELSE 'o:' || p_owner END AS new_unit) nw
+    CROSS JOIN LATERAL (
+        -- The new owner (or the same one, for a status change).
+        SELECT nw.new_key, nw.new_unit,
+               CASE WHEN (nw.new_key, nw.new_unit) = (c.plan_key, c.unit) THEN 0
+                    ELSE c.served_n END
+        UNION ALL
+        -- The old one, when it moves.
+        SELECT c.plan_key, c.unit, -c.served_n
+        WHERE (nw.new_key, nw.new_unit) <> (c.plan_key, c.unit)) x(plan_key, unit, n);
     UPDATE {schema}.fair_groups SET plan = p_plan, active = p_active, owner_id = p_owner
     WHERE group_id = p_group
       AND (plan IS DISTINCT FROM p_plan OR active IS DISTINCT FROM p_active
@@ -299,8 +298,8 @@ CREATE TRIGGER groups_fair_changed
     FOR EACH ROW EXECUTE FUNCTION {schema}.fair_groups_changed();
 
 -- Insert missing fair_groups rows (bounds and served count as given), copying plan,
--- active and owner from rota's groups table under FOR SHARE of those rows (and naming
--- each new row in fair_lowered), so a concurrent plan
+-- active and owner from rota's groups table under FOR SHARE of those rows (and recording
+-- each new row in fair_owner_changes), so a concurrent plan
 -- change either commits first (and is read here) or waits and then updates these rows.
 -- Rows that exist are left alone. The head is the first ready job by (created_at, id).
 CREATE FUNCTION {schema}.fair_insert_groups(
@@ -349,12 +348,12 @@ BEGIN
         FROM want w LEFT JOIN g ON g.group_id = w.group_id
         ORDER BY w.type, w.group_id
         ON CONFLICT (type, group_id) DO NOTHING
-        RETURNING fg.type, fg.plan, fg.group_id
+        RETURNING fg.type, fg.plan, fg.group_id, fg.plan_key, fg.unit
     ),
     -- A new row: its owner's row does not account for it until the next fold.
     marked AS (
-        INSERT INTO {schema}.fair_lowered (type, group_id)
-        SELECT i.type, i.group_id FROM ins i
+        INSERT INTO {schema}.fair_owner_changes (type, group_id, plan_key, unit)
+        SELECT i.type, i.group_id, i.plan_key, i.unit FROM ins i
     )
     INSERT INTO {schema}.fair_plans (type, plan)
     SELECT DISTINCT i.type, i.plan FROM ins i WHERE i.plan IS NOT NULL
@@ -398,7 +397,7 @@ BEGIN
     -- later cuts head_until instead. Rows are locked in key order (FOR NO KEY UPDATE,
     -- which does not conflict with other writers' FOR KEY SHARE), so two writers
     -- lowering the same groups cannot deadlock. Rare: new jobs come after their group's
-    -- head. A lowered group is named in fair_lowered: its owner's bounds do not
+    -- head. A lowered group is recorded in fair_owner_changes: its owner's bounds do not
     -- account for it until the next fold.
     WITH lowered AS (
     UPDATE {schema}.fair_groups AS fg
@@ -443,10 +442,10 @@ BEGIN
     WHERE fg.type = a.type AND fg.group_id = a.group_id
       AND (fg.head_lb <> a.head OR fg.head_id <> a.head_id OR fg.head_until <> a.until
            OR fg.ready_lb <> a.ready)
-    RETURNING fg.type, fg.group_id
+    RETURNING fg.type, fg.group_id, fg.plan_key, fg.unit
     )
-    INSERT INTO {schema}.fair_lowered (type, group_id)
-    SELECT l.type, l.group_id FROM lowered l;
+    INSERT INTO {schema}.fair_owner_changes (type, group_id, plan_key, unit)
+    SELECT l.type, l.group_id, l.plan_key, l.unit FROM lowered l;
 END
 $$;
 
@@ -791,13 +790,13 @@ $$;
 -- p_now. One new row version per group per round, since every version leaves an entry
 -- in the walk index. No edge lock is needed: deltas and served_n count against the
 -- same edge, and a fold moves them in one transaction. Then the owners' rows
--- (fair_owners) of the groups folded and of the groups named in fair_lowered are
--- computed again from their groups. It never waits: rows a writer holds (FOR KEY SHARE
--- or a lowering), owners' rows a plan or owner change holds (a group of such an owner
--- is not folded this time) and delta rows another fold holds are left for the next one;
--- while another fold of the type runs (its fair_fold_lock row is locked) it returns 0 at
--- once.
--- The mark: the fold reads the deltas and fair_lowered's rows from the type's newest
+-- (fair_owners, which only the fold writes) of the groups folded and of those recorded
+-- in fair_owner_changes are computed again from their groups, and the changes older
+-- than the fold's first snapshot deleted. It never waits: rows a writer holds (FOR KEY
+-- SHARE, a lowering, a plan or owner change) and delta rows another fold holds are left
+-- for the next one; while another fold of the type runs (its fair_fold_lock row is
+-- locked) it returns 0 at once.
+-- The mark: the fold reads the deltas and fair_owner_changes from the type's newest
 -- mark on, and records as its new mark the smaller of its first snapshot's xmin and the
 -- smallest xid of a row it left (a group a writer held). Every transaction with an xid
 -- below a snapshot's xmin had ended when the snapshot was taken, so each of their rows
@@ -813,6 +812,9 @@ DECLARE
     marked text[];
     ukeys text[];
     uunits text[];
+    fkeys text[];
+    funits text[];
+    fns bigint[];
     folded integer := 0;
     mark xid8;
     new_mark xid8;
@@ -829,7 +831,7 @@ BEGIN
     SELECT array_agg(DISTINCT f.group_id) INTO gs
     FROM {schema}.fair_served f WHERE f.type = p_type AND f.xid >= mark;
     SELECT array_agg(DISTINCT l.group_id) INTO marked
-    FROM {schema}.fair_lowered l WHERE l.type = p_type AND l.xid >= mark;
+    FROM {schema}.fair_owner_changes l WHERE l.type = p_type AND l.xid >= mark;
     had_rows := gs IS NOT NULL OR marked IS NOT NULL;
     IF gs IS NOT NULL THEN
         SELECT array_agg(x.group_id ORDER BY x.group_id) INTO missing
@@ -860,27 +862,21 @@ BEGIN
     IF gs IS NULL AND marked IS NULL THEN
         RETURN 0;
     END IF;
-    -- The owners of those groups and of the marked ones, their rows made when missing,
-    -- then locked; a group whose owner's row another transaction holds keeps its deltas
-    -- and bounds for the next fold (its owner's sum must move with its served_n).
-    INSERT INTO {schema}.fair_owners (type, plan_key, unit, plan)
-    SELECT DISTINCT p_type, fg.plan_key, fg.unit, fg.plan FROM {schema}.fair_groups fg
-    WHERE fg.type = p_type AND fg.group_id = ANY (gs || marked)
-      AND NOT EXISTS (SELECT 1 FROM {schema}.fair_owners o
-                      WHERE o.type = p_type AND o.plan_key = fg.plan_key
-                        AND o.unit = fg.unit)
-    ORDER BY 2, 3
-    ON CONFLICT DO NOTHING;
+    -- The owners to compute again: those of the groups to fold and of the changed groups
+    -- (as they are now), and those the changes name; their rows made when missing (only
+    -- a fold writes them, one fold of a type at a time: nothing waits here).
     SELECT array_agg(x.plan_key), array_agg(x.unit) INTO ukeys, uunits FROM (
-        SELECT o.plan_key, o.unit FROM {schema}.fair_owners o
-        WHERE o.type = p_type AND (o.plan_key, o.unit) IN (
+        SELECT DISTINCT u.plan_key, u.unit FROM (
             SELECT fg.plan_key, fg.unit FROM {schema}.fair_groups fg
-            WHERE fg.type = p_type AND fg.group_id = ANY (gs || marked))
-        ORDER BY o.plan_key, o.unit
-        FOR UPDATE OF o SKIP LOCKED) x;
-    SELECT array_agg(fg.group_id) INTO gs FROM {schema}.fair_groups fg
-    WHERE fg.type = p_type AND fg.group_id = ANY (gs)
-      AND (fg.plan_key, fg.unit) IN (SELECT u.k, u.u FROM unnest(ukeys, uunits) AS u(k, u));
+            WHERE fg.type = p_type AND fg.group_id = ANY (gs || marked)
+            UNION ALL
+            SELECT c.plan_key, c.unit FROM {schema}.fair_owner_changes c
+            WHERE c.type = p_type AND c.xid >= mark) u
+        ORDER BY u.plan_key, u.unit) x;
+    INSERT INTO {schema}.fair_owners (type, plan_key, unit, plan)
+    SELECT p_type, u.k, u.u, CASE WHEN u.k = '' THEN NULL ELSE substr(u.k, 3) END
+    FROM unnest(ukeys, uunits) AS u(k, u)
+    ON CONFLICT DO NOTHING;
     IF gs IS NOT NULL THEN
         -- A new statement: its snapshot sees every writer that finished before the locks.
         WITH moved AS (
@@ -921,17 +917,25 @@ BEGIN
                 SELECT j.created_at, j.id FROM {schema}.jobs j
                 WHERE j.type = p_type AND j.group_id = g.group_id AND j.status = 'pending'
                 ORDER BY j.created_at, j.id LIMIT 1) ah ON true
+        ),
+        upd AS (
+            UPDATE {schema}.fair_groups fg
+            SET served_n = fg.served_n + b.n,
+                head_lb = coalesce(b.ready_head, b.any_head, 'infinity'),
+                head_id = coalesce(b.ready_id, b.any_id, 0),
+                head_until = CASE WHEN b.ready_head IS NULL THEN 'infinity'
+                                  ELSE coalesce(b.next_due, 'infinity') END,
+                ready_lb = coalesce(b.ready, 'infinity')
+            FROM b0 b
+            WHERE fg.type = p_type AND fg.group_id = b.group_id
+            RETURNING fg.plan_key, fg.unit, b.n
         )
-        UPDATE {schema}.fair_groups fg
-        SET served_n = fg.served_n + b.n,
-            head_lb = coalesce(b.ready_head, b.any_head, 'infinity'),
-            head_id = coalesce(b.ready_id, b.any_id, 0),
-            head_until = CASE WHEN b.ready_head IS NULL THEN 'infinity'
-                              ELSE coalesce(b.next_due, 'infinity') END,
-            ready_lb = coalesce(b.ready, 'infinity')
-        FROM b0 b
-        WHERE fg.type = p_type AND fg.group_id = b.group_id;
-        GET DIAGNOSTICS folded = ROW_COUNT;
+        -- What each owner's groups gained, for its row below.
+        SELECT (SELECT count(*) FROM upd)::int, array_agg(x.plan_key), array_agg(x.unit),
+               array_agg(x.n)
+        INTO folded, fkeys, funits, fns
+        FROM (SELECT u.plan_key, u.unit, sum(u.n)::bigint AS n FROM upd u
+              GROUP BY u.plan_key, u.unit) x;
         -- Drop rows with nothing left to say (no pending job, no served count).
         DELETE FROM {schema}.fair_groups fg
         USING unnest(gs) AS x(group_id)
@@ -939,14 +943,28 @@ BEGIN
           AND fg.served_n = 0 AND fg.ready_lb = 'infinity';
     END IF;
     IF ukeys IS NOT NULL THEN
-        -- The owners' rows from their groups as they are now (a new statement: every
-        -- writer that named a group in fair_lowered before this statement's snapshot is
-        -- seen), and the fair_lowered rows this accounts for: those of these owners'
-        -- groups (or of groups with no row left) written before the snapshot, and the
-        -- fold's own.
-        WITH agg AS (
+        -- The owners' rows: their served counts moved on by what their groups gained
+        -- above and by the changes taken in here (those older than the fold's first
+        -- snapshot, new_mark, its xmin: their writers had ended, so the statements above
+        -- saw them and their owners are among these; and the fold's own), exactly as
+        -- recorded; their bounds computed again from their groups as they are now.
+        WITH del AS (
+            DELETE FROM {schema}.fair_owner_changes d
+            WHERE d.type = p_type AND d.xid >= mark
+              AND (d.xid < new_mark OR d.xid = pg_current_xact_id())
+              AND (d.plan_key, d.unit) IN (SELECT u.k, u.u
+                                          FROM unnest(ukeys, uunits) AS u(k, u))
+            RETURNING d.plan_key, d.unit, d.n
+        ),
+        moved AS (
+            SELECT m.k, m.u, sum(m.n)::bigint AS n FROM (
+                SELECT d.plan_key AS k, d.unit AS u, d.n::bigint AS n FROM del d
+                UNION ALL
+                SELECT f.k, f.u, f.n FROM unnest(fkeys, funits, fns) AS f(k, u, n)) m
+            GROUP BY m.k, m.u
+        ),
+        agg AS (
             SELECT u.k AS plan_key, u.u AS unit,
-                   coalesce(sum(fg.served_n), 0) AS served,
                    (array_agg(fg.served_n ORDER BY fg.served_n, fg.head_lb, fg.head_id)
                     FILTER (WHERE fg.active AND fg.head_lb < 'infinity'))[1] AS b_served,
                    (array_agg(fg.head_lb ORDER BY fg.served_n, fg.head_lb, fg.head_id)
@@ -958,29 +976,20 @@ BEGIN
             LEFT JOIN {schema}.fair_groups fg
               ON fg.type = p_type AND fg.plan_key = u.k AND fg.unit = u.u
             GROUP BY u.k, u.u
-        ),
-        upd AS (
-            UPDATE {schema}.fair_owners o
-            SET served_n = a.served, b_served = coalesce(a.b_served, 0),
-                b_head_lb = coalesce(a.b_head_lb, 'infinity'),
-                b_head_id = coalesce(a.b_head_id, 0),
-                ready_lb = coalesce(a.ready, 'infinity')
-            FROM agg a
-            WHERE o.type = p_type AND o.plan_key = a.plan_key AND o.unit = a.unit
         )
-        DELETE FROM {schema}.fair_lowered d
-        WHERE d.type = p_type AND d.xid >= mark
-          AND (d.xid < pg_snapshot_xmin(pg_current_snapshot())
-               OR d.xid = pg_current_xact_id())
-          AND NOT EXISTS (
-              SELECT 1 FROM {schema}.fair_groups fg
-              WHERE fg.type = p_type AND fg.group_id = d.group_id
-                AND (fg.plan_key, fg.unit) NOT IN (
-                    SELECT u.k, u.u FROM unnest(ukeys, uunits) AS u(k, u)));
-        -- Owners with no group left.
+        UPDATE {schema}.fair_owners o
+        SET served_n = o.served_n + coalesce(mv.n, 0),
+            b_served = coalesce(a.b_served, 0),
+            b_head_lb = coalesce(a.b_head_lb, 'infinity'),
+            b_head_id = coalesce(a.b_head_id, 0),
+            ready_lb = coalesce(a.ready, 'infinity')
+        FROM agg a
+        LEFT JOIN moved mv ON mv.k = a.plan_key AND mv.u = a.unit
+        WHERE o.type = p_type AND o.plan_key = a.plan_key AND o.unit = a.unit;
+        -- Owners with no group and nothing served left.
         DELETE FROM {schema}.fair_owners o
         USING unnest(ukeys, uunits) AS u(k, u)
-        WHERE o.type = p_type AND o.plan_key = u.k AND o.unit = u.u
+        WHERE o.type = p_type AND o.plan_key = u.k AND o.unit = u.u AND o.served_n = 0
           AND NOT EXISTS (SELECT 1 FROM {schema}.fair_groups fg
                           WHERE fg.type = p_type AND fg.plan_key = u.k
                             AND fg.unit = u.u);
@@ -990,7 +999,7 @@ BEGIN
     IF had_rows THEN
         SELECT least(new_mark, (SELECT min(f.xid) FROM {schema}.fair_served f
                                 WHERE f.type = p_type AND f.xid >= mark),
-                     (SELECT min(l.xid) FROM {schema}.fair_lowered l
+                     (SELECT min(l.xid) FROM {schema}.fair_owner_changes l
                       WHERE l.type = p_type AND l.xid >= mark))
         INTO new_mark;
         IF new_mark > mark THEN

@@ -3,11 +3,13 @@
 -- of their first job's lower bound, read from the owners' rows (fair_owners_walk_idx)
 -- instead of every group, and the groups of the first probe_groups owners
 -- (fair_groups_unit_walk_idx). An owner with a special group (claim_pool_owner_cached.sql)
--- is special: its served count is its row's plus its special groups' changes, and its
--- bound the smaller of its row's and its special groups' exact keys. Every other owner's
--- row is exact: its served_n is the sum of its groups' (none of which has a change the
--- fold has not taken in), and its bound holds for each of its groups.
--- Needs:   CTEs clock, plan_priority, stale, ospecial, special_rows, pool; parameters
+-- or named in a change is special: its served count is its row's plus its changes' and
+-- its special groups' unfolded deltas, and its bound the smaller of its row's and its
+-- special groups' exact keys. Every other owner's row is exact: its served_n is the sum
+-- of its groups' (none of which has a delta or a change the fold has not taken in), and
+-- its bound holds for each of its groups.
+-- Needs:   CTEs clock, plan_priority, stale, changes, ospecial, special_rows, pool;
+--          parameters
 --          type, middle_priority, lowest_priority, middle_weight, lowest_weight,
 --          probe_groups, probe_spread.
 -- Defines: CTEs special_units, owner_levels, units, unit_walk(plan, plan_key, unit,
@@ -15,9 +17,13 @@
 --          walk(group_id, head_lb, head_id, served, plan, plan_key, unit, unit_served,
 --          priority, weight, grank); includes groupless_head.sql.
 special_units AS (
-    SELECT sr.plan_key, sr.unit, min(sr.plan) AS plan, sum(sr.adj) AS adj
-    FROM special_rows sr
-    GROUP BY sr.plan_key, sr.unit
+    SELECT x.plan_key, x.unit,
+           CASE WHEN x.plan_key = '' THEN NULL ELSE substr(x.plan_key, 3) END AS plan,
+           sum(x.adj) AS adj
+    FROM (SELECT sr.plan_key, sr.unit, sr.adj FROM special_rows sr
+          UNION ALL
+          SELECT ch.plan_key, ch.unit, ch.n FROM changes ch) x
+    GROUP BY x.plan_key, x.unit
 ),
 owner_levels AS (
     SELECT 'p:' || p.plan AS plan_key FROM {schema}.fair_plans p WHERE p.type = %(type)s

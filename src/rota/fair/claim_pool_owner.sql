@@ -5,7 +5,7 @@
 -- The owner is the unit the order compares first: 'o:' || owner_id, or 'g:' || group_id
 -- for a group without an owner (its own owner; a group missing from the relation has
 -- none), or '-' for the group-less jobs. Exact; like claim_pool_scan.sql its cost grows
--- with the groups of the type (bench/RESULTS.md, section 15).
+-- with the groups of the type (bench/RESULTS.md, section 16).
 -- Needs:   CTEs clock, special, served_delta, edge_fix, running_old, stale_head (and
 --          stale, through groupless_head.sql); parameter type.
 -- Defines: CTEs owner_groups, owner_served, pool(group_id, head_lb, head_id, served_n,

@@ -21,16 +21,17 @@
 --   mark        no fair_served delta of the group lies below its type's newest fold
 --               mark (fair_fold_mark; no row: 0): the claim would not read it.
 --   owner_id    fair_groups.owner_id is the owner of rota's groups table (no row: none).
---   owner_served  each owner's fair_owners.served_n is the sum of its groups'
+--   owner_served  each owner's fair_owners.served_n (no row: 0) plus its
+--               fair_owner_changes at or above the mark is the sum of its groups'
 --               fair_groups.served_n, by rota's groups table's plan and owner (a group
 --               without an owner is its own; group_id names the owner and its plan): a
 --               damaged served_n shows here too, a damaged copy of plan or owner only as
 --               plan or owner_id.
---   owner_bound for each active group with pending jobs not named in fair_lowered at or
---               above the mark: its owner (as above) has a row, whose (b_served,
+--   owner_bound for each active group with pending jobs not named in fair_owner_changes
+--               at or above the mark: its owner (as above) has a row, whose (b_served,
 --               b_head_lb, b_head_id) <= the group's (served_n, head_lb, head_id) and
 --               ready_lb <= the group's ready_lb.
---   lowered_mark  no fair_lowered row lies below its type's newest fold mark.
+--   changes_mark  no fair_owner_changes row lies below its type's newest fold mark.
 --
 -- Values are text; timestamps print in the session's TimeZone (FairClaim.verify sets
 -- UTC). Cost: one pass over the jobs that are pending, running or done (done history
@@ -40,7 +41,7 @@ WITH marks AS (
     SELECT t.type, coalesce(max(m.upto), '0') AS upto
     FROM (SELECT fs.type FROM {schema}.fair_served fs
           UNION
-          SELECT fl.type FROM {schema}.fair_lowered fl
+          SELECT fc.type FROM {schema}.fair_owner_changes fc
           UNION
           SELECT fg.type FROM {schema}.fair_groups fg) t
     LEFT JOIN {schema}.fair_fold_mark m ON m.type = t.type
@@ -140,12 +141,20 @@ violations AS (
     UNION ALL
     SELECT coalesce(o.type, s.type), coalesce(o.unit, s.unit) || ' ' || quote_literal(
                coalesce(o.plan_key, s.plan_key)), 'owner_served',
-           coalesce(s.served, 0)::text, coalesce(o.served_n, 0)::text
-    FROM {schema}.fair_owners o
+           coalesce(s.served, 0)::text, coalesce(o.served, 0)::text
+    FROM (SELECT k.type, k.plan_key, k.unit, sum(k.n) AS served
+          FROM (SELECT fo.type, fo.plan_key, fo.unit, fo.served_n AS n
+                FROM {schema}.fair_owners fo
+                UNION ALL
+                SELECT fc.type, fc.plan_key, fc.unit, fc.n
+                FROM {schema}.fair_owner_changes fc
+                JOIN marks m ON m.type = fc.type
+                WHERE fc.xid >= m.upto) k
+          GROUP BY 1, 2, 3) o
     FULL JOIN (SELECT ow.type, ow.plan_key, ow.unit, sum(ow.served_n) AS served
                FROM owned ow GROUP BY 1, 2, 3) s
       ON s.type = o.type AND s.plan_key = o.plan_key AND s.unit = o.unit
-    WHERE coalesce(s.served, 0) <> coalesce(o.served_n, 0)
+    WHERE coalesce(s.served, 0) <> coalesce(o.served, 0)
     UNION ALL
     SELECT fg.type, fg.group_id, 'owner_bound',
            '(b_served, b_head_lb, b_head_id) <= (' || fg.served_n || ', ' || fg.head_lb
@@ -158,19 +167,19 @@ violations AS (
     LEFT JOIN {schema}.fair_owners o
       ON o.type = fg.type AND o.plan_key = ow.plan_key AND o.unit = ow.unit
     WHERE ow.active AND fg.head_lb < 'infinity'
-      AND NOT EXISTS (SELECT 1 FROM {schema}.fair_lowered fl
-                      WHERE fl.type = fg.type AND fl.group_id = fg.group_id
-                        AND fl.xid >= coalesce(m.upto, '0'))
+      AND NOT EXISTS (SELECT 1 FROM {schema}.fair_owner_changes fc
+                      WHERE fc.type = fg.type AND fc.group_id = fg.group_id
+                        AND fc.xid >= coalesce(m.upto, '0'))
       AND (o.unit IS NULL
            OR (o.b_served, o.b_head_lb, o.b_head_id) > (fg.served_n, fg.head_lb, fg.head_id)
            OR o.ready_lb > fg.ready_lb)
     UNION ALL
-    SELECT fl.type, fl.group_id, 'lowered_mark', 'rows at or above mark ' || m.upto,
-           count(*) || ' below it, from xid ' || min(fl.xid)
-    FROM {schema}.fair_lowered fl
-    JOIN marks m ON m.type = fl.type
-    WHERE fl.xid < m.upto
-    GROUP BY fl.type, fl.group_id, m.upto
+    SELECT fc.type, fc.group_id, 'changes_mark', 'rows at or above mark ' || m.upto,
+           count(*) || ' below it, from xid ' || min(fc.xid)
+    FROM {schema}.fair_owner_changes fc
+    JOIN marks m ON m.type = fc.type
+    WHERE fc.xid < m.upto
+    GROUP BY fc.type, fc.group_id, m.upto
 )
 SELECT v.type, v.group_id, v.invariant, v.expected, v.found
 FROM violations v

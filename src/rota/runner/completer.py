@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from .. import tracing
 from ..checks import storable_text
 from ..queue import Queue
-from ..results import ResultError, encode_result
+from ..results import MAX_ERROR_CHARS, ResultError, encode_result
 from .context import JobContext, RunState, retrying
 
 log = logging.getLogger("rota.runner")
@@ -111,8 +111,9 @@ async def settle_all(ctxs: list[JobContext],
 
 def error_text(exc: BaseException) -> str:
     """One error as storable text (a NUL or a lone surrogate in an exception's message
-    would make the runs row unwritable)."""
+    would make the runs row unwritable), cut as a job's error is (docs/design.md,
+    "Results")."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    return storable_text(f"{type(exc).__name__}: {exc}")
+    return storable_text(f"{type(exc).__name__}: {exc}", MAX_ERROR_CHARS)
 

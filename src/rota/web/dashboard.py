@@ -32,6 +32,7 @@ from zoneinfo import ZoneInfo
 
 import jinja2
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -39,12 +40,13 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import admin
-from ..checks import require_duration
+from ..checks import MAX_ROW_ID, require_duration
 from ..errors import ConfigError, InvalidInput, InvalidTransition, JobNotFound
 from ..queue import Queue
 from ..quota import Allowance, Quota
 from ..rates import rate_states
 from ..runner.source import pipeline_queue
+from ..store import AnyConn
 from . import charts, queries
 from .auth import check_credential, csrf_ok, csrf_token, is_loopback, same_origin
 from .cron import usable_secret
@@ -77,6 +79,10 @@ _SECURITY_HEADERS = [
     (b"cache-control", b"no-store"),
 ]
 
+_ERROR_HEADINGS = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden",
+                   404: "Not found", 405: "Method not allowed", 413: "Too large",
+                   500: "Something went wrong"}
+
 _MESSAGES = {
     "retried": ("Job {id} is pending again, due now.", "ok"),
     "retry-refused": ("Job {id} was not retried: only a failed job can be, and not while "
@@ -91,9 +97,11 @@ class _Guard:
     """ASGI middleware: the credential rule for every request, and the security
     headers on every response."""
 
-    def __init__(self, app: ASGIApp, secret: str | None) -> None:
+    def __init__(self, app: ASGIApp, secret: str | None,
+                 page: Callable[..., HTMLResponse]) -> None:
         self.app = app
         self.secret = secret
+        self.page = page
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -107,6 +115,8 @@ class _Guard:
 
         refusal = self._refusal(scope)
         if refusal is not None:
+            refusal = self.page(scope, refusal.status_code, bytes(refusal.body).decode(),
+                                headers=dict(refusal.headers))
             await refusal(scope, receive, send_with_headers)
             return
         await self.app(scope, receive, send_with_headers)
@@ -145,6 +155,7 @@ def _environment() -> jinja2.Environment:
     env.filters["num"] = _num
     env.filters["duration"] = charts.duration
     env.filters["local"] = _local
+    env.filters["counters"] = admin.summary_items
     return env
 
 
@@ -163,12 +174,31 @@ def _local(value: datetime, tz: str) -> str:
 
 
 def _text(params: Any, name: str) -> str | None:
+    """A filter's value, or ``None`` when absent or blank. Every parameter a page reads
+    comes through here, so each is checked before it reaches a query: at most
+    :data:`MAX_FILTER_CHARS` characters, none of them a NUL or another control
+    character (PostgreSQL text cannot hold a NUL; no name rota stores holds the others).
+
+    Raises:
+        InvalidInput: the value is too long or holds a control character.
+    """
     value = params.get(name)
     if value is None or not value.strip():
         return None
     if len(value) > MAX_FILTER_CHARS:
         raise InvalidInput(f"{name} is longer than {MAX_FILTER_CHARS} characters")
+    if any(c < " " or c == "\x7f" for c in value):
+        raise InvalidInput(f"{name} must not contain a NUL or another control character")
     return str(value).strip()
+
+
+def _path_id(value: str) -> int | None:
+    """A job id from a page's path (``/jobs/ID``), or ``None`` when it cannot be one
+    (not digits, 0, past ``jobs.id``'s range): that page does not exist."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 19:
+        return None
+    job_id = int(value)
+    return job_id if 1 <= job_id <= MAX_ROW_ID else None
 
 
 def _int(params: Any, name: str) -> int | None:
@@ -254,13 +284,21 @@ def dashboard_app(
     refresh_s = max(int(require_duration(refresh, "refresh").total_seconds()), 1)
     known = KnownQuotas(quotas, pipeline)
 
+    async def run_types(conn: AnyConn) -> frozenset[str] | None:
+        """The types some stage runs: the app's stage types when the dashboard has the
+        app, else those ``rota migrate --app`` published; ``None``: not known."""
+        stages = getattr(await known.pipeline(), "stages", None)
+        if stages is not None:
+            return frozenset(s.type for s in stages)
+        return await queries.published_types(queue, conn)
+
     async def app_queue() -> Queue:
         """The queue whose give-up hooks are the app's (docs/design.md, "The runner")."""
         return pipeline_queue(await known.pipeline(), queue)
     env = _environment()
     metrics = MetricsEndpoint(queue, quotas, pipeline=pipeline)
 
-    def render(request: Request, template: str, section: str, now: datetime,
+    def render(request: Request, template: str, section: str, now: datetime | None,
                status_code: int = 200, **context: Any) -> HTMLResponse:
         base = str(request.scope.get("root_path", "")).rstrip("/")
         query = request.url.query
@@ -278,6 +316,41 @@ def dashboard_app(
             plan_name=_plan_name, **context)
         return HTMLResponse(html, status_code=status_code)
 
+    def error_page(scope: Scope, status_code: int, detail: str, *, section: str = "",
+                   now: datetime | None = None, heading: str | None = None,
+                   headers: dict[str, str] | None = None) -> HTMLResponse:
+        """Every error the dashboard answers, as a page in its own style (no traceback,
+        no bare "Not Found"); the status line names it unless ``heading`` does."""
+        heading = heading or _ERROR_HEADINGS.get(status_code, "Error")
+        base = str(scope.get("root_path", "")).rstrip("/")
+        html = env.get_template("error.html").render(
+            base=base, nav=NAV, section=section, now=now, read_only=read_only,
+            queue_schema=queue.schema, refresh_s=refresh_s, message="", message_kind="",
+            refresh_url="", title=heading, heading=heading, detail=detail,
+            plan_name=_plan_name)
+        kept = {k: v for k, v in (headers or {}).items()
+                if k.lower() not in ("content-length", "content-type")}
+        if status_code == 500:  # sent from outside the guard, which adds these to others
+            kept.update({k.decode(): v.decode() for k, v in _SECURITY_HEADERS})
+        return HTMLResponse(html, status_code=status_code, headers=kept)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """Starlette's own errors (no route: 404; a method the path does not take: 405)
+        as pages."""
+        assert isinstance(exc, HTTPException)
+        detail = {404: f"There is no page {request.url.path}.",
+                  405: f"{request.url.path} does not take {request.method}."}.get(
+                      exc.status_code, str(exc.detail))
+        return error_page(request.scope, exc.status_code, detail,
+                          headers=dict(exc.headers or {}))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        """An unexpected error: a page saying so, the traceback in the log only."""
+        log.error("dashboard %s %s failed", request.method, request.url.path,
+                  exc_info=exc)
+        return error_page(request.scope, 500, "The dashboard could not answer this "
+                          "request; its log says why.")
+
     def _plan_name(plan_id: str | None) -> str:
         if plan_id is None:
             return "none"
@@ -289,8 +362,7 @@ def dashboard_app(
             try:
                 return await handler(request)
             except InvalidInput as exc:
-                return render(request, "error.html", "", await queue.now(), 400,
-                              title="Bad request", heading="Bad request", detail=str(exc))
+                return error_page(request.scope, 400, str(exc), now=await queue.now())
         return endpoint
 
     @page
@@ -302,8 +374,10 @@ def dashboard_app(
                                                  cap=queries.PENDING_CAP)
             waiting = await queries.oldest_due(queue, conn, types, groups=0)
             minutes = await queries.throughput(queue, conn, types)
+            runs = await run_types(conn)
         return render(request, "overview.html", "/", now, title="Overview",
                       counts=counts, waiting=waiting,
+                      unrun=[t for t in types if runs is not None and t not in runs],
                       pending_cap=queries.PENDING_CAP,
                       minutes=charts.stacked_minutes(minutes.done, minutes.failed),
                       done_total=sum(minutes.done), failed_total=sum(minutes.failed),
@@ -314,11 +388,17 @@ def dashboard_app(
     async def fairness(request: Request) -> Response:
         async with queue.connection() as conn:
             now = await queries.now(queue, conn)
-            types = await queries.job_types(queue, conn)
+            found = await queries.job_types(queue, conn)
+            runs = await run_types(conn)
+            # A job no stage runs waits for no claim: it says nothing of fairness, and
+            # would show a group as starved that is not.
+            types = [t for t in found if runs is None or t in runs]
+            unrun = [t for t in found if t not in types]
             waits = await queries.plan_waits(queue, conn, types)
             served = await queries.groups_served(queue, conn, types)
-            owners = await queries.owners_served(queue, conn, types)
             waiting = await queries.oldest_due(queue, conn, types)
+            owners = await queries.owners_served(queue, conn, types,
+                                                 waiting=waiting.groups)
             paused, paused_total = await queries.groups_paused(queue, conn, types)
         wait_chart = charts.grouped_bars(
             [_plan_name(w.plan) for w in waits],
@@ -326,7 +406,7 @@ def dashboard_app(
         return render(request, "fairness.html", "/fairness", now,
                       title="Fairness", waits=waits, wait_chart=wait_chart, served=served,
                       waiting=waiting, paused=paused, paused_total=paused_total,
-                      owners=owners, fair_by=queue.fair_by,
+                      owners=owners, fair_by=queue.fair_by, unrun=unrun,
                       waits_per_type=queries.WAITS_PER_TYPE)
 
     @page
@@ -358,7 +438,12 @@ def dashboard_app(
 
     @page
     async def run_page(request: Request) -> Response:
-        run_id: uuid.UUID = request.path_params["id"]
+        try:
+            run_id = uuid.UUID(request.path_params["id"])
+        except ValueError:
+            return error_page(request.scope, 404, f"There is no run "
+                              f"{request.path_params['id']!r}: a run's id is a UUID.",
+                              section="/runs", heading="No such run")
         async with queue.connection() as conn:
             now = await queries.now(queue, conn)
             row = await queries.run(queue, conn, run_id)
@@ -403,7 +488,12 @@ def dashboard_app(
 
     @page
     async def job_page(request: Request) -> Response:
-        job_id = int(request.path_params["id"])
+        job_id = _path_id(request.path_params["id"])
+        if job_id is None:
+            return error_page(request.scope, 404, f"There is no job "
+                              f"{request.path_params['id']!r}: a job's id is a whole "
+                              f"number from 1 to {MAX_ROW_ID}.", section="/jobs",
+                              heading="No such job")
         async with queue.connection() as conn:
             now = await queries.now(queue, conn)
             row = await queries.job(queue, conn, job_id)
@@ -432,19 +522,22 @@ def dashboard_app(
         return await job_action(request, "cancel")
 
     async def job_action(request: Request, action: str) -> Response:
-        job_id = int(request.path_params["id"])
+        job_id = _path_id(request.path_params["id"])
+        if job_id is None:
+            return error_page(request.scope, 404, f"There is no job "
+                              f"{request.path_params['id']!r}.", heading="No such job")
         if configured is None or read_only:
-            return PlainTextResponse("the dashboard is read-only", status_code=403)
+            return error_page(request.scope, 403, "the dashboard is read-only")
         body = await request.body()
         if len(body) > MAX_FORM_BYTES:
-            return PlainTextResponse("form too large", status_code=413)
+            return error_page(request.scope, 413, "form too large")
         form = urllib.parse.parse_qs(body.decode("utf-8", "replace"))
         tokens = form.get("csrf", [])
         if (len(tokens) != 1 or not csrf_ok(tokens[0], configured)
                 or not same_origin(request.headers)):
             log.info("dashboard %s of job %s refused: CSRF check failed", action, job_id)
-            return PlainTextResponse("forbidden: reload the page and try again",
-                                     status_code=403)
+            return error_page(request.scope, 403,
+                              "forbidden: reload the page and try again")
         changed = await retry_or_cancel(await app_queue(), action, job_id)
         log.info("dashboard %s of job %s: %s", action, job_id,
                  "done" if changed else "refused")
@@ -481,18 +574,19 @@ def dashboard_app(
             Route("/", overview),
             Route("/fairness", fairness),
             Route("/runs", runs),
-            Route("/runs/{id:uuid}", run_page),
+            Route("/runs/{id}", run_page),
             Route("/jobs", jobs),
-            Route("/jobs/{id:int}", job_page),
-            Route("/jobs/{id:int}/retry", retry, methods=["POST"]),
-            Route("/jobs/{id:int}/cancel", cancel, methods=["POST"]),
+            Route("/jobs/{id}", job_page),
+            Route("/jobs/{id}/retry", retry, methods=["POST"]),
+            Route("/jobs/{id}/cancel", cancel, methods=["POST"]),
             Route("/quotas", quotas_page),
             Route("/metrics", metrics.endpoint),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
         lifespan=lifespan,
+        exception_handlers={404: http_error, 405: http_error, 500: server_error},
     )
-    app.add_middleware(_Guard, secret=configured)
+    app.add_middleware(_Guard, secret=configured, page=error_page)
     return app
 
 

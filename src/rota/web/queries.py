@@ -52,6 +52,15 @@ async def job_types(queue: Queue, conn: AnyConn) -> list[str]:
     return [r["type"] for r in await _rows(queue, conn, "dashboard_types", {})]
 
 
+async def published_types(queue: Queue, conn: AnyConn) -> frozenset[str] | None:
+    """The job types published for the SQL entry points (``rota migrate --app``: the
+    app's stage types and its queue's declared ones), or ``None``: any type."""
+    rows = await _rows(queue, conn, "dashboard_published_types", {})
+    if not rows or rows[0]["types"] is None:
+        return None
+    return frozenset(rows[0]["types"])
+
+
 @dataclass(frozen=True)
 class TypeCounts:
     """One job type's jobs by status (``/`` and the rota_jobs gauges).
@@ -198,26 +207,54 @@ async def groups_served(queue: Queue, conn: AnyConn, types: Sequence[str],
 
 
 async def owners_served(queue: Queue, conn: AnyConn, types: Sequence[str],
-                        limit: int = 10) -> list[dict[str, Any]]:
-    """The owners with the most jobs done in the last hour (docs/design.md, "The fair
-    claim"; a group without an owner is its own, ``own`` true).
+                        limit: int = 10, waiting: Sequence[dict[str, Any]] = ()
+                        ) -> list[dict[str, Any]]:
+    """The owners with the most jobs done in the last hour, and the owners of the
+    longest-waiting groups (docs/design.md, "The fair claim"; a group without an owner
+    is its own, ``own`` true).
+
+    Args:
+        waiting: the longest-waiting groups (:func:`oldest_due`'s ``groups``: dicts
+            with ``group_id`` and ``waited_seconds``); their owners are listed too, with
+            how long their longest-waiting group has waited, even with nothing done (a
+            starved owner).
 
     Returns:
-        Rows ``owner_id, own, plan, groups, done, weight, share, per_weight``: ``share``
-        is the owner's part of the jobs done by the owners listed (0..1), ``weight`` its
-        plan's (:class:`rota.Plan`; the middle plan's without one, the lowest plan's for
-        an unknown plan), and ``per_weight`` its done divided by its weight against the
-        mean of the owners listed (1.0: exactly its weighted share among them).
+        Rows ``owner_id, own, plan, groups, done, weight, share, per_weight, waited``:
+        ``share`` is the owner's part of the jobs done by the owners listed (0..1),
+        ``weight`` its plan's (:class:`rota.Plan`; the middle plan's without one, the
+        lowest plan's for an unknown plan), ``per_weight`` its done divided by its
+        weight against the mean of the owners listed (1.0: exactly its weighted share
+        among them), ``waited`` seconds (``None``: none of its groups is among
+        ``waiting``). The most served first, then the waiting ones.
     """
     rows = await _rows(queue, conn, "dashboard_owners_served",
                        {"types": list(types), "limit": limit})
+    for r in rows:
+        r["waited"] = None
+    if waiting:
+        owners = {o["group_id"]: o for o in await _rows(
+            queue, conn, "dashboard_group_owners",
+            {"ids": [w["group_id"] for w in waiting]})}
+        for w in waiting:
+            o = owners.get(w["group_id"], {})
+            owner_id = o.get("owner_id") or w["group_id"]
+            own = o.get("owner_id") is None
+            row = next((r for r in rows if (r["owner_id"], r["own"]) == (owner_id, own)),
+                       None)
+            if row is None:
+                row = {"owner_id": owner_id, "own": own, "plan": o.get("plan"),
+                       "groups": 0, "done": 0, "waited": None}
+                rows.append(row)
+            row["waited"] = max(row["waited"] or 0.0, w["waited_seconds"])
     plans = queue.plans
     for r in rows:
         plan = r["plan"]
         r["weight"] = (plans.middle.weight if plan is None else
                        plans[plan].weight if plan in plans else plans.lowest.weight)
     total = sum(r["done"] for r in rows)
-    mean = sum(r["done"] / r["weight"] for r in rows) / len(rows) if rows else 0
+    served = [r for r in rows if r["done"]]
+    mean = sum(r["done"] / r["weight"] for r in served) / len(served) if served else 0
     for r in rows:
         r["share"] = r["done"] / total if total else 0.0
         r["per_weight"] = r["done"] / r["weight"] / mean if mean else 0.0
