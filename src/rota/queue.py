@@ -49,7 +49,7 @@ from .checks import (
     require_text,
 )
 from .connections import ConnectionSetup
-from .errors import ConfigError, InvalidInput, UnreadableJob
+from .errors import ConfigError, DatabaseRefused, InvalidInput, UnreadableJob
 from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
 from .job import FailOutcome, Job, due_or_delay
 from .job import no_give_up_hook as _no_give_up_hook
@@ -293,6 +293,35 @@ class Queue:
             return None
         conninfo, kwargs = await listen_connect_args(self._pool)
         return setup.listen_args(conninfo, kwargs)
+
+    async def listener(self, *, through_pooler: bool = False
+                       ) -> psycopg.AsyncConnection[Any] | None:
+        """A new autocommit connection for LISTEN, where
+        :meth:`listen_connect_args` says (``None`` when it says to poll); the caller
+        closes it.
+
+        Raises:
+            ConfigError: ``listen_url`` refused rota's startup options: it goes through
+                a connection pooler (LISTEN needs the server itself).
+            DatabaseRefused: ``listen_url`` refused the connection otherwise.
+            psycopg.OperationalError: it could not be reached (or the pool's string,
+                without ``listen_url``, refused it).
+        """
+        target = await self.listen_connect_args(through_pooler=through_pooler)
+        if target is None:
+            return None
+        try:
+            return await psycopg.AsyncConnection.connect(target[0], **target[1])
+        except psycopg.OperationalError as exc:
+            cause = db.refusal(exc)
+            if cause is None or self.connections.listen_url is None:
+                raise  # the pool's own string: as any of its connections
+            if "startup parameter" in cause:
+                raise ConfigError(
+                    f"listen_url goes through a connection pooler ({cause}): point it at "
+                    "the server itself") from None
+            raise DatabaseRefused(
+                f"listen_url: the database refused the connection: {cause}") from None
 
     async def migrate(self) -> list[int]:
         """Apply missing migrations to this queue's schema (see :func:`rota.db.migrate`),

@@ -55,7 +55,7 @@ class ResultsQueue(ResultReader, Protocol):
 
     @property
     def schema(self) -> str: ...
-    async def listen_connect_args(self) -> tuple[str, dict[str, Any]] | None: ...
+    async def listener(self) -> psycopg.AsyncConnection[Any] | None: ...
 
 #: The channel settled jobs are announced on (the payload names the schema).
 SETTLED_CHANNEL = "rota_settled"
@@ -378,11 +378,11 @@ async def wait(queue: ResultsQueue, job_id: int, *, timeout: timedelta,  # noqa:
 async def _listen(queue: ResultsQueue) -> psycopg.AsyncConnection[Any] | None:
     """A connection LISTENing on ``rota_settled``, or ``None`` (then polling alone)."""
     try:
-        target = await queue.listen_connect_args()
-        if target is None:  # behind a pooler without listen_url: notifications do not pass
-            return None
-        conn = await psycopg.AsyncConnection.connect(target[0], **target[1])
-    except (psycopg.Error, OSError):
+        # None behind a pooler without listen_url: notifications do not pass it.
+        conn = await queue.listener()
+    except (psycopg.Error, OSError, RotaError):
+        return None
+    if conn is None:
         return None
     try:
         await conn.execute(f"LISTEN {SETTLED_CHANNEL}")

@@ -48,7 +48,7 @@ import psycopg
 from psycopg import sql
 
 from .checks import require_duration
-from .errors import InvalidInput, first_line
+from .errors import InvalidInput, RotaError, first_line
 from .maintenance import Maintainer, Maintenance, Rescue, check_pipeline_maintenance
 from .queue import Queue
 from .runner.source import (
@@ -480,13 +480,17 @@ class Worker:
         while not stop_event.is_set():
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
-                target = await queue.listen_connect_args(through_pooler=True)
-                assert target is not None
-                conninfo, kwargs = target
                 # Connecting and LISTEN are bounded too: a proxy may take the TCP
-                # connection and never answer.
-                conn = await _within(limit + float(kwargs.get("connect_timeout") or 10),
-                                     psycopg.AsyncConnection.connect(conninfo, **kwargs))
+                # connection and never answer (connect_timeout is 10 s).
+                try:
+                    conn = await _within(limit + 10, queue.listener(through_pooler=True))
+                except RotaError as exc:  # listen_url refused: no retry mends it
+                    log.error("%s; polling every %gs instead", first_line(exc),
+                              self.fallback_poll.total_seconds())
+                    self.notifications = False
+                    self._wake.set()
+                    return
+                assert conn is not None
                 await _within(limit, conn.execute(channel))
                 if self.notifications is None:
                     problem = await _within(limit * 2 + PROBE_WAIT.total_seconds(),

@@ -241,8 +241,9 @@ async def preflight(url: str) -> None:
 async def open_queue(target: Target) -> AsyncIterator[Queue]:
     """An open :class:`rota.Queue` for ``target``, closed on exit."""
     url = target.url()
+    kwargs = target.queue_kwargs()  # bad settings first: they need no database
     await preflight(url)
-    queue = Queue(url, **target.queue_kwargs())
+    queue = Queue(url, **kwargs)
     try:
         await queue.open()
         yield queue
@@ -318,13 +319,14 @@ async def check_listen_url(queue: Queue) -> None:
 
     Raises:
         CliConfigError: one line saying why.
-        psycopg.OperationalError: ``listen_url`` cannot be connected to.
+        ConfigError: ``listen_url`` goes through a pooler that refuses startup options.
+        DatabaseRefused, psycopg.OperationalError: it refused the connection, or cannot
+            be reached.
     """
     from ..worker import probe
 
-    target = await queue.listen_connect_args()
-    assert target is not None
-    conn = await psycopg.AsyncConnection.connect(target[0], **target[1])
+    conn = await queue.listener()
+    assert conn is not None  # listen_url is set
     try:
         problem = await probe(queue, conn)
     finally:
