@@ -241,8 +241,10 @@ def is_connection_failure(exc: BaseException) -> bool:
     """Whether a database error means no connection could be had or it was lost (the
     server went away, a pool timeout), as opposed to the database refusing a statement
     (a value too large for an index is an ``OperationalError`` in psycopg too). A
-    statement that met a connection failure may or may not have committed."""
-    if isinstance(exc, PoolTimeout):
+    statement that met a connection failure may or may not have committed. A server
+    turned read-only under the connection (``ReadOnlySqlTransaction``, SQLSTATE 25006:
+    see :data:`_CONNECTION_SQLSTATES`) is one too."""
+    if isinstance(exc, PoolTimeout | psycopg.errors.ReadOnlySqlTransaction):
         return True
     if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return False
@@ -252,6 +254,9 @@ def is_connection_failure(exc: BaseException) -> bool:
 
 #: SQLSTATEs (besides class 08, "connection exception") that mean the server went away
 #: or would not take the connection: shutdown, crash, starting up, too many connections.
+#: A server turned read-only under open connections (25006, ``ReadOnlySqlTransaction``,
+#: after a failover that keeps the old primary's sockets open) counts too: the statement
+#: did not commit, and a new connection finds the writable server.
 _CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 
 
@@ -378,12 +383,25 @@ class Store(Statements):
     @asynccontextmanager
     async def connection(self, conn: AnyConn | None = None) -> AsyncIterator[AnyConn]:
         """Yield ``conn`` if given (the caller's transaction decides), else a pooled
-        connection (committed when the block exits)."""
+        connection (committed when the block exits). A pooled connection whose block
+        raised ``ReadOnlySqlTransaction`` (SQLSTATE 25006) is closed and the pool's
+        others replaced."""
         if conn is not None:
             yield conn
             return
         async with self.pool.connection() as c:
-            yield c
+            try:
+                yield c
+            except psycopg.errors.ReadOnlySqlTransaction:
+                # The server turned read-only under open connections (a failover that
+                # keeps sockets open): these connections go to a server that can no
+                # longer write. Closed, the pool drops this one; the others are
+                # replaced, so new connections find the writable server (a multi-host
+                # URL's target_session_attrs=read-write; docs/operations.md, "Poolers
+                # and failover").
+                await c.close()
+                await self.discard_idle()
+                raise
 
     @asynccontextmanager
     async def deadline(self, seconds: float | None = None) -> AsyncIterator[None]:

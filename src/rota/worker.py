@@ -491,7 +491,6 @@ class Worker:
                     self._wake.set()
                     return
                 assert conn is not None
-                await _within(limit, conn.execute(channel))
                 if self.notifications is None:
                     problem = await _within(limit * 2 + PROBE_WAIT.total_seconds(),
                                             probe(queue, conn, self._wake))
@@ -501,6 +500,7 @@ class Worker:
                                     self.fallback_poll.total_seconds())
                         self._wake.set()  # the next sleep is fallback_poll at most
                         return
+                await _within(limit, conn.execute(channel))
                 self.listen_pid = conn.info.backend_pid
                 self.listening.set()
                 self._reconnected = True
