@@ -57,8 +57,10 @@ class ReplicatedPair:
             self._run(BIN / "pg_basebackup", "-h", "127.0.0.1", "-p",
                       str(self.primary_port), "-U", "postgres", "-D", self.replica, "-R",
                       "-X", "stream", "--no-sync")
+            # Promoted, it has no standby of its own: with the primary's
+            # synchronous_standby_names every commit would wait for one forever.
             with open(self.replica / "postgresql.auto.conf", "a") as conf:
-                conf.write(f"port = {self.replica_port}\n")
+                conf.write(f"port = {self.replica_port}\nsynchronous_standby_names = ''\n")
             self._ctl(self.replica, "start")
             self._wait_streaming(synchronous)
         except BaseException:
