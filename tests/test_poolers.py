@@ -429,3 +429,19 @@ def test_rota_worker_refuses_a_listen_url_on_another_database(
         f"error: listen_url connects to database 'postgres', the queue to {name!r}: "
         "notifications of the queue's database do not reach it")
     assert [line for line in err.splitlines() if "error" in line] == err.splitlines()[-1:]
+
+
+async def test_a_multi_host_url_with_a_bad_host_is_one_warning_at_start(
+    database_url: str, schema: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    params = psycopg.conninfo.conninfo_to_dict(database_url)
+    url = psycopg.conninfo.make_conninfo(
+        database_url, host=f"{params['host']},127.0.0.1", port=f"{params['port']},1")
+    caplog.set_level("WARNING", logger="rota.connections")
+    async with Queue(url, schema=schema) as q:
+        assert q.connections.hosts_check is not None
+        problems = await asyncio.wait_for(q.connections.hosts_check, 5)
+    expected = ("host 2 of 2 of the database URL (127.0.0.1:1) cannot be connected to: "
+                "Connection refused; a failover to it would fail")
+    assert problems == [expected]
+    assert [r.getMessage() for r in caplog.records] == [expected]

@@ -22,6 +22,7 @@ pool's 30 s wait; only a database that does not answer is waited for.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -67,6 +68,8 @@ class ConnectionSetup:
         self.found_by = "setting"
         self.conninfo = db.with_connection_defaults(conninfo)
         self._prelude: Any = None
+        #: The check of a multi-host URL's other hosts, started by the first connection.
+        self.hosts_check: asyncio.Future[list[str]] | None = None
         if pooled is not None:
             self._decide(pooled, "setting")
 
@@ -102,6 +105,9 @@ class ConnectionSetup:
         A server that does not answer is left to the pool, which waits for it (its
         ``open`` timeout).
 
+        With a multi-host URL, each host is then tried on its own in the background,
+        and each that cannot be connected to is logged as one warning.
+
         Raises:
             DatabaseRefused: the server or pooler refused the connection with a FATAL
                 error no retry mends (one line naming it, within the connection's
@@ -120,6 +126,9 @@ class ConnectionSetup:
                          "rota's settings per transaction (pooled=True)")
                 return await self.first_connection()
             raise DatabaseRefused(self._refused(cause)) from None
+        hosts = _hosts(self.conninfo)
+        if len(hosts) > 1:  # in the background: a host that does not answer takes 10 s
+            self.hosts_check = asyncio.ensure_future(_check_hosts(self.conninfo, hosts))
         try:
             if self.pooled is None:
                 cur = await conn.execute("SELECT pg_backend_pid()")
@@ -150,6 +159,47 @@ class ConnectionSetup:
         if self.listen_url is not None:
             return db.with_connection_defaults(self.listen_url), {"autocommit": True}
         return pool_conninfo, {**pool_kwargs, "autocommit": True}
+
+
+def _hosts(conninfo: str) -> list[tuple[str, str]]:
+    """The (host, port) pairs of a multi-host connection string, in order (one pair for
+    a single host; libpq's rule: one port for all hosts, or one per host)."""
+    params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    hosts = str(params.get("host") or params.get("hostaddr") or "").split(",")
+    ports = str(params.get("port") or "").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    return list(zip(hosts, ports, strict=False))
+
+
+async def _check_hosts(conninfo: str, hosts: list[tuple[str, str]]) -> list[str]:
+    """Try each host of a multi-host connection string on its own (any role: a standby
+    is fine) and log one warning per host that cannot be connected to, since a
+    failover to it would fail (docs/operations.md, "Poolers and failover").
+
+    Returns:
+        The warnings logged.
+    """
+    async def one(i: int, host: str, port: str) -> str | None:
+        kwargs: dict[str, Any] = {"host": host, "target_session_attrs": "any"}
+        if port:
+            kwargs["port"] = port
+        kwargs.pop("hostaddr", None)
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                psycopg.conninfo.make_conninfo(conninfo, hostaddr="", **kwargs))
+        except psycopg.Error as exc:
+            why = db.refusal(exc) or first_line(exc).rsplit("failed: ", 1)[-1]
+            return (f"host {i} of {len(hosts)} of the database URL ({host}:{port}) cannot "
+                    f"be connected to: {why}; a failover to it would fail")
+        await conn.close()
+        return None
+
+    found = await asyncio.gather(*(one(i, h, p) for i, (h, p) in enumerate(hosts, 1)))
+    problems = [f for f in found if f is not None]
+    for problem in problems:
+        log.warning("%s", problem)
+    return problems
 
 
 async def _check_transactions(conn: AnyConn) -> None:
