@@ -51,17 +51,19 @@ async def enqueue_to_start(url: str, direct: str, listen_url: str | None) -> lis
 
     schema = f"bench_pool_{uuid.uuid4().hex[:8]}"
     started: dict[int, float] = {}
-    stop = asyncio.Event()
+    stop, every_one = asyncio.Event(), asyncio.Event()
 
     async def h(ctx: Any) -> None:
         started[int(ctx.job.payload["i"])] = time.perf_counter()
+        if len(started) == N:
+            every_one.set()
 
     try:
         async with Queue(url, schema=schema, listen_url=listen_url) as queue:
             await queue.migrate()
             worker = Worker(Pipeline(queue, [Stage("t", handler=h)]), maintain_every=None)
             task = asyncio.create_task(worker.run_forever(stop))
-            while worker.notifications is None:
+            while worker.notifications is None:  # noqa: ASYNC110 (the worker's own check)
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
             sent: dict[int, float] = {}
@@ -70,9 +72,7 @@ async def enqueue_to_start(url: str, direct: str, listen_url: str | None) -> lis
                     await enqueuer.enqueue("t", {"i": i})
                     sent[i] = time.perf_counter()
                     await asyncio.sleep(SPACING)
-                end = time.monotonic() + 5
-                while len(started) < N and time.monotonic() < end:
-                    await asyncio.sleep(0.05)
+                await asyncio.wait_for(every_one.wait(), 5)
             stop.set()
             await task
     finally:
