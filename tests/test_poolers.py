@@ -445,3 +445,39 @@ async def test_a_multi_host_url_with_a_bad_host_is_one_warning_at_start(
                 "Connection refused; a failover to it would fail")
     assert problems == [expected]
     assert [r.getMessage() for r in caplog.records] == [expected]
+
+
+async def test_through_a_session_pooler_notifications_arrive(
+    bouncers: dict[str, PgBouncer], schema: str,
+) -> None:
+    async with Queue(bouncers["session"].url(), schema=schema, **SETTINGS) as q:
+        await q.migrate()
+        worker = Worker(build_pipeline(q), idle_poll=timedelta(seconds=60),
+                        maintain_every=None, rescue_every=None)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run_forever(stop))
+        try:
+            await asyncio.wait_for(worker.listening.wait(), 10)
+            assert worker.notifications is True
+            job = await q.enqueue("echo", {})
+            assert job is not None
+            t0 = time.monotonic()
+            found = await q.wait(job.id, timeout=timedelta(seconds=5),
+                                 poll_every=timedelta(milliseconds=20))
+            assert found.status == "done"
+            assert time.monotonic() - t0 < 0.5  # woken, not polled (60 s)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 5)
+
+
+def test_the_cli_with_rota_pooled_0_names_the_setting(
+    transaction_bouncer: PgBouncer, schema: str,
+) -> None:
+    result = CliRunner().invoke(cli, ["depth"], env={
+        "DATABASE_URL": transaction_bouncer.url(), "ROTA_SCHEMA": schema,
+        "ROTA_POOLED": "0"})
+    assert (result.exit_code, result.stderr) == (2, (
+        "error: the database refused the connection: unsupported startup parameter: "
+        "options (a connection pooler: rota sends its settings as startup options unless "
+        "pooled=True, ROTA_POOLED=1)\n"))
