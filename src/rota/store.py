@@ -242,9 +242,9 @@ def is_connection_failure(exc: BaseException) -> bool:
     server went away, a pool timeout), as opposed to the database refusing a statement
     (a value too large for an index is an ``OperationalError`` in psycopg too). A
     statement that met a connection failure may or may not have committed. A server
-    turned read-only under the connection (``ReadOnlySqlTransaction``, SQLSTATE 25006:
-    see :data:`_CONNECTION_SQLSTATES`) is one too."""
-    if isinstance(exc, PoolTimeout | psycopg.errors.ReadOnlySqlTransaction):
+    turned read-only (``ReadOnlySqlTransaction``, SQLSTATE 25006) is not one: the
+    statement was refused, and :meth:`Store.connection` replaces the connections."""
+    if isinstance(exc, PoolTimeout):
         return True
     if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return False
@@ -254,9 +254,6 @@ def is_connection_failure(exc: BaseException) -> bool:
 
 #: SQLSTATEs (besides class 08, "connection exception") that mean the server went away
 #: or would not take the connection: shutdown, crash, starting up, too many connections.
-#: A server turned read-only under open connections (25006, ``ReadOnlySqlTransaction``,
-#: after a failover that keeps the old primary's sockets open) counts too: the statement
-#: did not commit, and a new connection finds the writable server.
 _CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 
 
