@@ -27,6 +27,7 @@ import logging
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from . import db
 from .errors import ConfigError, DatabaseRefused, InvalidInput, first_line
@@ -67,7 +68,7 @@ class ConnectionSetup:
         #: How that was decided: ``"setting"`` or what the first connection showed.
         self.found_by = "setting"
         self.conninfo = db.with_connection_defaults(conninfo)
-        self._prelude: Any = None
+        self._prelude: sql.Composed | None = None
         #: The check of a multi-host URL's other hosts, started by the first connection.
         self.hosts_check: asyncio.Future[list[str]] | None = None
         if pooled is not None:

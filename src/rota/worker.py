@@ -533,7 +533,7 @@ class Worker:
 async def probe(queue: Queue, conn: psycopg.AsyncConnection[Any],
                 wake: asyncio.Event | None = None) -> str | None:
     """Check that notifications sent through the queue's pool reach ``conn``, a LISTEN
-    connection (the worker's, made by :meth:`rota.Queue.listen_connect_args`): one of
+    connection (the worker's, made by :meth:`rota.Queue.listener`): one of
     the worker's own, on :data:`PROBE_CHANNEL`, waited for :data:`PROBE_WAIT`
     (docs/operations.md, "Poolers and failover"). Also tells whether ``conn`` goes
     through a connection pooler (its backend process id is not the server's).
