@@ -58,8 +58,13 @@ $(DJ_STAMP): pyproject.toml
 	$(DJ_VENV)/bin/python -c 'import django; assert django.VERSION >= (6,), django.VERSION'
 	touch $(DJ_STAMP)
 
+# The second line is the pooler leg: the same queues through PgBouncer in transaction
+# mode (tests/conftest.py, queue_url); tests/test_poolers.py and tests/test_failover.py
+# run in the first.
 test: $(STAMP) $(NODE_STAMP) $(DJ_STAMP)
 	ROTA_NODE_CLIENT=required $(BIN)/python -m pytest -n 2 -q
+	ROTA_TEST_POOLER=transaction $(BIN)/python -m pytest -n 2 -q tests/test_dashboard_queries.py \
+		tests/test_rates.py tests/test_quota.py
 	$(DJ_VENV)/bin/python -m pytest -n 2 -q tests/django_project
 
 test-django: $(DJ_STAMP)

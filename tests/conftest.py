@@ -93,13 +93,30 @@ def migrated(database_url: str, schema: str) -> str:
     return schema
 
 
+@pytest.fixture(scope="session")
+def queue_url(database_url: str) -> Iterator[str]:
+    """The URL the ``make_queue`` and ``queue`` fixtures' queues connect to:
+    ``database_url``, or with ``ROTA_TEST_POOLER=transaction`` (or ``session``) a
+    PgBouncer in that mode in front of it, started for the session (the pooler leg of
+    ``make test``; docs/operations.md, "Poolers and failover"). Tests' own connections
+    stay direct."""
+    mode = os.environ.get("ROTA_TEST_POOLER")
+    if not mode:
+        yield database_url
+        return
+    from tests.pgbouncer import PgBouncer
+
+    with PgBouncer(database_url, pool_mode=mode) as bouncer:  # type: ignore[arg-type]
+        yield bouncer.url()
+
+
 @pytest.fixture
-async def make_queue(database_url: str, schema: str) -> AsyncIterator[Any]:
+async def make_queue(queue_url: str, schema: str) -> AsyncIterator[Any]:
     """Factory for migrated queues on this test's schema (all closed at teardown)."""
     made: list[Queue] = []
 
     async def make(**settings: Any) -> Queue:
-        q = Queue(database_url, schema=schema, **settings)
+        q = Queue(queue_url, schema=schema, **settings)
         await q.open()
         await q.migrate()
         made.append(q)

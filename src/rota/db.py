@@ -426,3 +426,92 @@ def with_connection_defaults(conninfo: str) -> str:
     if extra:
         added["options"] = " ".join([options, *extra] if options else extra)
     return psycopg.conninfo.make_conninfo(conninfo, **added) if added else conninfo
+
+
+#: The server settings of :data:`SESSION_DEFAULTS` that behind a connection pooler are
+#: applied per transaction instead (docs/operations.md, "Poolers and failover"): a
+#: pooler refuses the startup ``options`` (PgBouncer: "unsupported startup parameter:
+#: options") or drops them, and a session ``SET`` would follow the server connection to
+#: another client. The ``tcp_*`` ones are left out: the server's socket is the
+#: pooler's, whose own keepalive settings bound it.
+TRANSACTION_DEFAULTS: dict[str, str] = {
+    "idle_in_transaction_session_timeout": SESSION_DEFAULTS[
+        "idle_in_transaction_session_timeout"],
+    "statement_timeout": SESSION_DEFAULTS["statement_timeout"],
+}
+
+_OPTION_PAIR = re.compile(r"(?:^|\s)(?:-c\s*|--)([A-Za-z0-9_.-]+)=((?:\\.|\S)*)")
+
+
+def pooled_connection(conninfo: str) -> tuple[str, dict[str, str]]:
+    """``conninfo`` for a connection pooler, and the server settings to apply in each
+    transaction instead of at startup.
+
+    The string gets :data:`CLIENT_DEFAULTS` where it does not set them (as
+    :func:`with_connection_defaults`) and an empty ``options``, so that neither its own
+    ``options`` nor ``PGOPTIONS`` is sent (libpq sends no empty parameter). The
+    settings are :data:`TRANSACTION_DEFAULTS` with every ``-c name=value`` (or
+    ``--name=value``) of the URL's ``options`` (else ``PGOPTIONS``) laid over them:
+    what the URL sets still wins. A URL naming a connection service is returned as it
+    is, with :data:`TRANSACTION_DEFAULTS`.
+
+    Returns:
+        ``(conninfo, {setting: value})``.
+
+    Raises:
+        DatabaseUnavailable: the string cannot be parsed.
+    """
+    params = psycopg.conninfo.conninfo_to_dict(check_conninfo(conninfo))
+    if params.get("service") or os.environ.get("PGSERVICE"):
+        return conninfo, dict(TRANSACTION_DEFAULTS)
+    added: dict[str, str] = {k: v for k, v in CLIENT_DEFAULTS.items() if k not in params}
+    if os.environ.get("PGCONNECT_TIMEOUT"):
+        added.pop("connect_timeout", None)
+    options = str(params["options"] if "options" in params
+                  else os.environ.get("PGOPTIONS", ""))
+    settings = dict(TRANSACTION_DEFAULTS)
+    for name, value in _OPTION_PAIR.findall(options):
+        settings[name.lower().replace("-", "_")] = re.sub(r"\\(.)", r"\1", value)
+    added["options"] = ""
+    return psycopg.conninfo.make_conninfo(conninfo, **added), settings
+
+
+def transaction_settings(settings: dict[str, str]) -> sql.Composed:
+    """The statement applying ``settings`` to the current transaction only
+    (``set_config(name, value, true)``, as ``SET LOCAL``), sent ahead of a statement in
+    the same pipeline, so it costs no round trip of its own."""
+    calls = [sql.SQL("set_config({}, {}, true)").format(sql.Literal(k), sql.Literal(v))
+             for k, v in settings.items()]
+    return sql.SQL("SELECT ") + sql.SQL(", ").join(calls)
+
+
+#: What a server (or pooler) says when it refuses a connection: libpq quotes its
+#: ErrorResponse after the severity, ``FATAL:  database "x" does not exist``.
+_FATAL = re.compile(r"\bFATAL:\s+(.*)")
+
+#: FATAL answers that pass: a server starting, stopping or in recovery (a failover in
+#: progress), full, or a pooler that cannot reach its server. These wait like a server
+#: that does not answer at all.
+_TRANSIENT = re.compile(
+    r"starting up|shutting down|in recovery mode|not yet accepting connections"
+    r"|too many clients|connection slots are reserved|no more connections allowed"
+    r"|cannot connect to server|server login has been failing|is paused"
+    r"|terminating connection", re.IGNORECASE)
+
+
+def refusal(exc: BaseException) -> str | None:
+    """Why the server or a pooler refused a connection, when no retry will mend it:
+    the text of the FATAL error it answered with (an unknown startup parameter,
+    database or role, failed authentication), on one line with passwords redacted.
+
+    Returns:
+        That text, or ``None`` for any other failure: nothing answered (refused, timed
+        out, unresolvable) or a FATAL that passes (the server starting up, shutting
+        down or full, a pooler that cannot reach it), which the pool waits out.
+    """
+    if not isinstance(exc, psycopg.OperationalError):
+        return None
+    found = _FATAL.findall(str(exc))
+    if not found or _TRANSIENT.search(found[-1]):
+        return None
+    return redact(found[-1].strip())

@@ -111,6 +111,12 @@ class DatabaseUnavailable(RotaError):
     """The database could not be reached, or its URL is malformed."""
 
 
+class DatabaseRefused(DatabaseUnavailable):
+    """The server, or a connection pooler in front of it, refused the connection with
+    an error no retry mends: an unknown startup parameter, database or role, failed
+    authentication (:func:`rota.db.refusal`). Raised at once, never after a wait."""
+
+
 def first_line(exc: BaseException, *, with_type: bool = False) -> str:
     """An exception as one line, for logs and one-line error reports: the first line of
     its message (stripped, connection-string passwords replaced by ``***``), or its

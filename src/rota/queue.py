@@ -48,14 +48,15 @@ from .checks import (
     require_row_id,
     require_text,
 )
-from .errors import ConfigError, InvalidInput, UnreadableJob, first_line
+from .connections import ConnectionSetup
+from .errors import ConfigError, DatabaseRefused, InvalidInput, UnreadableJob, first_line
 from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
 from .job import FailOutcome, Job, due_or_delay
 from .job import no_give_up_hook as _no_give_up_hook
 from .plans import Plans
 from .results import ResultError, encode_result, error_record
 from .settings import QueueSettings, enqueue_error, enqueued_job
-from .store import AnyConn, Store, configure_connection
+from .store import AnyConn, Store, listen_connect_args
 
 log = logging.getLogger("rota.queue")
 
@@ -81,6 +82,15 @@ class Queue:
             ``psycopg_pool.AsyncConnectionPool`` the caller owns (autocommit or not).
             rota's own pool adds the timeouts the string does not set
             (:func:`rota.db.with_connection_defaults`).
+        pooled: whether the string goes through a connection pooler such as PgBouncer
+            (``None``: found at the first connection; see
+            :class:`rota.connections.ConnectionSetup` and docs/operations.md, "Poolers
+            and failover"). Pooled, rota sends no startup ``options``, applies its
+            settings per transaction and prepares nothing on the server. Only for a
+            connection string.
+        listen_url: a direct connection string to the same database for the one LISTEN
+            connection of a worker (and of :meth:`wait`): notifications do not pass a
+            transaction pooler. ``None``: the pool's string.
         tracer_provider: the OpenTelemetry ``TracerProvider`` rota's spans go to
             (docs/operations.md, "Traces"); default the global one. Ignored without
             ``opentelemetry-api``.
@@ -94,7 +104,8 @@ class Queue:
     whatever transaction the caller has open, so the caller decides when it commits.
 
     Raises:
-        InvalidInput: a bad setting, or neither a string nor a pool.
+        InvalidInput: a bad setting, neither a string nor a pool, or ``pooled`` with a
+            pool.
         DatabaseUnavailable: a malformed connection string (password redacted).
     """
 
@@ -115,6 +126,7 @@ class Queue:
     max_payload_bytes = _setting("max_payload_bytes", "Largest payload, UTF-8 bytes.")
 
     def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], *,
+                 pooled: bool | None = None, listen_url: str | None = None,
                  tracer_provider: Any = None, **settings: Any):
         self.settings = QueueSettings(**settings)
         #: rota's spans (:mod:`rota.tracing`; no-ops without ``opentelemetry-api``).
@@ -122,20 +134,28 @@ class Queue:
         self._give_up_hooks: MutableMapping[str, GiveUpHook] = {}
         self.claim_observers: list[ClaimObserver] = []  # metrics (rota.web.metrics)
         if isinstance(conninfo_or_pool, str):
+            setup = ConnectionSetup(conninfo_or_pool, pooled=pooled, listen_url=listen_url)
             check = IdleConnectionCheck()
+            # Set again when it opens: the first connection may find a pooler between.
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                db.with_connection_defaults(conninfo_or_pool),
-                open=False, min_size=1, max_size=10,
-                kwargs={"autocommit": True}, check=check,
-                configure=configure_connection,
+                setup.conninfo, open=False, min_size=1, max_size=10,
+                kwargs=setup.kwargs(), check=check, configure=setup.configure,
             )
             check.pool = self._pool
             self._owns_pool = True
         elif isinstance(conninfo_or_pool, AsyncConnectionPool):
+            if pooled is not None:
+                raise InvalidInput(
+                    "pooled= is for a connection string; a pool you pass is used as you "
+                    "built it (behind a pooler: kwargs prepare_threshold=None, no options)")
+            setup = ConnectionSetup("", pooled=False, listen_url=listen_url)
             self._pool = conninfo_or_pool
             self._owns_pool = False
         else:
             raise InvalidInput("Queue needs a connection string or an AsyncConnectionPool")
+        #: How the queue's connections are made (docs/operations.md, "Poolers and
+        #: failover"); shared by the queues :meth:`with_stage_rules` derives.
+        self.connections = setup
         # Whether close() stops the upkeep and closes an own pool: not for a queue
         # derived by with_stage_rules, which shares them.
         self._closes_pool = True
@@ -184,8 +204,25 @@ class Queue:
 
     async def open(self) -> None:
         """Open the queue's own pool (no-op for a caller's pool) and start the claim's
-        upkeep service."""
+        upkeep service.
+
+        Its first connection finds out whether a connection pooler is in between
+        (``pooled=None``) and reports a refusal at once; a database that does not
+        answer is waited for, 30 s at most (docs/operations.md, "Poolers and
+        failover").
+
+        Raises:
+            DatabaseRefused: the server or a pooler refused the connection (an unknown
+                startup parameter, database or role, failed authentication).
+            ConfigError: a pooler in statement mode.
+            psycopg_pool.PoolTimeout: no connection within 30 s.
+        """
         if self._owns_pool and self._pool.closed:
+            # A refusal is reported at once; only a database that does not answer is
+            # waited for (docs/operations.md, "Poolers and failover").
+            await self.connections.first_connection()
+            self._pool.conninfo = self.connections.conninfo
+            self._pool.kwargs = self.connections.kwargs()
             await self._pool.open(wait=True, timeout=30)
         self.upkeep.start()
 
@@ -235,6 +272,57 @@ class Queue:
             await self.open()
         async with self.store.connection(conn) as c:
             yield c
+
+    async def listen_connect_args(self, *, through_pooler: bool = False
+                                  ) -> tuple[str, dict[str, Any]] | None:
+        """Where a LISTEN connection goes (the worker's wake-ups, :meth:`wait`):
+        ``listen_url`` when given, else the pool's connection string; autocommit
+        (docs/operations.md, "Poolers and failover").
+
+        Args:
+            through_pooler: also when the pool goes through a connection pooler and no
+                ``listen_url`` is given (the worker, which then checks that
+                notifications arrive).
+
+        Returns:
+            ``(conninfo, kwargs)``, or ``None``: the pool goes through a pooler, no
+            ``listen_url`` is given and ``through_pooler`` is false (poll instead).
+        """
+        await self.open()
+        setup = self.connections
+        if setup.listen_url is None and setup.pooled and not through_pooler:
+            return None
+        conninfo, kwargs = await listen_connect_args(self._pool)
+        return setup.listen_args(conninfo, kwargs)
+
+    async def listener(self, *, through_pooler: bool = False
+                       ) -> psycopg.AsyncConnection[Any] | None:
+        """A new autocommit connection for LISTEN, where
+        :meth:`listen_connect_args` says (``None`` when it says to poll); the caller
+        closes it.
+
+        Raises:
+            ConfigError: ``listen_url`` refused rota's startup options: it goes through
+                a connection pooler (LISTEN needs the server itself).
+            DatabaseRefused: ``listen_url`` refused the connection otherwise.
+            psycopg.OperationalError: it could not be reached (or the pool's string,
+                without ``listen_url``, refused it).
+        """
+        target = await self.listen_connect_args(through_pooler=through_pooler)
+        if target is None:
+            return None
+        try:
+            return await psycopg.AsyncConnection.connect(target[0], **target[1])
+        except psycopg.OperationalError as exc:
+            cause = db.refusal(exc)
+            if cause is None or self.connections.listen_url is None:
+                raise  # the pool's own string: as any of its connections
+            if "startup parameter" in cause:
+                raise ConfigError(
+                    f"listen_url goes through a connection pooler ({cause}): point it at "
+                    "the server itself") from None
+            raise DatabaseRefused(
+                f"listen_url: the database refused the connection: {cause}") from None
 
     async def migrate(self) -> list[int]:
         """Apply missing migrations to this queue's schema (see :func:`rota.db.migrate`),

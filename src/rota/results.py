@@ -30,12 +30,11 @@ from typing import Any, Protocol, cast
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 
 from .checks import require_duration, require_row_id, storable_text
 from .errors import JobNotFound, PayloadError, RotaError
 from .job import MAX_PAYLOAD_DEPTH, Job, JobStatus, encode_payload, printed_size
-from .store import AnyConn, Statements, Store, configure_cursor, listen_connect_args
+from .store import AnyConn, Statements, Store, configure_cursor
 
 
 class ResultReader(Protocol):
@@ -50,12 +49,12 @@ class ResultReader(Protocol):
 
 
 class ResultsQueue(ResultReader, Protocol):
-    """What :func:`wait` uses of a :class:`rota.Queue` besides: its schema and pool."""
+    """What :func:`wait` uses of a :class:`rota.Queue` besides: its schema and where a
+    LISTEN connection goes."""
 
     @property
     def schema(self) -> str: ...
-    @property
-    def pool(self) -> AsyncConnectionPool[Any]: ...
+    async def listener(self) -> psycopg.AsyncConnection[Any] | None: ...
 
 #: The channel settled jobs are announced on (the payload names the schema).
 SETTLED_CHANNEL = "rota_settled"
@@ -331,7 +330,9 @@ async def wait(queue: ResultsQueue, job_id: int, *, timeout: timedelta,  # noqa:
 
     Listens on ``rota_settled`` on a connection of its own (opened like the worker's
     listening connection) and reads the job when a notification names it, and at least
-    every ``poll_every`` (polling alone when listening is refused).
+    every ``poll_every`` (polling alone when listening is refused, or when the queue
+    goes through a connection pooler and has no ``listen_url``: docs/operations.md,
+    "Poolers and failover").
 
     Args:
         job_id: the job.
@@ -379,9 +380,11 @@ async def wait(queue: ResultsQueue, job_id: int, *, timeout: timedelta,  # noqa:
 async def _listen(queue: ResultsQueue) -> psycopg.AsyncConnection[Any] | None:
     """A connection LISTENing on ``rota_settled``, or ``None`` (then polling alone)."""
     try:
-        conninfo, kwargs = await listen_connect_args(queue.pool)
-        conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
-    except (psycopg.Error, OSError):
+        # None behind a pooler without listen_url: notifications do not pass it.
+        conn = await queue.listener()
+    except (psycopg.Error, OSError, RotaError):
+        return None
+    if conn is None:
         return None
     try:
         await conn.execute(f"LISTEN {SETTLED_CHANNEL}")

@@ -23,6 +23,12 @@ decides how values cross the wire, so no call site can forget it:
   :class:`~rota.job.Unreadable` in its place instead of failing the whole statement,
   so one bad row is named, not fatal (docs/design.md, "Bad data belongs to its job").
 
+Behind a connection pooler (``Queue(pooled=...)``), rota's server settings
+(:data:`rota.db.TRANSACTION_DEFAULTS`) cannot ride on the connection's startup: every
+statement the store runs on a connection of the queue's own pool is preceded, in the
+same pipeline, by the statement that sets them for its transaction only (no round trip
+of its own; docs/operations.md, "Poolers and failover").
+
 Every statement also has a deadline on the client's side (:data:`STATEMENT_DEADLINE`,
 or a shorter one its caller passes): a server that stopped answering while the
 connection stays open (a frozen server, a hung proxy or pooler: TCP stays up, so
@@ -171,6 +177,23 @@ def _is_utc(zone: tzinfo) -> bool:
 _CONFIGURED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
+# Connections of rota's own pools behind a connection pooler, and the statement that
+# sets rota's server settings for the transaction (rota.db.transaction_settings).
+_PRELUDES: weakref.WeakKeyDictionary[Any, Composed] = weakref.WeakKeyDictionary()
+
+
+def set_prelude(conn: AnyConn, statement: Composed) -> None:
+    """Have the store run ``statement`` ahead of each of its statements on ``conn``, in
+    the same pipeline (a connection of the queue's own pool behind a pooler)."""
+    _PRELUDES[conn] = statement
+
+
+def prelude(conn: AnyConn) -> Composed | None:
+    """The statement that goes ahead of each statement on ``conn`` (see
+    :func:`set_prelude`), or ``None``."""
+    return _PRELUDES.get(conn)
+
+
 def _register(adapters: Any) -> None:
     adapters.register_dumper(timedelta, SecondsDumper)
     adapters.register_dumper(timedelta, SecondsBinaryDumper)
@@ -218,7 +241,9 @@ def is_connection_failure(exc: BaseException) -> bool:
     """Whether a database error means no connection could be had or it was lost (the
     server went away, a pool timeout), as opposed to the database refusing a statement
     (a value too large for an index is an ``OperationalError`` in psycopg too). A
-    statement that met a connection failure may or may not have committed."""
+    statement that met a connection failure may or may not have committed. A server
+    turned read-only (``ReadOnlySqlTransaction``, SQLSTATE 25006) is not one: the
+    statement was refused, and :meth:`Store.connection` replaces the connections."""
     if isinstance(exc, PoolTimeout):
         return True
     if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
@@ -355,12 +380,25 @@ class Store(Statements):
     @asynccontextmanager
     async def connection(self, conn: AnyConn | None = None) -> AsyncIterator[AnyConn]:
         """Yield ``conn`` if given (the caller's transaction decides), else a pooled
-        connection (committed when the block exits)."""
+        connection (committed when the block exits). A pooled connection whose block
+        raised ``ReadOnlySqlTransaction`` (SQLSTATE 25006) is closed and the pool's
+        others replaced."""
         if conn is not None:
             yield conn
             return
         async with self.pool.connection() as c:
-            yield c
+            try:
+                yield c
+            except psycopg.errors.ReadOnlySqlTransaction:
+                # The server turned read-only under open connections (a failover that
+                # keeps sockets open): these connections go to a server that can no
+                # longer write. Closed, the pool drops this one; the others are
+                # replaced, so new connections find the writable server (a multi-host
+                # URL's target_session_attrs=read-write; docs/operations.md, "Poolers
+                # and failover").
+                await c.close()
+                await self.discard_idle()
+                raise
 
     @asynccontextmanager
     async def deadline(self, seconds: float | None = None) -> AsyncIterator[None]:
@@ -424,6 +462,20 @@ class Store(Statements):
         configure_cursor(cur, guard_times=guard_times)
         return cur
 
+    @staticmethod
+    @asynccontextmanager
+    async def settings_ahead(conn: AnyConn) -> AsyncIterator[None]:
+        """Send the block's statements after ``conn``'s prelude (:func:`set_prelude`) in
+        one pipeline, so they run in the transaction it configures and their results
+        come back in the one round trip; a plain block when ``conn`` has none."""
+        statement = _PRELUDES.get(conn)
+        if statement is None:
+            yield
+            return
+        async with conn.pipeline():
+            await conn.execute(statement)
+            yield
+
     # Each method below runs its statement within a client-side deadline (taking the
     # pool's connection included): ``deadline`` seconds, or STATEMENT_DEADLINE; it
     # raises StatementDeadline at it (see :meth:`deadline`).
@@ -433,7 +485,8 @@ class Store(Statements):
         """Run the statement; return its row count (rows written, or -1)."""
         async with self.deadline(deadline), self.connection(conn) as c:
             cur = self.cursor(c, tuple_row, guard_times=False)
-            await cur.execute(self.sql(name), params, prepare=prepare)
+            async with self.settings_ahead(c):
+                await cur.execute(self.sql(name), params, prepare=prepare)
             return cur.rowcount
 
     async def fetch_one(self, name: str, params: Params, *, conn: AnyConn | None = None,
@@ -442,7 +495,8 @@ class Store(Statements):
         statements whose times are the clock's: see :meth:`fetch_dicts` for rows)."""
         async with self.deadline(deadline), self.connection(conn) as c:
             cur = self.cursor(c, tuple_row, guard_times=False)
-            await cur.execute(self.sql(name), params)
+            async with self.settings_ahead(c):
+                await cur.execute(self.sql(name), params)
             return await cur.fetchone()
 
     async def fetch_all(self, name: str, params: Params, *, conn: AnyConn | None = None,
@@ -450,7 +504,8 @@ class Store(Statements):
         """Run the statement; return every row as a tuple (ids, statuses, counts)."""
         async with self.deadline(deadline), self.connection(conn) as c:
             cur = self.cursor(c, tuple_row, guard_times=False)
-            await cur.execute(self.sql(name), params)
+            async with self.settings_ahead(c):
+                await cur.execute(self.sql(name), params)
             return await cur.fetchall()
 
     async def fetch_dicts(self, name: str, params: Params, *, conn: AnyConn | None = None,
@@ -459,7 +514,8 @@ class Store(Statements):
         that could not be loaded is an :class:`~rota.job.Unreadable`)."""
         async with self.deadline(deadline), self.connection(conn) as c:
             cur = self.cursor(c, dict_row)
-            await cur.execute(self.sql(name), params)
+            async with self.settings_ahead(c):
+                await cur.execute(self.sql(name), params)
             return await cur.fetchall()
 
     async def fetch_dict(self, name: str, params: Params, *, conn: AnyConn | None = None,
@@ -471,4 +527,5 @@ class Store(Statements):
 
 __all__ = ["STATEMENT_DEADLINE", "AnyConn", "SecondsBinaryDumper", "SecondsDumper",
            "StatementDeadline", "Statements", "Store", "configure_connection",
-           "configure_cursor", "is_connection_failure", "listen_connect_args"]
+           "configure_cursor", "is_connection_failure", "listen_connect_args", "prelude",
+           "set_prelude"]

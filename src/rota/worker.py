@@ -10,6 +10,11 @@ Waking has two paths, so neither is a single point of failure:
   reconnects (with backoff) when it drops, for example across a database restart, or
   when it stops answering while staying open (a check every ``keepalive`` with a
   ``liveness_timeout``: docs/operations.md, "A database that stops answering").
+  When the listening connection first comes up, the worker checks that notifications
+  reach it (a notification of its own, sent through the queue's pool): through a
+  transaction pooler they do not, and without ``listen_url`` (a direct connection:
+  :class:`rota.Queue`) it says so once and polls every ``fallback_poll`` instead
+  (docs/operations.md, "Poolers and failover").
 * Polling: the worker never sleeps longer than ``idle_poll`` without asking the database
   when the next job is due, which also catches what no INSERT announces (a job retried by
   UPDATE, a stale lock becoming reclaimable, a group unpaused, a notification missed
@@ -35,6 +40,7 @@ import inspect
 import logging
 import math
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -43,7 +49,7 @@ import psycopg
 from psycopg import sql
 
 from .checks import require_duration
-from .errors import InvalidInput, first_line
+from .errors import InvalidInput, RotaError, first_line
 from .maintenance import Maintainer, Maintenance, Rescue, check_pipeline_maintenance
 from .queue import Queue
 from .runner.source import (
@@ -54,7 +60,6 @@ from .runner.source import (
 )
 from .schedule import Scheduler
 from .settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET, default_time_budget
-from .store import listen_connect_args
 
 log = logging.getLogger("rota.worker")
 T = TypeVar("T")
@@ -66,6 +71,12 @@ DEFAULT_RESCUE_EVERY = timedelta(minutes=1)
 #: when the next job is due) may wait for an answer (docs/operations.md, "Network
 #: partitions and timeouts").
 LIVENESS_TIMEOUT = timedelta(seconds=5)
+
+#: How long the worker's check that notifications arrive waits for its own.
+PROBE_WAIT = timedelta(seconds=1)
+
+#: The channel of that check (its payload a token of the worker's own).
+PROBE_CHANNEL = "rota_probe"
 
 #: Errors that no retry fixes: rota's tables or schema are missing (``rota migrate``).
 _FATAL_DB_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
@@ -115,6 +126,10 @@ class Worker:
             to run, the shortest time until a notification causes the next one (a flood
             of NOTIFY from any role costs at most one ``next_due`` query per interval);
             a look that ran jobs lets the next notification look at once. Default 0.2 s.
+        fallback_poll: the longest sleep without asking the database while
+            notifications do not reach the worker (the check when its listening
+            connection first comes up failed: a transaction pooler without
+            ``listen_url``); default 1 s.
         on_run: called with each run's result (for the CLI's log line).
 
     Raises:
@@ -135,6 +150,7 @@ class Worker:
         keepalive: timedelta = timedelta(seconds=5),
         liveness_timeout: timedelta = LIVENESS_TIMEOUT,
         wake_interval: timedelta = timedelta(seconds=0.2),
+        fallback_poll: timedelta = timedelta(seconds=1),
         on_run: Callable[[Any], None] | None = None,
     ) -> None:
         self._source = pipeline
@@ -156,6 +172,11 @@ class Worker:
         # warning once, until the database answers again.
         self._unreachable = False
         self.wake_interval = require_duration(wake_interval, "wake_interval")
+        self.fallback_poll = require_duration(fallback_poll, "fallback_poll")
+        #: Whether notifications reach the worker: ``None`` until its listening
+        #: connection first came up and checked, ``False`` when they did not (it then
+        #: polls every ``fallback_poll``).
+        self.notifications: bool | None = None
         self._maintenance = maintenance
         self._on_run = on_run
         self._wake = asyncio.Event()
@@ -296,6 +317,8 @@ class Worker:
                 # quota reserve, say): sleep until the next job is due, at most idle_poll,
                 # and no later than the next rescue.
                 timeout = self.idle_poll.total_seconds()
+                if self.notifications is False:  # nothing wakes it: poll
+                    timeout = min(timeout, self.fallback_poll.total_seconds())
                 if due_in is not None and due_in > 0:
                     timeout = min(timeout, due_in)
                 if rescuer is not None:
@@ -483,11 +506,26 @@ class Worker:
         while not stop_event.is_set():
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
-                conninfo, kwargs = await _connect_args(queue)
                 # Connecting and LISTEN are bounded too: a proxy may take the TCP
-                # connection and never answer.
-                conn = await _within(limit + float(kwargs.get("connect_timeout") or 10),
-                                     psycopg.AsyncConnection.connect(conninfo, **kwargs))
+                # connection and never answer (connect_timeout is 10 s).
+                try:
+                    conn = await _within(limit + 10, queue.listener(through_pooler=True))
+                except RotaError as exc:  # listen_url refused: no retry mends it
+                    log.error("%s; polling every %gs instead", first_line(exc),
+                              self.fallback_poll.total_seconds())
+                    self.notifications = False
+                    self._wake.set()
+                    return
+                assert conn is not None
+                if self.notifications is None:
+                    problem = await _within(limit * 2 + PROBE_WAIT.total_seconds(),
+                                            probe(queue, conn, self._wake))
+                    self.notifications = problem is None
+                    if problem is not None:
+                        log.warning("%s; polling every %gs instead", problem,
+                                    self.fallback_poll.total_seconds())
+                        self._wake.set()  # the next sleep is fallback_poll at most
+                        return
                 await _within(limit, conn.execute(channel))
                 self.listen_pid = conn.info.backend_pid
                 self.listening.set()
@@ -518,9 +556,61 @@ class Worker:
             delay = min(delay * 2, self.idle_poll.total_seconds())
 
 
-async def _connect_args(queue: Queue) -> tuple[str, dict[str, Any]]:
-    """The queue pool's connection arguments, autocommit for LISTEN."""
-    return await listen_connect_args(queue.pool)
+async def probe(queue: Queue, conn: psycopg.AsyncConnection[Any],
+                wake: asyncio.Event | None = None) -> str | None:
+    """Check that notifications sent through the queue's pool reach ``conn``, a LISTEN
+    connection (the worker's, made by :meth:`rota.Queue.listener`): one of
+    the worker's own, on :data:`PROBE_CHANNEL`, waited for :data:`PROBE_WAIT`
+    (docs/operations.md, "Poolers and failover"). Also tells whether ``conn`` goes
+    through a connection pooler (its backend process id is not the server's).
+
+    Args:
+        queue: the queue (its pool sends the notification).
+        conn: the LISTEN connection, autocommit.
+        wake: set when a notification of another channel arrives meanwhile (the
+            worker's wake-ups).
+
+    Returns:
+        ``None`` when the notification arrived, else one line saying why not.
+
+    Raises:
+        psycopg.Error, OSError: a connection failed (the check is not done).
+    """
+    token = uuid.uuid4().hex
+    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(PROBE_CHANNEL)))
+    row = await queue.store.fetch_one("notify_probe", {"token": token})
+    arrived = False
+    async for note in conn.notifies(timeout=PROBE_WAIT.total_seconds()):
+        if note.channel == PROBE_CHANNEL and note.payload == token:
+            arrived = True
+            break
+        if wake is not None:
+            wake.set()
+    cur = await conn.execute("SELECT pg_backend_pid(), current_database()")
+    pid, database = await cur.fetchone() or (None, None)
+    pooler = pid != conn.info.backend_pid
+    await conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(PROBE_CHANNEL)))
+    listen_url = queue.connections.listen_url is not None
+    if arrived:
+        if listen_url and pooler:
+            log.warning("listen_url goes through a connection pooler (its backend process "
+                        "id is not the server's): wake-ups last only while the pooler "
+                        "keeps the session; point listen_url at the server itself")
+        return None
+    sent_to = None if row is None else row[1]
+    if listen_url and sent_to != database:
+        return (f"listen_url connects to database {database!r}, the queue to "
+                f"{sent_to!r}: notifications of the queue's database do not reach it")
+    if listen_url and pooler:
+        return ("listen_url goes through a connection pooler in transaction mode "
+                "(its backend process id is not the server's): notifications do not "
+                "reach it; point listen_url at the server itself")
+    if listen_url:
+        return (f"notifications sent through the queue's connection do not reach "
+                f"listen_url within {PROBE_WAIT.total_seconds():g}s (another server?)")
+    return (f"notifications do not reach the worker within "
+            f"{PROBE_WAIT.total_seconds():g}s (a transaction pooler?); set listen_url "
+            "(ROTA_LISTEN_URL) to a direct connection for wake-ups at once")
 
 
 async def _within(seconds: float, work: Awaitable[T]) -> T:
@@ -610,4 +700,4 @@ async def _wait_any(stop: asyncio.Event, wake: asyncio.Event | None, seconds: fl
         await asyncio.gather(*waiters, return_exceptions=True)
 
 
-__all__ = ["Worker"]
+__all__ = ["PROBE_CHANNEL", "PROBE_WAIT", "Worker", "probe"]

@@ -136,6 +136,8 @@ class Target:
     app_spec: str | None
     _app: Callable[..., Any] | None = field(default=None, repr=False)
     fair_by: str | None = None  # --fair-by / ROTA_FAIR_BY, over the app's setting
+    #: ``--listen-url`` (``rota worker``); else ``ROTA_LISTEN_URL``.
+    listen_url: str | None = field(default=None, repr=False)
 
     @property
     def app(self) -> Callable[..., Any] | None:
@@ -185,6 +187,18 @@ class Target:
             settings["fair_by"] = self.fair_by
         return settings
 
+    def queue_kwargs(self) -> dict[str, Any]:
+        """:meth:`queue_settings` with how the queue connects: ``pooled`` from
+        ``ROTA_POOLED`` (:func:`pooled_from_env`) and ``listen_url`` from
+        ``ROTA_LISTEN_URL`` (or ``--listen-url``: :attr:`listen_url`).
+
+        Raises:
+            CliConfigError: a bad ``queue_settings`` or ``ROTA_POOLED``.
+        """
+        listen_url = self.listen_url or os.environ.get("ROTA_LISTEN_URL") or None
+        return {**self.queue_settings(), "pooled": pooled_from_env(),
+                "listen_url": None if listen_url is None else db.check_conninfo(listen_url)}
+
     def settings(self) -> QueueSettings:
         """Queue settings without a connection (plans, groups relation, SQL)."""
         return QueueSettings(**self.queue_settings())
@@ -192,6 +206,27 @@ class Target:
     def plans(self) -> Plans:
         plans = self.queue_settings().get("plans", DEFAULT_PLANS)
         return plans if isinstance(plans, Plans) else DEFAULT_PLANS
+
+
+_POOLED_VALUES = {"1": True, "true": True, "yes": True, "on": True,
+                  "0": False, "false": False, "no": False, "off": False,
+                  "auto": None, "": None}
+
+
+def pooled_from_env() -> bool | None:
+    """``ROTA_POOLED``: ``1`` (``true``, ``yes``, ``on``) when ``DATABASE_URL`` goes
+    through a connection pooler, ``0`` (``false``, ``no``, ``off``) when it does not,
+    unset or ``auto`` to find out at the first connection (docs/operations.md, "Poolers
+    and failover").
+
+    Raises:
+        CliConfigError: any other value.
+    """
+    raw = os.environ.get("ROTA_POOLED", "")
+    value = raw.strip().lower()
+    if value not in _POOLED_VALUES:
+        raise CliConfigError(f"ROTA_POOLED must be 1, 0 or auto, got {raw!r}")
+    return _POOLED_VALUES[value]
 
 
 async def preflight(url: str) -> None:
@@ -210,8 +245,9 @@ async def preflight(url: str) -> None:
 async def open_queue(target: Target) -> AsyncIterator[Queue]:
     """An open :class:`rota.Queue` for ``target``, closed on exit."""
     url = target.url()
+    kwargs = target.queue_kwargs()  # bad settings first: they need no database
     await preflight(url)
-    queue = Queue(url, **target.queue_settings())
+    queue = Queue(url, **kwargs)
     try:
         await queue.open()
         yield queue
@@ -278,6 +314,29 @@ def check_budget(pipeline: Any, budget: float) -> None:
             f"--budget {budget:g}s must be shorter than the app's platform timeout "
             f"({timeout:g}s): the time between them is for finishing the jobs in flight"
         ) from None
+
+
+async def check_listen_url(queue: Queue) -> None:
+    """Refuse a ``listen_url`` that notifications sent on the queue's database do not
+    reach (another database, a transaction pooler), before the worker starts
+    (:func:`rota.worker.probe`).
+
+    Raises:
+        CliConfigError: one line saying why.
+        ConfigError: ``listen_url`` goes through a pooler that refuses startup options.
+        DatabaseRefused, psycopg.OperationalError: it refused the connection, or cannot
+            be reached.
+    """
+    from ..worker import probe
+
+    conn = await queue.listener()
+    assert conn is not None  # listen_url is set
+    try:
+        problem = await probe(queue, conn)
+    finally:
+        await conn.close()
+    if problem is not None:
+        raise CliConfigError(problem)
 
 
 async def require_migrated(queue: Queue, conn: AnyConn | None = None) -> None:

@@ -46,7 +46,7 @@ def dashboard(database_url: str | None, schema: str | None, app_spec: str | None
     warn_short_secret("ROTA_DASHBOARD_SECRET", secret)
     target = make_target(database_url, schema, app_spec)
     url = target.url()
-    queue = Queue(url, **target.queue_settings())
+    queue = Queue(url, **target.queue_kwargs())
 
     async def check() -> Any:
         async with await psycopg.AsyncConnection.connect(

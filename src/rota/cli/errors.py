@@ -10,6 +10,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from .. import errors as rota_errors
+from ..db import refusal
 from ..errors import first_line
 from ..redact import redact
 from ..store import is_connection_failure
@@ -70,6 +71,9 @@ def as_cli_error(exc: Exception) -> CliError | None:
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
         return CliConfigError(
             f"rota's tables are missing ({first_line(exc)}): run `rota migrate`")
+    refused = refusal(exc)
+    if refused is not None:  # a FATAL no retry mends: said at once, not as unreachable
+        return CliConfigError(f"the database refused the connection: {refused}")
     if is_connection_failure(exc):
         return CliConfigError(f"database unreachable: {first_line(exc)}")
     if isinstance(exc, psycopg.Error):

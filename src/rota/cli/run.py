@@ -20,6 +20,7 @@ from ..runner.stage import HEALTHY_STOP_REASONS
 from ..settings import DEFAULT_PLATFORM_TIMEOUT
 from .app import (
     CONNECT_TIMEOUT,
+    check_listen_url,
     load_pipeline,
     open_queue,
     require_migrated,
@@ -213,8 +214,13 @@ def run(database_url: str | None, schema: str | None, app_spec: str | None,
 @click.option("--no-maintenance", is_flag=True,
               help="Do not run maintenance: neither the daily run nor the stuck-job "
                    "rescue every minute.")
+@click.option("--listen-url", envvar="ROTA_LISTEN_URL", metavar="URL", default=None,
+              help="A direct connection to the same database for the worker's LISTEN, "
+                   "when DATABASE_URL goes through a transaction pooler "
+                   "[env ROTA_LISTEN_URL].")
 def worker(database_url: str | None, schema: str | None, app_spec: str | None,
-           budget: float | None, idle_poll: float, no_maintenance: bool) -> None:
+           budget: float | None, idle_poll: float, no_maintenance: bool,
+           listen_url: str | None) -> None:
     """Run the pipeline back to back; sleep until the next job is due, wake on enqueue.
 
     On SIGINT or SIGTERM the current run claims nothing more, lets the jobs in flight
@@ -228,12 +234,21 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
     worker's) as soon as its last heartbeat is older than the stale window; full
     maintenance (pruning too) runs daily. Each run is logged once, to stderr.
 
+    Behind a transaction pooler (PgBouncer), notifications do not reach the worker:
+    give --listen-url a direct connection, or it polls every second (it says so once
+    at start). ROTA_POOLED=1 says DATABASE_URL goes through a pooler (by default the
+    first connection finds out).
+
     Exits 2 at start, before looping, when the app or its settings are wrong, the
-    budget is not below the app's platform timeout, the database is unreachable or its
-    schema is not migrated."""
+    budget is not below the app's platform timeout, the database is unreachable or
+    refuses the connection, its schema is not migrated, or notifications sent on it do
+    not reach --listen-url."""
     from ..worker import Worker
 
+    if listen_url is not None and not listen_url.strip():
+        raise CliConfigError("--listen-url is empty: give a URL, or leave it out")
     target = make_target(database_url, schema, app_spec)
+    target.listen_url = listen_url
     target.require_app()
     log_to_stderr()
 
@@ -243,6 +258,8 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
                                       "stop now)")
         async with open_queue(target) as queue:
             await require_migrated(queue)
+            if queue.connections.listen_url is not None:
+                await check_listen_url(queue)
             _, pipeline = await load_pipeline(target, queue)
             seconds = resolve_budget(pipeline, budget)
             signals.bound(getattr(pipeline, "platform_timeout", DEFAULT_PLATFORM_TIMEOUT))
@@ -292,7 +309,7 @@ def serve(database_url: str | None, schema: str | None, app_spec: str | None,
     target = make_target(database_url, schema, app_spec)
     target.require_app()
     url = target.url()
-    queue = Queue(url, **target.queue_settings())
+    queue = Queue(url, **target.queue_kwargs())
 
     async def check() -> tuple[Any, Any, float]:
         async with await psycopg.AsyncConnection.connect(

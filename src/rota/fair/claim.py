@@ -21,7 +21,7 @@ from psycopg.rows import tuple_row
 from ..checks import positive_int
 from ..job import Job
 from ..plans import Plans
-from ..store import AnyConn, RawStatement, Store
+from ..store import AnyConn, RawStatement, Store, prelude
 from . import contract
 from .contract import RepairReport, Violation
 from .upkeep import ClaimUpkeep
@@ -120,6 +120,9 @@ class FairClaim:
                 # one to run its jobs: they come back as stale locks (docs/design.md,
                 # "Claim").
                 async with c.pipeline():
+                    ahead = prelude(c)  # rota's settings behind a pooler
+                    if ahead is not None:
+                        await c.execute(ahead)
                     await c.execute(self.store.sql("fair/claim_settings"), prepare=True)
                     await cur.execute(statement.text, statement.params(
                         {**params, "probe_groups": groups, "probe_per": per,
