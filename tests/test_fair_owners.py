@@ -192,7 +192,8 @@ async def test_an_upgrade_builds_the_owners_rows_from_the_groups(
                              " attempts = 1 WHERE id = (SELECT min(id) FROM {}.jobs"
                              " WHERE group_id = 'a2')").format(ident, ident))
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
-        assert await migrate(c, schema) == [14]
+        assert await migrate(c, schema) == [m.version for m in migrations()
+                                            if m.version >= 14]
     with psycopg.connect(database_url, autocommit=True) as conn:
         owners = conn.execute(sql.SQL(
             "SELECT unit, plan, served_n FROM {}.fair_owners ORDER BY unit")

@@ -206,7 +206,8 @@ async def test_an_upgrade_keeps_the_deltas_of_the_shard_layout(
                               .format(ident)).fetchall()
         assert shards == [("g1", 1), ("g2", 1)]
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
-        assert await migrate(c, schema) == [13, 14]
+        assert await migrate(c, schema) == [m.version for m in migrations()
+                                            if m.version >= 13]
     with psycopg.connect(database_url, autocommit=True) as conn:
         rows = conn.execute(sql.SQL(
             "SELECT group_id, n, xid = (SELECT min(xid) FROM {}.fair_served)"

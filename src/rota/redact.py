@@ -59,7 +59,7 @@ _RUN = re.compile(r'[^\s"]+')
 MAX_SCANNED = 64_000
 
 #: The loggers whose records are redacted: rota's, and the pool's that rota opens.
-LOGGERS = ("rota", "rota.claim", "rota.cli", "rota.queue", "rota.runner",
+LOGGERS = ("rota", "rota.claim", "rota.cli", "rota.connections", "rota.queue", "rota.runner",
            "rota.store", "rota.web", "rota.web.dashboard", "rota.web.metrics",
            "rota.worker", "psycopg.pool")
 
