@@ -559,6 +559,9 @@ def test_unknown_options_are_refused() -> None:
     ({"max_atempts": 5},
      "rota: TASKS['x']['OPTIONS'] (SCHEMA, QUEUE): QueueSettings.__init__() got an "
      "unexpected keyword argument 'max_atempts'"),
+    ({"fair_by": "tenant"},
+     "rota: TASKS['x']['OPTIONS'] (SCHEMA, QUEUE): fair_by must be one of 'group', "
+     "'owner', got 'tenant'"),
 ])
 def test_bad_queue_settings_are_improperly_configured(
     queue: dict[str, object], message: str,
@@ -568,6 +571,14 @@ def test_bad_queue_settings_are_improperly_configured(
     with pytest.raises(ImproperlyConfigured) as e:
         RotaBackend("x", {"OPTIONS": {"QUEUE": queue}})
     assert str(e.value) == message
+
+
+def test_fair_by_owner_reaches_the_backend_and_the_worker_queue() -> None:
+    from rota.contrib.django.worker import make_queue
+
+    backend = RotaBackend("x", {"OPTIONS": {"QUEUE": {"fair_by": "owner"}}})
+    assert backend.sync_queue.settings.fair_by == "owner"
+    assert make_queue(backend).fair_by == "owner"
 
 
 def test_the_worker_timeouts_and_the_stale_window_come_from_options() -> None:
