@@ -223,6 +223,14 @@ async def test_an_owner_row_whose_served_count_is_not_its_groups_sum_is_named(
 async def test_an_owner_bound_above_a_group_or_no_owner_row_is_named(
         queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
+    # A change the fold could not take in yet (another test's open transaction holds
+    # back the mark) would exempt g2 from the check: fold until there is none.
+    for _ in range(100):
+        if await run(aconn, queue, "SELECT count(*) FROM {s}.fair_owner_changes") == [(0,)]:
+            break
+        await asyncio.sleep(0.1)
+        await queue.upkeep.run_once()
+    assert await run(aconn, queue, "SELECT count(*) FROM {s}.fair_owner_changes") == [(0,)]
     head_lb, head_id, _, ready = await bounds(aconn, queue, "g2")
     expected = (f"(b_served, b_head_lb, b_head_id) <= (0, {head_lb}, {head_id}) and "
                 f"ready_lb <= {ready}")
@@ -258,8 +266,10 @@ async def test_an_owner_change_moving_a_served_count_is_counted_with_the_row(
     await scenario(queue, aconn)
     await queue.upsert_group("g1", plan="pro", owner_id="acme")  # g1 (served 2) moves
     assert await queue.verify() == []
+    # (Changes the fold has not taken in yet may be there too: only the move's count.)
     assert await run(aconn, queue, "SELECT unit, n FROM {s}.fair_owner_changes"
-                     " ORDER BY unit") == [("g:g1", -2), ("o:acme", 2)]
+                     " WHERE group_id = 'g1' AND n <> 0 ORDER BY unit") == [
+        ("g:g1", -2), ("o:acme", 2)]
     await run(aconn, queue, "INSERT INTO {s}.fair_owner_changes (type, group_id, plan_key,"
               " unit, n) VALUES ('t', 'g2', 'p:free', 'g:g2', 4)")
     assert await queue.verify() == [
@@ -515,7 +525,11 @@ def test_only_the_queue_and_rota_verify_import_the_fair_package() -> None:
 
 def test_each_claim_fragment_says_what_it_needs_and_defines() -> None:
     fair = ROOT / "src" / "rota" / "fair"
-    for fragment in ("claim_pool_cached", "claim_pool_scan", "claim_head", "groupless_head"):
+    for fragment in ("claim_pool_cached", "claim_pool_scan", "claim_head", "groupless_head",
+                     "claim_pool_sorted", "claim_pool_special", "claim_order_group",
+                     "claim_order_owner", "claim_pool_owner", "claim_pool_owner_cached",
+                     "claim_owner_walk_cached", "claim_owner_walk_scan", "claim_owner_rank",
+                     "claim_probe_jobs"):
         top = (fair / f"{fragment}.sql").read_text("utf-8").split("\n\n")[0]
         assert "-- Needs:" in top and "-- Defines:" in top, fragment
 

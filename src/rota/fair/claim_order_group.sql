@@ -37,35 +37,7 @@ walk AS (
 probe AS (
     SELECT w.group_id, w.priority, w.weight, w.served, j.id, j.created_at
     FROM walk w
-    CROSS JOIN LATERAL (
-        (SELECT p.id, p.created_at
-         FROM {schema}.jobs p, clock c
-         WHERE p.type = %(type)s AND p.group_id = w.group_id AND p.status = 'pending'
-           -- From the group's head bound on (the pool's, '-infinity' once expired): no
-           -- claimable job lies before it (the head invariant), and the index scan
-           -- starts past the entries of jobs claimed before the last fold, which a
-           -- long transaction keeps from vacuum (docs/operations.md, "Long
-           -- transactions").
-           AND (p.created_at, p.id) >= (w.head_lb, w.head_id)
-           -- `+ interval '0'` keeps run_after out of the index condition: the planner
-           -- otherwise picks jobs_pending_ready_idx and sorts the group's ready jobs
-           -- instead of reading jobs_pending_idx in order and stopping after
-           -- probe_per + 1 rows (bench/RESULTS.md, "Planner notes").
-           AND p.run_after + interval '0' <= c.now
-         ORDER BY p.created_at, p.id
-         LIMIT %(probe_per)s + 1)
-        UNION ALL
-        (SELECT p.id, p.created_at
-         FROM {schema}.jobs p, clock c
-         WHERE w.group_id IS NULL
-           AND p.type = %(type)s AND p.group_id IS NULL AND p.status = 'pending'
-           AND p.run_after + interval '0' <= c.now
-         ORDER BY p.created_at, p.id
-         LIMIT %(probe_per)s + 1)
-        UNION ALL
-        SELECT s.id, s.created_at FROM stale s
-        WHERE s.group_id = w.group_id OR (w.group_id IS NULL AND s.group_id IS NULL)
-    ) j
+    {claim_probe_jobs}
     WHERE w.rank <= %(probe_groups)s
 ),
 ranked AS (

@@ -28,27 +28,7 @@ probe AS (
     SELECT w.group_id, w.plan, w.unit, w.unit_served, w.priority, w.weight, w.served,
            j.id, j.created_at
     FROM walk w
-    CROSS JOIN LATERAL (
-        -- As in claim_order_group.sql's probe (its comments say why each condition).
-        (SELECT p.id, p.created_at
-         FROM {schema}.jobs p, clock c
-         WHERE p.type = %(type)s AND p.group_id = w.group_id AND p.status = 'pending'
-           AND (p.created_at, p.id) >= (w.head_lb, w.head_id)
-           AND p.run_after + interval '0' <= c.now
-         ORDER BY p.created_at, p.id
-         LIMIT %(probe_per)s + 1)
-        UNION ALL
-        (SELECT p.id, p.created_at
-         FROM {schema}.jobs p, clock c
-         WHERE w.group_id IS NULL
-           AND p.type = %(type)s AND p.group_id IS NULL AND p.status = 'pending'
-           AND p.run_after + interval '0' <= c.now
-         ORDER BY p.created_at, p.id
-         LIMIT %(probe_per)s + 1)
-        UNION ALL
-        SELECT s.id, s.created_at FROM stale s
-        WHERE s.group_id = w.group_id OR (w.group_id IS NULL AND s.group_id IS NULL)
-    ) j
+    {claim_probe_jobs}
     WHERE w.grank <= %(probe_spread)s
 ),
 ranked AS (

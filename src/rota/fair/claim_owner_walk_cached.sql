@@ -75,13 +75,7 @@ units AS (
     ) u
     LEFT JOIN plan_priority pp ON pp.plan = u.plan
 ),
-unit_walk AS (
-    SELECT u.*, u.unit_served::numeric / u.weight AS v_lb,
-           row_number() OVER (ORDER BY u.priority DESC, u.unit_served::numeric / u.weight,
-                                       u.served, u.head_lb, u.head_id,
-                                       u.plan NULLS FIRST, u.unit) AS urank
-    FROM units u
-),
+{claim_owner_rank}
 -- The groups of the first probe_groups owners: per owner its first probe_spread + 1
 -- other groups by (served_n, head) and its special groups, numbered by (served, head).
 walk AS (

@@ -24,13 +24,7 @@ units AS (
     FROM keyed k
     ORDER BY k.plan, k.unit, k.served, k.head_lb, k.head_id, k.group_id NULLS FIRST
 ),
-unit_walk AS (
-    SELECT u.*, u.unit_served::numeric / u.weight AS v_lb,
-           row_number() OVER (ORDER BY u.priority DESC, u.unit_served::numeric / u.weight,
-                                       u.served, u.head_lb, u.head_id,
-                                       u.plan NULLS FIRST, u.unit) AS urank
-    FROM units u
-),
+{claim_owner_rank}
 -- The groups of the first probe_groups owners, numbered by (served, head) within their
 -- owner; the first probe_spread of each are probed, the next one bounds the rest.
 walk AS (
