@@ -102,7 +102,8 @@ class FairClaim:
             "served_window": served_window,
             **plans.claim_params(),
         }
-        groups, per, spread = self._probe.get((job_type, fair_by), self._floor(limit))
+        groups, per, spread = self._probe.get((job_type, fair_by),
+                                              self._floor(limit, fair_by))
         retried = False
         statement = self.statement(fair_by)
         async with self.store.deadline(), self.store.connection(conn) as c:
@@ -187,11 +188,16 @@ class FairClaim:
         self._probe.clear()  # sizes that sufficed on the old rows say nothing now
         return report
 
-    def _floor(self, limit: int) -> tuple[int, int, int]:
+    def _floor(self, limit: int, fair_by: str = "group") -> tuple[int, int, int]:
         """The smallest probe: groups (owners, by owner), jobs per group, and groups per
-        owner (by owner only)."""
+        owner (by owner only). By owner, a batch of ``limit`` takes about one job from
+        each of as many owners while their served counts tie, so it starts from
+        ``limit + 8`` owners and one group each: each probed group costs an index scan
+        (bench/RESULTS.md, section 16)."""
         if self.probe_floor:
             return (*self.probe_floor, 1)
+        if fair_by == "owner":
+            return (limit + 8, 2, 1)
         return (limit * 2 + 8, 2, 2)
 
     def _remember(self, key: tuple[str, str], limit: int, sizes: tuple[int, int, int],
@@ -206,7 +212,7 @@ class FairClaim:
             sizes = (sizes[0] - max(1, sizes[0] // 8), sizes[1] - max(1, sizes[1] // 8),
                      sizes[2] - max(1, sizes[2] // 8))
         self._probe_calm[key] = calm
-        floor = self._floor(limit)
+        floor = self._floor(limit, key[1])
         self._probe[key] = (max(floor[0], sizes[0]), max(floor[1], sizes[1]),
                             max(floor[2], sizes[2]))
 
