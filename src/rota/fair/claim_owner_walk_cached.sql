@@ -12,7 +12,7 @@
 --          parameters
 --          type, middle_priority, lowest_priority, middle_weight, lowest_weight,
 --          probe_groups, probe_spread.
--- Defines: CTEs special_units, owner_levels, units, unit_walk(plan, plan_key, unit,
+-- Defines: CTEs special_units, special_best, owner_levels, units, unit_walk(plan, plan_key, unit,
 --          unit_served, served, head_lb, head_id, priority, weight, v_lb, urank),
 --          walk(group_id, head_lb, head_id, served, plan, plan_key, unit, unit_served,
 --          priority, weight, grank); includes groupless_head.sql.
@@ -24,6 +24,13 @@ special_units AS (
           UNION ALL
           SELECT ch.plan_key, ch.unit, ch.n FROM changes ch) x
     GROUP BY x.plan_key, x.unit
+),
+-- Each special owner's best special group (its smallest exact key), in one pass.
+special_best AS (
+    SELECT DISTINCT ON (p.plan_key, p.unit) p.plan_key, p.unit, p.served_lb, p.head_lb,
+           p.head_id
+    FROM pool p
+    ORDER BY p.plan_key, p.unit, p.served_lb, p.head_lb, p.head_id
 ),
 owner_levels AS (
     SELECT 'p:' || p.plan AS plan_key FROM {schema}.fair_plans p WHERE p.type = %(type)s
@@ -60,13 +67,14 @@ units AS (
             FROM {schema}.fair_owners x
             WHERE x.type = %(type)s AND x.plan_key = su.plan_key AND x.unit = su.unit
             OFFSET 0) o ON true
+        LEFT JOIN special_best sb ON sb.plan_key = su.plan_key AND sb.unit = su.unit
         CROSS JOIN LATERAL (
-            SELECT y.served, y.head_lb, y.head_id FROM (
-                SELECT o.b_served, o.b_head_lb, o.b_head_id WHERE o.b_head_lb < 'infinity'
-                UNION ALL
-                SELECT p.served_lb, p.head_lb, p.head_id FROM pool p
-                WHERE p.plan_key = su.plan_key AND p.unit = su.unit
-            ) y(served, head_lb, head_id)
+            SELECT y.served, y.head_lb, y.head_id FROM (VALUES
+                (CASE WHEN o.b_head_lb < 'infinity' THEN o.b_served END,
+                 CASE WHEN o.b_head_lb < 'infinity' THEN o.b_head_lb END,
+                 CASE WHEN o.b_head_lb < 'infinity' THEN o.b_head_id END),
+                (sb.served_lb, sb.head_lb, sb.head_id)) y(served, head_lb, head_id)
+            WHERE y.head_lb IS NOT NULL
             ORDER BY y.served, y.head_lb, y.head_id LIMIT 1) b
         UNION ALL
         -- The group-less jobs, one owner of their own (served 0, the middle plan).
