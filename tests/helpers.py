@@ -11,6 +11,7 @@ import psycopg
 from psycopg import sql
 
 from rota import Queue
+from rota.db import _VERSION_TABLE, _record, migrations
 from rota.fair import Violation
 from rota.store import Statements
 
@@ -67,3 +68,17 @@ def pin_walk(queue: Queue, monkeypatch: Any, *, horizon_held: bool) -> None:
 
     monkeypatch.setattr(queue.upkeep, "_maybe_look_at_horizon", no_look)
     queue.upkeep.horizon_held = horizon_held
+
+
+def schema_before(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
+    """Create ``schema`` as an install of every migration before ``version`` left it,
+    each recorded as applied (an upgrade test's starting point; ``migrate`` then
+    applies ``version`` and later)."""
+    ident = sql.Identifier(schema)
+    with conn.transaction():
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+        conn.execute(_VERSION_TABLE.format(schema=ident.as_string(conn)).encode())
+        for m in migrations():
+            if m.version < version:
+                conn.execute(m.text.format(schema=ident.as_string(conn)).encode())
+                conn.execute(_record(m, ident))

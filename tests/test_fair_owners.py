@@ -11,9 +11,10 @@ import pytest
 from psycopg import sql
 
 from rota import InvalidInput, Plan, Plans, Queue
-from rota.db import _VERSION_TABLE, _record, migrate, migrations
+from rota.db import migrate, migrations
 from rota.fair.upkeep import UpkeepConfig
 
+from .helpers import schema_before
 from .test_fast_claim import claim_equals_oracle
 
 # After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
@@ -167,15 +168,9 @@ async def test_an_upgrade_builds_the_owners_rows_from_the_groups(
     folded and not, and pending jobs: the upgrade copies each group's owner and builds
     the owners' rows, so rota verify finds nothing and the claim by owner is the
     naive query's."""
-    before = [m for m in migrations() if m.version < 14]
     ident = sql.Identifier(schema)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        with conn.transaction():
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
-            conn.execute(_VERSION_TABLE.format(schema=ident.as_string(conn)).encode())
-            for m in before:
-                conn.execute(m.text.format(schema=ident.as_string(conn)).encode())
-                conn.execute(_record(m, ident))
+        schema_before(conn, schema, 14)
         for g, owner in (("a1", "A"), ("a2", "A"), ("b1", "B"), ("solo", None)):
             conn.execute(sql.SQL("INSERT INTO {}.groups (group_id, owner_id, plan)"
                                  " VALUES (%s, %s, 'pro')").format(ident), [g, owner])

@@ -15,9 +15,10 @@ import pytest
 from psycopg import sql
 
 from rota import Queue
-from rota.db import _VERSION_TABLE, _record, migrate, migrations
+from rota.db import migrate, migrations
 from rota.fair import Violation
 
+from .helpers import schema_before
 from .test_fair_contract import run
 from .test_fast_claim import claim_equals_oracle
 
@@ -182,15 +183,9 @@ async def test_an_upgrade_keeps_the_deltas_of_the_shard_layout(
     """A schema at migration 012 (per-session shards updated in place) with unfolded
     deltas: migration 013 stamps them with its own xid, above any mark, so the claim and
     rota verify count them as before."""
-    before = [m for m in migrations() if m.version < 13]
     ident = sql.Identifier(schema)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        with conn.transaction():
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
-            conn.execute(_VERSION_TABLE.format(schema=ident.as_string(conn)).encode())
-            for m in before:
-                conn.execute(m.text.format(schema=ident.as_string(conn)).encode())
-                conn.execute(_record(m, ident))
+        schema_before(conn, schema, 13)
         for g in ("g1", "g2"):
             conn.execute(sql.SQL("INSERT INTO {}.groups (group_id, plan) VALUES (%s, 'pro')")
                          .format(ident), [g])

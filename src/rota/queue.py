@@ -4,7 +4,7 @@ hooks (docs/design.md, "The queue's rules"). A :class:`Queue` holds validated se
 (:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.fair`), and
 the admin operations (:mod:`rota.admin`).
 
-One piece (about 1,130 lines): every method is one transition of the job state machine
+One piece (about 1,250 lines): every method is one transition of the job state machine
 (docs/state-machine.md) under one claim fence, or a thin door to a package that owns its
 rule (results, the fair claim's contract); they share the fence and the give-up path;
 split, each part would import the rest. The runner's transitions (heartbeat,

@@ -30,6 +30,12 @@ notification caused found nothing to run: then it waits until ``wake_interval`` 
 that look. So an enqueue is started within a round trip or two, while a flood of
 notifications with nothing due costs one ``next_due`` query per interval, not one each
 (docs/operations.md, "Security" and "Notifications").
+
+One piece (about 700 lines): :class:`Worker`'s loop, its wake-ups (the listening
+connection and its notification check, the poll, the killed-run wake-up) and its
+rescue and maintenance turns all decide one thing, when the next look happens, and
+share its state (the stop event, the last look, the backoff); the helpers at the end
+are the loop's own waits. Split, each part would take the loop's state as arguments.
 """
 
 from __future__ import annotations
