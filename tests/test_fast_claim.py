@@ -301,3 +301,24 @@ async def test_a_role_that_does_not_own_the_bookkeeping_never_tries_to_vacuum_it
     finally:
         await aconn.execute(sql.SQL("DROP OWNED BY {}").format(r))
         await aconn.execute(sql.SQL("DROP ROLE {}").format(r))
+
+
+async def test_a_queue_never_opened_keeps_its_upkeep_until_it_opens(
+    database_url: str, migrated: str, aconn: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call on the caller's connection, the queue's own pool never opened: the
+    claim's upkeep stays due instead of running on the closed pool (it logged
+    PoolClosed tracebacks), and runs once the queue opens."""
+    queue = Queue(database_url, schema=migrated)
+    async with await psycopg.AsyncConnection.connect(database_url) as conn:
+        await queue.upsert_group("g", plan="pro", conn=conn)
+        await queue.enqueue("t", {}, group_id="g", conn=conn)
+        assert len(await queue.claim("t", 1, conn=conn)) == 1
+        await conn.commit()
+    assert queue.upkeep._task is None
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    async with queue:
+        await queue.settle()  # the round kept due runs on the opened pool
+        cur = await aconn.execute(sql.SQL("SELECT count(*) FROM {}.fair_served")
+                                  .format(sql.Identifier(migrated)))
+        assert await cur.fetchone() == (0,)  # folded

@@ -39,8 +39,8 @@ def groups(database_url: str | None, schema: str | None, app_spec: str | None,
 @groups.command("set")
 @target_options
 @click.argument("group_id", metavar="GROUP")
-@click.option("--owner", "owner_id", metavar="ID", help="The owner whose allowances the "
-              "group's jobs spend.")
+@click.option("--owner", "owner_id", metavar="ID", help="The owner (customer) whose "
+              "allowances the group's jobs spend, and whom --fair-by owner compares.")
 @click.option("--no-owner", is_flag=True, help="Clear the owner.")
 @click.option("--plan", metavar="PLAN", help="The plan id that ranks the group's jobs.")
 @click.option("--no-plan", is_flag=True, help="Clear the plan (ranked as the middle plan).")

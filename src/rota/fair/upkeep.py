@@ -151,9 +151,14 @@ class ClaimUpkeep:
         self._task = None
 
     def request(self, job_type: str) -> None:
-        """Ask for a round for ``job_type`` (a claim of that type just ran)."""
+        """Ask for a round for ``job_type`` (a claim of that type just ran). A queue
+        whose pool is not open (every call on the caller's connection, ``conn=``) keeps
+        the round due: its loop, which runs on that pool, starts when the queue opens
+        (:meth:`rota.Queue.open`), not before, so it never meets a closed pool."""
         self._due.add(job_type)
         self._seen.add(job_type)
+        if self.store.pool.closed:
+            return
         self.start()
         self._idle.clear()
         self._wake.set()
