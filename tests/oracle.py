@@ -4,8 +4,8 @@ It is the naive fair query (the whole order as one ORDER BY over every eligible 
 on rota's table names, with the batch interleave of docs/design.md ("The fair claim"):
 the second ORDER BY term is ``served + position`` instead of ``served``, divided by the
 plan's weight; with ``fair_by="owner"`` the owner's served count plus the job's position
-among its owner's jobs (by the rest of the key), divided by the weight, comes first. It
-reads only; the test compares its first ``limit`` ids with what ``Queue.claim`` hands
+among its owner's jobs (by the rest of the key), divided by the weight, comes first. A job's
+served count is its cost (docs/design.md, "Cost"). It reads only; the test compares its first ``limit`` ids with what ``Queue.claim`` hands
 out.
 """
 
@@ -19,7 +19,7 @@ from rota import Plans, Queue
 
 ORACLE = """
 WITH served AS (
-    SELECT group_id, count(*)::int AS n
+    SELECT group_id, sum(cost) AS n
     FROM {schema}.jobs
     WHERE type = %(type)s
       AND status IN ('done', 'running')
@@ -32,7 +32,7 @@ owners AS (
     SELECT groups.plan,
            CASE WHEN groups.owner_id IS NULL THEN 'g:' || served.group_id
                 ELSE 'o:' || groups.owner_id END AS unit,
-           sum(served.n)::int AS n
+           sum(served.n) AS n
     FROM served
     LEFT JOIN {schema}.groups ON groups.group_id = served.group_id
     WHERE served.group_id IS NOT NULL
@@ -137,15 +137,15 @@ async def insert_rows(conn: Any, schema: str, groups: list[tuple[Any, ...]],
         running, done = j["status"] == "running", j["status"] in ("done", "failed")
         await conn.execute(sql.SQL(
             "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts, max_attempts,"
-            " run_after, locked_at, created_at, finished_at, claim_token) VALUES"
+            " run_after, locked_at, created_at, finished_at, claim_token, cost) VALUES"
             " (%(type)s, %(group)s, '{{}}', %(status)s, %(attempts)s, 3,"
             " {now} + make_interval(secs => %(run_after)s),"
             " CASE WHEN %(running)s THEN {now} + make_interval(secs => %(locked)s) END,"
             " {now} + make_interval(secs => %(created)s),"
             " CASE WHEN %(done)s THEN {now} + make_interval(secs => %(finished)s) END,"
-            " CASE WHEN %(running)s THEN gen_random_uuid() END)"
+            " CASE WHEN %(running)s THEN gen_random_uuid() END, %(cost)s::numeric)"
         ).format(s=s, now=now), {
-            **j, "running": running, "done": done,
+            **j, "running": running, "done": done, "cost": j.get("cost", "1"),
             "group": None if j["group"] is None else f"g{j['group']}",
             "attempts": j["attempts"] if j["status"] != "pending" else min(j["attempts"], 2),
         })

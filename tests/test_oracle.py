@@ -36,6 +36,9 @@ job_st = st.fixed_dictionaries({
     "attempts": st.integers(0, 3),
     # Mostly inside the served window, so groups often share served counts.
     "finished": st.sampled_from([-200_000, -86_401, -86_399, -5_000, -1, -1]),
+    # What a running or done job counts (docs/design.md, "Cost"): mostly 1, as when
+    # nothing is charged, so served counts still tie often.
+    "cost": st.sampled_from(["1", "1", "1", "0.5", "2.25", "10", "0.000001"]),
 })
 
 

@@ -90,7 +90,12 @@ CREATE TABLE {schema}.jobs (
     -- The W3C Trace Context of the span that enqueued the job ({{"traceparent": …,
     -- "tracestate": …}}), or null: its handler's span continues that trace
     -- (docs/operations.md, "Traces").
-    trace_context    jsonb
+    trace_context    jsonb,
+    -- What the job counts in its group's served count (docs/design.md, "Cost"): while it
+    -- runs, its type's expected cost (set by the claim, fair_costs); once done, what its
+    -- handler charged (1 when it charged nothing). Pending and failed jobs count nothing.
+    cost             numeric NOT NULL DEFAULT 1
+                       CONSTRAINT jobs_cost_check CHECK (cost > 0 AND cost <= 1000000000)
 );
 
 -- Every enqueue, claim and completion inserts an entry into each index whose predicate

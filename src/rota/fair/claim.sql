@@ -5,9 +5,10 @@
 --                    created_at, id;
 --   fair_by "owner": plan priority desc, then the owner's (served + position) / weight,
 --                    then the group's served + position, then created_at, id.
---   served:   the group's jobs of this type done or running within the served window
---             (finished, or locked, in it: running counts as served, so a group being
---             worked on does not look idle);
+--   served:   the cost of the group's jobs of this type done or running within the
+--             served window (finished, or locked, in it: running counts as served, so
+--             a group being worked on does not look idle); a job's cost is 1 unless
+--             its handler charged otherwise (docs/design.md, "Cost");
 --             jobs with no group never match, so their served is 0. An owner's served
 --             is the sum over its groups on that plan.
 --   position: the job's 0-based rank among its group's claimable jobs by age; all
@@ -74,7 +75,7 @@ plan_priority AS (
 -- away here (jobs_running_idx range: none unless a job has been running
 -- longer than the window).
 running_old AS (
-    SELECT r.group_id, count(*)::int AS n
+    SELECT r.group_id, sum(r.cost) AS n
     FROM {schema}.jobs r
     WHERE r.type = %(type)s AND r.status = 'running'
       AND r.locked_at < (SELECT c.ws FROM clock c)
@@ -86,8 +87,8 @@ running_old AS (
 -- it about a second wide).
 edge_fix AS (
     SELECT d.group_id,
-           sum(CASE WHEN d.finished_at >= (SELECT c.edge FROM clock c) THEN -1 ELSE 1 END)::int
-             AS n
+           sum(CASE WHEN d.finished_at >= (SELECT c.edge FROM clock c) THEN -d.cost
+                    ELSE d.cost END) AS n
     FROM {schema}.jobs d
     WHERE d.type = %(type)s AND d.status = 'done' AND d.group_id IS NOT NULL
       AND d.finished_at >= (SELECT least(c.ws, c.edge) FROM clock c)
@@ -99,7 +100,7 @@ edge_fix AS (
 -- every one below it is folded (bookkeeping.sql, fair_fold), so the scan of
 -- fair_served_xid_idx starts past the dead versions a long transaction keeps.
 served_delta AS (
-    SELECT f.group_id, sum(f.n)::int AS n
+    SELECT f.group_id, sum(f.n) AS n
     FROM {schema}.fair_served f
     WHERE f.type = %(type)s
       AND f.xid >= coalesce((SELECT max(m.upto) FROM {schema}.fair_fold_mark m
@@ -219,7 +220,10 @@ claimed AS (
                                             -- moves locked_at, never this)
         attempts = u.attempts + 1,          -- attempts count at claim time, so a crash counts
         run_id = %(run_id)s::uuid,
-        claim_token = gen_random_uuid()     -- fences complete/fail/defer to this very claim
+        claim_token = gen_random_uuid(),    -- fences complete/fail/defer to this very claim
+        -- While it runs the job counts its type's expected cost (docs/design.md, "Cost").
+        cost = coalesce((SELECT fc.expected FROM {schema}.fair_costs fc
+                         WHERE fc.type = %(type)s), 1)
     WHERE u.id = ANY (ARRAY(SELECT l.id FROM locked l))
       AND NOT EXISTS (SELECT 1 FROM blocked_after)
     RETURNING u.*
