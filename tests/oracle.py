@@ -4,9 +4,9 @@ It is the naive fair query (the whole order as one ORDER BY over every eligible 
 on rota's table names, with the batch interleave of docs/design.md ("The fair claim"):
 the second ORDER BY term is ``served + position`` instead of ``served``, divided by the
 plan's weight; with ``fair_by="owner"`` the owner's served count plus the job's position
-among its owner's jobs (by the rest of the key), divided by the weight, comes first. A job's
-served count is its cost (docs/design.md, "Cost"). It reads only; the test compares its first ``limit`` ids with what ``Queue.claim`` hands
-out.
+among its owner's jobs (by the rest of the key), divided by the weight, comes first. A
+job counts its cost in the served counts (docs/design.md, "Cost"). It reads only; the
+test compares its first ``limit`` ids with what ``Queue.claim`` hands out.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def charge_units(units: Any) -> Decimal:
     if isinstance(units, bool) or not isinstance(units, (int, float, Decimal)):
         raise InvalidCharge(f"a charge must be a positive number of units, got "
                             f"{type(units).__name__} {units!r:.40}")
-    if isinstance(units, float) and not math.isfinite(units) or (
+    if (isinstance(units, float) and not math.isfinite(units)) or (
             isinstance(units, Decimal) and not units.is_finite()):
         raise InvalidCharge(f"a charge must be a finite number of units, got {units}")
     value = Decimal(units)
