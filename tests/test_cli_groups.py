@@ -51,6 +51,13 @@ def test_the_claim_sees_the_plan_and_the_pause(rota: Rota) -> None:
         ("low", "done"), ("high", "pending")]
     rota("groups", "set", "high", "--active")
     assert rota.json("run", "--app", APP, "--budget", "10")["jobsDone"] == 1
+    # Each was charged its one job's cost (docs/design.md, "Cost"); a charge of 2.5
+    # written by hand shows as such, in the table too.
+    rota.sql("UPDATE {s}.jobs SET cost = 2.5 WHERE group_id = 'high'")
+    assert [(g["group_id"], g["served"]) for g in rota.json("groups", "list")] == [
+        ("high", 2.5), ("low", 1)]
+    assert any("│ high " in line and "2.5" in line
+               for line in rota("groups", "list").stdout.splitlines())
 
 
 def test_list_pages_in_id_order_with_plan_names(rota: Rota) -> None:
@@ -62,10 +69,10 @@ def test_list_pages_in_id_order_with_plan_names(rota: Rota) -> None:
             rota("groups", "set", gid, *args)
     rota("groups", "set", "b", "--owner", "o-7", "--paused")
     assert rota.json("groups", "list") == [
-        {"group_id": "a", "owner_id": None, "plan": "free", "active": True},
-        {"group_id": "b", "owner_id": "o-7", "plan": None, "active": False},
-        {"group_id": "c", "owner_id": None, "plan": "pro", "active": True},
-        {"group_id": "d", "owner_id": None, "plan": "gone", "active": True}]
+        {"group_id": "a", "owner_id": None, "plan": "free", "active": True, "served": 0},
+        {"group_id": "b", "owner_id": "o-7", "plan": None, "active": False, "served": 0},
+        {"group_id": "c", "owner_id": None, "plan": "pro", "active": True, "served": 0},
+        {"group_id": "d", "owner_id": None, "plan": "gone", "active": True, "served": 0}]
     page = rota("groups", "list", "--limit", "2")
     assert page.stderr == ""
     lines = page.stdout.splitlines()
@@ -111,7 +118,7 @@ def test_an_application_groups_relation_is_listed_and_never_written(
               f"build.queue_settings = {{'groups': '{rota.schema}.app_groups'}}\n")
     app = f"{write_app(source)}:build"  # type: ignore[operator]
     assert rota.json("groups", "list", "--app", app) == [
-        {"group_id": "x", "owner_id": "o", "plan": "pro", "active": True}]
+        {"group_id": "x", "owner_id": "o", "plan": "pro", "active": True, "served": 0}]
     result = rota("groups", "set", "x", "--paused", "--app", app, ok=False)
     one_line_error(result, "error: this queue reads groups from the application's relation")
     assert rota.sql("SELECT active FROM {s}.app_groups") == [(True,)]

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 import psycopg
@@ -429,12 +430,17 @@ class GroupRow:
         owner_id: whose plan and allowances apply; ``None`` for none.
         plan: a plan id (``None``: no owner, ranked as the middle plan).
         active: ``False`` when paused (its jobs are not claimable).
+        served: the cost charged to it in the served window, all types summed: its
+            running jobs at their expected cost and its done jobs at what they were
+            charged (docs/design.md, "Cost"), as the fair claim's bookkeeping holds it
+            (the edge's correction, about the last second's completions, aside).
     """
 
     group_id: str
     owner_id: str | None
     plan: str | None
     active: bool
+    served: Decimal = Decimal(0)
 
 
 #: ``set_group``'s default for a field left out: keep what the group has.

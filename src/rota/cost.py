@@ -80,3 +80,13 @@ def check_mode(cost: Any) -> str:
         raise InvalidCharge(f"cost must be one of {', '.join(map(repr, COST_MODES))}, "
                             f"got {cost!r:.40}")
     return cost
+
+
+def format_units(value: Decimal | float | int | None) -> str:
+    """A cost in units for a page or a table: thousands separated, at most 2 decimal
+    places, none for a whole number (``1,234``, ``0.5``, ``12.25``); ``—`` for
+    ``None``."""
+    if value is None:
+        return "—"
+    text = f"{float(value):,.2f}".rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text

@@ -125,8 +125,9 @@ CREATE INDEX jobs_running_idx ON {schema}.jobs (type, locked_at)
 CREATE INDEX jobs_reclaimable_idx ON {schema}.jobs (type, locked_at)
     WHERE status = 'running' AND attempts < max_attempts;
 -- Done jobs by type and finish time: the claim's exact correction between the served
--- window's edge and its start, and the edge moves (fair_advance).
-CREATE INDEX jobs_done_idx ON {schema}.jobs (type, finished_at, group_id)
+-- window's edge and its start, and the edge moves (fair_advance), which count each
+-- job's cost (docs/design.md, "Cost"), read from the index like the rest.
+CREATE INDEX jobs_done_idx ON {schema}.jobs (type, finished_at, group_id) INCLUDE (cost)
     WHERE status = 'done';
 -- Failed jobs, for inspection (`rota jobs failed`).
 CREATE INDEX jobs_failed_idx ON {schema}.jobs (type, id) WHERE status = 'failed';

@@ -11,6 +11,11 @@ ALTER TABLE {schema}.fair_owners ALTER COLUMN served_n TYPE numeric,
                                  ALTER COLUMN b_served TYPE numeric;
 ALTER TABLE {schema}.fair_owner_changes ALTER COLUMN n TYPE numeric;
 ALTER TABLE {schema}.fair_served ALTER COLUMN n TYPE numeric;
+-- The claim's edge correction, the edge moves and the dashboard sum done jobs' costs
+-- from this index, as they counted them from it.
+DROP INDEX {schema}.jobs_done_idx;
+CREATE INDEX jobs_done_idx ON {schema}.jobs (type, finished_at, group_id) INCLUDE (cost)
+    WHERE status = 'done';
 
 CREATE TABLE {schema}.fair_costs (
     type      text PRIMARY KEY,
