@@ -72,9 +72,20 @@ by_owner AS (
     FROM by_group g
     LEFT JOIN owners o ON o.plan IS NOT DISTINCT FROM g.plan AND o.unit = g.unit
 )
-SELECT id FROM by_owner
+SELECT id, plan, unit FROM by_owner
 ORDER BY {order}
 LIMIT %(limit)s
+"""
+
+#: Each capped owner's running jobs whose lock is fresh, every type (docs/design.md,
+#: "Caps"): (plan, unit, running).
+RUNNING = """
+SELECT g.plan, CASE WHEN g.owner_id IS NULL THEN 'g:' || g.group_id
+                    ELSE 'o:' || g.owner_id END AS unit, count(*)
+FROM {schema}.jobs j
+JOIN {schema}.groups g ON g.group_id = j.group_id
+WHERE j.status = 'running' AND j.locked_at >= {now} - %(stale_after)s::interval
+GROUP BY 1, 2
 """
 
 #: The ORDER BY of each fair_by (docs/design.md, "The fair claim"): the served counts
@@ -107,19 +118,40 @@ def priority_case(plans: Plans) -> sql.Composable:
 
 async def oracle_ids(queue: Queue, conn: Any, type_: str, limit: int) -> list[int]:
     """The first ``limit`` job ids of ``type_`` in the queue's fair order (its plans,
-    clock, windows and ``fair_by``), by the naive query."""
+    clock, windows and ``fair_by``), by the naive query. With plans that cap their
+    owners (``Plan.max_running``), the order is walked and a job passed over while its
+    owner has as many running (fresh locks, every type) and taken so far as its cap
+    (docs/design.md, "Caps")."""
+    now = sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset))
     query = sql.SQL(ORACLE).format(
-        schema=sql.Identifier(queue.schema),
-        now=sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset)),
+        schema=sql.Identifier(queue.schema), now=now,
         priority=priority_case(queue.plans),
         weight=plan_case(queue.plans, "weight"),
         order=sql.SQL(ORDERS[queue.fair_by]),
     )
+    capped = queue.plans.capped
     cur = await conn.execute(query, {
-        "type": type_, "limit": limit, "served_window": queue.served_window,
-        "stale_after": queue.stale_after,
+        "type": type_, "limit": None if capped else limit,
+        "served_window": queue.served_window, "stale_after": queue.stale_after,
     })
-    return [r[0] for r in await cur.fetchall()]
+    rows = await cur.fetchall()
+    if not capped:
+        return [r[0] for r in rows]
+    cur = await conn.execute(sql.SQL(RUNNING).format(schema=sql.Identifier(queue.schema),
+                                                     now=now),
+                             {"stale_after": queue.stale_after})
+    running = {(plan, unit): n for plan, unit, n in await cur.fetchall()}
+    caps = {p.id: p.max_running for p in queue.plans if p.max_running is not None}
+    taken: list[int] = []
+    for job_id, plan, unit in rows:
+        if plan in caps:
+            if running.get((plan, unit), 0) >= caps[plan]:
+                continue
+            running[plan, unit] = running.get((plan, unit), 0) + 1
+        taken.append(job_id)
+        if len(taken) == limit:
+            break
+    return taken
 
 
 async def insert_rows(conn: Any, schema: str, groups: list[tuple[Any, ...]],

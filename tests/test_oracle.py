@@ -174,3 +174,34 @@ def test_claim_matches_the_naive_query_with_owners_and_the_smallest_probe(
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
                        plans=WEIGHTED, fair_by=fair_by, probe_floor=(1, 1),
                        fold_after=fold_after))
+
+
+CAPPED = Plans([Plan("free", "Free", 0, max_running=1),
+                Plan("standard", "Standard", 1, weight=2, max_running=2),
+                Plan("pro", "Pro", 1, weight=3)])
+
+
+@owned_examples(150)
+def test_claim_matches_the_naive_query_with_owners_capped(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
+    fold_after: int | None,
+) -> None:
+    """Plans that cap their owners' running jobs (docs/design.md, "Caps"): the claim
+    takes the naive order's jobs, passing over those of an owner whose fresh running
+    jobs (every type) and the ones taken so far reach its cap; stale locks hold none."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       plans=CAPPED, fair_by=fair_by, fold_after=fold_after))
+
+
+@owned_examples(100)
+def test_claim_matches_the_naive_query_with_owners_capped_and_the_smallest_probe(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
+    fold_after: int | None,
+) -> None:
+    """Caps with a probe of one owner (group) and one job: every bound the caps drop or
+    keep is tried (cap_tail_on.sql)."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       plans=CAPPED, fair_by=fair_by, probe_floor=(1, 1),
+                       fold_after=fold_after))

@@ -124,6 +124,10 @@ CREATE INDEX jobs_running_idx ON {schema}.jobs (type, locked_at)
 -- used up, waiting for fail_stuck_jobs) never enter this index, so they cost nothing.
 CREATE INDEX jobs_reclaimable_idx ON {schema}.jobs (type, locked_at)
     WHERE status = 'running' AND attempts < max_attempts;
+-- Running jobs by group, every type: what a capped owner has running (fair_cap_lock,
+-- and the claim's owners at their cap, cap_prelude_on.sql; docs/design.md, "Caps").
+CREATE INDEX jobs_running_group_idx ON {schema}.jobs (group_id, locked_at)
+    WHERE status = 'running';
 -- Done jobs by type and finish time: the claim's exact correction between the served
 -- window's edge and its start, and the edge moves (fair_advance), which count each
 -- job's cost (docs/design.md, "Cost"), read from the index like the rest.

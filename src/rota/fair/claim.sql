@@ -48,7 +48,10 @@
 -- the pool placeholder is claim_pool_cached.sql (rota's groups table),
 -- claim_pool_sorted.sql (the same while the xmin horizon is held), claim_pool_scan.sql
 -- (an application's groups relation) or claim_pool_owner.sql (fair_by "owner"); the
--- claim_order placeholder is claim_order_group.sql or claim_order_owner.sql.
+-- claim_order placeholder is claim_order_group.sql or claim_order_owner.sql. With a plan
+-- that caps its owners' running jobs (Plan.max_running), the cap_* placeholders are
+-- their *_on.sql fragments (the owners at their cap left out of the walk, the others
+-- taken up to their allowance: cap_tail_on.sql); else they are nothing.
 -- Needs:   parameters type, limit, run_id, offset, stale_after, served_window,
 --          plan_ids, plan_priorities, plan_weights, middle_priority, lowest_priority,
 --          middle_weight, lowest_weight, probe_groups, probe_per, candidates (and
@@ -70,6 +73,7 @@ plan_priority AS (
     FROM unnest(%(plan_ids)s::text[], %(plan_priorities)s::int[], %(plan_weights)s::int[])
          AS p(plan, priority, weight)
 ),
+{cap_prelude}
 -- Running jobs are in the served counts (fair_served, folded into served_n) whatever
 -- their lock's age; those locked before the window start are not served and are taken
 -- away here (jobs_running_idx range: none unless a job has been running
@@ -144,9 +148,7 @@ special AS (
 ),
 {pool},
 {claim_order},
-cand AS (
-    SELECT o.* FROM ordered o WHERE o.ord <= %(candidates)s
-),
+{cap_tail}
 -- The key of the limit-th candidate, or none when fewer were read. The batch (the first
 -- `limit`) is exact; the candidates after it are the best of the jobs read, a reserve
 -- for a claimer that finds rows locked by a concurrent claimer.
@@ -158,7 +160,7 @@ kth AS MATERIALIZED (
 -- read, so a bound equal to its key belongs to a job after it: `>=` is enough.
 blocked AS (
     SELECT u.need
-    FROM unread u
+    FROM unread_open u
     LEFT JOIN kth k ON true
     WHERE k.id IS NULL
        OR (-u.priority, u.v, u.fair, u.created_at, u.id)
@@ -203,7 +205,7 @@ last_locked AS MATERIALIZED (
 ),
 blocked_after AS (
     SELECT u.need
-    FROM unread u
+    FROM unread_open u
     CROSS JOIN last_locked ll
     LEFT JOIN cand k ON k.ord = ll.ord
     WHERE NOT EXISTS (SELECT 1 FROM blocked)

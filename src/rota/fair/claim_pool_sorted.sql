@@ -26,6 +26,7 @@ sorted_plans AS (
       AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
       AND f.head_until > c.now
       AND f.group_id NOT IN (SELECT s.group_id FROM special s)
+{cap_filter_group}
     GROUP BY f.plan
 ),
 pool AS (
