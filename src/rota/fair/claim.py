@@ -26,7 +26,6 @@ from . import contract
 from .contract import RepairReport, Violation
 from .upkeep import ClaimUpkeep
 
-
 #: The claim's placeholders that a plan cap fills (each ``fair/NAME_on.sql``; without a
 #: cap, ``fair/NAME.sql``, which is nothing).
 CAP_FRAGMENTS = ("cap_prelude", "cap_filter_group", "cap_filter_owner", "cap_filter_unit",
