@@ -508,7 +508,7 @@ async def list_groups(queue: AdminQueue, *, limit: int = 50, after: str | None =
     """
     params = {"limit": _limit(limit), "after": require_text(after, "after", allow_none=True)}
     async with queue.connection(conn) as c:
-        rows = await queue.store.fetch_dicts("list_groups", params, conn=c)
+        rows = await queue.store.fetch_dicts("fair/list_groups", params, conn=c)
     return [GroupRow(**row) for row in rows]
 
 
