@@ -296,8 +296,9 @@ def test_quotas_are_found_on_a_pipeline(queue: Queue) -> None:
 async def test_owners_served_with_their_share_against_their_weight(make_queue: Any) -> None:
     """Owners sum their groups' jobs done in the last hour and the cost charged to them
     (docs/design.md, "Cost"); a group without an owner is its own; the share per weight
-    compares charged / weight with the owners' mean."""
-    plans = Plans([Plan("free", "Free", 0), Plan("pro", "Pro", 1, weight=4)])
+    compares charged / weight with the owners' mean; each owner's running jobs (a fresh
+    lock) against its plan's cap (docs/design.md, "Caps")."""
+    plans = Plans([Plan("free", "Free", 0, max_running=2), Plan("pro", "Pro", 1, weight=4)])
     queue: Queue = await make_queue(plans=plans, fair_by="owner")
     for gid, plan, owner in (("a1", "pro", "A"), ("a2", "pro", "A"), ("b1", "free", "B"),
                              ("solo", "free", None)):
@@ -319,6 +320,14 @@ async def test_owners_served_with_their_share_against_their_weight(make_queue: A
                      ('solo', interval '1 minute')) AS w(g, ago)
         """)
     await queue.upsert_group("c1", plan="free", owner_id="C")  # starved: nothing done
+    # B has a job running; solo's running job's lock is an hour old (stale: no slot).
+    await run(queue, """
+        INSERT INTO {jobs} (type, group_id, payload, status, max_attempts, run_after,
+                            created_at, locked_at, attempts, claim_token)
+        SELECT 'a', w.g, '{{}}', 'running', 3, now(), now(), now() - w.ago, 1,
+               gen_random_uuid()
+        FROM (VALUES ('b1', interval '0'), ('solo', interval '1 hour')) AS w(g, ago)
+        """)
     waiting = [{"group_id": "c1", "waited_seconds": 90.0},
                {"group_id": "a2", "waited_seconds": 12.5},
                {"group_id": "gone", "waited_seconds": 3.0}]  # not in the groups table
@@ -328,15 +337,17 @@ async def test_owners_served_with_their_share_against_their_weight(make_queue: A
     assert owners == [
         {"owner_id": "A", "own": False, "plan": "pro", "groups": 2, "done": 8,
          "charged": 8.0, "weight": 4, "share": 8 / 11, "per_weight": pytest.approx(1.2),
-         "waited": 12.5},
+         "waited": 12.5, "running": 0, "cap": None},
         {"owner_id": "B", "own": False, "plan": "free", "groups": 1, "done": 2,
          "charged": 2.0, "weight": 1, "share": 2 / 11, "per_weight": pytest.approx(1.2),
-         "waited": None},
+         "waited": None, "running": 1, "cap": 2},
         {"owner_id": "solo", "own": True, "plan": "free", "groups": 1, "done": 2,
          "charged": 1.0, "weight": 1, "share": 1 / 11, "per_weight": pytest.approx(0.6),
-         "waited": None},
+         "waited": None, "running": 0, "cap": 2},
         {"owner_id": "C", "own": False, "plan": "free", "groups": 0, "done": 0,
-         "charged": 0.0, "weight": 1, "share": 0.0, "per_weight": 0.0, "waited": 90.0},
+         "charged": 0.0, "weight": 1, "share": 0.0, "per_weight": 0.0, "waited": 90.0,
+         "running": 0, "cap": 2},
         {"owner_id": "gone", "own": True, "plan": None, "groups": 0, "done": 0,
-         "charged": 0.0, "weight": 1, "share": 0.0, "per_weight": 0.0, "waited": 3.0},
+         "charged": 0.0, "weight": 1, "share": 0.0, "per_weight": 0.0, "waited": 3.0,
+         "running": 0, "cap": None},
     ]

@@ -76,7 +76,8 @@ def groups_set(database_url: str | None, schema: str | None, app_spec: str | Non
     row, created = asyncio.run(go())
     if as_json:
         # What was set; its served cost is `rota groups list`'s.
-        fields = {k: v for k, v in dataclasses.asdict(row).items() if k != "served"}
+        fields = {k: v for k, v in dataclasses.asdict(row).items()
+                  if k not in ("served", "running", "owner_running")}
         emit_json({**fields, "created": created})
     else:
         click.echo(safe_text(f"{'created' if created else 'updated'} group "
@@ -111,15 +112,19 @@ def groups_list(database_url: str | None, schema: str | None, app_spec: str | No
     else:
         plans = target.plans()
         table = Table(title=f"groups ({len(rows)} shown)")
-        for col in ("group", "owner", "plan", "status", "served"):
-            table.add_column(col, overflow="fold", justify="right" if col == "served"
-                             else "left")
+        for col in ("group", "owner", "plan", "status", "served", "running"):
+            table.add_column(col, overflow="fold", justify="right"
+                             if col in ("served", "running") else "left")
         for r in rows:
             plan = ("—" if r.plan is None else
                     f"{plans[r.plan].name} ({r.plan})" if r.plan in plans else
                     f"{r.plan} (unknown)")
+            cap = (plans[r.plan].max_running if r.plan is not None and r.plan in plans
+                   else None)
+            running = (f"{r.running:,}" if cap is None else
+                       f"{r.running:,} (owner {r.owner_running:,}/{cap:,})")
             add_row(table, r.group_id, r.owner_id or "—", plan,
-                    "active" if r.active else "paused", format_units(r.served))
+                    "active" if r.active else "paused", format_units(r.served), running)
         console().print(table)
     if more and rows:
         click.echo(safe_text(f"next page: --after {rows[-1].group_id}"), err=as_json)

@@ -222,7 +222,9 @@ async def owners_served(queue: Queue, conn: AnyConn, types: Sequence[str],
 
     Returns:
         Rows ``owner_id, own, plan, groups, done, charged, weight, share, per_weight,
-        waited``: ``done`` jobs, ``charged`` their cost (docs/design.md, "Cost"),
+        waited, running, cap``: ``done`` jobs, ``charged`` their cost (docs/design.md,
+        "Cost"), ``running`` its jobs running now with a fresh lock (every type) and
+        ``cap`` its plan's ``max_running`` (``None``: no cap; docs/design.md, "Caps"),
         ``share`` the owner's part of the cost charged to the owners listed (0..1),
         ``weight`` its plan's (:class:`rota.Plan`; the middle plan's without one, the
         lowest plan's for an unknown plan), ``per_weight`` its charged cost divided by
@@ -250,10 +252,14 @@ async def owners_served(queue: Queue, conn: AnyConn, types: Sequence[str],
                 rows.append(row)
             row["waited"] = max(row["waited"] or 0.0, w["waited_seconds"])
     plans = queue.plans
+    running = {(r["owner_id"], r["own"], r["plan"]): r["running"] for r in await _rows(
+        queue, conn, "dashboard_owners_running", {"stale_after": queue.stale_after})}
     for r in rows:
         plan = r["plan"]
         r["weight"] = (plans.middle.weight if plan is None else
                        plans[plan].weight if plan in plans else plans.lowest.weight)
+        r["running"] = running.get((r["owner_id"], r["own"], plan), 0)
+        r["cap"] = plans[plan].max_running if plan in plans else None
     for r in rows:
         r["charged"] = float(r["charged"] or 0)
     total = sum(r["charged"] for r in rows)
