@@ -18,6 +18,7 @@ from rota import InvalidInput, Plan, Queue
 
 from .conftest import ROOT
 
+
 def running(conn: psycopg.Connection[Any], schema: str) -> tuple[int, int]:
     """(X's running jobs with a fresh lock, all running jobs with a fresh lock)."""
     row = conn.execute(sql.SQL(
