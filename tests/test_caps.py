@@ -4,6 +4,7 @@ others' work, and a SIGKILLed worker's slots come back after the stale window.""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import statistics
@@ -32,11 +33,12 @@ def running(conn: psycopg.Connection[Any], schema: str) -> tuple[int, int]:
 async def test_an_owner_capped_at_two_never_has_more_running_and_the_fleet_stays_full(
         make_queue: Any, database_url: str, schema: str, spawn: Any) -> None:
     """Owner X's plan (capped at 2) has the higher priority, so without the cap X would
-    take every slot; 10 other owners (no cap) have plenty of work; 4 `rota worker` processes run 4 jobs at a time each. Sampled every 50 ms for
-    6 s once the fleet is up: X never has more than 2 running, has 2 most of the time,
-    and the fleet keeps 16 running. Then every worker is SIGKILLed with X's 2 jobs
-    running: X's slots are free again only once their locks are older than the 4 s
-    stale window, and a new worker runs X's jobs again then."""
+    take every slot; 10 other owners (no cap) have plenty of work; 4 `rota worker`
+    processes run 4 jobs at a time each. Sampled every 50 ms for 6 s once the fleet is
+    up: X never has more than 2 running, has 2 most of the time, and the fleet keeps 16
+    running. Then every worker is SIGKILLed with X's 2 jobs running: X's slots are free
+    again only once their locks are older than the 4 s stale window, and a new worker
+    runs X's jobs again then."""
     from .cli_app import CAP_PLANS
     queue: Queue = await make_queue(plans=CAP_PLANS, fair_by="owner")
     await queue.upsert_group("x", plan="capped", owner_id="X")
@@ -55,12 +57,12 @@ async def test_an_owner_capped_at_two_never_has_more_running_and_the_fleet_stays
         while running(conn, schema)[1] < 16:  # the fleet up: every worker started
             assert time.monotonic() < deadline, "the 4 workers never ran 16 jobs at once"
             assert all(w.poll() is None for w in workers), workers[0].stderr.read()
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)
         samples = []
         end = time.monotonic() + 6
         while time.monotonic() < end:
             samples.append(running(conn, schema))
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)
         assert max(x for x, _ in samples) == 2
         assert statistics.median(x for x, _ in samples) == 2
         assert statistics.median(n for _, n in samples) == 16
@@ -68,7 +70,7 @@ async def test_an_owner_capped_at_two_never_has_more_running_and_the_fleet_stays
         deadline = time.monotonic() + 10
         while running(conn, schema)[0] < 2:
             assert time.monotonic() < deadline
-            time.sleep(0.02)
+            await asyncio.sleep(0.02)
         for w in workers:
             w.send_signal(signal.SIGKILL)
         killed = time.monotonic()
@@ -85,7 +87,7 @@ async def test_an_owner_capped_at_two_never_has_more_running_and_the_fleet_stays
                 "SELECT count(*) FROM {}.jobs WHERE group_id = 'x' AND started_at > %s")
                 .format(sql.Identifier(schema)), [held[0]]).fetchone() == (0,):
             assert time.monotonic() < deadline, "X's slots never came back"
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)
         came_back = time.monotonic() - killed
     # Not before the 4 s window (less the time from the last lock to the kill), and soon
     # after it: the new worker's idle poll is 1 s.

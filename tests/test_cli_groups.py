@@ -69,10 +69,14 @@ def test_list_pages_in_id_order_with_plan_names(rota: Rota) -> None:
             rota("groups", "set", gid, *args)
     rota("groups", "set", "b", "--owner", "o-7", "--paused")
     assert rota.json("groups", "list") == [
-        {"group_id": "a", "owner_id": None, "plan": "free", "active": True, "served": 0, "running": 0, "owner_running": 0},
-        {"group_id": "b", "owner_id": "o-7", "plan": None, "active": False, "served": 0, "running": 0, "owner_running": 0},
-        {"group_id": "c", "owner_id": None, "plan": "pro", "active": True, "served": 0, "running": 0, "owner_running": 0},
-        {"group_id": "d", "owner_id": None, "plan": "gone", "active": True, "served": 0, "running": 0, "owner_running": 0}]
+        {"group_id": "a", "owner_id": None, "plan": "free", "active": True,
+         "served": 0, "running": 0, "owner_running": 0},
+        {"group_id": "b", "owner_id": "o-7", "plan": None, "active": False,
+         "served": 0, "running": 0, "owner_running": 0},
+        {"group_id": "c", "owner_id": None, "plan": "pro", "active": True,
+         "served": 0, "running": 0, "owner_running": 0},
+        {"group_id": "d", "owner_id": None, "plan": "gone", "active": True,
+         "served": 0, "running": 0, "owner_running": 0}]
     page = rota("groups", "list", "--limit", "2")
     assert page.stderr == ""
     lines = page.stdout.splitlines()
@@ -118,7 +122,8 @@ def test_an_application_groups_relation_is_listed_and_never_written(
               f"build.queue_settings = {{'groups': '{rota.schema}.app_groups'}}\n")
     app = f"{write_app(source)}:build"  # type: ignore[operator]
     assert rota.json("groups", "list", "--app", app) == [
-        {"group_id": "x", "owner_id": "o", "plan": "pro", "active": True, "served": 0, "running": 0, "owner_running": 0}]
+        {"group_id": "x", "owner_id": "o", "plan": "pro", "active": True,
+         "served": 0, "running": 0, "owner_running": 0}]
     result = rota("groups", "set", "x", "--paused", "--app", app, ok=False)
     one_line_error(result, "error: this queue reads groups from the application's relation")
     assert rota.sql("SELECT active FROM {s}.app_groups") == [(True,)]
