@@ -12,9 +12,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from rota import InvalidInput, Queue
+from rota import InvalidCharge, InvalidInput, Queue
 from rota.cost import MAX_COST
-from rota.errors import InvalidCharge
 
 from .test_fast_claim import claim_equals_oracle
 

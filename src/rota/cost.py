@@ -14,7 +14,7 @@ import math
 from decimal import Decimal
 from typing import Any
 
-from .errors import InvalidCharge
+from .errors import InvalidCharge, InvalidInput
 
 #: The most one job can be charged, in units (what ``jobs.cost`` accepts).
 MAX_COST = 1_000_000_000
@@ -77,7 +77,7 @@ def check_mode(cost: Any) -> str:
         InvalidInput: not one of :data:`COST_MODES`.
     """
     if not isinstance(cost, str) or cost not in COST_MODES:
-        raise InvalidCharge(f"cost must be one of {', '.join(map(repr, COST_MODES))}, "
+        raise InvalidInput(f"cost must be one of {', '.join(map(repr, COST_MODES))}, "
                             f"got {cost!r:.40}")
     return cost
 
