@@ -151,3 +151,14 @@ async def test_complete_many_wants_one_cost_per_job(make_queue: Any) -> None:
     jobs = await queue.claim("t", 2)
     with pytest.raises(InvalidInput, match="1 costs for 2 jobs"):
         await queue.complete_many(jobs, costs=[1])
+
+
+@pytest.mark.parametrize("cost", ["tokens", "", None, 1, "Seconds"])
+def test_a_stage_cost_other_than_units_or_seconds_is_one_clear_error(cost: Any) -> None:
+    from rota import Stage
+
+    async def handler(ctx: Any) -> None: ...
+
+    with pytest.raises(InvalidInput, match=r"^stage 't': cost must be one of 'units', "
+                                           r"'seconds', got "):
+        Stage("t", handler=handler, cost=cost)
