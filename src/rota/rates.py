@@ -334,6 +334,21 @@ class RateState:
                 "next_wake": iso(self.next_wake)}
 
 
+async def note_rate_waits(queue: Queue, ids: list[int], refused: RateLimited) -> None:
+    """Note jobs deferred for ``refused``'s units (``rate_waits``: the dashboard's
+    waiting jobs, one row per job, its latest wait), committed at once.
+
+    Args:
+        queue: whose database and clock to use.
+        ids: the deferred jobs' ids.
+        refused: the refusal that deferred them (its limit, key and ``free_at``).
+    """
+    async with queue.connection() as conn:
+        await queue.store.execute("rate_wait_note", {
+            "ids": ids, "name": refused.limit, "key": refused.key,
+            "until": refused.free_at, "offset": queue.clock_offset}, conn=conn)
+
+
 async def rate_states(queue: Queue, name: str | None = None, *, limit: int = 1000,
                       conn: AnyConn | None = None) -> list[RateState]:
     """Every bucket (or those of limit ``name``) read from the database, with no need of
@@ -395,4 +410,4 @@ def check_stage_limits(stage_type: str, limits: object) -> tuple[RateLimit, ...]
 
 
 __all__ = ["DEFAULT_MAX_WAIT", "NO_KEY", "Grant", "Peek", "RateLimit", "RateLimited",
-           "RateState", "check_stage_limits", "rate_states"]
+           "RateState", "check_stage_limits", "note_rate_waits", "rate_states"]
