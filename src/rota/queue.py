@@ -33,6 +33,7 @@ from psycopg.sql import Composed, Identifier
 from psycopg_pool import AsyncConnectionPool
 
 from . import db, tracing
+from . import enqueue as _enqueue
 from .checks import (
     INT_MAX,
     positive_int,
@@ -46,7 +47,7 @@ from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
 from .give_up import GiveUpHook, GiveUpHooks
 from .job import FailOutcome, Job
 from .plans import Plans
-from .settings import QueueSettings, enqueue_error, enqueued_job
+from .settings import QueueSettings
 from .store import AnyConn, IdleConnectionCheck, Store, listen_connect_args
 from .transitions import Transitions
 
@@ -422,16 +423,10 @@ class Queue:
                 nothing written.
             UnknownGroup: ``group_id`` is not in the groups relation.
         """
-        params = self.settings.enqueue_params(
-            type, payload, group_id=group_id, dedupe_key=dedupe_key, run_after=run_after,
-            max_attempts=max_attempts)
-        with self.tracer.enqueue(params["type"], 1) as sending:
-            params["trace_context"] = sending.trace_context
-            async with self.connection(conn) as c:
-                row = await self.store.fetch_dict("enqueue", params, conn=c)
-            job = enqueued_job(row)
-            sending.sent([job.id] if job is not None else [], 1 if job is not None else 0)
-        return job
+        return await _enqueue.enqueue(
+            self.store, self.settings, self.tracer, self.connection, type, payload,
+            group_id=group_id, dedupe_key=dedupe_key, run_after=run_after,
+            max_attempts=max_attempts, conn=conn)
 
     async def enqueue_many(
         self, items: Iterable[Mapping[str, Any]], *, conn: AnyConn | None = None
@@ -454,24 +449,8 @@ class Queue:
             InvalidInput and subclasses: naming the first bad item; nothing written.
             UnknownGroup: some group ids are unknown; nothing written.
         """
-        params = self.settings.enqueue_many_params(items)
-        if not params["types"]:
-            return 0
-        types = set(params["types"])
-        with self.tracer.enqueue(types.pop() if len(types) == 1 else None,
-                                 len(params["types"])) as sending:
-            params["trace_context"] = sending.trace_context
-            params["count"] = len(params["types"])
-            async with self.connection(conn) as c:
-                # One statement: on our own autocommit connection it is its own
-                # transaction; on a caller's connection, the caller's transaction holds it.
-                row = await self.store.fetch_one("enqueue_many", params, conn=c)
-            assert row is not None
-            created, problem = row
-            if problem is not None:
-                raise enqueue_error(problem)
-            sending.sent([], int(created))
-        return int(created)
+        return await _enqueue.enqueue_many(self.store, self.settings, self.tracer,
+                                           self.connection, items, conn=conn)
 
     async def publish_settings(self, *, conn: AnyConn | None = None,
                                types: Iterable[str] | None = None) -> None:
@@ -492,7 +471,7 @@ class Queue:
         Raises:
             InvalidInput: a type is not a valid name.
         """
-        params = self.settings.enqueue_settings()
+        params = _enqueue.enqueue_settings(self.settings)
         if types is not None:
             params["s_types"] = sorted({require_text(t, "job type") or "" for t in types})
         async with self.connection(conn) as c:
