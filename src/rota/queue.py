@@ -42,7 +42,7 @@ from .checks import (
     require_text,
 )
 from .connections import ConnectionSetup
-from .errors import ConfigError, DatabaseRefused, InvalidInput, UnreadableJob, first_line
+from .errors import ConfigError, DatabaseRefused, InvalidInput, UnreadableJob
 from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
 from .give_up import GiveUpHook, GiveUpHooks
 from .job import FailOutcome, Job
@@ -541,35 +541,7 @@ class Queue:
             claiming.claimed(len(claimed), self.fair_claim.retries.get(t, 0) - retries)
         for observe in self.claim_observers:
             observe(t, time.perf_counter() - started)
-        jobs: list[Job] = []
-        for job in claimed:
-            problems = job.problems
-            if not problems:
-                jobs.append(job)
-                continue
-            error = UnreadableJob(job.id, problems)
-            log.error("%s; it gives up", error)
-            await self.transitions.fail(job, str(error), give_up=True, conn=conn)
-            if unreadable is not None:
-                unreadable.append(error)
-        if any(j.attempts > 1 for j in jobs):
-            await self._record_lost_attempts([j for j in jobs if j.attempts > 1], conn)
-        return jobs
-
-    async def _record_lost_attempts(self, jobs: list[Job], conn: AnyConn | None) -> None:
-        """Give the attempt before this claim an error when it left none: its run was
-        killed or cut off and its lock went stale (docs/design.md, "Stale locks").
-        A failure here is logged, never raised: the claim has committed, and its jobs
-        must reach the caller."""
-        try:
-            async with self.connection(conn) as c:
-                await self.store.execute("lost_attempts", {
-                    "ids": [j.id for j in jobs],
-                    "claim_tokens": [j.claim_token for j in jobs],
-                    "offset": self.clock_offset}, conn=c)
-        except Exception as exc:
-            log.warning("could not record the lost attempts of jobs %s: %s",
-                        [j.id for j in jobs], first_line(exc, with_type=True))
+        return await self.transitions.after_claim(claimed, unreadable, conn=conn)
 
     async def run_upkeep(self) -> None:
         """Run the claim's upkeep that is due now (its fold and horizon rounds,

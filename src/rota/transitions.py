@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from .checks import LATEST_DUE, require_due_time, require_row_id
-from .errors import InvalidInput
+from .errors import InvalidInput, UnreadableJob, first_line
 from .give_up import Connect, GiveUpHooks
 from .job import FailOutcome, Job, due_or_delay
 from .results import ResultError, encode_result, error_record
@@ -49,6 +49,52 @@ class Transitions:
         self.settings = settings
         self.connect = connect
         self.hooks = hooks
+
+    async def after_claim(self, claimed: list[Job], unreadable: list[UnreadableJob] | None,
+                          *, conn: AnyConn | None = None) -> list[Job]:
+        """What a claim does with the rows it took: one that cannot be turned into a
+        :class:`Job` gives up at once through the usual path (its error naming what
+        could not be read; docs/design.md, "Bad data belongs to its job"); the attempt
+        before this claim of a job claimed again gets an error when it left none
+        (docs/design.md, "Stale locks").
+
+        Args:
+            claimed: the claimed jobs, in claim order.
+            unreadable: receives an :class:`UnreadableJob` per row given up, if given.
+            conn: the claim's connection (the caller's, if it gave one).
+
+        Returns:
+            The readable jobs, in claim order.
+        """
+        jobs: list[Job] = []
+        for job in claimed:
+            problems = job.problems
+            if not problems:
+                jobs.append(job)
+                continue
+            error = UnreadableJob(job.id, problems)
+            log.error("%s; it gives up", error)
+            await self.fail(job, str(error), give_up=True, conn=conn)
+            if unreadable is not None:
+                unreadable.append(error)
+        if any(j.attempts > 1 for j in jobs):
+            await self._record_lost_attempts([j for j in jobs if j.attempts > 1], conn)
+        return jobs
+
+    async def _record_lost_attempts(self, jobs: list[Job], conn: AnyConn | None) -> None:
+        """Give the attempt before this claim an error when it left none: its run was
+        killed or cut off and its lock went stale (docs/design.md, "Stale locks").
+        A failure here is logged, never raised: the claim has committed, and its jobs
+        must reach the caller."""
+        try:
+            async with self.connect(conn) as c:
+                await self.store.execute("lost_attempts", {
+                    "ids": [j.id for j in jobs],
+                    "claim_tokens": [j.claim_token for j in jobs],
+                    "offset": self.settings.clock_offset}, conn=c)
+        except Exception as exc:
+            log.warning("could not record the lost attempts of jobs %s: %s",
+                        [j.id for j in jobs], first_line(exc, with_type=True))
 
     async def complete(self, job: Job, *, result: Any = None,
                        conn: AnyConn | None = None) -> bool:
