@@ -20,6 +20,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from . import statements as sql
 from . import tracing
 from .checks import require_aware, sendable_int, sendable_text
 from .errors import InvalidInput, PayloadError, UnknownGroup, UnknownJobType
@@ -198,7 +199,7 @@ async def enqueue(store: Store, settings: QueueSettings, tracer: tracing.Tracer,
     with tracer.enqueue(params["type"], 1) as sending:
         params["trace_context"] = sending.trace_context
         async with connect(conn) as c:
-            row = await store.fetch_dict("enqueue", params, conn=c)
+            row = await sql.enqueue(store, **params, conn=c)
         job = enqueued_job(row)
         sending.sent([job.id] if job is not None else [], 1 if job is not None else 0)
     return job
@@ -229,9 +230,7 @@ async def enqueue_many(store: Store, settings: QueueSettings, tracer: tracing.Tr
         async with connect(conn) as c:
             # One statement: on our own autocommit connection it is its own
             # transaction; on a caller's connection, the caller's transaction holds it.
-            row = await store.fetch_one("enqueue_many", params, conn=c)
-        assert row is not None
-        created, problem = row
+            created, problem = await sql.enqueue_many(store, **params, conn=c)
         if problem is not None:
             raise enqueue_error(problem)
         sending.sent([], int(created))

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from contextlib import AbstractAsyncContextManager
 from types import MappingProxyType
 
+from . import statements as sql
 from . import tracing
 from .job import Job
 from .job import no_give_up_hook as _no_give_up_hook
@@ -92,10 +93,9 @@ class GiveUpHooks:
         if not self._hooks:
             return 0
         async with self.connect(None) as c:
-            rows = await self.store.fetch_all("give_up_owed", {
-                "types": list(self._hooks), "ids": list(ids) if ids else None,
-                "limit": limit}, conn=c)
-        owed = [r[0] for r in rows]
+            owed = await sql.give_up_owed(self.store, types=list(self._hooks),
+                                          ids=list(ids) if ids else None, limit=limit,
+                                          conn=c)
         ran = 0
         for job_id in owed:
             try:
@@ -107,7 +107,7 @@ class GiveUpHooks:
 
     async def _run_one(self, job_id: int) -> bool:
         async with self.connect(None) as c, c.transaction():
-            row = await self.store.fetch_dict("give_up_lock", {"id": job_id}, conn=c)
+            row = await sql.give_up_lock(self.store, id=job_id, conn=c)
             if row is None:  # already handled, or a concurrent sweeper has it
                 return False
             # A row that cannot be read still gave up: its hook runs with the
@@ -115,7 +115,7 @@ class GiveUpHooks:
             job = Job.from_row(row, lenient=True)
             with self.tracer.give_up(job):
                 await self._hooks[job.type](job, c)
-            await self.store.execute("give_up_done", {"id": job_id}, conn=c)
+            await sql.give_up_done(self.store, id=job_id, conn=c)
         return True
 
 

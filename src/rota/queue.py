@@ -26,7 +26,7 @@ from collections.abc import (
 )
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 from psycopg.sql import Composed, Identifier
@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import db, tracing
 from . import enqueue as _enqueue
+from . import statements as sql
 from .checks import (
     INT_MAX,
     positive_int,
@@ -336,9 +337,8 @@ class Queue:
     async def now(self) -> datetime:
         """The queue's clock: database ``now()`` plus ``clock_offset`` (aware, UTC)."""
         async with self.connection() as c:
-            row = await self.store.fetch_one("db_now", {"offset": self.clock_offset}, conn=c)
-        assert row is not None
-        return cast(datetime, row[0]).astimezone(UTC)
+            now = await sql.db_now(self.store, offset=self.clock_offset, conn=c)
+        return now.astimezone(UTC)
 
     # -- groups ------------------------------------------------------------------------
 
@@ -372,14 +372,15 @@ class Queue:
                 f"{self.store.groups_ident.as_string(None)}; change plan and status there"
             )
         gid = require_text(group_id, "group_id")
+        assert gid is not None
         owner = require_text(owner_id, "owner_id", allow_none=True)
         if plan is not None:
             self.plans[plan]
         if not isinstance(active, bool):
             raise InvalidInput("active must be a bool")
         async with self.connection(conn) as c:
-            await self.store.execute("upsert_group", {
-                "group_id": gid, "owner_id": owner, "plan": plan, "active": active}, conn=c)
+            await sql.upsert_group(self.store, group_id=gid, owner_id=owner, plan=plan,
+                                   active=active, conn=c)
 
     # -- enqueue -----------------------------------------------------------------------
 
@@ -475,7 +476,7 @@ class Queue:
         if types is not None:
             params["s_types"] = sorted({require_text(t, "job type") or "" for t in types})
         async with self.connection(conn) as c:
-            await self.store.execute("publish_settings", params, conn=c)
+            await sql.publish_settings(self.store, **params, conn=c)
 
     # -- claim and transitions ---------------------------------------------------------
 
@@ -707,7 +708,7 @@ class Queue:
         """
         require_row_id(job_id)
         async with self.connection(conn) as c:
-            row = await self.store.fetch_dict("get_job", {"id": job_id}, conn=c)
+            row = await sql.get_job(self.store, id=job_id, conn=c)
         return None if row is None else Job.from_row(row)
 
     # -- give-up hooks -----------------------------------------------------------------
@@ -832,9 +833,7 @@ class Queue:
         t = self.check_type(job_type)
         require_due_time(until, "until")
         async with self.connection(conn) as c:
-            row = await self.store.fetch_one("quota_blocked_work", {
-                "type": t, "until": until}, conn=c)
-        return row is not None and bool(row[0])
+            return await sql.quota_blocked_work(self.store, type=t, until=until, conn=c)
 
     async def ensure_pool_size(self, connections: int) -> bool:
         """Grow the queue's own pool to at least ``connections`` (what a pipeline's

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from . import statements as sql
 from .checks import (
     positive_int,
     require_duration,
@@ -344,9 +345,9 @@ async def note_rate_waits(queue: Queue, ids: list[int], refused: RateLimited) ->
         refused: the refusal that deferred them (its limit, key and ``free_at``).
     """
     async with queue.connection() as conn:
-        await queue.store.execute("rate_wait_note", {
-            "ids": ids, "name": refused.limit, "key": refused.key,
-            "until": refused.free_at, "offset": queue.clock_offset}, conn=conn)
+        await sql.rate_wait_note(queue.store, ids=ids, name=refused.limit, key=refused.key,
+                                 until=refused.free_at, offset=queue.clock_offset,
+                                 conn=conn)
 
 
 async def rate_states(queue: Queue, name: str | None = None, *, limit: int = 1000,

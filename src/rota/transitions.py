@@ -7,7 +7,8 @@ Every transition after a claim is guarded by the claim's ``claim_token``; one th
 matches nothing reads ``claim_states`` once to tell a repeat under the same claim from
 a lost claim. :class:`Transitions` takes what it needs (the store, the settings, a way
 to get a connection, the give-up hooks), not the :class:`rota.Queue`, which holds one
-and exposes each transition as a method of the same name (with its span).
+and exposes each transition as a method of the same name (with its span). Each
+statement is called through its typed function (:mod:`rota.statements`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import psycopg
 
+from . import statements as sql
 from .checks import LATEST_DUE, require_due_time, require_row_id
 from .errors import InvalidInput, UnreadableJob, first_line
 from .give_up import Connect, GiveUpHooks
@@ -88,10 +90,10 @@ class Transitions:
         must reach the caller."""
         try:
             async with self.connect(conn) as c:
-                await self.store.execute("lost_attempts", {
-                    "ids": [j.id for j in jobs],
-                    "claim_tokens": [j.claim_token for j in jobs],
-                    "offset": self.settings.clock_offset}, conn=c)
+                await sql.lost_attempts(
+                    self.store, ids=[j.id for j in jobs],
+                    claim_tokens=[j.claim_token for j in jobs],
+                    offset=self.settings.clock_offset, conn=c)
         except Exception as exc:
             log.warning("could not record the lost attempts of jobs %s: %s",
                         [j.id for j in jobs], first_line(exc, with_type=True))
@@ -126,10 +128,12 @@ class Transitions:
         if isinstance(encoded, ResultError):
             await self.fail(job, encoded, give_up=True, conn=conn)
             raise encoded
-        params = {**self._fence(job), "result": encoded, "started_at": job.locked_at,
-                  "schema_name": self.settings.schema}
+        self._check(job)
         async with self.connect(conn) as c:
-            if await self.store.execute("complete", params, conn=c) == 1:
+            if await sql.complete(self.store, id=job.id, claim_token=job.claim_token,
+                                  offset=self.settings.clock_offset, result=encoded,
+                                  started_at=job.locked_at,
+                                  schema_name=self.settings.schema, conn=c) == 1:
                 return True
             states = await self.claim_states([job], conn=c)
         return states.get(job.id) == "done"
@@ -152,10 +156,9 @@ class Transitions:
         fenced = [j for j in jobs if j.claim_token is not None]
         if not fenced:
             return {}
-        rows = await self.store.fetch_all("claim_states", {
-            "ids": [j.id for j in fenced],
-            "claim_tokens": [j.claim_token for j in fenced]}, conn=conn)
-        return {r[0]: r[1] for r in rows}
+        return await sql.claim_states(self.store, ids=[j.id for j in fenced],
+                                      claim_tokens=[j.claim_token for j in fenced],
+                                      conn=conn)
 
     async def complete_many(self, jobs: Sequence[Job], *,
                             results: Sequence[Any] | None = None,
@@ -201,15 +204,15 @@ class Transitions:
                         key=lambda j: j.id)
         if not fenced:
             return [False] * len(batch)
-        params = {"ids": [j.id for j in fenced],
-                  "claim_tokens": [j.claim_token for j in fenced],
-                  "results": [encoded_by_id[j.id] for j in fenced],
-                  "started_ats": [j.locked_at for j in fenced],
-                  "offset": self.settings.clock_offset, "schema_name": self.settings.schema}
         try:
             async with self.connect(conn) as c:
-                done = {r[0] for r in await self.store.fetch_all("complete_many", params,
-                                                                 conn=c)}
+                done = await sql.complete_many(
+                    self.store, ids=[j.id for j in fenced],
+                    claim_tokens=[j.claim_token for j in fenced],
+                    results=[encoded_by_id[j.id] for j in fenced],
+                    started_ats=[j.locked_at for j in fenced],
+                    offset=self.settings.clock_offset, schema_name=self.settings.schema,
+                    conn=c)
                 if len(done) < len({j.id for j in fenced}):
                     # Lost, or done by this very claim before (a repeat): say which.
                     states = await self.claim_states(
@@ -246,20 +249,20 @@ class Transitions:
             job (nothing changed; also when this claim completed or deferred it).
         """
         text, kind, trace = error_record(error)
-        params = {**self._fence(job), "error": text, "error_type": kind, "traceback": trace,
-                  "give_up": give_up, "started_at": job.locked_at,
-                  "schema_name": self.settings.schema,
-                  "backoff_base": self.settings.backoff_base,
-                  "max_backoff": self.settings.max_backoff,
-                  "latest_due": LATEST_DUE}
+        self._check(job)
+        settings = self.settings
         async with self.connect(conn) as c:
-            row = await self.store.fetch_one("fail", params, conn=c)
-            if row is None:  # lost, or a repeat under this claim: say which
+            status = await sql.fail(
+                self.store, id=job.id, claim_token=job.claim_token,
+                offset=settings.clock_offset, error=text, error_type=kind, traceback=trace,
+                give_up=give_up, started_at=job.locked_at, schema_name=settings.schema,
+                backoff_base=settings.backoff_base, max_backoff=settings.max_backoff,
+                latest_due=LATEST_DUE, conn=c)
+            if status is None:  # lost, or a repeat under this claim: say which
                 status = (await self.claim_states([job], conn=c)).get(job.id)
-                row = (status,) if status in ("pending", "failed") else None
-        if row is None:
+        if status not in ("pending", "failed"):
             return "lost"
-        if row[0] == "failed":
+        if status == "failed":
             if conn is None:
                 await self.hooks.run([job.id])
             return "failed"
@@ -299,16 +302,13 @@ class Transitions:
         fenced = [j for j in batch if j.claim_token is not None]
         if not fenced:
             return 0
-        params = {
-            "ids": [j.id for j in fenced],
-            "claim_tokens": [j.claim_token for j in fenced],
-            "until": None if isinstance(checked, timedelta) else checked,
-            "delay": delay,
-            "max_deferrals": self.settings.max_deferrals,
-            "offset": self.settings.clock_offset,
-        }
         async with self.connect(conn) as c:
-            rows = await self.store.fetch_all("defer", params, conn=c)
+            rows = await sql.defer(
+                self.store, ids=[j.id for j in fenced],
+                claim_tokens=[j.claim_token for j in fenced],
+                until=None if isinstance(checked, timedelta) else checked, delay=delay,
+                max_deferrals=self.settings.max_deferrals,
+                offset=self.settings.clock_offset, conn=c)
             if len(rows) < len({j.id for j in fenced}):
                 # Lost, or deferred by this very claim before (a repeat): say which.
                 seen = {r[0] for r in rows}
@@ -351,10 +351,10 @@ class Transitions:
         if not fenced:
             return 0
         async with self.connect(conn) as c:
-            return await self.store.execute("release", {
-                "ids": [j.id for j in fenced],
-                "claim_tokens": [j.claim_token for j in fenced],
-                "not_before": not_before}, conn=c)
+            return await sql.release(
+                self.store, ids=[j.id for j in fenced],
+                claim_tokens=[j.claim_token for j in fenced], not_before=not_before,
+                conn=c)
 
     async def restore_due_times(
         self, pushed: Sequence[tuple[int, uuid.UUID | None, datetime, datetime | None]], *,
@@ -389,10 +389,10 @@ class Transitions:
         if not pushed:
             return 0
         async with self.connect(conn) as c:
-            return await self.store.execute("restore_due", {
-                "ids": [p[0] for p in pushed], "claim_tokens": [p[1] for p in pushed],
-                "pushed": [p[2] for p in pushed], "asked": [p[3] for p in pushed],
-                "offset": self.settings.clock_offset}, conn=c)
+            return await sql.restore_due(
+                self.store, ids=[p[0] for p in pushed], claim_tokens=[p[1] for p in pushed],
+                pushed=[p[2] for p in pushed], asked=[p[3] for p in pushed],
+                offset=self.settings.clock_offset, conn=c)
 
     async def fail_stuck_jobs(self) -> list[Job]:
         """Fail running jobs whose lock is stale and whose attempts are used up (docs/design.md,
@@ -402,9 +402,10 @@ class Transitions:
             The jobs failed by this call, as they are now (status ``failed``).
         """
         async with self.connect(None) as c:
-            rows = await self.store.fetch_dicts("fail_stuck", {
-                "offset": self.settings.clock_offset, "stale_after": self.settings.stale_after,
-                "schema_name": self.settings.schema}, conn=c)
+            rows = await sql.fail_stuck(
+                self.store, offset=self.settings.clock_offset,
+                stale_after=self.settings.stale_after, schema_name=self.settings.schema,
+                conn=c)
         stuck = sorted((Job.from_row(r, lenient=True) for r in rows), key=lambda j: j.id)
         await self.hooks.run()
         return stuck
@@ -422,10 +423,10 @@ class Transitions:
         if not fenced:
             return 0
         async with self.connect(conn) as c:
-            return await self.store.execute("heartbeat", {
-                "ids": [j.id for j in fenced],
-                "claim_tokens": [j.claim_token for j in fenced],
-                "offset": self.settings.clock_offset}, conn=c)
+            return await sql.heartbeat(
+                self.store, ids=[j.id for j in fenced],
+                claim_tokens=[j.claim_token for j in fenced],
+                offset=self.settings.clock_offset, conn=c)
 
     async def postpone(self, job_type: str, until: datetime, *,
                        conn: AnyConn | None = None) -> int:
@@ -444,9 +445,9 @@ class Transitions:
         t = self.settings.check_type(job_type)
         require_due_time(until, "until")
         async with self.connect(conn) as c:
-            return await self.store.execute("postpone", {
-                "type": t, "until": until, "offset": self.settings.clock_offset,
-                "stale_after": self.settings.stale_after}, conn=c)
+            return await sql.postpone(
+                self.store, type=t, until=until, offset=self.settings.clock_offset,
+                stale_after=self.settings.stale_after, conn=c)
 
     def _encoded_result(self, job: Job, value: Any) -> str | ResultError | None:
         """``value`` checked and encoded for ``jobs.result``, or the error saying why it
@@ -456,10 +457,10 @@ class Transitions:
         except ResultError as exc:
             return ResultError(f"job {job.id}: {exc}")
 
-    def _fence(self, job: Job) -> dict[str, Any]:
+    @staticmethod
+    def _check(job: Job) -> None:
         if not isinstance(job, Job):
             raise InvalidInput(f"expected a rota.Job, got {type(job).__name__}")
-        return {"id": job.id, "claim_token": job.claim_token, "offset": self.settings.clock_offset}
 
 
 __all__ = ["Transitions"]

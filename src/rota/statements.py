@@ -1,0 +1,381 @@
+"""Typed functions for rota's statements: one function per file ``rota/sql/NAME.sql``,
+named after it, taking exactly the statement's placeholders as keyword arguments and
+returning its answer typed (as River's generated queries and oban-py's query module
+do). A mistyped statement name is an ``AttributeError`` (and a mypy error), a missing
+or extra parameter a ``TypeError`` at the call (and a mypy error), not a ``KeyError``
+from psycopg in production; ``tests/test_statements.py`` checks that each function's
+parameters are its statement's placeholders.
+
+Every function runs through the :class:`rota.store.Store` it is given (the one
+data-access seam: docs/design.md, "Where things live"), on ``conn`` when given (inside
+the caller's transaction), else on a pooled connection. The statements not yet behind
+a function here are listed in ``tests/test_statements.py`` (``NOT_YET``).
+
+Units: ``offset`` is the queue's clock offset (a ``timedelta`` added to the database's
+``now()``: docs/design.md, "Time"); every ``timedelta`` is sent as exact seconds.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from .store import AnyConn, Store
+
+# -- fenced transitions of claimed jobs (docs/design.md, "Fencing", "Settling twice") --
+
+
+async def complete(store: Store, *, id: int, claim_token: uuid.UUID | None,
+                   offset: timedelta, result: str | None, started_at: datetime | None,
+                   schema_name: str, conn: AnyConn | None = None) -> int:
+    """``sql/complete.sql``: mark one job done under its claim, keeping ``result``
+    (encoded JSON text, or ``None``) and ``started_at`` (its claim time); notifies
+    waiters (``schema_name`` names the channel's payload).
+
+    Returns:
+        1 when done now, 0 when the claim matched nothing (lost, or a repeat).
+    """
+    return await store.execute("complete", {
+        "id": id, "claim_token": claim_token, "offset": offset, "result": result,
+        "started_at": started_at, "schema_name": schema_name}, conn=conn)
+
+
+async def complete_many(store: Store, *, ids: Sequence[int],
+                        claim_tokens: Sequence[uuid.UUID | None],
+                        results: Sequence[str | None],
+                        started_ats: Sequence[datetime | None], offset: timedelta,
+                        schema_name: str, conn: AnyConn | None = None) -> set[int]:
+    """``sql/complete_many.sql``: mark jobs done, each under its own claim (parallel
+    arrays, in id order: the one lock order).
+
+    Returns:
+        The ids done now.
+    """
+    rows = await store.fetch_all("complete_many", {
+        "ids": list(ids), "claim_tokens": list(claim_tokens), "results": list(results),
+        "started_ats": list(started_ats), "offset": offset,
+        "schema_name": schema_name}, conn=conn)
+    return {r[0] for r in rows}
+
+
+async def claim_states(store: Store, *, ids: Sequence[int],
+                       claim_tokens: Sequence[uuid.UUID | None],
+                       conn: AnyConn | None = None) -> dict[int, str]:
+    """``sql/claim_states.sql``: the status each job's claim left it in.
+
+    Returns:
+        Job id -> status, for the rows that still carry their claim's token.
+    """
+    rows = await store.fetch_all("claim_states", {
+        "ids": list(ids), "claim_tokens": list(claim_tokens)}, conn=conn)
+    return {r[0]: r[1] for r in rows}
+
+
+async def fail(store: Store, *, id: int, claim_token: uuid.UUID | None, offset: timedelta,
+               error: str, error_type: str | None, traceback: str | None, give_up: bool,
+               started_at: datetime | None, schema_name: str, backoff_base: timedelta,
+               max_backoff: timedelta, latest_due: datetime,
+               conn: AnyConn | None = None) -> str | None:
+    """``sql/fail.sql``: record a failed attempt under its claim (docs/design.md, "Fail
+    and backoff"): ``error`` kept, the backoff ``min(backoff_base * 2**attempts,
+    max_backoff)`` capped at ``latest_due``.
+
+    Returns:
+        The job's status now (``"pending"`` or ``"failed"``), or ``None`` when the
+        claim matched nothing.
+    """
+    row = await store.fetch_one("fail", {
+        "id": id, "claim_token": claim_token, "offset": offset, "error": error,
+        "error_type": error_type, "traceback": traceback, "give_up": give_up,
+        "started_at": started_at, "schema_name": schema_name,
+        "backoff_base": backoff_base, "max_backoff": max_backoff,
+        "latest_due": latest_due}, conn=conn)
+    return None if row is None else str(row[0])
+
+
+async def defer(store: Store, *, ids: Sequence[int],
+                claim_tokens: Sequence[uuid.UUID | None], until: datetime | None,
+                delay: timedelta, max_deferrals: int | None, offset: timedelta,
+                conn: AnyConn | None = None) -> list[tuple[int, str]]:
+    """``sql/defer.sql``: defer jobs under their claims to ``until`` (``None``: ``delay``
+    after the queue's clock), giving up past ``max_deferrals`` (docs/design.md,
+    "Defer").
+
+    Returns:
+        ``(id, status)`` per job the claims matched (``pending``, or ``failed``).
+    """
+    rows = await store.fetch_all("defer", {
+        "ids": list(ids), "claim_tokens": list(claim_tokens), "until": until,
+        "delay": delay, "max_deferrals": max_deferrals, "offset": offset}, conn=conn)
+    return [(r[0], r[1]) for r in rows]
+
+
+async def release(store: Store, *, ids: Sequence[int],
+                  claim_tokens: Sequence[uuid.UUID | None], not_before: datetime | None,
+                  conn: AnyConn | None = None) -> int:
+    """``sql/release.sql``: hand jobs back as if never claimed, not due before
+    ``not_before`` when given (docs/design.md, "Defer").
+
+    Returns:
+        How many were released.
+    """
+    return await store.execute("release", {
+        "ids": list(ids), "claim_tokens": list(claim_tokens),
+        "not_before": not_before}, conn=conn)
+
+
+async def restore_due(store: Store, *, ids: Sequence[int],
+                      claim_tokens: Sequence[uuid.UUID | None],
+                      pushed: Sequence[datetime], asked: Sequence[datetime | None],
+                      offset: timedelta, conn: AnyConn | None = None) -> int:
+    """``sql/restore_due.sql``: jobs whose due time a run pushed to ``pushed`` are due at
+    ``asked`` again (``None``: now) (docs/design.md, "Defer").
+
+    Returns:
+        How many are due sooner.
+    """
+    return await store.execute("restore_due", {
+        "ids": list(ids), "claim_tokens": list(claim_tokens), "pushed": list(pushed),
+        "asked": list(asked), "offset": offset}, conn=conn)
+
+
+async def heartbeat(store: Store, *, ids: Sequence[int],
+                    claim_tokens: Sequence[uuid.UUID | None], offset: timedelta,
+                    conn: AnyConn | None = None) -> int:
+    """``sql/heartbeat.sql``: refresh the locks of jobs under their claims
+    (docs/design.md, "Stale locks").
+
+    Returns:
+        How many locks were refreshed.
+    """
+    return await store.execute("heartbeat", {
+        "ids": list(ids), "claim_tokens": list(claim_tokens), "offset": offset},
+        conn=conn)
+
+
+async def postpone(store: Store, *, type: str, until: datetime, offset: timedelta,
+                   stale_after: timedelta, conn: AnyConn | None = None) -> int:
+    """``sql/postpone.sql``: the claimable jobs of ``type`` wait until ``until`` (a
+    quota's reset: docs/design.md, "Quotas").
+
+    Returns:
+        How many were postponed.
+    """
+    return await store.execute("postpone", {
+        "type": type, "until": until, "offset": offset, "stale_after": stale_after},
+        conn=conn)
+
+
+async def lost_attempts(store: Store, *, ids: Sequence[int],
+                        claim_tokens: Sequence[uuid.UUID | None], offset: timedelta,
+                        conn: AnyConn | None = None) -> int:
+    """``sql/lost_attempts.sql``: give the attempt before these claims an error when it
+    left none (docs/design.md, "Stale locks").
+
+    Returns:
+        How many errors were recorded.
+    """
+    return await store.execute("lost_attempts", {
+        "ids": list(ids), "claim_tokens": list(claim_tokens), "offset": offset},
+        conn=conn)
+
+
+async def fail_stuck(store: Store, *, offset: timedelta, stale_after: timedelta,
+                     schema_name: str, conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/fail_stuck.sql``: fail running jobs whose lock is stale and whose attempts
+    are used up (docs/design.md, "Stuck jobs").
+
+    Returns:
+        The failed jobs' rows (values that cannot be loaded are ``Unreadable``).
+    """
+    return await store.fetch_dicts("fail_stuck", {
+        "offset": offset, "stale_after": stale_after, "schema_name": schema_name},
+        conn=conn)
+
+
+# -- give-up hooks (docs/design.md, "Give-up hooks") ----------------------------------
+
+
+async def give_up_owed(store: Store, *, types: Sequence[str], ids: Sequence[int] | None,
+                       limit: int, conn: AnyConn | None = None) -> list[int]:
+    """``sql/give_up_owed.sql``: ids of jobs of ``types`` whose hook is owed (``ids``
+    only, when given), at most ``limit``."""
+    rows = await store.fetch_all("give_up_owed", {
+        "types": list(types), "ids": None if ids is None else list(ids), "limit": limit},
+        conn=conn)
+    return [r[0] for r in rows]
+
+
+async def give_up_lock(store: Store, *, id: int,
+                       conn: AnyConn | None = None) -> dict[str, Any] | None:
+    """``sql/give_up_lock.sql``: lock a job whose hook is owed (skipping one another
+    sweeper holds).
+
+    Returns:
+        Its row, or ``None`` (handled already, or locked elsewhere).
+    """
+    return await store.fetch_dict("give_up_lock", {"id": id}, conn=conn)
+
+
+async def give_up_done(store: Store, *, id: int, conn: AnyConn | None = None) -> int:
+    """``sql/give_up_done.sql``: record the job's hook as run.
+
+    Returns:
+        1 when recorded.
+    """
+    return await store.execute("give_up_done", {"id": id}, conn=conn)
+
+
+# -- enqueue (docs/design.md, "Enqueue") ------------------------------------------------
+
+
+async def enqueue(store: Store, *, type: str, payload: str, group_id: str | None,
+                  dedupe_key: str | None, run_after: datetime | None,
+                  max_attempts: int | None, s_types: list[str] | None,
+                  s_max_attempts: int, s_max_attempts_by_type: Any,
+                  s_max_payload_bytes: int, s_groups: str | None, offset: timedelta,
+                  trace_context: Any, conn: AnyConn | None = None) -> dict[str, Any] | None:
+    """``sql/enqueue.sql``: one job through the database's ``enqueue_jobs`` (the
+    parameters of :func:`rota.enqueue.enqueue_params`, and the trace context).
+
+    Returns:
+        The row (the job's columns and ``problem``), or ``None`` for a duplicate.
+    """
+    return await store.fetch_dict("enqueue", {
+        "type": type, "payload": payload, "group_id": group_id, "dedupe_key": dedupe_key,
+        "run_after": run_after, "max_attempts": max_attempts, "s_types": s_types,
+        "s_max_attempts": s_max_attempts, "s_max_attempts_by_type": s_max_attempts_by_type,
+        "s_max_payload_bytes": s_max_payload_bytes, "s_groups": s_groups,
+        "offset": offset, "trace_context": trace_context}, conn=conn)
+
+
+async def enqueue_many(store: Store, *, types: list[str | None], payloads: list[str],
+                       group_ids: list[str | None], dedupe_keys: list[str | None],
+                       run_afters: list[datetime | None], max_attempts: list[int | None],
+                       s_types: list[str] | None, s_max_attempts: int,
+                       s_max_attempts_by_type: Any, s_max_payload_bytes: int,
+                       s_groups: str | None, offset: timedelta, trace_context: Any,
+                       count: int, conn: AnyConn | None = None
+                       ) -> tuple[int, Mapping[str, Any] | None]:
+    """``sql/enqueue_many.sql``: a batch through the database's ``enqueue_jobs``
+    (parallel arrays, :func:`rota.enqueue.enqueue_many_params`).
+
+    Returns:
+        ``(created, problem)``: how many jobs were created, and what the database
+        refused (``None``: nothing).
+    """
+    row = await store.fetch_one("enqueue_many", {
+        "types": types, "payloads": payloads, "group_ids": group_ids,
+        "dedupe_keys": dedupe_keys, "run_afters": run_afters, "max_attempts": max_attempts,
+        "s_types": s_types, "s_max_attempts": s_max_attempts,
+        "s_max_attempts_by_type": s_max_attempts_by_type,
+        "s_max_payload_bytes": s_max_payload_bytes, "s_groups": s_groups,
+        "offset": offset, "trace_context": trace_context, "count": count}, conn=conn)
+    assert row is not None
+    return int(row[0]), row[1]
+
+
+async def publish_settings(store: Store, *, s_types: list[str] | None,
+                           s_max_attempts: int, s_max_attempts_by_type: Any,
+                           s_max_payload_bytes: int, s_groups: str | None,
+                           offset: timedelta, conn: AnyConn | None = None) -> int:
+    """``sql/publish_settings.sql``: write the enqueue settings the SQL entry points
+    read (docs/enqueue-from-sql.md, "Settings").
+
+    Returns:
+        1 when they changed, 0 when already published.
+    """
+    return await store.execute("publish_settings", {
+        "s_types": s_types, "s_max_attempts": s_max_attempts,
+        "s_max_attempts_by_type": s_max_attempts_by_type,
+        "s_max_payload_bytes": s_max_payload_bytes, "s_groups": s_groups,
+        "offset": offset}, conn=conn)
+
+
+# -- the queue's reads and groups -------------------------------------------------------
+
+
+async def db_now(store: Store, *, offset: timedelta, conn: AnyConn | None = None) -> datetime:
+    """``sql/db_now.sql``: the queue's clock, the database's ``now()`` plus ``offset``."""
+    row = await store.fetch_one("db_now", {"offset": offset}, conn=conn)
+    assert row is not None
+    now: datetime = row[0]
+    return now
+
+
+async def get_job(store: Store, *, id: int,
+                  conn: AnyConn | None = None) -> dict[str, Any] | None:
+    """``sql/get_job.sql``: one job's row by id, or ``None``."""
+    return await store.fetch_dict("get_job", {"id": id}, conn=conn)
+
+
+async def quota_blocked_work(store: Store, *, type: str, until: datetime,
+                             conn: AnyConn | None = None) -> bool:
+    """``sql/quota_blocked_work.sql``: whether a pending job of ``type`` is due by
+    ``until``."""
+    row = await store.fetch_one("quota_blocked_work", {"type": type, "until": until},
+                                conn=conn)
+    return row is not None and bool(row[0])
+
+
+async def upsert_group(store: Store, *, group_id: str, owner_id: str | None,
+                       plan: str | None, active: bool, conn: AnyConn | None = None) -> int:
+    """``sql/upsert_group.sql``: create or update a group in rota's own groups table.
+
+    Returns:
+        The row count (1).
+    """
+    return await store.execute("upsert_group", {
+        "group_id": group_id, "owner_id": owner_id, "plan": plan, "active": active},
+        conn=conn)
+
+
+# -- the runner's runs row and rate waits -------------------------------------------------
+
+
+async def run_start(store: Store, *, id: uuid.UUID, trigger: str, offset: timedelta,
+                    worker: str, conn: AnyConn | None = None) -> datetime:
+    """``sql/run_start.sql``: write a run's row (docs/design.md, "The runner").
+
+    Returns:
+        Its ``started_at`` on the queue's clock.
+    """
+    row = await store.fetch_one("run_start", {
+        "id": id, "trigger": trigger, "offset": offset, "worker": worker}, conn=conn)
+    assert row is not None
+    started_at: datetime = row[0]
+    return started_at
+
+
+async def run_save(store: Store, *, id: uuid.UUID, jobs_done: int, jobs_failed: int,
+                   jobs_deferred: int, quota_units: int, summary: str, final: bool,
+                   stop_reason: str | None, error: str | None, offset: timedelta,
+                   conn: AnyConn | None = None) -> datetime | None:
+    """``sql/run_save.sql``: save a run's counters (``summary``: JSON text), and with
+    ``final`` its end.
+
+    Returns:
+        ``finished_at`` when ``final``, else ``None``.
+    """
+    row = await store.fetch_one("run_save", {
+        "id": id, "jobs_done": jobs_done, "jobs_failed": jobs_failed,
+        "jobs_deferred": jobs_deferred, "quota_units": quota_units, "summary": summary,
+        "final": final, "stop_reason": stop_reason, "error": error, "offset": offset},
+        conn=conn)
+    return None if row is None else row[0]
+
+
+async def rate_wait_note(store: Store, *, ids: Sequence[int], name: str, key: str,
+                         until: datetime, offset: timedelta,
+                         conn: AnyConn | None = None) -> int:
+    """``sql/rate_wait_note.sql``: note jobs deferred for a rate limit's units until
+    ``until`` (docs/design.md, "Rates").
+
+    Returns:
+        The row count.
+    """
+    return await store.execute("rate_wait_note", {
+        "ids": list(ids), "name": name, "key": key, "until": until, "offset": offset},
+        conn=conn)
