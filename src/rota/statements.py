@@ -379,3 +379,213 @@ async def rate_wait_note(store: Store, *, ids: Sequence[int], name: str, key: st
     return await store.execute("rate_wait_note", {
         "ids": list(ids), "name": name, "key": key, "until": until, "offset": offset},
         conn=conn)
+
+
+# -- rate limits (docs/design.md, "Rates") ----------------------------------------------
+
+
+async def rate_take(store: Store, *, name: str, key: str, units: int, limit: int,
+                    per: timedelta, burst: int, emission: timedelta,
+                    max_wait: timedelta | None, offset: timedelta,
+                    conn: AnyConn | None = None) -> tuple[bool, datetime, float]:
+    """``sql/rate_take.sql``: take ``units`` from bucket ``(name, key)`` (``max_wait``:
+    the longest reservation; ``None``: after the fact, always granted).
+
+    Returns:
+        ``(granted, at, wait_seconds)``: when the units are (or would be) the taker's.
+    """
+    row = await store.fetch_one("rate_take", {
+        "name": name, "key": key, "units": units, "limit": limit, "per": per,
+        "burst": burst, "emission": emission, "max_wait": max_wait, "offset": offset},
+        conn=conn)
+    assert row is not None
+    return bool(row[0]), row[1], float(row[2])
+
+
+async def rate_backoff(store: Store, *, name: str, key: str, wait: timedelta, limit: int,
+                       per: timedelta, burst: int, emission: timedelta, offset: timedelta,
+                       conn: AnyConn | None = None) -> datetime:
+    """``sql/rate_backoff.sql``: empty bucket ``(name, key)`` for ``wait``.
+
+    Returns:
+        When the backoff ends.
+    """
+    row = await store.fetch_one("rate_backoff", {
+        "name": name, "key": key, "wait": wait, "limit": limit, "per": per,
+        "burst": burst, "emission": emission, "offset": offset}, conn=conn)
+    assert row is not None
+    until: datetime = row[0]
+    return until
+
+
+async def rate_peek(store: Store, *, name: str, key: str, offset: timedelta,
+                    conn: AnyConn | None = None) -> tuple[datetime, datetime | None]:
+    """``sql/rate_peek.sql``: bucket ``(name, key)`` without taking from it.
+
+    Returns:
+        ``(now, tat)``: the queue's clock and the bucket's theoretical arrival time
+        (``None``: no row yet).
+    """
+    row = await store.fetch_one("rate_peek", {"name": name, "key": key, "offset": offset},
+                                conn=conn)
+    assert row is not None
+    return row[0], row[1]
+
+
+async def rate_list(store: Store, *, name: str | None, limit: int, offset: timedelta,
+                    conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/rate_list.sql``: the buckets (of limit ``name`` only, when given), at most
+    ``limit`` rows."""
+    return await store.fetch_dicts("rate_list", {
+        "name": name, "limit": limit, "offset": offset}, conn=conn)
+
+
+# -- quotas (docs/design.md, "Quotas") ----------------------------------------------------
+
+
+async def quota_used(store: Store, *, quota: str, scope_key: str, period_start: datetime,
+                     conn: AnyConn | None = None) -> int:
+    """``sql/quota_used.sql``: units of ``quota`` spent by ``scope_key`` in the period
+    starting ``period_start``."""
+    row = await store.fetch_one("quota_used", {
+        "quota": quota, "scope_key": scope_key, "period_start": period_start}, conn=conn)
+    assert row is not None
+    return int(row[0])
+
+
+async def quota_spend(store: Store, *, quota: str, scope_key: str, period_start: datetime,
+                      units: int, limit: int, offset: timedelta,
+                      conn: AnyConn | None = None) -> int | None:
+    """``sql/quota_spend.sql``: spend ``units`` atomically if they fit under ``limit``.
+
+    Returns:
+        The units used now, or ``None`` when they did not fit (nothing spent).
+    """
+    row = await store.fetch_one("quota_spend", {
+        "quota": quota, "scope_key": scope_key, "period_start": period_start,
+        "units": units, "limit": limit, "offset": offset}, conn=conn)
+    return None if row is None else int(row[0])
+
+
+async def quota_exhaust(store: Store, *, quota: str, scope_key: str,
+                        period_start: datetime, limit: int, offset: timedelta,
+                        conn: AnyConn | None = None) -> int:
+    """``sql/quota_exhaust.sql``: record ``quota`` as used up (``limit``) for the
+    period."""
+    return await store.execute("quota_exhaust", {
+        "quota": quota, "scope_key": scope_key, "period_start": period_start,
+        "limit": limit, "offset": offset}, conn=conn)
+
+
+async def group_owner(store: Store, *, group_id: str,
+                      conn: AnyConn | None = None) -> dict[str, Any] | None:
+    """``sql/group_owner.sql``: a group's ``owner_id`` and ``plan``, or ``None``."""
+    return await store.fetch_dict("group_owner", {"group_id": group_id}, conn=conn)
+
+
+# -- schedules (docs/design.md, "Schedules") ----------------------------------------------
+
+
+async def list_schedules(store: Store, *,
+                         conn: AnyConn | None = None) -> list[tuple[Any, ...]]:
+    """``sql/list_schedules.sql``: every stored schedule, ``(name, last tick, created,
+    ...)``."""
+    return await store.fetch_all("list_schedules", {}, conn=conn)
+
+
+async def schedules_state(store: Store, *, names: Sequence[str], offset: timedelta,
+                          conn: AnyConn | None = None) -> list[tuple[Any, ...]]:
+    """``sql/schedules_state.sql``: ``(name, last tick, created, now)`` per name
+    (``created`` ``None``: not registered yet)."""
+    return await store.fetch_all("schedules_state", {
+        "names": list(names), "offset": offset}, conn=conn)
+
+
+async def schedule_register(store: Store, *, names: Sequence[str], offset: timedelta,
+                            conn: AnyConn | None = None) -> int:
+    """``sql/schedule_register.sql``: register schedules by name (idempotent)."""
+    return await store.execute("schedule_register", {
+        "names": list(names), "offset": offset}, conn=conn)
+
+
+async def schedule_lock(store: Store, *, name: str,
+                        conn: AnyConn | None = None) -> tuple[Any, ...] | None:
+    """``sql/schedule_lock.sql``: lock a schedule's row; its ``(last tick, created)``,
+    or ``None`` when it was deleted."""
+    return await store.fetch_one("schedule_lock", {"name": name}, conn=conn)
+
+
+async def schedule_advance(store: Store, *, name: str, tick: datetime, offset: timedelta,
+                           conn: AnyConn | None = None) -> int:
+    """``sql/schedule_advance.sql``: move a schedule's cursor to ``tick``."""
+    return await store.execute("schedule_advance", {
+        "name": name, "tick": tick, "offset": offset}, conn=conn)
+
+
+# -- the worker and maintenance (docs/design.md, "Maintenance") ---------------------------
+
+
+async def next_due(store: Store, *, types: Sequence[str] | None, offset: timedelta,
+                   stale_after: timedelta, conn: AnyConn | None = None,
+                   deadline: float | None = None) -> float | None:
+    """``sql/next_due.sql``: seconds until the next job of ``types`` (``None``: any) is
+    claimable, or ``None`` when none is waiting (``deadline``: seconds, see
+    :meth:`rota.store.Store.deadline`)."""
+    row = await store.fetch_one("next_due", {
+        "types": None if types is None else list(types), "offset": offset,
+        "stale_after": stale_after}, conn=conn, deadline=deadline)
+    return None if row is None or row[0] is None else float(row[0])
+
+
+async def notify_probe(store: Store, *, token: str,
+                       conn: AnyConn | None = None) -> tuple[Any, ...] | None:
+    """``sql/notify_probe.sql``: send ``token`` on the worker's probe channel.
+
+    Returns:
+        ``(None, database name)`` as the server that sent it saw it.
+    """
+    return await store.fetch_one("notify_probe", {"token": token}, conn=conn)
+
+
+async def killed_runs(store: Store, *, stale_after: timedelta, offset: timedelta,
+                      conn: AnyConn | None = None) -> list[tuple[Any, ...]]:
+    """``sql/killed_runs.sql``: mark unfinished runs silent for ``stale_after`` killed.
+
+    Returns:
+        One row per run marked.
+    """
+    return await store.fetch_all("killed_runs", {
+        "stale_after": stale_after, "offset": offset}, conn=conn)
+
+
+async def killed_runs_next(store: Store, *, stale_after: timedelta, offset: timedelta,
+                           conn: AnyConn | None = None) -> float | None:
+    """``sql/killed_runs_next.sql``: seconds until the next unfinished run is due to be
+    marked killed, or ``None``."""
+    row = await store.fetch_one("killed_runs_next", {
+        "stale_after": stale_after, "offset": offset}, conn=conn)
+    return None if row is None or row[0] is None else float(row[0])
+
+
+async def prune_done(store: Store, *, retention: timedelta, batch_size: int,
+                     offset: timedelta, conn: AnyConn | None = None) -> int:
+    """``sql/prune_done.sql``: delete up to ``batch_size`` done jobs finished more than
+    ``retention`` ago. Returns how many."""
+    return await store.execute("prune_done", {
+        "retention": retention, "batch_size": batch_size, "offset": offset}, conn=conn)
+
+
+async def prune_runs(store: Store, *, retention: timedelta, batch_size: int,
+                     offset: timedelta, conn: AnyConn | None = None) -> int:
+    """``sql/prune_runs.sql``: delete up to ``batch_size`` finished runs started more
+    than ``retention`` ago. Returns how many."""
+    return await store.execute("prune_runs", {
+        "retention": retention, "batch_size": batch_size, "offset": offset}, conn=conn)
+
+
+async def prune_quota_usage(store: Store, *, retention: timedelta, offset: timedelta,
+                            conn: AnyConn | None = None) -> int:
+    """``sql/prune_quota_usage.sql``: delete quota usage rows of periods that began
+    more than ``retention`` ago. Returns how many."""
+    return await store.execute("prune_quota_usage", {
+        "retention": retention, "offset": offset}, conn=conn)
