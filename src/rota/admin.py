@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from . import statements as sql
 from .checks import require_aware, require_row_id, require_text
 from .db import migrations
 from .errors import InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
@@ -193,16 +194,16 @@ async def list_jobs(
     """
     if status is not None and status not in JOB_STATUSES:
         raise InvalidInput(f"status must be one of {', '.join(JOB_STATUSES)}; got {status!r}")
-    params = {
-        "status": status,
-        "type": require_text(type, "type", allow_none=True),
-        "group_id": require_text(group_id, "group_id", allow_none=True),
-        "job_id": None if job_id is None else require_row_id(job_id, "job_id"),
-        "before_id": None if before_id is None else require_row_id(before_id, "before_id"),
-        "limit": _limit(limit) + 1,  # one more: is there another page?
-    }
+    checked_type = require_text(type, "type", allow_none=True)
+    checked_group = require_text(group_id, "group_id", allow_none=True)
+    checked_id = None if job_id is None else require_row_id(job_id, "job_id")
+    before = None if before_id is None else require_row_id(before_id, "before_id")
     async with queue.connection(conn) as c:
-        rows = await queue.store.fetch_dicts("list_jobs", params, conn=c)
+        rows = await sql.list_jobs(
+            queue.store, status=status, type=checked_type, group_id=checked_group,
+            job_id=checked_id, before_id=before,
+            limit=_limit(limit) + 1,  # one more: is there another page?
+            conn=c)
     rows, more = rows[:limit], len(rows) > limit
     jobs: list[Job] = []
     unreadable: list[UnreadableJob] = []
@@ -239,11 +240,12 @@ async def retry_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = No
         InvalidInput: ``job_id`` is not a positive int.
     """
     job_id = require_row_id(job_id, "job_id")
-    params = {"id": job_id, "offset": queue.clock_offset, "channel": queue.schema}
     async with queue.connection(conn) as c:
         try:
             async with _savepoint(c):
-                row = await queue.store.fetch_dict("retry_job", params, conn=c)
+                row = await sql.retry_job(queue.store, id=job_id,
+                                          offset=queue.clock_offset, channel=queue.schema,
+                                          conn=c)
         except psycopg.errors.UniqueViolation:  # an open duplicate appeared meanwhile
             row = None
         if row is not None:
@@ -298,9 +300,8 @@ async def cancel_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = N
     """
     job_id = require_row_id(job_id, "job_id")
     async with queue.connection(conn) as c:
-        row = await queue.store.fetch_dict("cancel_job", {
-            "id": job_id, "offset": queue.clock_offset, "schema_name": queue.schema},
-            conn=c)
+        row = await sql.cancel_job(queue.store, id=job_id, offset=queue.clock_offset,
+                                   schema_name=queue.schema, conn=c)
         if row is not None:
             return Job.from_row(row, lenient=True)  # written: the answer must not fail
         job = await _lenient_job(queue, job_id, c)
@@ -340,9 +341,10 @@ async def list_runs(
     else:
         before_at = None if before is None else require_aware(before, "before")
         before_id = _ZERO_UUID
-    params = {"limit": _limit(limit), "before_at": before_at, "before_id": before_id}
+    page = _limit(limit)
     async with queue.connection(conn) as c:
-        rows = await queue.store.fetch_dicts("list_runs", params, conn=c)
+        rows = await sql.list_runs(queue.store, before_at=before_at, before_id=before_id,
+                                   limit=page, conn=c)
     return [RunRecord(**row) for row in rows]
 
 
@@ -360,8 +362,7 @@ async def depth(queue: AdminQueue, *, conn: AnyConn | None = None) -> list[Depth
         priority (highest first), then plan id.
     """
     async with queue.connection(conn) as c:
-        rows = await queue.store.fetch_dicts("queue_depth", {"offset": queue.clock_offset},
-                                             conn=c)
+        rows = await sql.queue_depth(queue.store, offset=queue.clock_offset, conn=c)
     out = [DepthRow(
         type=r["type"], plan=r["plan"], priority=_claim_priority(queue.plans, r["plan"]),
         due=r["due"], scheduled=r["scheduled"], paused=r["paused"], running=r["running"],
@@ -384,15 +385,14 @@ async def missing_migrations(queue: AdminQueue, *, conn: AnyConn | None = None) 
         psycopg.errors.UndefinedTable: the schema has no migrations at all.
     """
     async with queue.connection(conn) as c:
-        applied = {row[0] for row in await queue.store.fetch_all("applied_migrations", {},
-                                                                 conn=c)}
+        applied = await sql.applied_migrations(queue.store, conn=c)
     return sorted({version for version, _, _ in migrations()} - applied)
 
 
 async def _lenient_job(queue: AdminQueue, job_id: int, conn: AnyConn) -> Job | None:
     """One job as it is, values that cannot be loaded left as ``Unreadable`` (for an
     admin action's error message, which only needs its status and dedupe key)."""
-    row = await queue.store.fetch_dict("get_job", {"id": job_id}, conn=conn)
+    row = await sql.get_job(queue.store, id=job_id, conn=conn)
     return None if row is None else Job.from_row(row, lenient=True)
 
 
@@ -476,7 +476,7 @@ async def set_group(queue: GroupsQueue, group_id: str, *, owner_id: str | None =
     async with queue.connection() as c, c.transaction():
         old = None
         if not queue.external_groups:
-            old = await queue.store.fetch_dict("group_get", {"group_id": gid}, conn=c)
+            old = await sql.group_get(queue.store, group_id=gid, conn=c)
         row = GroupRow(
             group_id=gid,
             owner_id=owner_id if owner_id is not KEEP else (old or {}).get("owner_id"),
@@ -500,9 +500,9 @@ async def list_groups(queue: AdminQueue, *, limit: int = 50, after: str | None =
     Raises:
         InvalidInput: ``limit`` out of range.
     """
-    params = {"limit": _limit(limit), "after": require_text(after, "after", allow_none=True)}
+    page, start = _limit(limit), require_text(after, "after", allow_none=True)
     async with queue.connection(conn) as c:
-        rows = await queue.store.fetch_dicts("list_groups", params, conn=c)
+        rows = await sql.list_groups(queue.store, after=start, limit=page, conn=c)
     return [GroupRow(**row) for row in rows]
 
 

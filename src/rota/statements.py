@@ -589,3 +589,105 @@ async def prune_quota_usage(store: Store, *, retention: timedelta, offset: timed
     more than ``retention`` ago. Returns how many."""
     return await store.execute("prune_quota_usage", {
         "retention": retention, "offset": offset}, conn=conn)
+
+
+# -- admin operations (rota.admin: rota jobs, rota runs, rota groups, the dashboard) -----
+
+
+async def list_jobs(store: Store, *, status: str | None, type: str | None,
+                    group_id: str | None, job_id: int | None, before_id: int | None,
+                    limit: int, conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/list_jobs.sql``: jobs, newest first, filtered (``None``: any), before
+    ``before_id`` (a keyset page), at most ``limit``."""
+    return await store.fetch_dicts("list_jobs", {
+        "status": status, "type": type, "group_id": group_id, "job_id": job_id,
+        "before_id": before_id, "limit": limit}, conn=conn)
+
+
+async def retry_job(store: Store, *, id: int, offset: timedelta, channel: str,
+                    conn: AnyConn | None = None) -> dict[str, Any] | None:
+    """``sql/retry_job.sql``: a failed job pending again, its owed hook cancelled
+    (``channel``: the schema, for the wake-up notification).
+
+    Returns:
+        Its row (with ``hook_cancelled``), or ``None`` when it is not failed.
+
+    Raises:
+        psycopg.errors.UniqueViolation: an open job holds its dedupe key.
+    """
+    return await store.fetch_dict("retry_job", {
+        "id": id, "offset": offset, "channel": channel}, conn=conn)
+
+
+async def cancel_job(store: Store, *, id: int, offset: timedelta, schema_name: str,
+                     conn: AnyConn | None = None) -> dict[str, Any] | None:
+    """``sql/cancel_job.sql``: a pending job failed as cancelled.
+
+    Returns:
+        Its row, or ``None`` when it is not pending.
+    """
+    return await store.fetch_dict("cancel_job", {
+        "id": id, "offset": offset, "schema_name": schema_name}, conn=conn)
+
+
+async def list_runs(store: Store, *, before_at: datetime | None, before_id: uuid.UUID,
+                    limit: int, conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/list_runs.sql``: runs, newest first, before ``(before_at, before_id)``
+    (a keyset page), at most ``limit``."""
+    return await store.fetch_dicts("list_runs", {
+        "before_at": before_at, "before_id": before_id, "limit": limit}, conn=conn)
+
+
+async def queue_depth(store: Store, *, offset: timedelta,
+                      conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/queue_depth.sql``: open jobs per type and plan."""
+    return await store.fetch_dicts("queue_depth", {"offset": offset}, conn=conn)
+
+
+async def applied_migrations(store: Store, *, conn: AnyConn | None = None) -> set[int]:
+    """``sql/applied_migrations.sql``: the migration versions applied to the schema."""
+    return {row[0] for row in await store.fetch_all("applied_migrations", {}, conn=conn)}
+
+
+async def group_get(store: Store, *, group_id: str,
+                    conn: AnyConn | None = None) -> dict[str, Any] | None:
+    """``sql/group_get.sql``: a group of rota's own table, or ``None``."""
+    return await store.fetch_dict("group_get", {"group_id": group_id}, conn=conn)
+
+
+async def list_groups(store: Store, *, after: str | None, limit: int,
+                      conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/list_groups.sql``: groups by id after ``after``, at most ``limit``."""
+    return await store.fetch_dicts("list_groups", {"after": after, "limit": limit},
+                                   conn=conn)
+
+
+# -- results (docs/design.md, "Results") -------------------------------------------------
+
+
+async def get_result(store: Store, *, id: int,
+                     conn: AnyConn | None = None) -> dict[str, Any] | None:
+    """``sql/get_result.sql``: a job's status, result and errors, or ``None``."""
+    return await store.fetch_dict("get_result", {"id": id}, conn=conn)
+
+
+async def waiter_add(store: Store, *, id: int, waiter: uuid.UUID,
+                     conn: AnyConn | None = None) -> int:
+    """``sql/waiter_add.sql``: register ``waiter`` for job ``id``'s settlement."""
+    return await store.execute("waiter_add", {"id": id, "waiter": waiter}, conn=conn)
+
+
+async def waiter_remove(store: Store, *, id: int, waiter: uuid.UUID,
+                        conn: AnyConn | None = None) -> int:
+    """``sql/waiter_remove.sql``: unregister ``waiter``."""
+    return await store.execute("waiter_remove", {"id": id, "waiter": waiter}, conn=conn)
+
+
+# -- the claim's upkeep (docs/fast-claim.md) ---------------------------------------------
+
+
+async def horizon_age(store: Store, *, conn: AnyConn | None = None) -> float:
+    """``sql/horizon_age.sql``: seconds since the oldest transaction holding a snapshot
+    or an xid began (0 when none)."""
+    row = await store.fetch_one("horizon_age", {}, conn=conn)
+    return float(row[0]) if row and row[0] is not None else 0.0
