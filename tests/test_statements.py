@@ -22,16 +22,6 @@ SQL = Path(rota.__file__).parent / "sql"
 PLACEHOLDER = re.compile(r"%%|%\((\w+)\)[sbt]")
 #: Arguments a function takes besides the statement's parameters.
 NOT_PARAMETERS = {"store", "conn", "deadline"}
-#: Statements not yet behind a typed function (still run by name through the store).
-#: Shrink this list; never grow it: a new statement gets its function.
-NOT_YET = {
-    "dashboard_allowance_usage", "dashboard_group_owners", "dashboard_groups_paused",
-    "dashboard_groups_served", "dashboard_id_range", "dashboard_job", "dashboard_jobs",
-    "dashboard_metrics_finished", "dashboard_metrics_runs", "dashboard_owners_served",
-    "dashboard_published_types", "dashboard_quota_names", "dashboard_quota_usage",
-    "dashboard_run", "dashboard_runs", "dashboard_status_counts",
-    "dashboard_throughput", "dashboard_types", "dashboard_waits",
-}
 
 
 def blocks() -> set[str]:
@@ -60,9 +50,6 @@ STATEMENTS = sorted(p.stem for p in SQL.glob("*.sql") if p.stem not in blocks())
 
 @pytest.mark.parametrize("name", STATEMENTS)
 def test_every_statement_has_its_function(name: str) -> None:
-    if name in NOT_YET:
-        assert name not in functions(), f"{name} has its function: drop it from NOT_YET"
-        pytest.skip("not yet behind a typed function")
     assert name in functions(), f"rota/sql/{name}.sql has no rota.statements.{name}"
 
 
@@ -80,7 +67,3 @@ def test_the_placeholder_parser_reads_binary_and_text_parameters() -> None:
     assert placeholders("complete_many") == {
         "ids", "claim_tokens", "results", "started_ats", "offset", "schema_name"}
     assert {"ids", "claim_tokens"} <= placeholders("defer")  # from {fenced_claims}
-
-
-def test_the_list_of_those_not_yet_typed_names_only_statements() -> None:
-    assert NOT_YET <= set(STATEMENTS)

@@ -8,8 +8,10 @@ parameters are its statement's placeholders.
 
 Every function runs through the :class:`rota.store.Store` it is given (the one
 data-access seam: docs/design.md, "Where things live"), on ``conn`` when given (inside
-the caller's transaction), else on a pooled connection. The statements not yet behind
-a function here are listed in ``tests/test_statements.py`` (``NOT_YET``).
+the caller's transaction), else on a pooled connection. The fair claim's statements
+(``rota/fair/*.sql``) are its package's own (:mod:`rota.fair`); the sync paths
+(:class:`rota.SyncQueue`, the sync result reads and waits of :mod:`rota.results`,
+the Django backend) compose the same statements by name on a sync cursor.
 
 Units: ``offset`` is the queue's clock offset (a ``timedelta`` added to the database's
 ``now()``: docs/design.md, "Time"); every ``timedelta`` is sent as exact seconds.
@@ -686,8 +688,174 @@ async def waiter_remove(store: Store, *, id: int, waiter: uuid.UUID,
 # -- the claim's upkeep (docs/fast-claim.md) ---------------------------------------------
 
 
-async def horizon_age(store: Store, *, conn: AnyConn | None = None) -> float:
-    """``sql/horizon_age.sql``: seconds since the oldest transaction holding a snapshot
-    or an xid began (0 when none)."""
+async def horizon_age(store: Store, *,
+                      conn: AnyConn | None = None) -> tuple[float, int]:
+    """``sql/horizon_age.sql``: the xmin horizon's age.
+
+    Returns:
+        ``(seconds, transactions)``: seconds since the oldest transaction holding a
+        snapshot or an xid began (0 when none), and how many transactions hold one.
+    """
     row = await store.fetch_one("horizon_age", {}, conn=conn)
-    return float(row[0]) if row and row[0] is not None else 0.0
+    if row is None:
+        return 0.0, 0
+    return (0.0 if row[0] is None else float(row[0])), (0 if row[1] is None else int(row[1]))
+
+
+# -- the dashboard's read-only queries (rota.web.queries; docs/operations.md) ------------
+# Each returns its rows as dicts keyed by column name.
+
+
+async def dashboard_types(store: Store, *, conn: AnyConn | None = None
+                          ) -> list[dict[str, Any]]:
+    """``sql/dashboard_types.sql``: the job types that have jobs (``type``)."""
+    return await store.fetch_dicts("dashboard_types", {}, conn=conn)
+
+
+async def dashboard_published_types(store: Store, *, conn: AnyConn | None = None
+                                    ) -> list[dict[str, Any]]:
+    """``sql/dashboard_published_types.sql``: the types the SQL entry points accept
+    (``types``; ``None``: any)."""
+    return await store.fetch_dicts("dashboard_published_types", {}, conn=conn)
+
+
+async def dashboard_status_counts(store: Store, *, types: Sequence[str], cap: int | None,
+                                  offset: timedelta, conn: AnyConn | None = None
+                                  ) -> list[dict[str, Any]]:
+    """``sql/dashboard_status_counts.sql``: jobs per type and status (pending read up to
+    ``cap``; ``None``: all)."""
+    return await store.fetch_dicts("dashboard_status_counts", {
+        "types": list(types), "cap": cap, "offset": offset}, conn=conn)
+
+
+async def dashboard_throughput(store: Store, *, types: Sequence[str], failed_per_type: int,
+                               offset: timedelta, conn: AnyConn | None = None
+                               ) -> list[dict[str, Any]]:
+    """``sql/dashboard_throughput.sql``: jobs done and failed per minute of the last
+    hour (at most ``failed_per_type`` failures read per type)."""
+    return await store.fetch_dicts("dashboard_throughput", {
+        "types": list(types), "failed_per_type": failed_per_type, "offset": offset},
+        conn=conn)
+
+
+async def dashboard_waits(store: Store, *, types: Sequence[str], per_type: int,
+                          offset: timedelta, conn: AnyConn | None = None
+                          ) -> list[dict[str, Any]]:
+    """``sql/dashboard_waits.sql``: waits from due to start per plan (``per_type`` jobs
+    read per type)."""
+    return await store.fetch_dicts("dashboard_waits", {
+        "types": list(types), "per_type": per_type, "offset": offset}, conn=conn)
+
+
+async def dashboard_groups_served(store: Store, *, types: Sequence[str], limit: int,
+                                  offset: timedelta, conn: AnyConn | None = None
+                                  ) -> list[dict[str, Any]]:
+    """``sql/dashboard_groups_served.sql``: the groups with due work and what the fair
+    claim counts for them, at most ``limit``."""
+    return await store.fetch_dicts("dashboard_groups_served", {
+        "types": list(types), "limit": limit, "offset": offset}, conn=conn)
+
+
+async def dashboard_owners_served(store: Store, *, types: Sequence[str], limit: int,
+                                  offset: timedelta, conn: AnyConn | None = None
+                                  ) -> list[dict[str, Any]]:
+    """``sql/dashboard_owners_served.sql``: as :func:`dashboard_groups_served`, per
+    owner (``fair_by="owner"``)."""
+    return await store.fetch_dicts("dashboard_owners_served", {
+        "types": list(types), "limit": limit, "offset": offset}, conn=conn)
+
+
+async def dashboard_group_owners(store: Store, *, ids: Sequence[str],
+                                 conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/dashboard_group_owners.sql``: the owner of each group of ``ids``."""
+    return await store.fetch_dicts("dashboard_group_owners", {"ids": list(ids)}, conn=conn)
+
+
+async def dashboard_groups_paused(store: Store, *, types: Sequence[str], limit: int,
+                                  conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/dashboard_groups_paused.sql``: paused groups with work, at most ``limit``
+    (each row carries the ``total``)."""
+    return await store.fetch_dicts("dashboard_groups_paused", {
+        "types": list(types), "limit": limit}, conn=conn)
+
+
+async def dashboard_runs(store: Store, *, before_started: datetime | None,
+                         before_id: uuid.UUID | None, limit: int, offset: timedelta,
+                         conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/dashboard_runs.sql``: runs, newest first, before ``(before_started,
+    before_id)`` (a keyset page), at most ``limit``."""
+    return await store.fetch_dicts("dashboard_runs", {
+        "before_started": before_started, "before_id": before_id, "limit": limit,
+        "offset": offset}, conn=conn)
+
+
+async def dashboard_id_range(store: Store, *, conn: AnyConn | None = None
+                             ) -> list[dict[str, Any]]:
+    """``sql/dashboard_id_range.sql``: the lowest and highest job ids (``low``,
+    ``high``)."""
+    return await store.fetch_dicts("dashboard_id_range", {}, conn=conn)
+
+
+async def dashboard_jobs(store: Store, *, before: int, low: int, type: str | None,
+                         status: str | None, group_id: str | None,
+                         run_id: uuid.UUID | None, limit: int,
+                         conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/dashboard_jobs.sql``: jobs among ids in ``[low, before)`` matching the
+    filters (``None``: any), newest first, at most ``limit``."""
+    return await store.fetch_dicts("dashboard_jobs", {
+        "before": before, "low": low, "type": type, "status": status,
+        "group_id": group_id, "run_id": run_id, "limit": limit}, conn=conn)
+
+
+async def dashboard_run(store: Store, *, id: uuid.UUID, offset: timedelta,
+                        conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/dashboard_run.sql``: one run (no row: unknown)."""
+    return await store.fetch_dicts("dashboard_run", {"id": id, "offset": offset},
+                                   conn=conn)
+
+
+async def dashboard_job(store: Store, *, id: int,
+                        conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/dashboard_job.sql``: one job (no row: unknown)."""
+    return await store.fetch_dicts("dashboard_job", {"id": id}, conn=conn)
+
+
+async def dashboard_quota_names(store: Store, *, offset: timedelta,
+                                conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/dashboard_quota_names.sql``: shared quotas with recent usage rows."""
+    return await store.fetch_dicts("dashboard_quota_names", {"offset": offset}, conn=conn)
+
+
+async def dashboard_quota_usage(store: Store, *, quotas: Sequence[str],
+                                period_starts: Sequence[datetime],
+                                conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/dashboard_quota_usage.sql``: units used of each quota in its period
+    (parallel arrays)."""
+    return await store.fetch_dicts("dashboard_quota_usage", {
+        "quotas": list(quotas), "period_starts": list(period_starts)}, conn=conn)
+
+
+async def dashboard_allowance_usage(store: Store, *, quotas: Sequence[str],
+                                    period_starts: Sequence[datetime],
+                                    conn: AnyConn | None = None) -> list[dict[str, Any]]:
+    """``sql/dashboard_allowance_usage.sql``: per allowance, the owners that spent, the
+    units used and the most one owner used, in its period (parallel arrays)."""
+    return await store.fetch_dicts("dashboard_allowance_usage", {
+        "quotas": list(quotas), "period_starts": list(period_starts)}, conn=conn)
+
+
+async def dashboard_metrics_finished(store: Store, *, types: Sequence[str],
+                                     since: datetime, until: datetime,
+                                     failed_per_type: int, conn: AnyConn | None = None
+                                     ) -> list[dict[str, Any]]:
+    """``sql/dashboard_metrics_finished.sql``: jobs finished in ``(since, until]`` per
+    type, plan and status."""
+    return await store.fetch_dicts("dashboard_metrics_finished", {
+        "types": list(types), "since": since, "until": until,
+        "failed_per_type": failed_per_type}, conn=conn)
+
+
+async def dashboard_metrics_runs(store: Store, *, conn: AnyConn | None = None
+                                 ) -> list[dict[str, Any]]:
+    """``sql/dashboard_metrics_runs.sql``: finished runs by stop reason (``n``)."""
+    return await store.fetch_dicts("dashboard_metrics_runs", {}, conn=conn)

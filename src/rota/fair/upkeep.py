@@ -246,7 +246,7 @@ class ClaimUpkeep:
             return
         self._horizon_looked = now
         try:
-            age = await statements.horizon_age(self.store)
+            age, _ = await statements.horizon_age(self.store)
         except Exception:
             log.exception("looking at the xmin horizon failed")
             return
