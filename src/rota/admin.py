@@ -1,8 +1,10 @@
-"""Admin operations: list jobs, retry and cancel one, list runs, queue depth.
+"""Admin operations: create or update a group, list jobs, retry and cancel one, list
+runs, queue depth.
 
-These are what ``rota jobs``, ``rota runs`` and ``rota depth`` call, so a program can do
-the same without the CLI. Each takes the :class:`rota.Queue` first and runs one named
-statement from ``rota/sql/`` on ``conn`` when given (inside the caller's transaction,
+These are what ``rota groups``, ``rota jobs``, ``rota runs`` and ``rota depth`` call, so a
+program can do the same without the CLI. Each takes the :class:`rota.Queue` first (which
+binds them as its methods) and runs its statements (:mod:`rota.statements`) on ``conn``
+when given (inside the caller's transaction,
 which decides when it commits) or else on a pooled connection.
 
 Times are timezone-aware UTC instants on the queue's clock (the database's ``now()``
@@ -24,7 +26,7 @@ from psycopg.pq import TransactionStatus
 from . import statements as sql
 from .checks import require_aware, require_row_id, require_text
 from .db import migrations
-from .errors import InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
+from .errors import ConfigError, InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
 from .job import Job, JobStatus, no_give_up_hook
 from .results import JobResult, result
 from .store import AnyConn, Store
@@ -46,6 +48,8 @@ class AdminQueue(Protocol):
     def plans(self) -> Plans: ...
     @property
     def clock_offset(self) -> timedelta: ...
+    @property
+    def external_groups(self) -> bool: ...
     def connection(self, conn: AnyConn | None = None
                    ) -> AbstractAsyncContextManager[AnyConn]: ...
 
@@ -156,6 +160,47 @@ class DepthRow:
     paused: int
     running: int
     oldest_due_age: timedelta | None
+
+
+async def upsert_group(
+    queue: AdminQueue,
+    group_id: str | uuid.UUID,
+    *,
+    plan: str | None,
+    active: bool = True,
+    owner_id: str | uuid.UUID | None = None,
+    conn: AnyConn | None = None,
+) -> None:
+    """Create or update a group in rota's own groups table. Takes effect at the next
+    claim; queued jobs are not rewritten.
+
+    Args:
+        group_id: text or UUID.
+        plan: a plan id from the queue's plans, or ``None`` for a group with no owner
+            (ranked as the middle plan).
+        active: ``False`` pauses the group: its jobs are not claimable.
+        owner_id: the owner whose per-owner allowances (quotas) the group's jobs
+            spend; ``None`` for none.
+
+    Raises:
+        UnknownPlan: ``plan`` is not in the queue's plans.
+        ConfigError: the queue reads groups from an application relation instead.
+    """
+    if queue.external_groups:
+        raise ConfigError(
+            "this queue reads groups from the application's relation "
+            f"{queue.store.groups_ident.as_string(None)}; change plan and status there"
+        )
+    gid = require_text(group_id, "group_id")
+    assert gid is not None
+    owner = require_text(owner_id, "owner_id", allow_none=True)
+    if plan is not None:
+        queue.plans[plan]
+    if not isinstance(active, bool):
+        raise InvalidInput("active must be a bool")
+    async with queue.connection(conn) as c:
+        await sql.upsert_group(queue.store, group_id=gid, owner_id=owner, plan=plan,
+                               active=active, conn=c)
 
 
 async def list_jobs(

@@ -43,13 +43,13 @@ from .checks import (
     require_text,
 )
 from .connections import ConnectionSetup
-from .errors import ConfigError, DatabaseRefused, InvalidInput, UnreadableJob
+from .errors import ConfigError, InvalidInput, UnreadableJob
 from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
 from .give_up import GiveUpHook, GiveUpHooks
 from .job import FailOutcome, Job
 from .plans import Plans
 from .settings import QueueSettings
-from .store import AnyConn, IdleConnectionCheck, Store, listen_connect_args
+from .store import AnyConn, IdleConnectionCheck, Store
 from .transitions import Transitions
 
 log = logging.getLogger("rota.queue")
@@ -272,54 +272,28 @@ class Queue:
 
     async def listen_connect_args(self, *, through_pooler: bool = False
                                   ) -> tuple[str, dict[str, Any]] | None:
-        """Where a LISTEN connection goes (the worker's wake-ups, :meth:`wait`):
-        ``listen_url`` when given, else the pool's connection string; autocommit
-        (docs/operations.md, "Poolers and failover").
-
-        Args:
-            through_pooler: also when the pool goes through a connection pooler and no
-                ``listen_url`` is given (the worker, which then checks that
-                notifications arrive).
+        """Where a LISTEN connection goes (the worker's wake-ups, :meth:`wait`); see
+        :meth:`rota.connections.ConnectionSetup.listen_target`.
 
         Returns:
-            ``(conninfo, kwargs)``, or ``None``: the pool goes through a pooler, no
-            ``listen_url`` is given and ``through_pooler`` is false (poll instead).
+            ``(conninfo, kwargs)``, or ``None``: poll instead.
         """
         await self.open()
-        setup = self.connections
-        if setup.listen_url is None and setup.pooled and not through_pooler:
-            return None
-        conninfo, kwargs = await listen_connect_args(self._pool)
-        return setup.listen_args(conninfo, kwargs)
+        return await self.connections.listen_target(self._pool,
+                                                    through_pooler=through_pooler)
 
     async def listener(self, *, through_pooler: bool = False
                        ) -> psycopg.AsyncConnection[Any] | None:
-        """A new autocommit connection for LISTEN, where
-        :meth:`listen_connect_args` says (``None`` when it says to poll); the caller
-        closes it.
+        """A new autocommit connection for LISTEN (``None``: poll instead); the caller
+        closes it. See :meth:`rota.connections.ConnectionSetup.listener`.
 
         Raises:
-            ConfigError: ``listen_url`` refused rota's startup options: it goes through
-                a connection pooler (LISTEN needs the server itself).
+            ConfigError: ``listen_url`` goes through a connection pooler.
             DatabaseRefused: ``listen_url`` refused the connection otherwise.
-            psycopg.OperationalError: it could not be reached (or the pool's string,
-                without ``listen_url``, refused it).
+            psycopg.OperationalError: it could not be reached.
         """
-        target = await self.listen_connect_args(through_pooler=through_pooler)
-        if target is None:
-            return None
-        try:
-            return await psycopg.AsyncConnection.connect(target[0], **target[1])
-        except psycopg.OperationalError as exc:
-            cause = db.refusal(exc)
-            if cause is None or self.connections.listen_url is None:
-                raise  # the pool's own string: as any of its connections
-            if "startup parameter" in cause:
-                raise ConfigError(
-                    f"listen_url goes through a connection pooler ({cause}): point it at "
-                    "the server itself") from None
-            raise DatabaseRefused(
-                f"listen_url: the database refused the connection: {cause}") from None
+        await self.open()
+        return await self.connections.listener(self._pool, through_pooler=through_pooler)
 
     async def migrate(self) -> list[int]:
         """Apply missing migrations to this queue's schema (see :func:`rota.db.migrate`),
@@ -339,48 +313,6 @@ class Queue:
         async with self.connection() as c:
             now = await sql.db_now(self.store, offset=self.clock_offset, conn=c)
         return now.astimezone(UTC)
-
-    # -- groups ------------------------------------------------------------------------
-
-    async def upsert_group(
-        self,
-        group_id: str | uuid.UUID,
-        *,
-        plan: str | None,
-        active: bool = True,
-        owner_id: str | uuid.UUID | None = None,
-        conn: AnyConn | None = None,
-    ) -> None:
-        """Create or update a group in rota's own groups table. Takes effect at the next
-        claim; queued jobs are not rewritten.
-
-        Args:
-            group_id: text or UUID.
-            plan: a plan id from the queue's plans, or ``None`` for a group with no owner
-                (ranked as the middle plan).
-            active: ``False`` pauses the group: its jobs are not claimable.
-            owner_id: the owner whose per-owner allowances (quotas) the group's jobs
-                spend; ``None`` for none.
-
-        Raises:
-            UnknownPlan: ``plan`` is not in the queue's plans.
-            ConfigError: the queue reads groups from an application relation instead.
-        """
-        if self.external_groups:
-            raise ConfigError(
-                "this queue reads groups from the application's relation "
-                f"{self.store.groups_ident.as_string(None)}; change plan and status there"
-            )
-        gid = require_text(group_id, "group_id")
-        assert gid is not None
-        owner = require_text(owner_id, "owner_id", allow_none=True)
-        if plan is not None:
-            self.plans[plan]
-        if not isinstance(active, bool):
-            raise InvalidInput("active must be a bool")
-        async with self.connection(conn) as c:
-            await sql.upsert_group(self.store, group_id=gid, owner_id=owner, plan=plan,
-                                   active=active, conn=c)
 
     # -- enqueue -----------------------------------------------------------------------
 
@@ -853,6 +785,7 @@ class Queue:
     # queue.list_jobs(status="failed") runs rota.admin.list_jobs(queue, status="failed").
     from . import admin as _admin
 
+    upsert_group = _admin.upsert_group
     list_jobs = _admin.list_jobs
     retry_job = _admin.retry_job
     cancel_job = _admin.cancel_job
