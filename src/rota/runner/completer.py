@@ -74,6 +74,8 @@ class Completer(Generic[T]):
                 self.task = asyncio.get_running_loop().create_task(self._flush())
 
     async def wait_quietly(self) -> None:
+        """Wait for the group in flight, if any, raising nothing (a batch's end: what
+        it failed to complete stays unsettled and is handed back or failed)."""
         if self.task is not None:
             await asyncio.gather(self.task, return_exceptions=True)
 
