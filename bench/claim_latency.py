@@ -57,7 +57,7 @@ async def run_rota(queue: Queue, reps: int, seq: list[int]) -> list[float]:
         for j in jobs:
             await queue.complete(j)
         await _replace(queue, len(jobs), seq)
-    await queue.settle()
+    await queue.run_upkeep()
     return times
 
 

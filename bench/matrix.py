@@ -144,7 +144,7 @@ async def run_claims(url: str, how: str, rounds: int, per_round: int,
                     if r > 0:  # round 0 warms connections and prepared plans
                         out[name].append(dt)
                     await settle(c, how, [i for i, _ in got], [g for _, g in got], rng)
-        await queue.settle()
+        await queue.run_upkeep()
     return out
 
 

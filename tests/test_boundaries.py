@@ -87,7 +87,17 @@ def test_no_module_of_rota_imports_itself_back() -> None:
     assert cycles(import_graph()) == []
 
 
+def test_only_the_queue_drives_the_fair_claim() -> None:
+    """docs/design.md, "Where things live": ``fair/`` is entered by ``queue.py``; the
+    ``rota verify`` command imports its report types to print them."""
+    graph = import_graph()
+    entering = {m for m, deps in graph.items() if not m.startswith("rota.fair")
+                and any(d == "rota.fair" or d.startswith("rota.fair.") for d in deps)}
+    assert entering == {"rota.queue", "rota.cli.verify"}
+
+
 @pytest.mark.parametrize("module", [
+    "rota.transitions", "rota.give_up", "rota.enqueue", "rota.runner.settle",
     "rota.runner.pipeline", "rota.runner.loop", "rota.runner.batch",
     "rota.runner.recording", "rota.runner.context", "rota.runner.stage",
     "rota.runner.completer", "rota.runner.source", "rota.admin", "rota.queue",

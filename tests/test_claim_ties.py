@@ -50,7 +50,7 @@ async def test_one_statements_jobs_tie_on_created_at_and_the_probe_stays_put(
             if settle == "complete_enqueue":
                 await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": j.group_id}
                                           for j in batch])
-        await queue.settle()
+        await queue.run_upkeep()
     assert claim.retries.get("t", 0) == 0
     assert claim._probe["t", "group"] == claim._floor(25)
     await claim_equals_oracle(queue, database_url, "t", 25)
@@ -68,7 +68,7 @@ async def test_ties_in_served_counts_and_heads_with_one_claim_per_group(
         first = await queue.claim("t", 60)
         assert len({j.group_id for j in first}) == 60
         assert all(await queue.complete_many(first))
-        await queue.settle()
+        await queue.run_upkeep()
     await claim_equals_oracle(queue, database_url, "t", 25)
     await queue.claim("t", 25)
     assert queue.fair_claim.retries.get("t", 0) == 0
@@ -90,8 +90,8 @@ async def test_claims_on_the_callers_connection_keep_the_special_set_small(
             batch = await queue.claim("t", 10, conn=c)
             assert all(await queue.complete_many(batch, conn=c))
             await c.commit()
-            await queue.settle()
-        await queue.settle()
+            await queue.run_upkeep()
+        await queue.run_upkeep()
         await queue.upkeep.settle()
         cur = await c.execute(sql.SQL("SELECT count(DISTINCT group_id) FROM {}.fair_served")
                               .format(sql.Identifier(schema)))

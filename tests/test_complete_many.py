@@ -57,7 +57,7 @@ async def test_complete_many_fences_each_job_by_its_own_claim(
     assert await queue.complete_many([]) == []
     with pytest.raises(InvalidInput):
         await queue.complete_many([never.id])  # type: ignore[list-item]
-    await queue.settle()
+    await queue.run_upkeep()
     assert await recount(aconn, schema) == []
     await claim_equals_oracle(queue, database_url, "t", 5)
 
@@ -81,7 +81,7 @@ async def test_concurrent_batches_of_one_big_group_keep_the_bookkeeping_exact(
 
     done = await asyncio.gather(*(worker() for _ in range(8)))
     assert sum(done) == 1200
-    await queue.settle()
+    await queue.run_upkeep()
     assert await recount(aconn, schema) == []
     await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": g}
                               for g in ("big", "s1", "s2", "s1")])

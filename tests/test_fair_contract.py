@@ -469,7 +469,7 @@ async def test_repair_on_a_live_queue_keeps_claims_exact(
         *(work(q) for q in workers), enqueue(), repair()), timeout=120)
     assert counts["repairs"] == 5 and counts["claimed"] > 0
     for q in workers:
-        await q.settle()
+        await q.run_upkeep()
     assert await queue.verify() == []
     await claim_equals_oracle(queue, database_url, "t", 10)
 

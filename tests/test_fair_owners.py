@@ -110,7 +110,7 @@ async def test_a_group_moved_to_another_owner_counts_for_it_at_the_next_claim(
                                   for _ in range(10)])
     # X (two groups) and Y alternate: X's jobs take turns between x1 and x2.
     assert await drain(queue, 4, 4) == ["x1", "y1", "x2", "y1"]
-    await queue.settle()  # the owners' rows have the served counts: the move is a change
+    await queue.run_upkeep()  # the owners' rows have the served counts: the move is a change
     # x2 moves to Y: X is x1 (served 1), Y is y1 and x2 (served 3). X takes its
     # positions 1 and 2 alone; at 3 Y's first job (x2's: served 1 before y1's 2) wins the
     # tie on the group's served count; then X's fourth.
@@ -156,7 +156,7 @@ async def test_an_owner_with_a_group_changed_since_the_fold_counts_it(make_queue
     for gid in ("a1", "a1", "a2", "a2", "b1", "b1"):
         await queue.enqueue("t", {"g": gid}, group_id=gid)
     assert await drain(queue, 2, 2) == ["a1", "b1"]
-    await queue.settle()  # folded: A served 1, B served 1
+    await queue.run_upkeep()  # folded: A served 1, B served 1
     assert await drain(queue, 1, 1) == ["a2"]  # A's a2 (group served 0) before B's b1
     assert await drain(queue, 1, 1) == ["b1"]  # A served 2 now, B 1
     assert await drain(queue, 2, 2) == ["a1", "a2"]

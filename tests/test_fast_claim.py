@@ -139,7 +139,7 @@ async def test_concurrent_churn_and_crashes_leave_bookkeeping_equal_to_a_recount
     queue.clock_offset = timedelta(minutes=20)  # the left-running jobs go stale
     await queue.fail_stuck_jobs()
     await asyncio.gather(*(worker(w) for w in range(4)))
-    await queue.settle()
+    await queue.run_upkeep()
     assert await recount(aconn, schema) == []
     # The edge moves, deltas fold, groups empty out: still exact, still the oracle's order.
     await aconn.execute(sql.SQL("SELECT {s}.fair_advance('t', now()), {s}.fair_fold('t', now())")
@@ -220,7 +220,7 @@ async def test_scaled_down_backlog_with_deferred_paused_and_stale_jobs(
         assert len(batch) == 25
         for j in batch:
             assert await queue.complete(j)
-        await queue.settle()
+        await queue.run_upkeep()
     # no claim needed a wider probe
     assert queue.fair_claim._probe["t", "group"] == queue.fair_claim._floor(25)
     assert await recount(aconn, schema) == []
@@ -256,7 +256,7 @@ async def _claim_complete_settle(queue: Queue) -> None:
     assert len(jobs) == 5
     assert await queue.complete_many(jobs) == [True] * 5
     await queue.claim("t", 5)  # a second round of upkeep after the completions
-    await queue.settle()
+    await queue.run_upkeep()
 
 
 async def test_upkeep_vacuums_the_bookkeeping_tables(
@@ -318,7 +318,7 @@ async def test_a_queue_never_opened_keeps_its_upkeep_until_it_opens(
     assert queue.upkeep._task is None
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
     async with queue:
-        await queue.settle()  # the round kept due runs on the opened pool
+        await queue.run_upkeep()  # the round kept due runs on the opened pool
         cur = await aconn.execute(sql.SQL("SELECT count(*) FROM {}.fair_served")
                                   .format(sql.Identifier(migrated)))
         assert await cur.fetchone() == (0,)  # folded

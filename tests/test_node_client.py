@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from rota.enqueue import enqueue_settings
 from rota.settings import QueueSettings
 from rota.store import Statements
 
@@ -61,7 +62,7 @@ def test_node_enqueues_in_its_transactions_and_a_worker_runs_the_committed_half(
     # `rota migrate --app` publishes them.
     settings = QueueSettings(schema=migrated, **build_pipeline.queue_settings)  # type: ignore[attr-defined]
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(Statements(migrated).sql("publish_settings"), settings.enqueue_settings())
+        conn.execute(Statements(migrated).sql("publish_settings"), enqueue_settings(settings))
     role = enqueue_only_role(migrated)
     env = {**os.environ, "DATABASE_URL": database_url, "ROTA_SCHEMA": migrated,
            "ROTA_APP": APP, "PYTHONUNBUFFERED": "1"}

@@ -377,7 +377,7 @@ async def test_no_transaction_is_open_while_a_handler_runs(queue: Queue,
     in flight when the handler starts (the previous job's batched completion, the
     claim's background upkeep), so a few tries a few milliseconds apart are allowed."""
     async def handler(ctx: JobContext) -> None:
-        await queue.settle()
+        await queue.run_upkeep()
         async with await psycopg.AsyncConnection.connect(database_url,
                                                          autocommit=True) as conn:
             for attempt in range(40):

@@ -324,7 +324,8 @@ RUNNER = Path(rota.runner.__file__).parent
 
 
 @pytest.mark.parametrize("module", ["batch.py", "loop.py", "pipeline.py", "context.py",
-                                    "completer.py", "stage.py", "batching.py"])
+                                    "completer.py", "stage.py", "batching.py",
+                                    "settle.py", "rates.py"])
 def test_only_the_recorder_issues_statements_of_its_own(module: str) -> None:
     """Job transitions go through Queue methods: no runner module but the recorder
     (the runs row) touches the store or names a statement."""

@@ -32,8 +32,9 @@ from rota import (
 )
 from rota.checks import EARLIEST_DUE, LATEST_DUE
 from rota.db import migrate, migrations
+from rota.enqueue import enqueue_error, enqueue_settings
 from rota.job import DEFAULT_MAX_PAYLOAD_BYTES
-from rota.settings import QueueSettings, enqueue_error
+from rota.settings import QueueSettings
 from rota.store import Statements
 
 Conn = psycopg.Connection[Any]
@@ -82,7 +83,7 @@ def migrate_schema(url: str, schema: str) -> None:
 def publish(conn: Conn, settings: QueueSettings) -> None:
     """Queue.publish_settings, on a sync connection."""
     conn.execute(Statements(settings.schema).sql("publish_settings"),
-                 settings.enqueue_settings())
+                 enqueue_settings(settings))
 
 
 @pytest.fixture

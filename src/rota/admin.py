@@ -1,8 +1,10 @@
-"""Admin operations: list jobs, retry and cancel one, list runs, queue depth.
+"""Admin operations: create or update a group, list jobs, retry and cancel one, list
+runs, queue depth.
 
-These are what ``rota jobs``, ``rota runs`` and ``rota depth`` call, so a program can do
-the same without the CLI. Each takes the :class:`rota.Queue` first and runs one named
-statement from ``rota/sql/`` on ``conn`` when given (inside the caller's transaction,
+These are what ``rota groups``, ``rota jobs``, ``rota runs`` and ``rota depth`` call, so a
+program can do the same without the CLI. Each takes the :class:`rota.Queue` first (which
+binds them as its methods) and runs its statements (:mod:`rota.statements`) on ``conn``
+when given (inside the caller's transaction,
 which decides when it commits) or else on a pooled connection.
 
 Times are timezone-aware UTC instants on the queue's clock (the database's ``now()``
@@ -22,9 +24,10 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from . import statements as sql
 from .checks import require_aware, require_row_id, require_text
 from .db import migrations
-from .errors import InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
+from .errors import ConfigError, InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
 from .job import Job, JobStatus, no_give_up_hook
 from .results import JobResult, result
 from .store import AnyConn, Store
@@ -48,6 +51,8 @@ class AdminQueue(Protocol):
     def clock_offset(self) -> timedelta: ...
     @property
     def stale_after(self) -> timedelta: ...
+    @property
+    def external_groups(self) -> bool: ...
     def connection(self, conn: AnyConn | None = None
                    ) -> AbstractAsyncContextManager[AnyConn]: ...
 
@@ -160,6 +165,47 @@ class DepthRow:
     oldest_due_age: timedelta | None
 
 
+async def upsert_group(
+    queue: AdminQueue,
+    group_id: str | uuid.UUID,
+    *,
+    plan: str | None,
+    active: bool = True,
+    owner_id: str | uuid.UUID | None = None,
+    conn: AnyConn | None = None,
+) -> None:
+    """Create or update a group in rota's own groups table. Takes effect at the next
+    claim; queued jobs are not rewritten.
+
+    Args:
+        group_id: text or UUID.
+        plan: a plan id from the queue's plans, or ``None`` for a group with no owner
+            (ranked as the middle plan).
+        active: ``False`` pauses the group: its jobs are not claimable.
+        owner_id: the owner whose per-owner allowances (quotas) the group's jobs
+            spend; ``None`` for none.
+
+    Raises:
+        UnknownPlan: ``plan`` is not in the queue's plans.
+        ConfigError: the queue reads groups from an application relation instead.
+    """
+    if queue.external_groups:
+        raise ConfigError(
+            "this queue reads groups from the application's relation "
+            f"{queue.store.groups_ident.as_string(None)}; change plan and status there"
+        )
+    gid = require_text(group_id, "group_id")
+    assert gid is not None
+    owner = require_text(owner_id, "owner_id", allow_none=True)
+    if plan is not None:
+        queue.plans[plan]
+    if not isinstance(active, bool):
+        raise InvalidInput("active must be a bool")
+    async with queue.connection(conn) as c:
+        await sql.upsert_group(queue.store, group_id=gid, owner_id=owner, plan=plan,
+                               active=active, conn=c)
+
+
 async def list_jobs(
     queue: AdminQueue,
     *,
@@ -196,16 +242,16 @@ async def list_jobs(
     """
     if status is not None and status not in JOB_STATUSES:
         raise InvalidInput(f"status must be one of {', '.join(JOB_STATUSES)}; got {status!r}")
-    params = {
-        "status": status,
-        "type": require_text(type, "type", allow_none=True),
-        "group_id": require_text(group_id, "group_id", allow_none=True),
-        "job_id": None if job_id is None else require_row_id(job_id, "job_id"),
-        "before_id": None if before_id is None else require_row_id(before_id, "before_id"),
-        "limit": _limit(limit) + 1,  # one more: is there another page?
-    }
+    checked_type = require_text(type, "type", allow_none=True)
+    checked_group = require_text(group_id, "group_id", allow_none=True)
+    checked_id = None if job_id is None else require_row_id(job_id, "job_id")
+    before = None if before_id is None else require_row_id(before_id, "before_id")
     async with queue.connection(conn) as c:
-        rows = await queue.store.fetch_dicts("list_jobs", params, conn=c)
+        rows = await sql.list_jobs(
+            queue.store, status=status, type=checked_type, group_id=checked_group,
+            job_id=checked_id, before_id=before,
+            limit=_limit(limit) + 1,  # one more: is there another page?
+            conn=c)
     rows, more = rows[:limit], len(rows) > limit
     jobs: list[Job] = []
     unreadable: list[UnreadableJob] = []
@@ -242,11 +288,12 @@ async def retry_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = No
         InvalidInput: ``job_id`` is not a positive int.
     """
     job_id = require_row_id(job_id, "job_id")
-    params = {"id": job_id, "offset": queue.clock_offset, "channel": queue.schema}
     async with queue.connection(conn) as c:
         try:
             async with _savepoint(c):
-                row = await queue.store.fetch_dict("retry_job", params, conn=c)
+                row = await sql.retry_job(queue.store, id=job_id,
+                                          offset=queue.clock_offset, channel=queue.schema,
+                                          conn=c)
         except psycopg.errors.UniqueViolation:  # an open duplicate appeared meanwhile
             row = None
         if row is not None:
@@ -301,9 +348,8 @@ async def cancel_job(queue: AdminQueue, job_id: int, *, conn: AnyConn | None = N
     """
     job_id = require_row_id(job_id, "job_id")
     async with queue.connection(conn) as c:
-        row = await queue.store.fetch_dict("cancel_job", {
-            "id": job_id, "offset": queue.clock_offset, "schema_name": queue.schema},
-            conn=c)
+        row = await sql.cancel_job(queue.store, id=job_id, offset=queue.clock_offset,
+                                   schema_name=queue.schema, conn=c)
         if row is not None:
             return Job.from_row(row, lenient=True)  # written: the answer must not fail
         job = await _lenient_job(queue, job_id, c)
@@ -343,9 +389,10 @@ async def list_runs(
     else:
         before_at = None if before is None else require_aware(before, "before")
         before_id = _ZERO_UUID
-    params = {"limit": _limit(limit), "before_at": before_at, "before_id": before_id}
+    page = _limit(limit)
     async with queue.connection(conn) as c:
-        rows = await queue.store.fetch_dicts("list_runs", params, conn=c)
+        rows = await sql.list_runs(queue.store, before_at=before_at, before_id=before_id,
+                                   limit=page, conn=c)
     return [RunRecord(**row) for row in rows]
 
 
@@ -363,8 +410,7 @@ async def depth(queue: AdminQueue, *, conn: AnyConn | None = None) -> list[Depth
         priority (highest first), then plan id.
     """
     async with queue.connection(conn) as c:
-        rows = await queue.store.fetch_dicts("queue_depth", {"offset": queue.clock_offset},
-                                             conn=c)
+        rows = await sql.queue_depth(queue.store, offset=queue.clock_offset, conn=c)
     out = [DepthRow(
         type=r["type"], plan=r["plan"], priority=_claim_priority(queue.plans, r["plan"]),
         due=r["due"], scheduled=r["scheduled"], paused=r["paused"], running=r["running"],
@@ -387,15 +433,14 @@ async def missing_migrations(queue: AdminQueue, *, conn: AnyConn | None = None) 
         psycopg.errors.UndefinedTable: the schema has no migrations at all.
     """
     async with queue.connection(conn) as c:
-        applied = {row[0] for row in await queue.store.fetch_all("applied_migrations", {},
-                                                                 conn=c)}
+        applied = await sql.applied_migrations(queue.store, conn=c)
     return sorted({version for version, _, _ in migrations()} - applied)
 
 
 async def _lenient_job(queue: AdminQueue, job_id: int, conn: AnyConn) -> Job | None:
     """One job as it is, values that cannot be loaded left as ``Unreadable`` (for an
     admin action's error message, which only needs its status and dedupe key)."""
-    row = await queue.store.fetch_dict("get_job", {"id": job_id}, conn=conn)
+    row = await sql.get_job(queue.store, id=job_id, conn=conn)
     return None if row is None else Job.from_row(row, lenient=True)
 
 
@@ -490,7 +535,7 @@ async def set_group(queue: GroupsQueue, group_id: str, *, owner_id: str | None =
     async with queue.connection() as c, c.transaction():
         old = None
         if not queue.external_groups:
-            old = await queue.store.fetch_dict("group_get", {"group_id": gid}, conn=c)
+            old = await sql.group_get(queue.store, group_id=gid, conn=c)
         row = GroupRow(
             group_id=gid,
             owner_id=owner_id if owner_id is not KEEP else (old or {}).get("owner_id"),
@@ -514,6 +559,7 @@ async def list_groups(queue: AdminQueue, *, limit: int = 50, after: str | None =
     Raises:
         InvalidInput: ``limit`` out of range.
     """
+    # The fair package's statement: it reads the served costs from the bookkeeping.
     params = {"limit": _limit(limit), "after": require_text(after, "after", allow_none=True),
               "offset": queue.clock_offset, "stale_after": queue.stale_after}
     async with queue.connection(conn) as c:

@@ -28,11 +28,12 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
 from . import db
 from .errors import ConfigError, DatabaseRefused, InvalidInput, first_line
 from .redact import redact
-from .store import AnyConn, configure_connection, set_prelude
+from .store import AnyConn, configure_connection, listen_connect_args, set_prelude
 
 log = logging.getLogger("rota.connections")
 
@@ -160,6 +161,56 @@ class ConnectionSetup:
         if self.listen_url is not None:
             return db.with_connection_defaults(self.listen_url), {"autocommit": True}
         return pool_conninfo, {**pool_kwargs, "autocommit": True}
+
+    async def listen_target(self, pool: AsyncConnectionPool[Any], *,
+                            through_pooler: bool = False
+                            ) -> tuple[str, dict[str, Any]] | None:
+        """Where a LISTEN connection goes (the worker's wake-ups, ``Queue.wait``):
+        ``listen_url`` when given, else the connection string of ``pool``, an open pool;
+        autocommit (docs/operations.md, "Poolers and failover").
+
+        Args:
+            pool: the queue's pool (its string and arguments are read from it).
+            through_pooler: also when the pool goes through a connection pooler and no
+                ``listen_url`` is given (the worker, which then checks that
+                notifications arrive).
+
+        Returns:
+            ``(conninfo, kwargs)``, or ``None``: the pool goes through a pooler, no
+            ``listen_url`` is given and ``through_pooler`` is false (poll instead).
+        """
+        if self.listen_url is None and self.pooled and not through_pooler:
+            return None
+        conninfo, kwargs = await listen_connect_args(pool)
+        return self.listen_args(conninfo, kwargs)
+
+    async def listener(self, pool: AsyncConnectionPool[Any], *,
+                       through_pooler: bool = False) -> psycopg.AsyncConnection[Any] | None:
+        """A new autocommit connection for LISTEN, where :meth:`listen_target` says
+        (``None`` when it says to poll); the caller closes it.
+
+        Raises:
+            ConfigError: ``listen_url`` refused rota's startup options: it goes through
+                a connection pooler (LISTEN needs the server itself).
+            DatabaseRefused: ``listen_url`` refused the connection otherwise.
+            psycopg.OperationalError: it could not be reached (or the pool's string,
+                without ``listen_url``, refused it).
+        """
+        target = await self.listen_target(pool, through_pooler=through_pooler)
+        if target is None:
+            return None
+        try:
+            return await psycopg.AsyncConnection.connect(target[0], **target[1])
+        except psycopg.OperationalError as exc:
+            cause = db.refusal(exc)
+            if cause is None or self.listen_url is None:
+                raise  # the pool's own string: as any of its connections
+            if "startup parameter" in cause:
+                raise ConfigError(
+                    f"listen_url goes through a connection pooler ({cause}): point it at "
+                    "the server itself") from None
+            raise DatabaseRefused(
+                f"listen_url: the database refused the connection: {cause}") from None
 
 
 def _hosts(conninfo: str) -> list[tuple[str, str]]:

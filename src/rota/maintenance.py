@@ -19,14 +19,23 @@ Tasks:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import Protocol
 
+from . import statements as sql
 from .checks import positive_int, require_duration
 from .errors import ConfigError, InvalidInput
 from .queue import Queue
 from .settings import DEFAULT_PLATFORM_TIMEOUT
+from .store import AnyConn, Store
+
+
+class Prune(Protocol):
+    """A pruning statement's function (:func:`rota.statements.prune_done`,
+    :func:`rota.statements.prune_runs`): deletes one batch, returns how many."""
+
+    async def __call__(self, store: Store, *, retention: timedelta, batch_size: int,
+                       offset: timedelta, conn: AnyConn | None = None) -> int: ...
 
 DEFAULT_RETENTION = timedelta(days=7)
 #: How long finished runs are kept: a month of history for ``rota runs``.
@@ -100,8 +109,8 @@ class KilledRuns:
     async def run_once(self) -> dict[str, int]:
         q = self.queue
         async with q.connection() as c:
-            rows = await q.store.fetch_all("killed_runs", {
-                "stale_after": q.stale_after, "offset": q.clock_offset}, conn=c)
+            rows = await sql.killed_runs(q.store, stale_after=q.stale_after,
+                                         offset=q.clock_offset, conn=c)
         return {"marked": len(rows)}
 
     async def next_in(self) -> float | None:
@@ -110,9 +119,8 @@ class KilledRuns:
         unfinished. The worker wakes for it."""
         q = self.queue
         async with q.connection() as c:
-            row = await q.store.fetch_one("killed_runs_next", {
-                "stale_after": q.stale_after, "offset": q.clock_offset}, conn=c)
-        return None if row is None or row[0] is None else float(row[0])
+            return await sql.killed_runs_next(q.store, stale_after=q.stale_after,
+                                              offset=q.clock_offset, conn=c)
 
 
 class PruneDoneJobs:
@@ -151,22 +159,21 @@ class PruneDoneJobs:
 
     async def run_once(self) -> dict[str, int]:
         q = self.queue
-        params = {"retention": self.retention, "offset": q.clock_offset}
-        deleted = await self._in_batches("prune_done", params)
+        deleted = await self._in_batches(sql.prune_done, self.retention)
         async with q.connection() as c:
-            quota_rows = await q.store.execute("prune_quota_usage", params, conn=c)
-        runs = await self._in_batches("prune_runs", {
-            "retention": self.runs_retention, "offset": q.clock_offset})
+            quota_rows = await sql.prune_quota_usage(q.store, retention=self.retention,
+                                                     offset=q.clock_offset, conn=c)
+        runs = await self._in_batches(sql.prune_runs, self.runs_retention)
         return {"jobs_deleted": deleted, "quota_rows_deleted": quota_rows,
                 "runs_deleted": runs}
 
-    async def _in_batches(self, statement: str, params: Mapping[str, object]) -> int:
+    async def _in_batches(self, prune: Prune, retention: timedelta) -> int:
         q = self.queue
         deleted = 0
         while True:
             async with q.connection() as c:
-                n = await q.store.execute(statement,
-                                          {**params, "batch_size": self.batch_size}, conn=c)
+                n = await prune(q.store, retention=retention, batch_size=self.batch_size,
+                                offset=q.clock_offset, conn=c)
             deleted += n
             if n < self.batch_size:
                 return deleted

@@ -1,64 +1,57 @@
-"""The queue: enqueue, claim, complete, fail, defer, release, stuck jobs and give-up
-hooks (docs/design.md, "The queue's rules"). A :class:`Queue` holds validated settings
-(:class:`rota.settings.QueueSettings`), the store every statement runs through
-(:class:`rota.store.Store`), the fair claim and its upkeep (:mod:`rota.fair`), and
-the admin operations (:mod:`rota.admin`).
+"""The queue, rota's facade (docs/design.md, "The queue's rules"). A :class:`Queue`
+holds validated settings (:class:`rota.settings.QueueSettings`), the store every
+statement runs through (:class:`rota.store.Store`), the fair claim and its upkeep
+(:mod:`rota.fair`), and exposes enqueue, the claim, and each job transition and
+give-up hook operation as a method.
 
-One piece (about 1,250 lines): every method is one transition of the job state machine
-(docs/state-machine.md) under one claim fence, or a thin door to a package that owns its
-rule (results, the fair claim's contract); they share the fence and the give-up path;
-split, each part would import the rest. The runner's transitions (heartbeat,
-postpone) are here too, so the runner issues no job statement of its own.
+The rules live in modules that take what they need, not the queue, so none imports it
+back: the fenced transitions in :mod:`rota.transitions`, the give-up hooks in
+:mod:`rota.give_up`, the admin operations in :mod:`rota.admin`, results in
+:mod:`rota.results`, the pool's health check in :mod:`rota.store`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
-import select
 import time
 import uuid
-from collections import ChainMap
 from collections.abc import (
     AsyncIterator,
-    Awaitable,
     Callable,
     Iterable,
     Mapping,
-    MutableMapping,
     Sequence,
 )
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 from psycopg.sql import Composed, Identifier
 from psycopg_pool import AsyncConnectionPool
 
 from . import db, tracing
+from . import enqueue as _enqueue
+from . import statements as sql
 from .checks import (
     INT_MAX,
-    LATEST_DUE,
     positive_int,
     require_due_time,
     require_row_id,
     require_text,
 )
 from .connections import ConnectionSetup
-from .cost import charge_units, job_cost
-from .errors import ConfigError, DatabaseRefused, InvalidInput, UnreadableJob, first_line
+from .errors import ConfigError, InvalidInput, UnreadableJob
 from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
-from .job import FailOutcome, Job, due_or_delay
-from .job import no_give_up_hook as _no_give_up_hook
+from .give_up import GiveUpHook, GiveUpHooks
+from .job import FailOutcome, Job
 from .plans import Plans
-from .results import ResultError, encode_result, error_record
-from .settings import QueueSettings, enqueue_error, enqueued_job
-from .store import AnyConn, Store, listen_connect_args
+from .settings import QueueSettings
+from .store import AnyConn, IdleConnectionCheck, Store
+from .transitions import Transitions
 
 log = logging.getLogger("rota.queue")
 
@@ -66,7 +59,6 @@ log = logging.getLogger("rota.queue")
 #: before it cancels them.
 CLOSE_DEADLINE = timedelta(seconds=5)
 
-GiveUpHook = Callable[[Job, AnyConn], Awaitable[None]]
 ClaimObserver = Callable[[str, float], None]  # (job type, seconds) after each claim
 
 
@@ -133,7 +125,6 @@ class Queue:
         self.settings = QueueSettings(**settings)
         #: rota's spans (:mod:`rota.tracing`; no-ops without ``opentelemetry-api``).
         self.tracer = tracing.Tracer(tracer_provider)
-        self._give_up_hooks: MutableMapping[str, GiveUpHook] = {}
         self.claim_observers: list[ClaimObserver] = []  # metrics (rota.web.metrics)
         if isinstance(conninfo_or_pool, str):
             setup = ConnectionSetup(conninfo_or_pool, pooled=pooled, listen_url=listen_url)
@@ -162,6 +153,11 @@ class Queue:
         # derived by with_stage_rules, which shares them.
         self._closes_pool = True
         self.store = Store(self._pool, self.settings.schema, self.settings.groups)
+        #: The give-up hooks by type (docs/design.md, "Give-up hooks").
+        self.hooks = GiveUpHooks(self.store, self.connection, self.tracer)
+        #: The fenced job transitions (docs/design.md, "Fencing").
+        self.transitions = Transitions(self.store, self.settings, self.connection,
+                                       self.hooks)
         self.upkeep = ClaimUpkeep(
             self.store, lambda: (self.clock_offset, self.served_window), UpkeepConfig())
         self.fair_claim = FairClaim(self.store, self.upkeep)
@@ -277,54 +273,28 @@ class Queue:
 
     async def listen_connect_args(self, *, through_pooler: bool = False
                                   ) -> tuple[str, dict[str, Any]] | None:
-        """Where a LISTEN connection goes (the worker's wake-ups, :meth:`wait`):
-        ``listen_url`` when given, else the pool's connection string; autocommit
-        (docs/operations.md, "Poolers and failover").
-
-        Args:
-            through_pooler: also when the pool goes through a connection pooler and no
-                ``listen_url`` is given (the worker, which then checks that
-                notifications arrive).
+        """Where a LISTEN connection goes (the worker's wake-ups, :meth:`wait`); see
+        :meth:`rota.connections.ConnectionSetup.listen_target`.
 
         Returns:
-            ``(conninfo, kwargs)``, or ``None``: the pool goes through a pooler, no
-            ``listen_url`` is given and ``through_pooler`` is false (poll instead).
+            ``(conninfo, kwargs)``, or ``None``: poll instead.
         """
         await self.open()
-        setup = self.connections
-        if setup.listen_url is None and setup.pooled and not through_pooler:
-            return None
-        conninfo, kwargs = await listen_connect_args(self._pool)
-        return setup.listen_args(conninfo, kwargs)
+        return await self.connections.listen_target(self._pool,
+                                                    through_pooler=through_pooler)
 
     async def listener(self, *, through_pooler: bool = False
                        ) -> psycopg.AsyncConnection[Any] | None:
-        """A new autocommit connection for LISTEN, where
-        :meth:`listen_connect_args` says (``None`` when it says to poll); the caller
-        closes it.
+        """A new autocommit connection for LISTEN (``None``: poll instead); the caller
+        closes it. See :meth:`rota.connections.ConnectionSetup.listener`.
 
         Raises:
-            ConfigError: ``listen_url`` refused rota's startup options: it goes through
-                a connection pooler (LISTEN needs the server itself).
+            ConfigError: ``listen_url`` goes through a connection pooler.
             DatabaseRefused: ``listen_url`` refused the connection otherwise.
-            psycopg.OperationalError: it could not be reached (or the pool's string,
-                without ``listen_url``, refused it).
+            psycopg.OperationalError: it could not be reached.
         """
-        target = await self.listen_connect_args(through_pooler=through_pooler)
-        if target is None:
-            return None
-        try:
-            return await psycopg.AsyncConnection.connect(target[0], **target[1])
-        except psycopg.OperationalError as exc:
-            cause = db.refusal(exc)
-            if cause is None or self.connections.listen_url is None:
-                raise  # the pool's own string: as any of its connections
-            if "startup parameter" in cause:
-                raise ConfigError(
-                    f"listen_url goes through a connection pooler ({cause}): point it at "
-                    "the server itself") from None
-            raise DatabaseRefused(
-                f"listen_url: the database refused the connection: {cause}") from None
+        await self.open()
+        return await self.connections.listener(self._pool, through_pooler=through_pooler)
 
     async def migrate(self) -> list[int]:
         """Apply missing migrations to this queue's schema (see :func:`rota.db.migrate`),
@@ -342,50 +312,8 @@ class Queue:
     async def now(self) -> datetime:
         """The queue's clock: database ``now()`` plus ``clock_offset`` (aware, UTC)."""
         async with self.connection() as c:
-            row = await self.store.fetch_one("db_now", {"offset": self.clock_offset}, conn=c)
-        assert row is not None
-        return cast(datetime, row[0]).astimezone(UTC)
-
-    # -- groups ------------------------------------------------------------------------
-
-    async def upsert_group(
-        self,
-        group_id: str | uuid.UUID,
-        *,
-        plan: str | None,
-        active: bool = True,
-        owner_id: str | uuid.UUID | None = None,
-        conn: AnyConn | None = None,
-    ) -> None:
-        """Create or update a group in rota's own groups table. Takes effect at the next
-        claim; queued jobs are not rewritten.
-
-        Args:
-            group_id: text or UUID.
-            plan: a plan id from the queue's plans, or ``None`` for a group with no owner
-                (ranked as the middle plan).
-            active: ``False`` pauses the group: its jobs are not claimable.
-            owner_id: the owner whose per-owner allowances (quotas) the group's jobs
-                spend; ``None`` for none.
-
-        Raises:
-            UnknownPlan: ``plan`` is not in the queue's plans.
-            ConfigError: the queue reads groups from an application relation instead.
-        """
-        if self.external_groups:
-            raise ConfigError(
-                "this queue reads groups from the application's relation "
-                f"{self.store.groups_ident.as_string(None)}; change plan and status there"
-            )
-        gid = require_text(group_id, "group_id")
-        owner = require_text(owner_id, "owner_id", allow_none=True)
-        if plan is not None:
-            self.plans[plan]
-        if not isinstance(active, bool):
-            raise InvalidInput("active must be a bool")
-        async with self.connection(conn) as c:
-            await self.store.execute("upsert_group", {
-                "group_id": gid, "owner_id": owner, "plan": plan, "active": active}, conn=c)
+            now = await sql.db_now(self.store, offset=self.clock_offset, conn=c)
+        return now.astimezone(UTC)
 
     # -- enqueue -----------------------------------------------------------------------
 
@@ -429,16 +357,10 @@ class Queue:
                 nothing written.
             UnknownGroup: ``group_id`` is not in the groups relation.
         """
-        params = self.settings.enqueue_params(
-            type, payload, group_id=group_id, dedupe_key=dedupe_key, run_after=run_after,
-            max_attempts=max_attempts)
-        with self.tracer.enqueue(params["type"], 1) as sending:
-            params["trace_context"] = sending.trace_context
-            async with self.connection(conn) as c:
-                row = await self.store.fetch_dict("enqueue", params, conn=c)
-            job = enqueued_job(row)
-            sending.sent([job.id] if job is not None else [], 1 if job is not None else 0)
-        return job
+        return await _enqueue.enqueue(
+            self.store, self.settings, self.tracer, self.connection, type, payload,
+            group_id=group_id, dedupe_key=dedupe_key, run_after=run_after,
+            max_attempts=max_attempts, conn=conn)
 
     async def enqueue_many(
         self, items: Iterable[Mapping[str, Any]], *, conn: AnyConn | None = None
@@ -461,24 +383,8 @@ class Queue:
             InvalidInput and subclasses: naming the first bad item; nothing written.
             UnknownGroup: some group ids are unknown; nothing written.
         """
-        params = self.settings.enqueue_many_params(items)
-        if not params["types"]:
-            return 0
-        types = set(params["types"])
-        with self.tracer.enqueue(types.pop() if len(types) == 1 else None,
-                                 len(params["types"])) as sending:
-            params["trace_context"] = sending.trace_context
-            params["count"] = len(params["types"])
-            async with self.connection(conn) as c:
-                # One statement: on our own autocommit connection it is its own
-                # transaction; on a caller's connection, the caller's transaction holds it.
-                row = await self.store.fetch_one("enqueue_many", params, conn=c)
-            assert row is not None
-            created, problem = row
-            if problem is not None:
-                raise enqueue_error(problem)
-            sending.sent([], int(created))
-        return int(created)
+        return await _enqueue.enqueue_many(self.store, self.settings, self.tracer,
+                                           self.connection, items, conn=conn)
 
     async def publish_settings(self, *, conn: AnyConn | None = None,
                                types: Iterable[str] | None = None) -> None:
@@ -499,11 +405,11 @@ class Queue:
         Raises:
             InvalidInput: a type is not a valid name.
         """
-        params = self.settings.enqueue_settings()
+        params = _enqueue.enqueue_settings(self.settings)
         if types is not None:
             params["s_types"] = sorted({require_text(t, "job type") or "" for t in types})
         async with self.connection(conn) as c:
-            await self.store.execute("publish_settings", params, conn=c)
+            await sql.publish_settings(self.store, **params, conn=c)
 
     # -- claim and transitions ---------------------------------------------------------
 
@@ -569,39 +475,12 @@ class Queue:
             claiming.claimed(len(claimed), self.fair_claim.retries.get(t, 0) - retries)
         for observe in self.claim_observers:
             observe(t, time.perf_counter() - started)
-        jobs: list[Job] = []
-        for job in claimed:
-            problems = job.problems
-            if not problems:
-                jobs.append(job)
-                continue
-            error = UnreadableJob(job.id, problems)
-            log.error("%s; it gives up", error)
-            await self._fail(job, str(error), give_up=True, conn=conn)
-            if unreadable is not None:
-                unreadable.append(error)
-        if any(j.attempts > 1 for j in jobs):
-            await self._record_lost_attempts([j for j in jobs if j.attempts > 1], conn)
-        return jobs
+        return await self.transitions.after_claim(claimed, unreadable, conn=conn)
 
-    async def _record_lost_attempts(self, jobs: list[Job], conn: AnyConn | None) -> None:
-        """Give the attempt before this claim an error when it left none: its run was
-        killed or cut off and its lock went stale (docs/design.md, "Stale locks").
-        A failure here is logged, never raised: the claim has committed, and its jobs
-        must reach the caller."""
-        try:
-            async with self.connection(conn) as c:
-                await self.store.execute("lost_attempts", {
-                    "ids": [j.id for j in jobs],
-                    "claim_tokens": [j.claim_token for j in jobs],
-                    "offset": self.clock_offset}, conn=c)
-        except Exception as exc:
-            log.warning("could not record the lost attempts of jobs %s: %s",
-                        [j.id for j in jobs], first_line(exc, with_type=True))
-
-    async def settle(self) -> None:
-        """Run the claim upkeep that is due now and wait for it to finish (tests,
-        shutdown)."""
+    async def run_upkeep(self) -> None:
+        """Run the claim's upkeep that is due now (its fold and horizon rounds,
+        docs/fast-claim.md) and wait for it to finish (tests, shutdown). Not to be
+        confused with settling a job (complete, fail, defer, release)."""
         await self.upkeep.settle()
 
     async def verify(self) -> list[Violation]:
@@ -639,70 +518,34 @@ class Queue:
     async def complete(self, job: Job, *, result: Any = None,
                        cost: Decimal | float | int | None = None,
                        conn: AnyConn | None = None) -> bool:
-        """Mark a claimed job done, under its claim, keeping ``result`` (docs/design.md,
-        "Results").
-
-        Args:
-            job: the claimed job.
-            result: the handler's return value, stored on the job (read it back with
-                :meth:`result`): JSON as a payload is (:func:`rota.job.encode_payload`),
-                at most ``max_payload_bytes``; ``None`` stores nothing.
-            cost: what the job is charged in its group's and owner's served counts
-                (docs/design.md, "Cost"): positive units, rounded to 6 places, at most
-                :data:`rota.cost.MAX_COST`; ``None`` charges 1.
-            conn: the caller's connection.
-
-        Repeating it under the same claim is harmless and answers the same: a complete
-        whose reply was lost with the connection, asked again, finds the job "already
-        done by this claim" (docs/design.md, "Settling twice").
+        """Mark a claimed job done, under its claim, keeping ``result`` (its return
+        value, JSON as a payload is; docs/design.md, "Results") and charging ``cost``
+        (positive units, 6 places, at most :data:`rota.cost.MAX_COST`; ``None``: 1;
+        docs/design.md, "Cost"). Repeated under the same claim it answers the same
+        (docs/design.md, "Settling twice"). See
+        :meth:`rota.transitions.Transitions.complete`.
 
         Returns:
             ``True`` when done by this claim (now or before); ``False`` when this claim
-            lost the job (it was reclaimed after a stale lock, failed as stuck, or
-            settled otherwise), and nothing changed.
+            lost the job, and nothing changed.
 
         Raises:
-            ResultError: ``result`` cannot be stored; the job was failed with that
-                error (given up at once: the value would not fit on a retry either)
-                rather than completed without it or lost.
+            ResultError: ``result`` cannot be stored; the job was failed (given up).
             InvalidCharge: ``cost`` is not a positive number within the limit; nothing
                 was written.
         """
-        charged = None if cost is None else job_cost(charge_units(cost))
-        encoded = self._encoded_result(job, result)
-        if isinstance(encoded, ResultError):
-            await self._fail(job, encoded, give_up=True, conn=conn)
-            raise encoded
-        params = {**self._fence(job), "result": encoded, "started_at": job.locked_at,
-                  "cost": charged, "schema_name": self.schema}
-        async with self.connection(conn) as c:
-            if await self.store.execute("complete", params, conn=c) == 1:
-                return True
-            states = await self.claim_states([job], conn=c)
-        return states.get(job.id) == "done"
+        return await self.transitions.complete(job, result=result, cost=cost, conn=conn)
 
     async def claim_states(self, jobs: Sequence[Job], *,
                            conn: AnyConn | None = None) -> dict[int, str]:
         """What became of jobs under the claims that handed them out (docs/design.md,
-        "Settling twice"): for each job whose row still carries its claim's token, the
-        status that claim left it in (``running``: still held; ``done``, ``pending``,
-        ``failed``: how it was settled). A job missing from the answer was lost by its
-        claim.
-
-        Args:
-            jobs: claimed jobs (those without a ``claim_token`` are left out).
-            conn: the caller's connection.
+        "Settling twice"); see :meth:`rota.transitions.Transitions.claim_states`.
 
         Returns:
-            Job id -> status, for the jobs this claim still answers for.
+            Job id -> status (``running``, ``done``, ``pending``, ``failed``) for the
+            jobs whose row still carries their claim's token; a job missing was lost.
         """
-        fenced = [j for j in jobs if j.claim_token is not None]
-        if not fenced:
-            return {}
-        rows = await self.store.fetch_all("claim_states", {
-            "ids": [j.id for j in fenced],
-            "claim_tokens": [j.claim_token for j in fenced]}, conn=conn)
-        return {r[0]: r[1] for r in rows}
+        return await self.transitions.claim_states(jobs, conn=conn)
 
     @tracing.settle_traced("complete")
     async def complete_many(self, jobs: Sequence[Job], *,
@@ -710,270 +553,92 @@ class Queue:
                             costs: Sequence[Decimal | float | int | None] | None = None,
                             conn: AnyConn | None = None) -> list[bool]:
         """Mark claimed jobs done in one statement, each under its own claim (what
-        :meth:`complete` does for one job, for a whole batch).
-
-        Args:
-            jobs: the claimed jobs.
-            results: one return value per job, in the same order (as
-                :meth:`complete`'s ``result``), or ``None`` for none at all.
-            costs: one cost per job, in the same order (as :meth:`complete`'s
-                ``cost``; ``None`` in it charges that job 1), or ``None`` for 1 each.
-            conn: the caller's connection.
+        :meth:`complete` does for one job, for a whole batch; ``costs``: one cost per
+        job, as :meth:`complete`'s ``cost``, or ``None`` for 1 each); see
+        :meth:`rota.transitions.Transitions.complete_many`.
 
         Returns:
-            One flag per job, in the order given: ``True`` when done, ``False`` when
-            this claim lost that job (nothing changed for it). A job listed twice is
-            completed once and gets the same flag both times.
+            One flag per job, in the order given (``False``: this claim lost it).
 
         Raises:
-            ResultError: a value cannot be stored; the message names its job and
-                nothing was written (fail that job, complete the others).
+            ResultError: a value cannot be stored; nothing was written.
             InvalidInput: ``results`` or ``costs`` does not have one value per job.
             InvalidCharge: a cost is not a positive number within the limit; nothing
                 was written.
         """
-        batch = list(jobs)
-        for j in batch:
-            if not isinstance(j, Job):
-                raise InvalidInput(f"expected a rota.Job, got {type(j).__name__}")
-        values = list(results) if results is not None else [None] * len(batch)
-        if len(values) != len(batch):
-            raise InvalidInput(f"complete_many: {len(values)} results for "
-                               f"{len(batch)} jobs")
-        charges = list(costs) if costs is not None else [None] * len(batch)
-        if len(charges) != len(batch):
-            raise InvalidInput(f"complete_many: {len(charges)} costs for "
-                               f"{len(batch)} jobs")
-        cost_by_id = {j.id: None if c is None else job_cost(charge_units(c))
-                      for j, c in zip(batch, charges, strict=True)}
-        encoded_by_id: dict[int, str | None] = {}
-        for j, v in zip(batch, values, strict=True):
-            e = self._encoded_result(j, v)
-            if isinstance(e, ResultError):
-                raise e
-            encoded_by_id[j.id] = e
-        # Job rows are locked in id order, the one order of every statement that locks
-        # several jobs. The served-count changes a completion makes are new fair_served
-        # rows of its own (the delta rule, fair/bookkeeping.sql), so two batches never
-        # wait on each other's bookkeeping rows.
-        fenced = sorted((j for j in batch if j.claim_token is not None),
-                        key=lambda j: j.id)
-        if not fenced:
-            return [False] * len(batch)
-        params = {"ids": [j.id for j in fenced],
-                  "claim_tokens": [j.claim_token for j in fenced],
-                  "results": [encoded_by_id[j.id] for j in fenced],
-                  "started_ats": [j.locked_at for j in fenced],
-                  "costs": [cost_by_id[j.id] for j in fenced],
-                  "offset": self.clock_offset, "schema_name": self.schema}
-        try:
-            async with self.connection(conn) as c:
-                done = {r[0] for r in await self.store.fetch_all("complete_many", params,
-                                                                 conn=c)}
-                if len(done) < len({j.id for j in fenced}):
-                    # Lost, or done by this very claim before (a repeat): say which.
-                    states = await self.claim_states(
-                        [j for j in fenced if j.id not in done], conn=c)
-                    done |= {i for i, status in states.items() if status == "done"}
-        except psycopg.errors.DeadlockDetected:
-            if conn is not None:
-                raise
-            # Nothing was written (the statement was its own transaction): one by one.
-            log.info("complete_many: deadlock detected, completing %d jobs one by one",
-                     len(fenced))
-            done = {j.id for j in fenced
-                    if await self.complete(j, result=encoded_by_id[j.id],
-                                           cost=cost_by_id[j.id])}
-        return [j.claim_token is not None and j.id in done for j in batch]
+        return await self.transitions.complete_many(jobs, results=results, costs=costs,
+                                                    conn=conn)
 
     @tracing.settle_traced("fail")
     async def fail(self, job: Job, error: BaseException | str, *, give_up: bool = False,
                    conn: AnyConn | None = None) -> FailOutcome:
-        """Record a failed attempt of a claimed job (docs/design.md,
-        "Fail and backoff").
-
-        With attempts left the job goes back to pending with
-        ``run_after = now + min(backoff_base * 2**attempts, max_backoff)``; with attempts
-        used up it becomes ``failed`` (``finished_at`` set) and its give-up hook runs.
-        ``give_up`` ends it failed whatever its attempts (a failure no retry can mend).
-        The error text is kept in ``last_error`` (NUL characters escaped), and every
-        attempt's error, with an exception's traceback, bounded, in ``job_errors``
-        (:meth:`result`; docs/design.md, "Results"). Repeated
-        under the same claim (a reply lost with the connection), it answers what the
-        first one did (docs/design.md, "Settling twice").
+        """Record a failed attempt of a claimed job: retried after
+        ``min(backoff_base * 2**attempts, max_backoff)``, or ``failed`` with its give-up
+        hook once attempts are used up (``give_up``: at once) (docs/design.md, "Fail and
+        backoff"); see :meth:`rota.transitions.Transitions.fail`.
 
         Returns:
-            ``"retry"``, ``"failed"``, or ``"lost"`` when this claim no longer holds the
-            job (nothing changed; also when this claim completed or deferred it).
+            ``"retry"``, ``"failed"``, or ``"lost"`` (this claim no longer holds it).
         """
-        return await self._fail(job, error, give_up=give_up, conn=conn)
-
-    async def _fail(self, job: Job, error: BaseException | str, *, give_up: bool = False,
-                    conn: AnyConn | None = None) -> FailOutcome:
-        text, kind, trace = error_record(error)
-        params = {**self._fence(job), "error": text, "error_type": kind, "traceback": trace,
-                  "give_up": give_up, "started_at": job.locked_at,
-                  "schema_name": self.schema,
-                  "backoff_base": self.backoff_base, "max_backoff": self.max_backoff,
-                  "latest_due": LATEST_DUE}
-        async with self.connection(conn) as c:
-            row = await self.store.fetch_one("fail", params, conn=c)
-            if row is None:  # lost, or a repeat under this claim: say which
-                status = (await self.claim_states([job], conn=c)).get(job.id)
-                row = (status,) if status in ("pending", "failed") else None
-        if row is None:
-            return "lost"
-        if row[0] == "failed":
-            if conn is None:
-                await self.run_give_up_hooks([job.id])
-            return "failed"
-        return "retry"
+        return await self.transitions.fail(job, error, give_up=give_up, conn=conn)
 
     @tracing.settle_traced("defer")
     async def defer(
         self, jobs: Job | Iterable[Job], until: datetime | timedelta | None = None, *,
         conn: AnyConn | None = None,
     ) -> int:
-        """Put claimed jobs back without burning an attempt (docs/design.md,
-        "Defer").
-
-        Each job goes back to pending with ``run_after = until`` (an aware instant; a
-        ``timedelta``: that long after the queue's clock now; ``None``: now), its lock
-        cleared, ``attempts`` decreased by one (undoing the claim) and ``deferrals``
-        increased by one; ``last_error`` is untouched. Jobs this caller's claim no longer
-        holds (never claimed, done, failed, reclaimed by another run) are left alone.
-        With ``max_deferrals`` set, a job past it gives up instead. Repeated under the
-        same claims, it counts the jobs those claims deferred (docs/design.md,
-        "Settling twice").
+        """Put claimed jobs back without burning an attempt, due at ``until`` (an aware
+        instant, a ``timedelta`` from the queue's clock, ``None``: now), a deferral
+        counted (docs/design.md, "Defer"); see :meth:`rota.transitions.Transitions.defer`.
 
         Returns:
             How many jobs were deferred.
 
         Raises:
             NaiveDatetimeError: ``until`` has no time zone.
-            InvalidInput: ``until`` is out of range (see :func:`rota.checks.require_due_time`),
-                a negative ``timedelta`` or one longer than 1000 years
-                (:data:`rota.checks.MAX_DURATION`), or neither a datetime nor a
-                timedelta.
+            InvalidInput: ``until`` is out of range or of another type.
         """
-        batch = [jobs] if isinstance(jobs, Job) else list(jobs)
-        checked = due_or_delay(until, "until")
-        # A delay is at most 1000 years (MAX_DURATION): the statement adds it to the
-        # queue's clock, which this process never reads on its own.
-        delay = checked if isinstance(checked, timedelta) else timedelta(0)
-        fenced = [j for j in batch if j.claim_token is not None]
-        if not fenced:
-            return 0
-        params = {
-            "ids": [j.id for j in fenced],
-            "claim_tokens": [j.claim_token for j in fenced],
-            "until": None if isinstance(checked, timedelta) else checked,
-            "delay": delay,
-            "max_deferrals": self.max_deferrals,
-            "offset": self.clock_offset,
-        }
-        async with self.connection(conn) as c:
-            rows = await self.store.fetch_all("defer", params, conn=c)
-            if len(rows) < len({j.id for j in fenced}):
-                # Lost, or deferred by this very claim before (a repeat): say which.
-                seen = {r[0] for r in rows}
-                states = await self.claim_states([j for j in fenced if j.id not in seen],
-                                                 conn=c)
-                rows += [(i, status) for i, status in states.items()
-                         if status in ("pending", "failed")]
-        gave_up = [r[0] for r in rows if r[1] == "failed"]
-        if gave_up and conn is None:
-            await self.run_give_up_hooks(gave_up)
-        return sum(1 for r in rows if r[1] == "pending")
+        return await self.transitions.defer(jobs, until, conn=conn)
 
     @tracing.settle_traced("release")
     async def release(self, jobs: Iterable[Job], *, not_before: datetime | None = None,
                       conn: AnyConn | None = None) -> int:
-        """Hand claimed jobs back as if they had never been claimed: pending again, the
-        claim's attempt returned, no deferral counted, the due time kept (what a runner
-        does with jobs its run ends before starting: docs/design.md, "Defer"). Jobs
-        this caller's claim no longer holds are left alone.
-
-        Args:
-            jobs: the claimed jobs.
-            not_before: an aware instant the jobs are not due before (a due time
-                already later is kept); ``None`` keeps each job's due time.
-            conn: the caller's connection.
+        """Hand claimed jobs back as if never claimed: attempt returned, no deferral
+        counted, due time kept (or not before ``not_before``) (docs/design.md, "Defer");
+        see :meth:`rota.transitions.Transitions.release`.
 
         Returns:
             How many jobs were released.
 
         Raises:
-            InvalidInput: an item is not a :class:`rota.Job`, or ``not_before`` is not
-                an aware datetime in range.
+            InvalidInput: an item is not a :class:`rota.Job`, or a bad ``not_before``.
         """
-        batch = list(jobs)
-        for j in batch:
-            if not isinstance(j, Job):
-                raise InvalidInput(f"expected a rota.Job, got {type(j).__name__}")
-        if not_before is not None:
-            require_due_time(not_before, "not_before")
-        fenced = [j for j in batch if j.claim_token is not None]
-        if not fenced:
-            return 0
-        async with self.connection(conn) as c:
-            return await self.store.execute("release", {
-                "ids": [j.id for j in fenced],
-                "claim_tokens": [j.claim_token for j in fenced],
-                "not_before": not_before}, conn=c)
+        return await self.transitions.release(jobs, not_before=not_before, conn=conn)
 
     async def restore_due_times(
         self, pushed: Sequence[tuple[int, uuid.UUID | None, datetime, datetime | None]], *,
         conn: AnyConn | None = None,
     ) -> int:
-        """Undo the push of due times a run made so it would not claim jobs again (a
-        deferral or a hand-back due before its budget's end is due at that end), once
-        the run has ended sooner: each job is due at the time asked for again, or now
-        when that has passed (docs/design.md, "Defer").
-
-        Args:
-            pushed: ``(job id, claim token left on the row or None, the pushed due time,
-                the due time asked for or None: now)`` per job.
-            conn: the caller's connection.
+        """Make jobs whose due time a run pushed to its budget's end due as asked again,
+        once the run ended sooner (docs/design.md, "Defer"); see
+        :meth:`rota.transitions.Transitions.restore_due_times`.
 
         Returns:
-            How many jobs are due sooner; a job claimed, moved or retried since its
-            push is left alone and not counted.
+            How many jobs are due sooner.
 
         Raises:
-            NaiveDatetimeError: a due time has no time zone.
-            InvalidInput: a bad job id, claim token or due time; nothing changed.
+            NaiveDatetimeError, InvalidInput: a bad entry; nothing changed.
         """
-        for job_id, token, at, asked in pushed:
-            require_row_id(job_id)
-            if token is not None and not isinstance(token, uuid.UUID):
-                raise InvalidInput(f"claim token of job {job_id} must be a UUID or None, "
-                                   f"got {type(token).__name__}")
-            require_due_time(at, "pushed")
-            if asked is not None:
-                require_due_time(asked, "asked")
-        if not pushed:
-            return 0
-        async with self.connection(conn) as c:
-            return await self.store.execute("restore_due", {
-                "ids": [p[0] for p in pushed], "claim_tokens": [p[1] for p in pushed],
-                "pushed": [p[2] for p in pushed], "asked": [p[3] for p in pushed],
-                "offset": self.clock_offset}, conn=c)
+        return await self.transitions.restore_due_times(pushed, conn=conn)
 
     async def fail_stuck_jobs(self) -> list[Job]:
-        """Fail running jobs whose lock is stale and whose attempts are used up (docs/design.md,
-        "Stuck jobs"), then run their give-up hooks (and any others still owed).
+        """Fail running jobs whose lock is stale and whose attempts are used up, then run
+        their give-up hooks (docs/design.md, "Stuck jobs").
 
         Returns:
             The jobs failed by this call, as they are now (status ``failed``).
         """
-        async with self.connection() as c:
-            rows = await self.store.fetch_dicts("fail_stuck", {
-                "offset": self.clock_offset, "stale_after": self.stale_after,
-                "schema_name": self.schema}, conn=c)
-        stuck = sorted((Job.from_row(r, lenient=True) for r in rows), key=lambda j: j.id)
-        await self.run_give_up_hooks()
-        return stuck
+        return await self.transitions.fail_stuck_jobs()
 
     async def get_job(self, job_id: int, *, conn: AnyConn | None = None) -> Job | None:
         """Read one job by id, or ``None``.
@@ -986,7 +651,7 @@ class Queue:
         """
         require_row_id(job_id)
         async with self.connection(conn) as c:
-            row = await self.store.fetch_dict("get_job", {"id": job_id}, conn=c)
+            row = await sql.get_job(self.store, id=job_id, conn=c)
         return None if row is None else Job.from_row(row)
 
     # -- give-up hooks -----------------------------------------------------------------
@@ -996,12 +661,11 @@ class Queue:
         """The give-up hooks this queue runs, by job type (read-only view): those
         registered on it, and for a pipeline's queue (:meth:`with_stage_rules`) its
         stages' over those of the queue it came from."""
-        return MappingProxyType(self._give_up_hooks)
+        return self.hooks.view
 
     def on_give_up(self, job_type: str, hook: GiveUpHook) -> None:
         """Register ``async def hook(job, conn)`` for jobs of ``job_type`` that end failed
-        by any path (fail, stuck, deferral cap) (docs/design.md,
-        "Give-up hooks").
+        by any path (fail, stuck, deferral cap) (docs/design.md, "Give-up hooks").
 
         The hook runs inside the transaction that records the give-up as handled, so
         what it writes through ``conn`` commits together with that record: exactly once,
@@ -1009,8 +673,11 @@ class Queue:
         :meth:`run_give_up_hooks`, which maintenance calls). A hook that raises is rolled
         back and retried later, never doubled. Side effects outside ``conn`` are the
         hook's own to make idempotent.
+
+        Raises:
+            UnknownJobType, InvalidInput: a bad type.
         """
-        self._give_up_hooks[self.check_type(job_type)] = hook
+        self.hooks.register(self.check_type(job_type), hook)
 
     async def run_give_up_hooks(self, ids: Sequence[int] | None = None, *,
                                 limit: int = 1000) -> int:
@@ -1020,34 +687,7 @@ class Queue:
         Returns:
             How many hooks ran and were recorded.
         """
-        if not self._give_up_hooks:
-            return 0
-        async with self.connection() as c:
-            rows = await self.store.fetch_all("give_up_owed", {
-                "types": list(self._give_up_hooks), "ids": list(ids) if ids else None,
-                "limit": limit}, conn=c)
-        owed = [r[0] for r in rows]
-        ran = 0
-        for job_id in owed:
-            try:
-                if await self._run_one_give_up(job_id):
-                    ran += 1
-            except Exception:
-                log.exception("give-up hook for job %s raised; it stays owed", job_id)
-        return ran
-
-    async def _run_one_give_up(self, job_id: int) -> bool:
-        async with self.connection() as c, c.transaction():
-            row = await self.store.fetch_dict("give_up_lock", {"id": job_id}, conn=c)
-            if row is None:  # already handled, or a concurrent sweeper has it
-                return False
-            # A row that cannot be read still gave up: its hook runs with the
-            # Unreadable values in the job (docs/design.md, "Give-up hooks").
-            job = Job.from_row(row, lenient=True)
-            with self.tracer.give_up(job):
-                await self._give_up_hooks[job.type](job, c)
-            await self.store.execute("give_up_done", {"id": job_id}, conn=c)
-        return True
+        return await self.hooks.run(ids, limit=limit)
 
     # -- what a pipeline asks of the queue ---------------------------------------------
     # The runner (rota.runner) issues no job statement of its own: each transition it
@@ -1097,37 +737,25 @@ class Queue:
         derived = copy.copy(self)  # shares the pool, store, upkeep, tracer, observers
         derived.settings = self.settings.with_max_attempts_by_type(attempts)
         # Lookup order: the stage's hook, this queue's (live), then the no-op.
-        derived._give_up_hooks = ChainMap(
-            {t: h for t, h in hooks.items() if h is not None}, self._give_up_hooks,
-            {t: _no_give_up_hook for t, h in hooks.items() if h is None})
+        derived.hooks = self.hooks.over(hooks)
+        derived.transitions = Transitions(self.store, derived.settings, self.connection,
+                                          derived.hooks)
         derived._closes_pool = False
         return derived
 
     async def heartbeat(self, jobs: Sequence[Job], *, conn: AnyConn | None = None) -> int:
-        """Refresh the locks of claimed jobs a live run still holds (``locked_at`` =
-        now), so they never look stale while it lives ("the stale window is safe by
-        construction": docs/design.md, "Stale locks"). Fenced by each job's claim: a job
-        this claim lost is not touched.
+        """Refresh the locks of claimed jobs a live run still holds, fenced by each
+        job's claim (docs/design.md, "Stale locks").
 
         Returns:
             How many locks were refreshed.
         """
-        fenced = [j for j in jobs if j.claim_token is not None]
-        if not fenced:
-            return 0
-        async with self.connection(conn) as c:
-            return await self.store.execute("heartbeat", {
-                "ids": [j.id for j in fenced],
-                "claim_tokens": [j.claim_token for j in fenced],
-                "offset": self.clock_offset}, conn=c)
+        return await self.transitions.heartbeat(jobs, conn=conn)
 
     async def postpone(self, job_type: str, until: datetime, *,
                        conn: AnyConn | None = None) -> int:
-        """Make the claimable jobs of ``job_type`` wait until ``until`` (a quota's
-        reset, when a run skips the type's stage): pending jobs due earlier get
-        ``run_after = until`` (attempts and deferrals untouched), and running jobs whose
-        lock went stale with attempts left (a dead run's) go back to pending at
-        ``until``, their lost claim fenced (docs/design.md, "Quotas").
+        """Make the claimable jobs of ``job_type`` wait until ``until`` (a quota's reset;
+        docs/design.md, "Quotas"); see :meth:`rota.transitions.Transitions.postpone`.
 
         Returns:
             How many jobs were postponed.
@@ -1135,12 +763,7 @@ class Queue:
         Raises:
             NaiveDatetimeError: ``until`` has no time zone.
         """
-        t = self.check_type(job_type)
-        require_due_time(until, "until")
-        async with self.connection(conn) as c:
-            return await self.store.execute("postpone", {
-                "type": t, "until": until, "offset": self.clock_offset,
-                "stale_after": self.stale_after}, conn=c)
+        return await self.transitions.postpone(job_type, until, conn=conn)
 
     async def has_pending_by(self, job_type: str, until: datetime, *,
                              conn: AnyConn | None = None) -> bool:
@@ -1153,9 +776,7 @@ class Queue:
         t = self.check_type(job_type)
         require_due_time(until, "until")
         async with self.connection(conn) as c:
-            row = await self.store.fetch_one("quota_blocked_work", {
-                "type": t, "until": until}, conn=c)
-        return row is not None and bool(row[0])
+            return await sql.quota_blocked_work(self.store, type=t, until=until, conn=c)
 
     async def ensure_pool_size(self, connections: int) -> bool:
         """Grow the queue's own pool to at least ``connections`` (what a pipeline's
@@ -1170,26 +791,12 @@ class Queue:
         await pool.resize(pool.min_size, connections)
         return True
 
-    # -- helpers -----------------------------------------------------------------------
-
-    def _encoded_result(self, job: Job, value: Any) -> str | ResultError | None:
-        """``value`` checked and encoded for ``jobs.result``, or the error saying why it
-        cannot be stored (naming the job)."""
-        try:
-            return encode_result(value, self.max_payload_bytes)
-        except ResultError as exc:
-            return ResultError(f"job {job.id}: {exc}")
-
-    def _fence(self, job: Job) -> dict[str, Any]:
-        if not isinstance(job, Job):
-            raise InvalidInput(f"expected a rota.Job, got {type(job).__name__}")
-        return {"id": job.id, "claim_token": job.claim_token, "offset": self.clock_offset}
-
     # -- admin operations ----------------------------------------------------------------
     # rota.admin's functions take the queue first, so bound here they are its methods:
     # queue.list_jobs(status="failed") runs rota.admin.list_jobs(queue, status="failed").
     from . import admin as _admin
 
+    upsert_group = _admin.upsert_group
     list_jobs = _admin.list_jobs
     retry_job = _admin.retry_job
     cancel_job = _admin.cancel_job
@@ -1203,69 +810,6 @@ class Queue:
     result = _results.result
     wait = _results.wait
     del _results
-
-
-class IdleConnectionCheck:
-    """The check rota's own pools run when they hand out a connection
-    (``AsyncConnectionPool(check=...)``; set :attr:`pool` to that pool).
-
-    A connection the server closed while it sat idle in the pool (a database restart, an
-    idle-session timeout, a terminated backend) has the server's last message or EOF
-    waiting on its socket. Only such a connection pays a round trip (psycopg_pool's
-    check, which raises, and the pool hands out a fresh connection instead); a healthy
-    idle connection has nothing to read and costs nothing. Without it, the first use of
-    each pooled connection after a restart fails, and a run's next statements fail one
-    by one.
-
-    When one idle connection turns out closed, the pool's other idle connections most
-    likely went with it (a restart closes them all): the pool is drained, so they are
-    replaced at once in the background. psycopg_pool waits after each failed check
-    before it tries the next connection, and the wait doubles (1 s, 2 s, 4 s, ...):
-    checked one by one, ten dead connections would hold the caller for minutes (past
-    the pool's 30 s timeout), so a run cut off by a restart could not record its end
-    within its platform timeout (docs/design.md, "Connections").
-
-    Raises:
-        psycopg.OperationalError: the connection is closed or broken.
-    """
-
-    def __init__(self) -> None:
-        #: The pool drained when a connection fails the check (``None``: none is).
-        self.pool: AsyncConnectionPool[Any] | None = None
-
-    async def __call__(self, conn: AnyConn) -> None:
-        try:
-            await check_idle_connection(conn)
-        except Exception:
-            if self.pool is not None:
-                with contextlib.suppress(Exception):  # closed or closing: nothing to do
-                    await self.pool.drain()
-            raise
-
-
-async def check_idle_connection(conn: AnyConn) -> None:
-    """Whether one idle connection still works: a connection with nothing to read costs
-    nothing, one with something to read (the server's goodbye, EOF) a round trip
-    (see :class:`IdleConnectionCheck`).
-
-    Raises:
-        psycopg.OperationalError: the connection is closed or broken.
-    """
-    if conn.closed:
-        raise psycopg.OperationalError("the connection is closed")
-    if _has_input(conn.fileno()):
-        await AsyncConnectionPool.check_connection(conn)
-
-
-def _has_input(fd: int) -> bool:
-    """Whether ``fd`` has something to read (or hung up), without waiting. poll() where
-    there is one: select() refuses descriptors above 1023, which a busy server has."""
-    if hasattr(select, "poll"):
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(0))
-    readable, _, _ = select.select([fd], [], [], 0)
-    return bool(readable)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from . import statements as sql
 from .checks import require_aware, require_text
 from .errors import ConfigError, InvalidInput, RotaError
 
@@ -127,11 +128,8 @@ class _Daily:
     async def _used(self, queue: Queue, scope_key: str, period_start: datetime,
                     conn: AnyConn | None = None) -> int:
         async with queue.connection(conn) as c:
-            row = await queue.store.fetch_one("quota_used", {
-                "quota": self.name, "scope_key": scope_key, "period_start": period_start},
-                conn=c)
-        assert row is not None
-        return int(row[0])
+            return await sql.quota_used(queue.store, quota=self.name, scope_key=scope_key,
+                                        period_start=period_start, conn=c)
 
     async def _spend(self, queue: Queue, scope_key: str, units: int, limit: int,
                      full_limit: int) -> int:
@@ -140,11 +138,11 @@ class _Daily:
         async with queue.connection() as c:
             now = await _queue_now(queue, c)
             start = self.period_start(now)
-            row = await queue.store.fetch_one("quota_spend", {
-                "quota": self.name, "scope_key": scope_key, "period_start": start,
-                "units": units, "limit": limit, "offset": queue.clock_offset}, conn=c)
-            if row is not None:
-                return max(full_limit - int(row[0]), 0)
+            spent = await sql.quota_spend(
+                queue.store, quota=self.name, scope_key=scope_key, period_start=start,
+                units=units, limit=limit, offset=queue.clock_offset, conn=c)
+            if spent is not None:
+                return max(full_limit - spent, 0)
             used = await self._used(queue, scope_key, start, c)
         remaining = max(full_limit - used, 0)
         reason: BlockReason = "exhausted" if remaining < units else "reserve"
@@ -153,10 +151,9 @@ class _Daily:
     async def _exhaust(self, queue: Queue, scope_key: str, limit: int) -> QuotaExhausted:
         async with queue.connection() as c:
             now = await _queue_now(queue, c)
-            await queue.store.execute("quota_exhaust", {
-                "quota": self.name, "scope_key": scope_key,
-                "period_start": self.period_start(now), "limit": limit,
-                "offset": queue.clock_offset}, conn=c)
+            await sql.quota_exhaust(queue.store, quota=self.name, scope_key=scope_key,
+                                    period_start=self.period_start(now), limit=limit,
+                                    offset=queue.clock_offset, conn=c)
         return QuotaExhausted(self.name, scope_key, self.next_reset(now), "exhausted", 0)
 
 
@@ -292,7 +289,7 @@ class Allowance(_Daily):
         if group_id is None:
             return None, None
         async with queue.connection() as c:
-            row = await queue.store.fetch_dict("group_owner", {"group_id": group_id}, conn=c)
+            row = await sql.group_owner(queue.store, group_id=group_id, conn=c)
         if row is None or row["owner_id"] is None:
             return None, None
         return str(row["owner_id"]), self.limit_for(queue, row["plan"])
@@ -358,10 +355,7 @@ def _local_midnight(day: Any, zone: ZoneInfo) -> datetime:
 
 
 async def _queue_now(queue: Queue, conn: AnyConn) -> datetime:
-    row = await queue.store.fetch_one("db_now", {"offset": queue.clock_offset}, conn=conn)
-    assert row is not None
-    now: datetime = row[0]
-    return now
+    return await sql.db_now(queue.store, offset=queue.clock_offset, conn=conn)
 
 
 # Usage rows count units in a bigint.

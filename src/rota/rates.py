@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from . import statements as sql
 from .checks import (
     positive_int,
     require_duration,
@@ -218,10 +219,9 @@ class RateLimit:
                 raise InvalidInput(f"rate limit {self.name!r}: max_wait must not be "
                                    f"negative, got {wait}")
         async with queue.connection(conn) as c:
-            row = await queue.store.fetch_one("rate_take", {
-                **self._params(queue, key), "units": units, "max_wait": wait}, conn=c)
-        assert row is not None
-        granted, at, wait_s = row
+            granted, at, wait_s = await sql.rate_take(
+                queue.store, **self._params(queue, key), units=units, max_wait=wait,
+                conn=c)
         at = at.astimezone(UTC)
         if not granted:
             raise RateLimited(self.name, key, units, at)
@@ -247,20 +247,17 @@ class RateLimit:
         if key != NO_KEY:
             require_text(key, "rate limit key")
         async with queue.connection() as c:
-            row = await queue.store.fetch_one("rate_backoff", {
-                **self._params(queue, key), "wait": wait}, conn=c)
-        assert row is not None
-        until: datetime = row[0]
+            until = await sql.rate_backoff(queue.store, **self._params(queue, key),
+                                           wait=wait, conn=c)
         return until.astimezone(UTC)
 
     async def peek(self, queue: Queue, key: str = NO_KEY) -> Peek:
         """The bucket without taking from it (see :class:`Peek`)."""
         async with queue.connection() as c:
-            row = await queue.store.fetch_one("rate_peek", {
-                "name": self.name, "key": key, "offset": queue.clock_offset}, conn=c)
-        assert row is not None
-        now: datetime = row[0].astimezone(UTC)
-        base = now if row[1] is None else max(row[1].astimezone(UTC), now)
+            at, tat = await sql.rate_peek(queue.store, name=self.name, key=key,
+                                          offset=queue.clock_offset, conn=c)
+        now = at.astimezone(UTC)
+        base = now if tat is None else max(tat.astimezone(UTC), now)
         return Peek(now, base - (self.burst - 1) * self.emission, base, self)
 
 
@@ -334,6 +331,21 @@ class RateState:
                 "next_wake": iso(self.next_wake)}
 
 
+async def note_rate_waits(queue: Queue, ids: list[int], refused: RateLimited) -> None:
+    """Note jobs deferred for ``refused``'s units (``rate_waits``: the dashboard's
+    waiting jobs, one row per job, its latest wait), committed at once.
+
+    Args:
+        queue: whose database and clock to use.
+        ids: the deferred jobs' ids.
+        refused: the refusal that deferred them (its limit, key and ``free_at``).
+    """
+    async with queue.connection() as conn:
+        await sql.rate_wait_note(queue.store, ids=ids, name=refused.limit, key=refused.key,
+                                 until=refused.free_at, offset=queue.clock_offset,
+                                 conn=conn)
+
+
 async def rate_states(queue: Queue, name: str | None = None, *, limit: int = 1000,
                       conn: AnyConn | None = None) -> list[RateState]:
     """Every bucket (or those of limit ``name``) read from the database, with no need of
@@ -351,8 +363,8 @@ async def rate_states(queue: Queue, name: str | None = None, *, limit: int = 100
         require_text(name, "rate limit name")
     positive_int(limit, "limit")
     async with queue.connection(conn) as c:
-        rows = await queue.store.fetch_dicts("rate_list", {
-            "name": name, "limit": limit, "offset": queue.clock_offset}, conn=c)
+        rows = await sql.rate_list(queue.store, name=name, limit=limit,
+                                   offset=queue.clock_offset, conn=c)
     out = []
     for r in rows:
         now = r["now"].astimezone(UTC)
@@ -395,4 +407,4 @@ def check_stage_limits(stage_type: str, limits: object) -> tuple[RateLimit, ...]
 
 
 __all__ = ["DEFAULT_MAX_WAIT", "NO_KEY", "Grant", "Peek", "RateLimit", "RateLimited",
-           "RateState", "check_stage_limits", "rate_states"]
+           "RateState", "check_stage_limits", "note_rate_waits", "rate_states"]

@@ -31,6 +31,7 @@ from typing import Any, Protocol, cast
 import psycopg
 from psycopg.rows import dict_row
 
+from . import statements as sql
 from .checks import require_duration, require_row_id, storable_text
 from .errors import JobNotFound, PayloadError, RotaError
 from .job import MAX_PAYLOAD_DEPTH, Job, JobStatus, encode_payload, printed_size
@@ -316,7 +317,7 @@ async def result(queue: ResultReader, job_id: int, *, conn: AnyConn | None = Non
     """
     require_row_id(job_id)
     async with queue.connection(conn) as c:
-        row = await queue.store.fetch_dict("get_result", {"id": job_id}, conn=c)
+        row = await sql.get_result(queue.store, id=job_id, conn=c)
     if row is None:
         raise JobNotFound(job_id)
     return result_from_row(row)
@@ -356,11 +357,11 @@ async def wait(queue: ResultsQueue, job_id: int, *, timeout: timedelta,  # noqa:
     # commits after the read finds the waiter and notifies; one whose statement began
     # before the registration committed is found by the next poll.
     listener = await _listen(queue)
-    waiter = {"id": job_id, "waiter": uuid.uuid4()}
+    waiter = uuid.uuid4()
     try:
         if listener is not None:
             async with queue.connection() as c:
-                await queue.store.execute("waiter_add", waiter, conn=c)
+                await sql.waiter_add(queue.store, id=job_id, waiter=waiter, conn=c)
         while True:
             found = await result(queue, job_id)
             if found.finished:
@@ -374,7 +375,7 @@ async def wait(queue: ResultsQueue, job_id: int, *, timeout: timedelta,  # noqa:
         if listener is not None:
             await listener.close()
             async with queue.connection() as c:
-                await queue.store.execute("waiter_remove", waiter, conn=c)
+                await sql.waiter_remove(queue.store, id=job_id, waiter=waiter, conn=c)
 
 
 async def _listen(queue: ResultsQueue) -> psycopg.AsyncConnection[Any] | None:

@@ -30,6 +30,7 @@ from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
 
+from . import statements as sql
 from .checks import positive_int, require_aware, require_duration, require_text, require_zone
 from .errors import ConfigError, InvalidInput, PayloadError
 from .job import Job, encode_payload
@@ -342,7 +343,7 @@ class Scheduler:
         longer declares (by name), with last and next ticks (``rota schedules``)."""
         q = self.queue
         async with q.connection() as c:
-            rows = await q.store.fetch_all("list_schedules", {}, conn=c)
+            rows = await sql.list_schedules(q.store, conn=c)
         now = await q.now()
         seen = {name: (last, created) for name, last, created, _ in rows}
         out = []
@@ -360,12 +361,12 @@ class Scheduler:
         this call: no tick is owed yet)."""
         q = self.queue
         async with q.connection() as c:
-            rows = await q.store.fetch_all("schedules_state", {
-                "names": list(self._by_name), "offset": q.clock_offset}, conn=c)
+            rows = await sql.schedules_state(q.store, names=list(self._by_name),
+                                             offset=q.clock_offset, conn=c)
             missing = [name for name, _, created, _ in rows if created is None]
             if missing:
-                await q.store.execute("schedule_register", {
-                    "names": missing, "offset": q.clock_offset}, conn=c)
+                await sql.schedule_register(q.store, names=missing, offset=q.clock_offset,
+                                            conn=c)
         now: datetime = rows[0][3]
         return now, [(self._by_name[name], None if created is None else _cursor(last, created))
                      for name, last, created, _ in rows]
@@ -376,7 +377,7 @@ class Scheduler:
         them first."""
         q = self.queue
         async with q.connection() as c, c.transaction():
-            row = await q.store.fetch_one("schedule_lock", {"name": schedule.name}, conn=c)
+            row = await sql.schedule_lock(q.store, name=schedule.name, conn=c)
             if row is None:  # its row was deleted meanwhile: the next run registers it
                 return 0, 0
             # Recomputed under the lock, from the cursor as last committed: a worker
@@ -384,8 +385,8 @@ class Scheduler:
             ticks, cursor = schedule.due(_cursor(*row), now)
             if cursor is None:
                 return 0, 0
-            await q.store.execute("schedule_advance", {
-                "name": schedule.name, "tick": cursor, "offset": q.clock_offset}, conn=c)
+            await sql.schedule_advance(q.store, name=schedule.name, tick=cursor,
+                                       offset=q.clock_offset, conn=c)
             if not ticks:
                 return 0, 1
             created = await q.enqueue_many([

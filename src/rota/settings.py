@@ -5,25 +5,18 @@ apply the same rules (docs/design.md, "Enqueue" and "Settings")."""
 from __future__ import annotations
 
 import copy
-import uuid
 from collections import ChainMap
 from collections.abc import Iterable, Mapping, MutableMapping
-from datetime import datetime, timedelta
-from typing import Any
-
-from psycopg.types.json import Jsonb
+from datetime import timedelta
 
 from . import db
 from .checks import (
     positive_int,
-    require_aware,
     require_duration,
     require_text,
-    sendable_int,
-    sendable_text,
 )
-from .errors import InvalidInput, PayloadError, UnknownGroup, UnknownJobType
-from .job import DEFAULT_MAX_PAYLOAD_BYTES, Job, encode_payload
+from .errors import InvalidInput, UnknownJobType
+from .job import DEFAULT_MAX_PAYLOAD_BYTES
 from .plans import DEFAULT_PLANS, Plans
 
 # A pipeline's defaults (docs/design.md, "The runner"): the platform kills an
@@ -197,144 +190,16 @@ class QueueSettings:
             )
         return t
 
-    def enqueue_settings(self) -> dict[str, Any]:
-        """The settings enqueue applies, as the ``s_*`` parameters of the database's
-        ``enqueue_jobs`` (and of ``sql/publish_settings.sql``, which writes them for the
-        SQL entry points): declared types (sorted), default and per-type max_attempts,
-        max_payload_bytes, the groups relation (``None``: rota's own) and the clock
-        offset. Read at each call: a pipeline's queue
-        (:meth:`with_max_attempts_by_type`) adds its stages' max_attempts."""
-        return {
-            "s_types": self._sorted_types,
-            "s_max_attempts": self.max_attempts,
-            "s_max_attempts_by_type": Jsonb(dict(self.max_attempts_by_type)),
-            "s_max_payload_bytes": self.max_payload_bytes,
-            "s_groups": self._groups_sql,
-            "offset": self.clock_offset,
-        }
+    @property
+    def sorted_types(self) -> list[str] | None:
+        """The declared job types, sorted (``None``: any type)."""
+        return self._sorted_types
 
-    def enqueue_params(
-        self,
-        type: str,
-        payload: Any,
-        *,
-        group_id: str | uuid.UUID | None = None,
-        dedupe_key: str | None = None,
-        run_after: datetime | None = None,
-        max_attempts: int | None = None,
-    ) -> dict[str, Any]:
-        """One job's statement parameters, with the queue's settings. Its parameters
-        are :meth:`rota.Queue.enqueue`'s but ``conn``; :meth:`rota.SyncQueue.enqueue`
-        takes them after its ``conn``, from here.
-
-        Only what Python alone can see is checked here (a payload JSON cannot hold, a
-        naive datetime, a value of the wrong Python type or with a NUL character); the
-        rules themselves (lengths, limits, due-time range, declared types, groups,
-        defaults) are the database's ``enqueue_jobs``, which SQL callers go through
-        too (docs/design.md, "Enqueue").
-
-        Raises:
-            InvalidInput and subclasses: naming the argument; nothing was sent.
-        """
-        return {
-            "type": sendable_text(type, "job type"),
-            "payload": encode_payload(payload),
-            "group_id": sendable_text(group_id, "group_id", allow_none=True),
-            "dedupe_key": sendable_text(dedupe_key, "dedupe_key", allow_none=True),
-            "run_after": None if run_after is None else require_aware(run_after,
-                                                                      "run_after"),
-            "max_attempts": (None if max_attempts is None
-                             else sendable_int(max_attempts, "max_attempts")),
-            **self.enqueue_settings(),
-        }
-
-    def enqueue_many_params(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-        """A batch's statement parameters: parallel arrays, one entry per job, checked as
-        :meth:`enqueue_params` checks one job, and the queue's settings.
-
-        Raises:
-            InvalidInput and subclasses: naming the first bad item (``item 3: ...``), or
-                ``items`` that is not an iterable of mappings (a string, a mapping).
-        """
-        if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
-            raise InvalidInput(f"items must be an iterable of mappings (one per job), "
-                               f"got {type(items).__name__}")
-        types: list[str | None] = []
-        payloads: list[str] = []
-        group_ids: list[str | None] = []
-        dedupe_keys: list[str | None] = []
-        run_afters: list[datetime | None] = []
-        max_attempts: list[int | None] = []
-        allowed = _ITEM_KEYS
-        for i, item in enumerate(items):
-            if not isinstance(item, Mapping):
-                raise InvalidInput(f"item {i}: expected a mapping, got {type(item).__name__}")
-            if not allowed.issuperset(item) or "type" not in item or "payload" not in item:
-                extra = set(item) - allowed
-                raise InvalidInput(
-                    f"item {i}: needs 'type' and 'payload', may have "
-                    f"'group_id', 'dedupe_key', 'run_after', 'max_attempts'; "
-                    f"unexpected {sorted(extra)}" if extra else
-                    f"item {i}: needs 'type' and 'payload'"
-                )
-            try:
-                t = sendable_text(item["type"], "job type")
-                g = sendable_text(item.get("group_id"), "group_id", allow_none=True)
-                payload = encode_payload(item["payload"])
-                key = item.get("dedupe_key")
-                if key is not None:
-                    key = sendable_text(key, "dedupe_key")
-                due = item.get("run_after")
-                if due is not None:
-                    due = require_aware(due, "run_after")
-                attempts = item.get("max_attempts")
-                if attempts is not None:
-                    attempts = sendable_int(attempts, "max_attempts")
-            except InvalidInput as exc:
-                raise type(exc)(f"item {i}: {exc}") from None
-            types.append(t)
-            payloads.append(payload)
-            group_ids.append(g)
-            dedupe_keys.append(key)
-            run_afters.append(due)
-            max_attempts.append(attempts)
-        return {
-            "types": types,
-            "payloads": payloads,
-            "group_ids": group_ids,
-            "dedupe_keys": dedupe_keys,
-            "run_afters": run_afters,
-            "max_attempts": max_attempts,
-            **self.enqueue_settings(),
-        }
-
-
-def enqueued_job(row: Mapping[str, Any] | None) -> Job | None:
-    """The job the ``enqueue`` statement returned (``None``: a duplicate of an open
-    job), for the async and the sync path alike.
-
-    Raises:
-        InvalidInput and subclasses: what ``enqueue_jobs`` refused (nothing written).
-    """
-    if row is None:
-        return None
-    if row["problem"] is not None:
-        raise enqueue_error(row["problem"])
-    return Job.from_row(row, lenient=True)  # written: never an error after that
-
-
-def enqueue_error(problem: Mapping[str, Any]) -> InvalidInput:
-    """The exception for what the database's ``enqueue_jobs`` found wrong with the input
-    (``{sqlstate, column, message}``; the SQL entry points raise the same SQLSTATE and
-    message, docs/enqueue-from-sql.md, "Errors")."""
-    sqlstate, message = problem.get("sqlstate"), str(problem.get("message"))
-    if sqlstate == "23503":
-        return UnknownGroup(message)
-    if sqlstate == "42704":
-        return UnknownJobType(message)
-    if problem.get("column") == "payload":
-        return PayloadError(message)
-    return InvalidInput(message)
+    @property
+    def groups_sql(self) -> str | None:
+        """The groups relation as quoted SQL text (``"App"."groups"``), or ``None`` for
+        rota's own: the database's enqueue rules cast it to regclass."""
+        return self._groups_sql
 
 
 class _Clock:
@@ -345,9 +210,3 @@ class _Clock:
 
     def __init__(self) -> None:
         self.offset = timedelta(0)
-
-
-_ITEM_KEYS = frozenset({"type", "payload", "group_id", "dedupe_key", "run_after",
-                        "max_attempts"})
-
-

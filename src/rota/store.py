@@ -42,10 +42,12 @@ timeouts").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
 import re
+import select
 import struct
 import weakref
 from collections.abc import AsyncIterator, Mapping
@@ -525,7 +527,72 @@ class Store(Statements):
         return rows[0] if rows else None
 
 
-__all__ = ["STATEMENT_DEADLINE", "AnyConn", "SecondsBinaryDumper", "SecondsDumper",
-           "StatementDeadline", "Statements", "Store", "configure_connection",
+
+class IdleConnectionCheck:
+    """The check rota's own pools run when they hand out a connection
+    (``AsyncConnectionPool(check=...)``; set :attr:`pool` to that pool).
+
+    A connection the server closed while it sat idle in the pool (a database restart, an
+    idle-session timeout, a terminated backend) has the server's last message or EOF
+    waiting on its socket. Only such a connection pays a round trip (psycopg_pool's
+    check, which raises, and the pool hands out a fresh connection instead); a healthy
+    idle connection has nothing to read and costs nothing. Without it, the first use of
+    each pooled connection after a restart fails, and a run's next statements fail one
+    by one.
+
+    When one idle connection turns out closed, the pool's other idle connections most
+    likely went with it (a restart closes them all): the pool is drained, so they are
+    replaced at once in the background. psycopg_pool waits after each failed check
+    before it tries the next connection, and the wait doubles (1 s, 2 s, 4 s, ...):
+    checked one by one, ten dead connections would hold the caller for minutes (past
+    the pool's 30 s timeout), so a run cut off by a restart could not record its end
+    within its platform timeout (docs/design.md, "Connections").
+
+    Raises:
+        psycopg.OperationalError: the connection is closed or broken.
+    """
+
+    def __init__(self) -> None:
+        #: The pool drained when a connection fails the check (``None``: none is).
+        self.pool: AsyncConnectionPool[Any] | None = None
+
+    async def __call__(self, conn: AnyConn) -> None:
+        try:
+            await check_idle_connection(conn)
+        except Exception:
+            if self.pool is not None:
+                with contextlib.suppress(Exception):  # closed or closing: nothing to do
+                    await self.pool.drain()
+            raise
+
+
+async def check_idle_connection(conn: AnyConn) -> None:
+    """Whether one idle connection still works: a connection with nothing to read costs
+    nothing, one with something to read (the server's goodbye, EOF) a round trip
+    (see :class:`IdleConnectionCheck`).
+
+    Raises:
+        psycopg.OperationalError: the connection is closed or broken.
+    """
+    if conn.closed:
+        raise psycopg.OperationalError("the connection is closed")
+    if _has_input(conn.fileno()):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+def _has_input(fd: int) -> bool:
+    """Whether ``fd`` has something to read (or hung up), without waiting. poll() where
+    there is one: select() refuses descriptors above 1023, which a busy server has."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+__all__ = ["STATEMENT_DEADLINE", "AnyConn", "IdleConnectionCheck", "SecondsBinaryDumper",
+           "SecondsDumper", "StatementDeadline", "Statements", "Store",
+           "check_idle_connection", "configure_connection",
            "configure_cursor", "is_connection_failure", "listen_connect_args", "prelude",
            "set_prelude"]

@@ -13,9 +13,10 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 
 from . import tracing
+from .enqueue import enqueue_error, enqueue_many_params, enqueue_params, enqueued_job
 from .job import Job
 from .results import DEFAULT_POLL_EVERY, JobResult, sync_result, sync_wait
-from .settings import QueueSettings, enqueue_error, enqueued_job
+from .settings import QueueSettings
 from .store import Statements, configure_cursor
 
 P = ParamSpec("P")
@@ -27,7 +28,7 @@ def _checked_by(
 ) -> Callable[[Callable[[SyncQueue, psycopg.Connection[Any], dict[str, Any]], R]],
               Callable[Concatenate[SyncQueue, psycopg.Connection[Any], P], R]]:
     """A :class:`SyncQueue` method from ``run(self, conn, params)``: it takes ``conn``,
-    then the arguments of ``params_of`` (the :class:`QueueSettings` method that checks
+    then the arguments of ``params_of`` (the :mod:`rota.enqueue` function that checks
     them and makes the statement's parameters for :class:`rota.Queue` too), and runs
     ``run`` with those parameters. Its signature (``help()``, :func:`inspect.signature`)
     shows those arguments; mypy checks calls against them."""
@@ -81,7 +82,7 @@ class SyncQueue:
     def clock_offset(self, value: timedelta) -> None:
         self.settings.clock_offset = value
 
-    @_checked_by(QueueSettings.enqueue_params)
+    @_checked_by(enqueue_params)
     def enqueue(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> Job | None:
         """As :meth:`rota.Queue.enqueue`, on ``conn``. Returns the job, or ``None`` for a
         duplicate of an open job. Raises the same errors."""
@@ -94,7 +95,7 @@ class SyncQueue:
             sending.sent([job.id] if job is not None else [], 1 if job is not None else 0)
         return job
 
-    @_checked_by(QueueSettings.enqueue_many_params)
+    @_checked_by(enqueue_many_params)
     def enqueue_many(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> int:
         """As :meth:`rota.Queue.enqueue_many`, on ``conn``. Returns how many were created."""
         if not params["types"]:

@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
+from . import statements
 from .checks import require_duration
 from .errors import InvalidInput, RotaError, first_line
 from .maintenance import Maintainer, Maintenance, Rescue, check_pipeline_maintenance
@@ -450,12 +451,9 @@ class Worker:
 
     async def _next_due(self, queue: Queue, types: Sequence[str] | None) -> float | None:
         await queue.open()
-        row = await queue.store.fetch_one("next_due", {
-            "types": list(types) if types is not None else None,
-            "offset": queue.clock_offset,
-            "stale_after": queue.stale_after,
-        }, deadline=self.liveness_timeout.total_seconds())
-        return None if row is None or row[0] is None else float(row[0])
+        return await statements.next_due(
+            queue.store, types=types, offset=queue.clock_offset,
+            stale_after=queue.stale_after, deadline=self.liveness_timeout.total_seconds())
 
     def _maintainer(self, pipeline: Any, queue: Queue) -> Maintainer:
         if self._maintenance is not None:
@@ -584,7 +582,7 @@ async def probe(queue: Queue, conn: psycopg.AsyncConnection[Any],
     """
     token = uuid.uuid4().hex
     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(PROBE_CHANNEL)))
-    row = await queue.store.fetch_one("notify_probe", {"token": token})
+    row = await statements.notify_probe(queue.store, token=token)
     arrived = False
     async for note in conn.notifies(timeout=PROBE_WAIT.total_seconds()):
         if note.channel == PROBE_CHANNEL and note.payload == token:

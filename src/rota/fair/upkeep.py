@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .. import statements
 from ..checks import positive_seconds
 from ..store import Store
 
@@ -245,11 +246,10 @@ class ClaimUpkeep:
             return
         self._horizon_looked = now
         try:
-            row = await self.store.fetch_one("horizon_age", {})
+            age, _ = await statements.horizon_age(self.store)
         except Exception:
             log.exception("looking at the xmin horizon failed")
             return
-        age = float(row[0]) if row and row[0] is not None else 0.0
         held = age > self.config.held_after
         if held != self.horizon_held:
             log.info("the xmin horizon of %s's database is %s: the claim walks its "

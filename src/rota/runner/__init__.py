@@ -3,7 +3,11 @@
 - :mod:`.context`: :class:`JobContext` (what a handler gets) and a run's state;
 - :mod:`.stage`: :class:`Stage`, triggers, stop reasons, :class:`RunResult`;
 - :mod:`.batching`: the claim size a stage's batch grows and shrinks to;
-- :mod:`.completer`: completing finished jobs in group commits;
+- :mod:`.completer`: grouping finished jobs' completions into one statement;
+- :mod:`.settle`: settling a job, the one path: how a handler call ended to what
+  happens to its jobs (:func:`~.settle.decide`), carried out by the
+  :class:`~.settle.Settler`, the only runner code calling the queue's job transitions;
+- :mod:`.rates`: the runner's side of rate limits;
 - the three parts of a run: :mod:`.recording` (the ``runs`` row and the heartbeat),
   :mod:`.batch` (one batch's handlers, concurrency, deadlines, settling) and
   :mod:`.loop` (which stage next, the budget, the stop reason);

@@ -4,8 +4,9 @@ job settled (completed in group commits, failed, deferred, or handed back as it 
 
 The run loop (:mod:`.loop`) decides which stage's batch runs and when; a
 :class:`BatchRunner` runs the batch it is given and says whether the stage hit its
-quota. Every job transition goes through :class:`rota.Queue` (directly, or through the
-job's :class:`~rota.runner.context.JobContext`).
+quota. How each call ended becomes a settlement (:func:`rota.runner.settle.decide`) that
+the run's :class:`~rota.runner.settle.Settler` carries out: this module calls no job
+transition itself.
 """
 
 from __future__ import annotations
@@ -18,17 +19,14 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from psycopg_pool import PoolTimeout
-
 from .. import tracing
-from ..errors import HandlerTimedOut
-from ..job import DeferJob, Job
+from ..job import Job
 from ..queue import Queue
-from ..quota import SHARED_SCOPE, QuotaExhausted
-from ..rates import RateLimited
+from ..quota import QuotaExhausted
 from . import rates
-from .completer import Completer, error_text, settle_all, with_results
-from .context import JobContext, QuotaLookup, RateLookup, RunState, retrying
+from .completer import Completer
+from .context import JobContext, QuotaLookup, RateLookup, RunState
+from .settle import CallOutcome, Complete, Settler, decide
 from .stage import Stage
 
 log = logging.getLogger("rota.runner")
@@ -89,13 +87,15 @@ class BatchRunner:
             What settling raised (the database failed); the batch's jobs are handed
             back or failed first, as far as the database allows.
         """
-        ctxs = [JobContext(j, self.queue, stage, run, self.quotas, self.rate_limits)
-                for j in jobs]
+        settler = Settler(self.queue, run)
+        ctxs = [JobContext(j, self.queue, stage, run, self.quotas, self.rate_limits,
+                           settler=settler) for j in jobs]
         for ctx in ctxs:
             run.held[ctx.job.id] = ctx
         todo = deque(ctxs)
         blocked: list[QuotaExhausted] = []
-        completer = Completer(self.queue, run)
+        completer: Completer[tuple[JobContext, Complete]] = Completer(
+            settler.complete_many, run)
         handed_over = False
         # Read once a batch, not once a job: with no SDK and no stored trace context,
         # a handler gets no span at all (rota.tracing; 6 % of a no-op drain's time).
@@ -108,7 +108,7 @@ class BatchRunner:
                 going = ctxs
                 if stage.limits:  # one unit per job; the refused are deferred
                     going = [c for c in ctxs
-                             if await rates.take_for_job(self.queue, run, stage, c)]
+                             if await rates.take_for_job(settler, stage, c)]
                 if going:
                     await call(stage.batch_handler(going), going, run, stage, blocked,
                                completer)
@@ -119,7 +119,7 @@ class BatchRunner:
                     while todo and not run.out_of_time() and not blocked:
                         ctx = todo.popleft()
                         if stage.limits and not await rates.take_for_job(
-                                self.queue, run, stage, ctx):
+                                settler, stage, ctx):
                             continue  # deferred until its units are there
                         await call(stage.call(ctx), [ctx], run, stage, blocked,
                                    completer)
@@ -129,27 +129,27 @@ class BatchRunner:
                         tg.create_task(worker())
             if not blocked and not todo:
                 handed_over = True
-                return BatchOutcome(completing=self._complete(run, ctxs, completer))
+                return BatchOutcome(completing=self._complete(settler, ctxs, completer))
             await completer.wait()
         finally:
             if not handed_over:
                 await completer.wait_quietly()
-                await self._release(run, ctxs, blocked[0] if blocked else None)
+                await settler.leftovers(ctxs)
         return BatchOutcome(blocked=blocked[0] if blocked else None)
 
-    async def _complete(self, run: RunState, ctxs: list[JobContext],
-                        completer: Completer) -> None:
+    async def _complete(self, settler: Settler, ctxs: list[JobContext],
+                        completer: Completer[tuple[JobContext, Complete]]) -> None:
         """Finish a batch whose handlers all ran: wait for its completions, then hand
         back whatever is still unsettled (as :meth:`run` does inline)."""
         try:
             await completer.wait()
         finally:
             await completer.wait_quietly()
-            await self._release(run, ctxs, None)
+            await settler.leftovers(ctxs)
 
     async def _traced_call(self, work: Awaitable[object], ctxs: list[JobContext],
                            run: RunState, stage: Stage, blocked: list[QuotaExhausted],
-                           completer: Completer) -> None:
+                           completer: Completer[tuple[JobContext, Complete]]) -> None:
         """:meth:`_call` with a span per job (rota.tracing): each ends when its job is
         settled; one handler's is current while it runs, so what it enqueues and logs
         belongs to its trace (a batch handler's jobs may belong to many traces: it runs
@@ -161,16 +161,14 @@ class BatchRunner:
 
     async def _call(self, work: Awaitable[object], ctxs: list[JobContext], run: RunState,
                     stage: Stage, blocked: list[QuotaExhausted],
-                    completer: Completer) -> None:
-        """Run one handler call within its deadline and settle what it left unsettled
-        (jobs it returned normally from are handed to ``completer``, which completes
-        them in batches).
+                    completer: Completer[tuple[JobContext, Complete]]) -> None:
+        """Run one handler call within its deadline, then settle what it left unsettled
+        by how it ended: :func:`~rota.runner.settle.decide` says what happens, the
+        run's :class:`~rota.runner.settle.Settler` does it (jobs it returned normally
+        from go to ``completer``, which completes them in batches).
 
         The deadline is the stage's timeout from now, or the run's hard deadline when
-        that comes first; at it the handler is cancelled and its jobs fail ("timed out
-        after N s") and are retried with backoff, unless the run's deadline cut them
-        before a timeout that a run has room for: then they go back as they were,
-        their attempt returned, counted ``cut_by_run`` (docs/design.md, "Handler
+        that comes first; at it the handler is cancelled (docs/design.md, "Handler
         deadlines")."""
         started = time.monotonic()
         limit = self.limit(stage)
@@ -196,158 +194,23 @@ class BatchRunner:
         finally:
             handle.cancel()
             at_deadline.cancel()
+        settler = Settler(self.queue, run)
         # A job completed in the handler's own transaction is done only if that
-        # transaction committed (docs/design.md, "Counters show what committed").
-        await self._confirm_commits(run, ctxs, failure)
-        if timer.expired():
-            # A job the handler completed in its own transaction before the cut reached
-            # it (its COMMIT landed; the reply came after the deadline) is done, not
-            # timed out: only the jobs still unsettled fail and count.
-            cut = [c for c in ctxs if not c.settled]
-            if cut and run_cut:
-                log.warning("job(s) %s: cut by the run's end after %g s, before their "
-                            "%g s timeout: handed back as they were",
-                            [c.job.id for c in cut], round(deadline - started, 1),
-                            round(limit, 1))
-                try:
-                    await self.hand_back(run, cut, counted="cut_by_run")
-                except Exception:  # left held: the batch's end fails them, as a cut
-                    log.exception("run %s: could not hand back jobs cut by its end",
-                                  run.id)
-            elif cut:
-                text = f"timed out after {round(deadline - started, 1):g} s"
-                log.warning("job(s) %s: %s", [c.job.id for c in cut], text)
-                run.add("timed_out", len(cut))
-                await settle_all(cut, lambda c: c.fail(text))
-        elif failure is None:
-            completer.add(await with_results(ctxs, value))
-        elif isinstance(failure, DeferJob):
-            until = failure.until
-            await settle_all(ctxs, lambda c: c.defer(until))
-        elif isinstance(failure, QuotaExhausted):
-            if failure.scope_key == SHARED_SCOPE:
-                blocked.append(failure)
-            resets_at = failure.resets_at
-            n = await settle_all(ctxs, lambda c: c.defer(resets_at))
-            run.add("quota_deferred", n)
-        elif isinstance(failure, RateLimited):
-            await rates.defer_for_rate(self.queue, run, stage, ctxs, failure)
-        elif isinstance(failure, PoolTimeout) and any(c.pool_timed_out for c in ctxs):
-            # rota's pool had no connection for the handler: not the job's failure.
-            # Handed back as it was, due after this run (docs/design.md, "Connections").
-            log.warning("job(s) %s: no connection within the pool's timeout; handed back",
-                        [c.job.id for c in ctxs])
-            unsettled = [c for c in ctxs if not c.settled]
-            run.add("pool_timeouts", len(unsettled))
-            await self.hand_back(run, unsettled, after_run=True)
-        else:
-            log.info("job(s) %s raised %s", [c.job.id for c in ctxs], error_text(failure))
-            if isinstance(failure, HandlerTimedOut):
-                run.add("timed_out", len([c for c in ctxs if not c.settled]))
-            error = failure
-            await settle_all(ctxs, lambda c: c.fail(error))
+        # transaction committed (docs/design.md, "Counters show what committed"); one
+        # whose COMMIT landed before a cut reached it is done, not timed out.
+        await settler.confirm_commits(ctxs, failure)
+        settlement = decide(CallOutcome(
+            failure=failure, value=value, timed_out=timer.expired(), run_cut=run_cut,
+            seconds=deadline - started, limit=limit,
+            unsettled=sum(not c.settled for c in ctxs),
+            pool_timed_out=any(c.pool_timed_out for c in ctxs)))
+        await settler.apply(settlement, ctxs, complete=completer.add, blocked=blocked,
+                            stage=stage)
 
     def _at_deadline(self, timer: asyncio.Timeout, ctxs: list[JobContext],
                      started: float, limit: float) -> _Deadline:
         """What happens at a handler call's deadline: see :class:`_Deadline`."""
         return _Deadline(timer, ctxs, started + limit, limit)
-
-    async def _confirm_commits(self, run: RunState, ctxs: list[JobContext],
-                               failure: Exception | None) -> None:
-        """Settle the jobs a handler completed in its own transaction by what the
-        database says now: done under this claim (it committed), still running under it
-        (it did not: the job fails with the handler's error and its backoff), or lost."""
-        waiting = [c for c in ctxs if c.in_caller_tx]
-        if not waiting:
-            return
-        jobs = [c.job for c in waiting]
-        states = await retrying(lambda: self.queue.claim_states(jobs), run, "confirm")
-        for c in waiting:
-            c.in_caller_tx = False
-            state = states.get(c.job.id)
-            if state == "done":
-                c._settle("done")
-            elif state == "running":
-                reason: Exception | str = (
-                    failure if failure is not None
-                    else "the transaction that completed the job did not commit")
-                log.info("job %s: completed in a transaction that did not commit: %s",
-                         c.job.id, reason)
-                await c.fail(reason)
-            else:
-                c._settle("lost")
-
-    async def hand_back(self, run: RunState, ctxs: list[JobContext], *,
-                        after_run: bool = False, counted: str = "released") -> None:
-        """Release claimed jobs as they were: attempts and deferrals unchanged, the due
-        time kept (or, ``after_run``, not before this run's budget ends, so it does not
-        claim them again) (docs/design.md, "Defer"). Counts them under ``counted`` in
-        the summary (``released``: claimed, not started; ``interrupted``: started, cut
-        by a stop request; ``cut_by_run``: started, cut by the run's hard deadline
-        before their own timeout), and ``lost`` those another run reclaimed
-        meanwhile.
-
-        Raises:
-            What releasing raised once retries were spent.
-        """
-        not_before = None
-        if after_run and run.time_left() > 0:
-            not_before = await self.queue.now() + timedelta(seconds=run.time_left())
-        jobs = [c.job for c in ctxs]
-        n = await retrying(lambda: self.queue.release(jobs, not_before=not_before), run,
-                           "release")
-        if not_before is not None:
-            # Released jobs keep no claim token; each is due as before when the run
-            # ends sooner than its budget.
-            run.pushed += [(j.id, None, not_before, j.run_after) for j in jobs
-                           if j.run_after < not_before]
-        for c in ctxs:
-            c.outcome = "released"
-            run.held.pop(c.job.id, None)
-        run.add(counted, n)
-        if n < len(ctxs):  # reclaimed by another run meanwhile
-            run.add("lost", len(ctxs) - n)
-
-    async def _hand_back_interrupted(self, run: RunState,
-                                     ctxs: list[JobContext]) -> None:
-        """Hand back, as they were, the jobs whose handlers a stop request cut (a
-        second SIGINT or SIGTERM): counted ``interrupted`` in the summary."""
-        cut = [c for c in ctxs if not c.settled and c.started and not c.in_caller_tx
-               and not c.abandoned]
-        if not cut:
-            return
-        try:
-            await self.hand_back(run, cut, counted="interrupted")
-        except Exception:
-            log.exception("run %s: could not hand back interrupted jobs", run.id)
-
-    async def _release(self, run: RunState, ctxs: list[JobContext],
-                       blocked: QuotaExhausted | None) -> None:
-        """Hand back what a batch still holds: jobs never started go back as they were
-        (attempts and deferrals unchanged: docs/design.md, "Defer"); when the stage's
-        quota is gone, the skip that follows moves them to its reset. Jobs started but
-        unsettled (the run is ending in error or cancelled) are failed, so they are
-        retried after backoff rather than waiting for the stale window; when the run
-        was asked to stop (cancelled by a second signal), they are handed back too,
-        their attempt returned: an operator's stop is not the job's failure
-        (docs/design.md, "The runner")."""
-        if run.stopping():
-            await self._hand_back_interrupted(run, ctxs)
-        unstarted = [c for c in ctxs if not c.settled and not c.started]
-        if unstarted:
-            try:
-                await self.hand_back(run, unstarted)
-            except Exception:
-                log.exception("run %s: could not hand back unstarted jobs", run.id)
-        for c in ctxs:
-            # A job whose thread still runs (a hard stop left it behind at the platform
-            # timeout) stays as it is, to the stale-lock rules (docs/design.md,
-            # "Handler deadlines").
-            if not c.settled and not c.in_caller_tx and not c.abandoned:
-                try:
-                    await c.fail("the run stopped while the job was running")
-                except Exception:
-                    log.exception("run %s: could not release job %s", run.id, c.job.id)
 
 
 class _Deadline:

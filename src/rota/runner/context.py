@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, Literal, NoReturn, Protocol, TypeVar
@@ -27,21 +27,16 @@ from psycopg_pool import PoolTimeout
 
 from .. import tracing
 from ..checks import INT_MAX, require_text, storable_text
-from ..errors import ConfigError, HandlerTimedOut, InvalidInput, first_line
-from ..job import DeferJob, FailOutcome, Job, due_or_delay
+from ..errors import ConfigError, HandlerTimedOut, InvalidInput
+from ..job import DeferJob, FailOutcome, Job
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
 from ..rates import NO_KEY, Grant, RateLimit, RateLimited, RateLimitUnreachable
 from ..results import ResultError, encode_result
-from ..store import is_connection_failure
 
 log = logging.getLogger("rota.runner")
 T = TypeVar("T")
 
-# Waits between attempts of a settlement (complete, fail, defer, release) whose
-# connection failed: repeated under the same claim it answers what the first one did
-# (docs/design.md, "Settling twice"), so retrying is safe. About 3.5 s in all.
-_SETTLE_RETRY_DELAYS = (0.1, 0.4, 1.0, 2.0)
 # A counter saturates here instead of growing into a value JSON or jsonb cannot hold
 # (an int past 4,300 digits, a float past 1.8e308).
 _COUNTER_MAX = float(sys.float_info.max)
@@ -175,25 +170,26 @@ def saturated(value: int | float) -> int | float:
     return max(-_COUNTER_MAX, min(value, _COUNTER_MAX))
 
 
-async def retrying(call: Callable[[], Awaitable[T]], run: RunState, what: str) -> T:
-    """Run a settlement, again after a failed connection (its reply may have been lost
-    after the server committed: repeated under the same claim it answers what the first
-    did, docs/design.md, "Settling twice"), within about 3.5 s and the run's hard
-    deadline.
+class Settles(Protocol):
+    """What settles a job when its handler asks (``ctx.complete``, ``ctx.fail``,
+    ``ctx.defer``): the runner's :class:`~rota.runner.settle.Settler`, the one path
+    that settles a job (typed here by this protocol so that this module need not import
+    the settler's, which imports this one)."""
 
-    Raises:
-        What the last attempt raised; at once for anything but a connection failure.
-    """
-    for delay in (*_SETTLE_RETRY_DELAYS, None):
-        try:
-            return await call()
-        except Exception as exc:
-            if delay is None or not is_connection_failure(exc) or run.past_hard_deadline():
-                raise
-            log.warning("run %s: %s: %s; retrying", run.id, what,
-                        first_line(exc, with_type=True))
-            await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
+    async def complete(self, ctx: JobContext, *, result: Any = None,
+                       conn: AnyConn | None = None) -> bool:
+        """Complete the job now (see :meth:`JobContext.complete`)."""
+        ...
+
+    async def fail(self, ctx: JobContext, error: BaseException | str, *,
+                   give_up: bool = False) -> FailOutcome:
+        """Record a failed attempt now (see :meth:`JobContext.fail`)."""
+        ...
+
+    async def defer(self, ctx: JobContext,
+                    until: datetime | timedelta | None = None) -> bool:
+        """Defer the job (see :meth:`JobContext.defer`)."""
+        ...
 
 
 class JobContext:
@@ -211,11 +207,18 @@ class JobContext:
         run: the run's state (counters, budget).
         quotas: resolves a quota name given to :meth:`spend` or :meth:`exhaust`
             (``Pipeline.quota``).
+        rate_limits: resolves a rate limit name given to :meth:`take` or
+            :meth:`backoff` (``Pipeline.rate_limit``).
+        settler: settles the job when the handler asks (the run's
+            :class:`~rota.runner.settle.Settler`); without one, :meth:`complete`,
+            :meth:`fail` and :meth:`defer` raise ``InvalidInput``.
     """
 
     def __init__(self, job: Job, queue: Queue, stage: StageInfo, run: RunState,
-                 quotas: QuotaLookup, rate_limits: RateLookup | None = None) -> None:
+                 quotas: QuotaLookup, rate_limits: RateLookup | None = None, *,
+                 settler: Settles | None = None) -> None:
         self.job = job
+        self._settler = settler
         self.queue = queue
         self.stage = stage
         self.run_id = run.id
@@ -592,28 +595,14 @@ class JobContext:
         except ResultError as exc:
             await self.fail(exc, give_up=True)
             raise
-        if conn is not None:
-            ok = await self.queue.complete(self.job, result=result, conn=conn)
-            if ok:
-                self.in_caller_tx = True
-            else:
-                self._settle("lost")
-            return ok
-        ok = await retrying(lambda: self.queue.complete(self.job, result=result),
-                            self._run, "complete")
-        self._settle("done" if ok else "lost")
-        return ok
+        return await self._settles().complete(self, result=result, conn=conn)
 
     async def fail(self, error: BaseException | str, *, give_up: bool = False) -> FailOutcome:
         """Record a failed attempt now (retry with backoff, or failed with give-up
         hook; ``give_up``: failed whatever the attempts left); see
         :meth:`rota.Queue.fail`."""
         self._check_unsettled()
-        tracing.record_failure(self.span, error)
-        outcome = await retrying(lambda: self.queue.fail(self.job, error, give_up=give_up),
-                                 self._run, "fail")
-        self._settle(outcome)
-        return outcome
+        return await self._settles().fail(self, error, give_up=give_up)
 
     async def defer(self, until: datetime | timedelta | None = None) -> bool:
         """Put the job back without burning an attempt, due at ``until`` (an aware
@@ -632,39 +621,7 @@ class JobContext:
                 :meth:`rota.Queue.defer`); the job is already settled.
         """
         self._check_unsettled()
-        checked = due_or_delay(until, "until")
-        left = self._run.time_left()
-        # The queue's clock, read once: for a delay, and for the end of the budget.
-        now = (await self.queue.now()
-               if isinstance(checked, timedelta) or left > 0 else None)
-        asked: datetime | None
-        if isinstance(checked, timedelta):
-            assert now is not None
-            asked = now + checked
-        else:
-            asked = checked
-        when = self._after_this_run(asked, now, left)
-        ok = await retrying(lambda: self.queue.defer(self.job, when), self._run,
-                            "defer") == 1
-        if ok:
-            if when is not None and when != asked:
-                self._run.pushed.append((self.job.id, self.job.claim_token, when, asked))
-            self._settle("deferred")
-        else:
-            states = await retrying(lambda: self.queue.claim_states([self.job]),
-                                    self._run, "defer")
-            self._settle("failed" if states.get(self.job.id) == "failed" else "lost")
-        return ok
-
-    @staticmethod
-    def _after_this_run(until: datetime | None, now: datetime | None,
-                        left: float) -> datetime | None:
-        # A run never runs a job it deferred: a job deferred to a time before the budget
-        # ends is due when it ends, or it would be claimed again at once, and again.
-        if left <= 0 or now is None:
-            return until  # no more claims in this run
-        floor = now + timedelta(seconds=left)
-        return floor if until is None or until < floor else until
+        return await self._settles().defer(self, until)
 
     def _check_unsettled(self) -> None:
         if self.outcome is not None:
@@ -673,22 +630,8 @@ class JobContext:
             raise InvalidInput(f"job {self.job.id} is already completed in the handler's "
                                f"transaction")
 
-    def _settle(self, outcome: Outcome) -> None:
-        self.outcome = outcome
-        self._run.held.pop(self.job.id, None)
-        run = self._run
-        if self.span is not None:
-            tracing.end_process(self.span, outcome, run.out_of_time())
-        if outcome == "done":
-            run.jobs_done += 1
-        elif outcome == "failed":
-            run.jobs_failed += 1
-        elif outcome == "deferred":
-            run.jobs_deferred += 1
-        elif outcome == "retry":
-            run.add("retries")
-        elif outcome == "released":
-            run.add("released")
-        else:
-            run.add("lost")
-
+    def _settles(self) -> Settles:
+        if self._settler is None:
+            raise InvalidInput(f"job {self.job.id}: this JobContext was not made by a "
+                               f"runner, so it cannot settle its job")
+        return self._settler

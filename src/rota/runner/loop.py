@@ -33,6 +33,7 @@ from .batching import BatchSize
 from .completer import error_text
 from .context import RunState
 from .recording import RunRecorder
+from .settle import Settler
 from .stage import RunResult, Stage, StopReason, Trigger
 
 log = logging.getLogger("rota.runner")
@@ -144,13 +145,7 @@ class RunLoop:
         due as asked again, so a worker's next run takes them on time (docs/design.md,
         "Defer"); a cancelled run's too (a second stop request). When the database
         cannot say so, they stay due at the budget's end: late, never lost."""
-        if not run.pushed:
-            return
-        try:
-            await self.queue.restore_due_times(run.pushed)
-        except Exception as exc:
-            log.warning("run %s: %d job(s) stay due at the end of its budget: %s",
-                        run.id, len(run.pushed), error_text(exc))
+        await Settler(self.queue, run).restore_due_times()
 
     async def _within_deadline(self, run: RunState) -> StopReason:
         """Run the loop, and cut it if it is still busy a quarter of the settle reserve
@@ -215,16 +210,7 @@ class RunLoop:
                 if not c.settled and not c.in_thread and not c.abandoned]
         log.error("run %s: cut at its hard deadline; settling %d jobs it left behind",
                   run.id, len(held))
-        unstarted = [c for c in held if not c.started]
-        if unstarted:
-            with contextlib.suppress(Exception):
-                await self.batches.hand_back(run, unstarted)
-        for c in held:
-            if c.started and not c.settled:
-                with contextlib.suppress(Exception):
-                    run.add("timed_out")
-                    await c.fail("timed out: the handler did not stop when cancelled at "
-                                 "the run's hard deadline")
+        await Settler(self.queue, run).cut_off(held)
 
     async def _loop(self, run: RunState) -> StopReason:
         try:
@@ -272,7 +258,7 @@ class RunLoop:
                 except BaseException:
                     if jobs:
                         with contextlib.suppress(Exception):
-                            await asyncio.shield(self.queue.release(jobs))
+                            await asyncio.shield(Settler(self.queue, run).release(jobs))
                     raise
                 if not jobs:
                     continue
@@ -320,8 +306,7 @@ class RunLoop:
         jobs = await self.queue.claim(stage.type, size, run_id=run.id,
                                       unreadable=unreadable)
         if unreadable:
-            run.jobs_failed += len(unreadable)
-            run.add("unreadable", len(unreadable))
+            Settler(self.queue, run).unreadable(len(unreadable))
         return jobs
 
     async def _release_prefetched(self, run: RunState) -> None:
@@ -336,8 +321,7 @@ class RunLoop:
         run.prefetched = None
         jobs = await task
         if jobs:
-            n = await self.queue.release(jobs)
-            run.add("prefetch_released", n)
+            await Settler(self.queue, run).release(jobs, "prefetch_released")
 
     async def _finished(self, run: RunState) -> None:
         """Wait for the previous batch's completion (raising what it raised)."""
@@ -360,9 +344,7 @@ class RunLoop:
         before the reset), wait for the reset as pending (:meth:`rota.Queue.postpone`).
         Work left waiting for it makes the run's stop reason a quota one."""
         run.skipped.add(stage.type)
-        postponed = await self.queue.postpone(stage.type, block.resets_at)
-        if postponed > 0:
-            run.add("postponed", postponed)
+        await Settler(self.queue, run).postpone(stage.type, block.resets_at, "postponed")
         if await self.queue.has_pending_by(stage.type, block.resets_at):
             run.blocked.add(block.reason)
         log.info("run %s: stage %r skipped: %s", run.id, stage.type, block)

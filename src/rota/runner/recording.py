@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 
 import psycopg
 
+from .. import statements as sql
 from ..errors import first_line
 from ..queue import Queue
 from ..store import is_connection_failure
@@ -72,12 +73,8 @@ class RunRecorder:
         """
         q = self.queue
         async with q.connection() as c:
-            row = await q.store.fetch_one("run_start", {
-                "id": run.id, "trigger": run.trigger, "offset": q.clock_offset,
-                "worker": worker_id()}, conn=c)
-        assert row is not None
-        started_at: datetime = row[0]
-        return started_at
+            return await sql.run_start(q.store, id=run.id, trigger=run.trigger,
+                                       offset=q.clock_offset, worker=worker_id(), conn=c)
 
     async def heartbeat(self, run: RunState) -> None:
         """Every ``heartbeat_every`` until cancelled, refresh the locks of the jobs the
@@ -137,10 +134,9 @@ class RunRecorder:
         q = self.queue
         run.saved_at = time.monotonic()
         async with q.connection() as c:
-            row = await q.store.fetch_one("run_save", {
-                **run.save_params(), "final": final, "stop_reason": stop_reason,
-                "error": error, "offset": q.clock_offset}, conn=c)
-        return None if row is None else row[0]
+            return await sql.run_save(q.store, **run.save_params(), final=final,
+                                      stop_reason=stop_reason, error=error,
+                                      offset=q.clock_offset, conn=c)
 
     async def save_progress(self, run: RunState) -> None:
         """Save the run's counters after a batch, at most every ``SAVE_EVERY_S``. A

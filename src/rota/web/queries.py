@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from .. import statements as sql
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
 
@@ -36,26 +37,20 @@ PENDING_CAP = 10_000
 OLDEST_DUE_PROBES = (32, 128)
 
 
-async def _rows(queue: Queue, conn: AnyConn, name: str,
-                params: dict[str, Any]) -> list[dict[str, Any]]:
-    return await queue.store.fetch_dicts(name, {"offset": queue.clock_offset, **params},
-                                         conn=conn)
-
-
 async def now(queue: Queue, conn: AnyConn) -> datetime:
     """The queue's clock (database ``now()`` plus its clock offset), on ``conn``."""
-    return (await _rows(queue, conn, "db_now", {}))[0]["now"]  # type: ignore[no-any-return]
+    return await sql.db_now(queue.store, offset=queue.clock_offset, conn=conn)
 
 
 async def job_types(queue: Queue, conn: AnyConn) -> list[str]:
     """The job types that have jobs, in order."""
-    return [r["type"] for r in await _rows(queue, conn, "dashboard_types", {})]
+    return [r["type"] for r in await sql.dashboard_types(queue.store, conn=conn)]
 
 
 async def published_types(queue: Queue, conn: AnyConn) -> frozenset[str] | None:
     """The job types published for the SQL entry points (``rota migrate --app``: the
     app's stage types and its queue's declared ones), or ``None``: any type."""
-    rows = await _rows(queue, conn, "dashboard_published_types", {})
+    rows = await sql.dashboard_published_types(queue.store, conn=conn)
     if not rows or rows[0]["types"] is None:
         return None
     return frozenset(rows[0]["types"])
@@ -94,8 +89,8 @@ async def status_counts(queue: Queue, conn: AnyConn, types: Sequence[str], *,
                         cap: int | None) -> list[TypeCounts]:
     """Counts per type, reading at most ``cap`` pending jobs of each (None: all; pages
     pass :data:`PENDING_CAP`)."""
-    rows = await _rows(queue, conn, "dashboard_status_counts",
-                       {"types": list(types), "cap": cap})
+    rows = await sql.dashboard_status_counts(queue.store, types=types, cap=cap,
+                                             offset=queue.clock_offset, conn=conn)
     return [TypeCounts(**r, capped=cap is not None and r["pending_read"] >= cap)
             for r in rows]
 
@@ -168,8 +163,9 @@ class Throughput:
 
 
 async def throughput(queue: Queue, conn: AnyConn, types: Sequence[str]) -> Throughput:
-    rows = await _rows(queue, conn, "dashboard_throughput", {
-        "types": list(types), "failed_per_type": FAILED_PER_TYPE})
+    rows = await sql.dashboard_throughput(queue.store, types=types,
+                                          failed_per_type=FAILED_PER_TYPE,
+                                          offset=queue.clock_offset, conn=conn)
     done, failed = [0] * 60, [0] * 60
     for r in rows:
         if 0 <= r["minute"] < 60:
@@ -191,8 +187,8 @@ class PlanWaits:
 
 async def plan_waits(queue: Queue, conn: AnyConn, types: Sequence[str]) -> list[PlanWaits]:
     """Per plan, highest priority first (unknown plans, then no plan, last)."""
-    rows = await _rows(queue, conn, "dashboard_waits", {
-        "types": list(types), "per_type": WAITS_PER_TYPE})
+    rows = await sql.dashboard_waits(queue.store, types=types, per_type=WAITS_PER_TYPE,
+                                     offset=queue.clock_offset, conn=conn)
     waits = [PlanWaits(**r) for r in rows]
     order = {p.id: -p.priority for p in queue.plans}
     return sorted(waits, key=lambda w: (w.plan is None, order.get(w.plan or "", 0),
@@ -203,8 +199,8 @@ async def groups_served(queue: Queue, conn: AnyConn, types: Sequence[str],
                         limit: int = 10) -> list[dict[str, Any]]:
     """The groups charged most for the jobs done in the last hour (docs/design.md,
     "Cost"): group_id, plan, done (jobs), charged (their cost, a ``Decimal``)."""
-    return await _rows(queue, conn, "dashboard_groups_served",
-                       {"types": list(types), "limit": limit})
+    return await sql.dashboard_groups_served(queue.store, types=types, limit=limit,
+                                             offset=queue.clock_offset, conn=conn)
 
 
 async def owners_served(queue: Queue, conn: AnyConn, types: Sequence[str],
@@ -232,14 +228,13 @@ async def owners_served(queue: Queue, conn: AnyConn, types: Sequence[str],
         share among them), ``waited`` seconds (``None``: none of its groups is among
         ``waiting``). The most charged first, then the waiting ones.
     """
-    rows = await _rows(queue, conn, "dashboard_owners_served",
-                       {"types": list(types), "limit": limit})
+    rows = await sql.dashboard_owners_served(queue.store, types=types, limit=limit,
+                                             offset=queue.clock_offset, conn=conn)
     for r in rows:
         r["waited"] = None
     if waiting:
-        owners = {o["group_id"]: o for o in await _rows(
-            queue, conn, "dashboard_group_owners",
-            {"ids": [w["group_id"] for w in waiting]})}
+        owners = {o["group_id"]: o for o in await sql.dashboard_group_owners(
+            queue.store, ids=[w["group_id"] for w in waiting], conn=conn)}
         for w in waiting:
             o = owners.get(w["group_id"], {})
             owner_id = o.get("owner_id") or w["group_id"]
@@ -252,8 +247,10 @@ async def owners_served(queue: Queue, conn: AnyConn, types: Sequence[str],
                 rows.append(row)
             row["waited"] = max(row["waited"] or 0.0, w["waited_seconds"])
     plans = queue.plans
-    running = {(r["owner_id"], r["own"], r["plan"]): r["running"] for r in await _rows(
-        queue, conn, "dashboard_owners_running", {"stale_after": queue.stale_after})}
+    running = {(r["owner_id"], r["own"], r["plan"]): r["running"]
+               for r in await sql.dashboard_owners_running(
+                   queue.store, offset=queue.clock_offset, stale_after=queue.stale_after,
+                   conn=conn)}
     for r in rows:
         plan = r["plan"]
         r["weight"] = (plans.middle.weight if plan is None else
@@ -275,17 +272,18 @@ async def groups_paused(queue: Queue, conn: AnyConn, types: Sequence[str],
                         limit: int = 20) -> tuple[list[dict[str, Any]], int]:
     """Paused groups (group_id, plan, pending), the first ``limit`` by id, and how
     many are paused in all."""
-    rows = await _rows(queue, conn, "dashboard_groups_paused",
-                       {"types": list(types), "limit": limit})
+    rows = await sql.dashboard_groups_paused(queue.store, types=types, limit=limit,
+                                             conn=conn)
     return rows, (rows[0]["total"] if rows else 0)
 
 
 async def runs_page(queue: Queue, conn: AnyConn, *, before: tuple[datetime, uuid.UUID] | None,
                     limit: int) -> list[dict[str, Any]]:
     """Up to ``limit`` runs, newest first, started before ``before`` (started_at, id)."""
-    return await _rows(queue, conn, "dashboard_runs", {
-        "before_started": before[0] if before else None,
-        "before_id": before[1] if before else None, "limit": limit})
+    return await sql.dashboard_runs(
+        queue.store, before_started=before[0] if before else None,
+        before_id=before[1] if before else None, limit=limit, offset=queue.clock_offset,
+        conn=conn)
 
 
 @dataclass(frozen=True)
@@ -305,7 +303,7 @@ async def jobs_page(queue: Queue, conn: AnyConn, *, job_type: str | None,
                     scan: int = JOBS_SCAN_IDS) -> JobsPage:
     """Jobs matching the filters (``run_id``: the run that claimed them last), newest
     first, reading at most ``scan`` ids."""
-    ids = await _rows(queue, conn, "dashboard_id_range", {})
+    ids = await sql.dashboard_id_range(queue.store, conn=conn)
     high, lowest = ids[0]["high"], ids[0]["low"]
     if high is None:
         return JobsPage([], 1, 1, None)
@@ -314,9 +312,9 @@ async def jobs_page(queue: Queue, conn: AnyConn, *, job_type: str | None,
     else:
         start = min(before, high + 1) if before is not None else high + 1
         low = max(start - scan, lowest)
-    rows = await _rows(queue, conn, "dashboard_jobs", {
-        "before": start, "low": low, "type": job_type, "status": status,
-        "group_id": group_id, "run_id": run_id, "limit": limit})
+    rows = await sql.dashboard_jobs(queue.store, before=start, low=low, type=job_type,
+                                    status=status, group_id=group_id, run_id=run_id,
+                                    limit=limit, conn=conn)
     if job_id is not None:
         nxt = None
     elif len(rows) == limit:
@@ -328,12 +326,13 @@ async def jobs_page(queue: Queue, conn: AnyConn, *, job_type: str | None,
 
 async def run(queue: Queue, conn: AnyConn, run_id: uuid.UUID) -> dict[str, Any] | None:
     """One run as ``/runs`` shows it, or ``None`` (no such run, or pruned)."""
-    rows = await _rows(queue, conn, "dashboard_run", {"id": run_id})
+    rows = await sql.dashboard_run(queue.store, id=run_id, offset=queue.clock_offset,
+                                   conn=conn)
     return rows[0] if rows else None
 
 
 async def job(queue: Queue, conn: AnyConn, job_id: int) -> dict[str, Any] | None:
-    rows = await _rows(queue, conn, "dashboard_job", {"id": job_id})
+    rows = await sql.dashboard_job(queue.store, id=job_id, conn=conn)
     return rows[0] if rows else None
 
 
@@ -377,23 +376,24 @@ async def quotas_today(queue: Queue, conn: AnyConn, quotas: Iterable[Quota | All
     allowances = [q for q in quotas if isinstance(q, Allowance)]
     clock = await now(queue, conn)
     if not shared and not allowances:
-        rows = await _rows(queue, conn, "dashboard_quota_names", {})
+        rows = await sql.dashboard_quota_names(queue.store, offset=queue.clock_offset,
+                                               conn=conn)
         return [QuotaToday(r["quota"], r["units"], None, None, None, r["period_start"],
                            None) for r in rows], []
     out: list[QuotaToday] = []
     if shared:
         starts = [q.period_start(clock) for q in shared]
-        rows = await _rows(queue, conn, "dashboard_quota_usage", {
-            "quotas": [q.name for q in shared], "period_starts": starts})
+        rows = await sql.dashboard_quota_usage(
+            queue.store, quotas=[q.name for q in shared], period_starts=starts, conn=conn)
         used = {r["quota"]: int(r["used"]) for r in rows}
         out = [QuotaToday(q.name, used.get(q.name, 0), q.daily_units, q.reserve, q.reset_tz,
                           start, q.next_reset(clock)) for q, start in zip(shared, starts,
                                                                          strict=True)]
     per_owner: list[AllowanceToday] = []
     if allowances:
-        rows = await _rows(queue, conn, "dashboard_allowance_usage", {
-            "quotas": [a.name for a in allowances],
-            "period_starts": [a.period_start(clock) for a in allowances]})
+        rows = await sql.dashboard_allowance_usage(
+            queue.store, quotas=[a.name for a in allowances],
+            period_starts=[a.period_start(clock) for a in allowances], conn=conn)
         by_name = {r["quota"]: r for r in rows}
         per_owner = [AllowanceToday(a.name, a.limit_key, a.reset_tz,
                                     int(by_name[a.name]["owners"]),
@@ -408,15 +408,15 @@ async def finished_between(queue: Queue, conn: AnyConn, types: Sequence[str],
     """Jobs finished in ``(since, until]`` per type, plan and status (done, failed):
     rows ``type, plan, status, n, cost`` (the cost charged to the done ones, a
     ``Decimal``; 0 for failed: docs/design.md, "Cost")."""
-    return await _rows(queue, conn, "dashboard_metrics_finished", {
-        "types": list(types), "since": since, "until": until,
-        "failed_per_type": FAILED_PER_TYPE})
+    return await sql.dashboard_metrics_finished(
+        queue.store, types=types, since=since, until=until,
+        failed_per_type=FAILED_PER_TYPE, conn=conn)
 
 
 async def runs_by_stop_reason(queue: Queue, conn: AnyConn) -> dict[str, int]:
     """Finished runs in the runs table (pruned after 30 days by default), by stop
     reason."""
-    rows = await _rows(queue, conn, "dashboard_metrics_runs", {})
+    rows = await sql.dashboard_metrics_runs(queue.store, conn=conn)
     return {r["stop_reason"]: int(r["n"]) for r in rows}
 
 
@@ -434,8 +434,7 @@ class Horizon:
 
 async def horizon(queue: Queue, conn: AnyConn) -> Horizon:
     """The xmin horizon's age (see :class:`Horizon`)."""
-    row = (await _rows(queue, conn, "horizon_age", {}))[0]
-    return Horizon(float(row["seconds"]), int(row["transactions"]))
+    return Horizon(*await sql.horizon_age(queue.store, conn=conn))
 
 
 def discover_quotas(pipeline: Any) -> list[Quota | Allowance]:

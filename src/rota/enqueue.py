@@ -1,0 +1,241 @@
+"""Enqueue's Python half (docs/design.md, "Enqueue"): the checks only Python can make
+(a payload JSON cannot hold, a naive datetime, a value of the wrong Python type or with
+a NUL character), the statement parameters with the queue's settings, and reading back
+what the database's ``enqueue_jobs`` answered; the rules themselves (lengths, limits,
+due-time range, declared types, groups, defaults) are the database's, which SQL
+callers go through too.
+
+:func:`enqueue` and :func:`enqueue_many` run the statements for :class:`rota.Queue`;
+:class:`rota.SyncQueue` runs them on a sync connection with the same parameters. They
+take what they need (the store, the settings, the tracer, a connection getter), not
+the queue.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from . import statements as sql
+from . import tracing
+from .checks import require_aware, sendable_int, sendable_text
+from .errors import InvalidInput, PayloadError, UnknownGroup, UnknownJobType
+from .give_up import Connect
+from .job import Job, encode_payload
+from .settings import QueueSettings
+from .store import AnyConn, Store
+
+_ITEM_KEYS = frozenset({"type", "payload", "group_id", "dedupe_key", "run_after",
+                        "max_attempts"})
+
+
+def enqueue_settings(settings: QueueSettings) -> dict[str, Any]:
+    """The settings enqueue applies, as the ``s_*`` parameters of the database's
+    ``enqueue_jobs`` (and of ``sql/publish_settings.sql``, which writes them for the
+    SQL entry points): declared types (sorted), default and per-type max_attempts,
+    max_payload_bytes, the groups relation (``None``: rota's own) and the clock
+    offset. Read at each call: a pipeline's queue
+    (:meth:`QueueSettings.with_max_attempts_by_type`) adds its stages' max_attempts."""
+    return {
+        "s_types": settings.sorted_types,
+        "s_max_attempts": settings.max_attempts,
+        "s_max_attempts_by_type": Jsonb(dict(settings.max_attempts_by_type)),
+        "s_max_payload_bytes": settings.max_payload_bytes,
+        "s_groups": settings.groups_sql,
+        "offset": settings.clock_offset,
+    }
+
+
+def enqueue_params(
+    settings: QueueSettings,
+    type: str,
+    payload: Any,
+    *,
+    group_id: str | uuid.UUID | None = None,
+    dedupe_key: str | None = None,
+    run_after: datetime | None = None,
+    max_attempts: int | None = None,
+) -> dict[str, Any]:
+    """One job's statement parameters, with the queue's settings. Its parameters
+    are :meth:`rota.Queue.enqueue`'s but ``conn``; :meth:`rota.SyncQueue.enqueue`
+    takes them after its ``conn``, from here.
+
+    Only what Python alone can see is checked here (a payload JSON cannot hold, a
+    naive datetime, a value of the wrong Python type or with a NUL character); the
+    rules themselves (lengths, limits, due-time range, declared types, groups,
+    defaults) are the database's ``enqueue_jobs``, which SQL callers go through
+    too (docs/design.md, "Enqueue").
+
+    Raises:
+        InvalidInput and subclasses: naming the argument; nothing was sent.
+    """
+    return {
+        "type": sendable_text(type, "job type"),
+        "payload": encode_payload(payload),
+        "group_id": sendable_text(group_id, "group_id", allow_none=True),
+        "dedupe_key": sendable_text(dedupe_key, "dedupe_key", allow_none=True),
+        "run_after": None if run_after is None else require_aware(run_after,
+                                                                  "run_after"),
+        "max_attempts": (None if max_attempts is None
+                         else sendable_int(max_attempts, "max_attempts")),
+        **enqueue_settings(settings),
+    }
+
+
+def enqueue_many_params(settings: QueueSettings,
+                    items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A batch's statement parameters: parallel arrays, one entry per job, checked as
+    :func:`enqueue_params` checks one job, and the queue's settings.
+
+    Raises:
+        InvalidInput and subclasses: naming the first bad item (``item 3: ...``), or
+            ``items`` that is not an iterable of mappings (a string, a mapping).
+    """
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+        raise InvalidInput(f"items must be an iterable of mappings (one per job), "
+                           f"got {type(items).__name__}")
+    types: list[str | None] = []
+    payloads: list[str] = []
+    group_ids: list[str | None] = []
+    dedupe_keys: list[str | None] = []
+    run_afters: list[datetime | None] = []
+    max_attempts: list[int | None] = []
+    allowed = _ITEM_KEYS
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise InvalidInput(f"item {i}: expected a mapping, got {type(item).__name__}")
+        if not allowed.issuperset(item) or "type" not in item or "payload" not in item:
+            extra = set(item) - allowed
+            raise InvalidInput(
+                f"item {i}: needs 'type' and 'payload', may have "
+                f"'group_id', 'dedupe_key', 'run_after', 'max_attempts'; "
+                f"unexpected {sorted(extra)}" if extra else
+                f"item {i}: needs 'type' and 'payload'"
+            )
+        try:
+            t = sendable_text(item["type"], "job type")
+            g = sendable_text(item.get("group_id"), "group_id", allow_none=True)
+            payload = encode_payload(item["payload"])
+            key = item.get("dedupe_key")
+            if key is not None:
+                key = sendable_text(key, "dedupe_key")
+            due = item.get("run_after")
+            if due is not None:
+                due = require_aware(due, "run_after")
+            attempts = item.get("max_attempts")
+            if attempts is not None:
+                attempts = sendable_int(attempts, "max_attempts")
+        except InvalidInput as exc:
+            raise type(exc)(f"item {i}: {exc}") from None
+        types.append(t)
+        payloads.append(payload)
+        group_ids.append(g)
+        dedupe_keys.append(key)
+        run_afters.append(due)
+        max_attempts.append(attempts)
+    return {
+        "types": types,
+        "payloads": payloads,
+        "group_ids": group_ids,
+        "dedupe_keys": dedupe_keys,
+        "run_afters": run_afters,
+        "max_attempts": max_attempts,
+        **enqueue_settings(settings),
+    }
+
+
+def enqueued_job(row: Mapping[str, Any] | None) -> Job | None:
+    """The job the ``enqueue`` statement returned (``None``: a duplicate of an open
+    job), for the async and the sync path alike.
+
+    Raises:
+        InvalidInput and subclasses: what ``enqueue_jobs`` refused (nothing written).
+    """
+    if row is None:
+        return None
+    if row["problem"] is not None:
+        raise enqueue_error(row["problem"])
+    return Job.from_row(row, lenient=True)  # written: never an error after that
+
+
+def enqueue_error(problem: Mapping[str, Any]) -> InvalidInput:
+    """The exception for what the database's ``enqueue_jobs`` found wrong with the input
+    (``{sqlstate, column, message}``; the SQL entry points raise the same SQLSTATE and
+    message, docs/enqueue-from-sql.md, "Errors")."""
+    sqlstate, message = problem.get("sqlstate"), str(problem.get("message"))
+    if sqlstate == "23503":
+        return UnknownGroup(message)
+    if sqlstate == "42704":
+        return UnknownJobType(message)
+    if problem.get("column") == "payload":
+        return PayloadError(message)
+    return InvalidInput(message)
+
+
+async def enqueue(store: Store, settings: QueueSettings, tracer: tracing.Tracer,
+                  connect: Connect, type: str, payload: Any, *,
+                  group_id: str | uuid.UUID | None = None, dedupe_key: str | None = None,
+                  run_after: datetime | None = None, max_attempts: int | None = None,
+                  conn: AnyConn | None = None) -> Job | None:
+    """Enqueue one job through the database's ``enqueue_jobs`` in one statement, with
+    the trace context of its enqueue span (see :meth:`rota.Queue.enqueue`, whose
+    arguments these are after the first four).
+
+    Returns:
+        The new job, or ``None`` when an open job with ``dedupe_key`` exists.
+
+    Raises:
+        PayloadError, NaiveDatetimeError, UnknownJobType, InvalidInput: bad input,
+            nothing written.
+        UnknownGroup: ``group_id`` is not in the groups relation.
+    """
+    params = enqueue_params(settings, type, payload, group_id=group_id,
+                            dedupe_key=dedupe_key, run_after=run_after,
+                            max_attempts=max_attempts)
+    with tracer.enqueue(params["type"], 1) as sending:
+        params["trace_context"] = sending.trace_context
+        async with connect(conn) as c:
+            row = await sql.enqueue(store, **params, conn=c)
+        job = enqueued_job(row)
+        sending.sent([job.id] if job is not None else [], 1 if job is not None else 0)
+    return job
+
+
+async def enqueue_many(store: Store, settings: QueueSettings, tracer: tracing.Tracer,
+                       connect: Connect, items: Iterable[Mapping[str, Any]], *,
+                       conn: AnyConn | None = None) -> int:
+    """Enqueue a batch in one statement through the database's ``enqueue_jobs`` (see
+    :meth:`rota.Queue.enqueue_many`); one enqueue span for the batch.
+
+    Returns:
+        How many jobs were created (duplicates of open jobs, or of each other inside
+        the batch, are skipped).
+
+    Raises:
+        InvalidInput and subclasses: naming the first bad item; nothing written.
+        UnknownGroup: some group ids are unknown; nothing written.
+    """
+    params = enqueue_many_params(settings, items)
+    if not params["types"]:
+        return 0
+    types = set(params["types"])
+    with tracer.enqueue(types.pop() if len(types) == 1 else None,
+                        len(params["types"])) as sending:
+        params["trace_context"] = sending.trace_context
+        params["count"] = len(params["types"])
+        async with connect(conn) as c:
+            # One statement: on our own autocommit connection it is its own
+            # transaction; on a caller's connection, the caller's transaction holds it.
+            created, problem = await sql.enqueue_many(store, **params, conn=c)
+        if problem is not None:
+            raise enqueue_error(problem)
+        sending.sent([], int(created))
+    return int(created)
+
+
+__all__ = ["enqueue", "enqueue_error", "enqueue_many", "enqueue_many_params",
+           "enqueue_params", "enqueue_settings", "enqueued_job"]
