@@ -65,5 +65,5 @@ def test_each_functions_parameters_are_its_statements_placeholders(name: str) ->
 
 def test_the_placeholder_parser_reads_binary_and_text_parameters() -> None:
     assert placeholders("complete_many") == {
-        "ids", "claim_tokens", "results", "started_ats", "offset", "schema_name"}
+        "ids", "claim_tokens", "results", "started_ats", "costs", "offset", "schema_name"}
     assert {"ids", "claim_tokens"} <= placeholders("defer")  # from {fenced_claims}
