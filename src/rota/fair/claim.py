@@ -68,8 +68,10 @@ class FairClaim:
                                   owner_walk="fair/claim_owner_walk_cached")
         if self.store.external_groups:
             pool = "fair/claim_pool_scan"
-        elif self.upkeep.horizon_held:
-            pool = "fair/claim_pool_sorted"
+        elif self.upkeep.horizon_held:  # the special groups' rows from its one read
+            return self.store.raw("fair/claim", pool="fair/claim_pool_sorted",
+                                  claim_order="fair/claim_order_group",
+                                  special_group_row="fair/special_group_row_read")
         else:
             pool = "fair/claim_pool_cached"
         return self.store.raw("fair/claim", pool=pool, claim_order="fair/claim_order_group")
