@@ -110,7 +110,7 @@ class FairClaim:
         # candidates ("held") reads further for this claim only. Remembered, it made
         # every later claim probe every group while two claimers ran flat out
         # (bench/RESULTS.md, section 17).
-        needed = (groups, per, spread)
+        needed: tuple[int, ...] = (groups, per, spread)
         retried = False
         statement = self.statement(fair_by)
         async with self.store.deadline(), self.store.connection(conn) as c:
@@ -153,12 +153,12 @@ class FairClaim:
                     spread *= 2
                 if "cand" in retry:
                     candidates *= 2
-                if "held" not in retry:
-                    needed = (max(needed[0], groups), max(needed[1], per),
-                              max(needed[2], spread))
+                if "held" not in retry:  # the proof's own need, doubled from its sizes
+                    needed = tuple(n * 2 if reason in retry else n for n, reason in
+                                   zip(needed, ("groups", "per", "spread"), strict=True))
                     retried = True
                 self.retries[job_type] = self.retries.get(job_type, 0) + 1
-        self._remember((job_type, fair_by), limit, needed, retried)
+        self._remember((job_type, fair_by), limit, (needed[0], needed[1], needed[2]), retried)
         # A claim on the caller's connection asks for upkeep too: an application that
         # always claims inside its own transaction would otherwise never fold.
         self.upkeep.request(job_type)
