@@ -28,7 +28,6 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import psycopg
 
