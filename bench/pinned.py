@@ -21,8 +21,8 @@ meet a worker that churns as fast as it can (and its locks: two rota claimers at
 and dead row versions pile up at the rate that worker sets. Each moment also reports the
 loop's rate (jobs claimed and completed per second over the moment's window), the dead
 tuples of ``jobs``, and the claim retries (``FairClaim.retries``) since the start.
-``--explain`` (with ``--flat-out``) also prints, at the end of the last pin and before
-it, the claim of 25 under EXPLAIN (ANALYZE, BUFFERS) (``bench/experiments/
+``--explain`` (with ``--flat-out``) also prints, before the pin, at its end and 30 s
+after the release, the claim of 25 under EXPLAIN (ANALYZE, BUFFERS) (``bench/experiments/
 pinned_explain.py``): the plan nodes that read the most buffers, while the loop runs.
 
 Moments: ``before`` (the last ``WINDOW`` seconds before the pin), ``pinned N s`` (the
@@ -212,6 +212,8 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
         await sample_until(released + AFTER)
         await moment(f"{AFTER:.0f} s after release", released + AFTER - WINDOW,
                      released + AFTER)
+        await look(f"{AFTER:.0f} s after release "
+                   f"({'sorted pass' if queue.upkeep.horizon_held else 'index walk'})")
         if loop is not None:
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -270,10 +272,10 @@ def report(results: list[dict[str, Any]]) -> str:
 def main(url: str, *, sizes: tuple[tuple[int, int, tuple[int, ...]], ...] = FULL,
          flat_out: bool = False, explain: bool = False) -> list[dict[str, Any]]:
     """Run the scenario at each size (``(pending, groups, pins in seconds)``: ``QUICK``,
-    ``FULL`` or one asked for), paced or ``flat_out`` (with ``explain``: the claim's plan
-    before and at the end of the pin); returns per size its moments (p50s in ms, dead
-    tuples, the horizon's age; flat out, the churn's jobs/s). The schema is dropped
-    after."""
+    ``FULL`` or one asked for), paced or ``flat_out`` (with ``explain``: the claim's
+    plan before the pin, at its end and after the release); returns per size its
+    moments (p50s in ms, dead tuples, the horizon's age; flat out, the churn's jobs/s).
+    The schema is dropped after."""
     print(header(flat_out), flush=True)
     out = [asyncio.run(scenario(url, pending, groups, pins, flat_out, explain))
            for pending, groups, pins in sizes]
@@ -340,7 +342,7 @@ def parse(argv: list[str]) -> tuple[Sizes, bool, bool]:
                              "samples are taken by another")
     parser.add_argument("--explain", action="store_true",
                         help="with --flat-out: print the claim's EXPLAIN (ANALYZE, "
-                             "BUFFERS) before and at the end of the pin")
+                             "BUFFERS) before the pin, at its end and after the release")
     args = parser.parse_args(argv)
     if args.pins is not None and args.size is None:
         parser.error("--pins needs --size")
