@@ -11,11 +11,26 @@ the jobs handed out, so the figures are exact and do not depend on the machine):
   share of the first 500 against the weights' share, and Jain's index of the shares
   divided by the weights.
 
+Mixed costs (``--mixed``, docs/design.md "Cost"; real time, so the figures are the
+machine's): owners L1, L2 whose jobs cost 1 unit and H1, H2 whose jobs cost 100, one
+plan, all backlogged with the same work (units x seconds a unit). A worker loop keeps
+``--slots`` jobs running; a job sleeps its cost x ``--unit`` seconds and completes,
+charging its cost (``Queue.complete(cost=)``). Each owner's share of the cost charged in
+each ``--window``-second window (goal: its weight's share, 25 %, within +-10 % of it;
+Jain's index of the shares over the weights >= 0.95), while every owner still has work;
+then the same work drained by a FIFO claim (``FOR UPDATE SKIP LOCKED`` by age) on the
+same loop: rota's drain time against FIFO's (goal: at most 5 % longer).
+
 Claim cost: at ``--size PENDING/GROUPS/OWNERS`` (default 100,000/2,000/200), the claim of
 25 by group and by owner beside the FIFO claim, each followed by completing its jobs and
-enqueueing as many (bench/claim_latency.py's churn), medians of ``--reps``.
+enqueueing as many (bench/claim_latency.py's churn), medians of ``--reps``. With
+``--costs-caps``: the done jobs cost 1 or 100 (half each), every completion charges 1 or
+100, the Free plan caps its owners at 2 running (``Plan.max_running``) and 400 jobs are
+left running (so some owners are at their cap), as docs/design.md's "Cost" and "Caps".
 
     python -m bench.owners [--size 1000000/10000/1000] [--reps 100] [--skip-claim]
+                           [--costs-caps] [--mixed [--window S] [--windows N]
+                           [--slots N] [--unit S]]
 
 (DATABASE_URL, default the local test server.)
 """
@@ -31,10 +46,11 @@ from collections import Counter
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from rota import Plan, Plans, Queue
 
-from .scale import build, fifo_claim
+from .scale import FIFO_CLAIM, FIFO_INDEX, PLANS, build, fifo_claim
 
 SCHEMA = "bench_owners"
 
@@ -110,13 +126,128 @@ async def scenarios(url: str) -> None:
               f"{s.get('P', 0) / 500:20.1%}  {jain(per_weight):.3f}")
 
 
-async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int) -> None:
+#: The mixed-cost scenario's owners and the cost of each one's jobs.
+MIXED = {"L1": 1, "L2": 1, "H1": 100, "H2": 100}
+
+
+async def mixed_costs(url: str, window: float, windows: int, slots: int,
+                      unit: float) -> None:
+    """The mixed-cost scenario (module docstring): shares per window, then both drains."""
+    per_owner = slots * window * windows / len(MIXED)  # slot-seconds of work each
+    print(f"\nmixed costs: {', '.join(f'{o} x{c}' for o, c in MIXED.items())}; "
+          f"{slots} slots, a unit {unit * 1000:.0f} ms, {per_owner:,.0f} slot-s of work "
+          "an owner (" + ", ".join(f"{o} {round(per_owner / (c * unit)):,} jobs"
+                                   for o, c in MIXED.items()) + ")")
+    times = {}
+    for system in ("rota", "fifo"):
+        queue = await _fresh(url, fair_by="owner")
+        try:
+            for owner, cost in MIXED.items():
+                await _load(queue, owner, "pro", 1, round(per_owner / (cost * unit)))
+            finished, elapsed = await _run_loop(url, queue, system, slots, unit)
+        finally:
+            await queue.close()
+        times[system] = elapsed
+        if system == "rota":
+            _report_windows(finished, window)
+    print(f"  drain: rota {times['rota']:.1f} s, FIFO {times['fifo']:.1f} s: "
+          f"{times['rota'] / times['fifo'] - 1:+.1%} (goal: at most +5 %)")
+
+
+async def _run_loop(url: str, queue: Queue, system: str, slots: int,
+                    unit: float) -> tuple[list[tuple[float, float, str, int]], float]:
+    """Keep ``slots`` jobs running until the queue is drained; returns (start, finish,
+    owner, cost) per job (seconds from the loop's start) and the drain's seconds."""
+    finished: list[tuple[float, float, str, int]] = []
+    running: set[asyncio.Task[None]] = set()
+    s = sql.Identifier(queue.schema)
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    if system == "fifo":
+        await conn.execute(sql.SQL(FIFO_INDEX).format(schema=s))
+    start = time.monotonic()
+
+    async def run(job_id: int, owner: str, job: Any) -> None:
+        cost = MIXED[owner]
+        began = time.monotonic() - start
+        await asyncio.sleep(cost * unit)
+        if system == "rota":
+            await queue.complete(job, cost=cost)
+        else:
+            async with queue.connection() as c:
+                await c.execute(sql.SQL("UPDATE {}.jobs SET status = 'done', finished_at ="
+                                        " now(), locked_at = NULL WHERE id = %s").format(s),
+                                [job_id])
+        finished.append((began, time.monotonic() - start, owner, cost))
+
+    try:
+        while True:
+            free = slots - len(running)
+            got: list[tuple[int, str, Any]] = []
+            if free:
+                if system == "rota":
+                    got = [(j.id, j.payload["o"], j) for j in await queue.claim("t", free)]
+                else:
+                    cur = await conn.execute(sql.SQL(FIFO_CLAIM.replace(
+                        "RETURNING u.id", "RETURNING u.id, u.payload")).format(schema=s),
+                        {"type": "t", "limit": free})
+                    got = [(r[0], r[1]["o"], None) for r in await cur.fetchall()]
+            for job_id, owner, job in got:
+                task = asyncio.ensure_future(run(job_id, owner, job))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if not got and not running:
+                break
+            if running and (not got or len(running) >= slots):
+                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await conn.close()
+    return finished, time.monotonic() - start
+
+
+def _report_windows(finished: list[tuple[float, float, str, int]], window: float) -> None:
+    """Each owner's share of the cost charged in each window while all had work (every
+    owner's last job started after the window's end). A job's cost is spread evenly over
+    the time it ran (a 100-unit job running across a window's edge counts in both)."""
+    last = {o: max(b for b, _, ow, _ in finished if ow == o) for o in MIXED}
+    print(f"  window  {'  '.join(f'{o:>6}' for o in MIXED)}   max off  Jain")
+    k = 0
+    while (k + 1) * window <= min(last.values()):
+        charged = {o: 0.0 for o in MIXED}
+        lo, hi = k * window, (k + 1) * window
+        for b, e, o, c in finished:
+            overlap = min(e, hi) - max(b, lo)
+            if overlap > 0:
+                charged[o] += c * overlap / max(e - b, 1e-9)
+        total = sum(charged.values()) or 1
+        shares = [charged[o] / total for o in MIXED]
+        fair = 1 / len(MIXED)
+        off = max(abs(x - fair) / fair for x in shares)
+        print(f"  {k * window:4.0f} s  {'  '.join(f'{x:6.1%}' for x in shares)}"
+              f"   {off:6.1%}  {jain(shares):.3f}")
+        k += 1
+
+
+async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int,
+                     costs_caps: bool = False) -> None:
     await build(url, SCHEMA, pending=pending, groups=groups, owners=owners, done=pending // 5)
+    plans = None
+    if costs_caps:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
+            await c.execute(f"UPDATE {SCHEMA}.jobs SET cost = 100 WHERE status = 'done'"
+                            " AND id % 2 = 0")
+            await c.execute(f"SELECT {SCHEMA}.fair_fold('t', now())")
+            await c.execute(f"VACUUM ANALYZE {SCHEMA}.jobs")
+        plans = Plans([Plan(PLANS[0], "Free", 0, max_running=2), Plan(PLANS[1], "Standard", 1),
+                       Plan(PLANS[2], "Pro", 2)])
+    settings: dict[str, Any] = {"plans": plans} if plans else {}
     seq = [0]
     results: dict[str, list[float]] = {"group": [], "owner": [], "fifo": []}
-    queues = {fb: Queue(url, schema=SCHEMA, fair_by=fb) for fb in ("group", "owner")}
+    queues = {fb: Queue(url, schema=SCHEMA, fair_by=fb, **settings)
+              for fb in ("group", "owner")}
     for q in queues.values():
         await q.open()
+    if costs_caps:  # some owners at their cap: 400 jobs left running
+        await queues["group"].claim("t", 400)
     try:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
             fifo = fifo_claim(queues["group"])
@@ -133,7 +264,9 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
                     else:
                         jobs = await queues[name].claim("t", 25)
                         dt = time.perf_counter() - t
-                        await queues[name].complete_many(jobs)
+                        await queues[name].complete_many(
+                            jobs, costs=[1 + 99 * (j.id % 2) for j in jobs]
+                            if costs_caps else None)
                         n = len(jobs)
                     if i >= 5:
                         results[name].append(dt * 1000)
@@ -145,8 +278,8 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
         for q in queues.values():
             await q.close()
     fifo_p50 = statistics.median(results["fifo"])
-    print(f"\nclaim of 25 at {pending:,} pending / {groups:,} groups / {owners:,} owners, "
-          f"p50 of {reps} (ms)")
+    print(f"\nclaim of 25 at {pending:,} pending / {groups:,} groups / {owners:,} owners"
+          f"{', costs and caps on' if costs_caps else ''}, p50 of {reps} (ms)")
     for name, times in results.items():
         p50 = statistics.median(times)
         print(f"  {name:6} {p50:8.2f}  {p50 / fifo_p50:6.1f}x FIFO")
@@ -157,15 +290,25 @@ async def main() -> None:
     p.add_argument("--size", default="100000/2000/200", help="PENDING/GROUPS/OWNERS")
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--skip-claim", action="store_true")
+    p.add_argument("--skip-scenarios", action="store_true")
+    p.add_argument("--costs-caps", action="store_true")
+    p.add_argument("--mixed", action="store_true")
+    p.add_argument("--window", type=float, default=60.0)
+    p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--unit", type=float, default=0.05)
     args = p.parse_args()
     try:
         pending, groups, owners = (int(x) for x in args.size.split("/"))
     except ValueError:
         p.error(f"--size must be PENDING/GROUPS/OWNERS, got {args.size!r}")
     url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
-    await scenarios(url)
+    if not args.skip_scenarios:
+        await scenarios(url)
+    if args.mixed:
+        await mixed_costs(url, args.window, args.windows, args.slots, args.unit)
     if not args.skip_claim:
-        await claim_cost(url, pending, groups, owners, args.reps)
+        await claim_cost(url, pending, groups, owners, args.reps, args.costs_caps)
 
 
 if __name__ == "__main__":

@@ -64,3 +64,24 @@ def build_quick_stale(queue: Queue) -> Pipeline:
 
 build_quick_stale.queue_settings = {  # type: ignore[attr-defined]
     "stale_after": timedelta(seconds=4)}
+
+
+#: Plans for the caps test (docs/design.md, "Caps"): each owner of "capped" (the higher
+#: priority, so its owners would take every slot) may have 2 jobs running at once;
+#: "open" has no cap.
+CAP_PLANS = Plans([Plan("open", "Open", 0), Plan("capped", "Capped", 1, max_running=2)])
+
+
+async def hold(ctx: JobContext) -> None:
+    await asyncio.sleep(1.0)
+
+
+def build_capped(queue: Queue) -> Pipeline:
+    """One stage, batches of 4 run 4 at a time, each job holding its slot 1 s; a 4 s
+    stale window (a 3 s platform timeout), so a killed worker's slots come back soon."""
+    return Pipeline(queue, [Stage("hold", 4, 4, hold)],
+                    platform_timeout=timedelta(seconds=3))
+
+
+build_capped.queue_settings = {  # type: ignore[attr-defined]
+    "plans": CAP_PLANS, "stale_after": timedelta(seconds=4), "fair_by": "owner"}

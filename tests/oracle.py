@@ -4,9 +4,9 @@ It is the naive fair query (the whole order as one ORDER BY over every eligible 
 on rota's table names, with the batch interleave of docs/design.md ("The fair claim"):
 the second ORDER BY term is ``served + position`` instead of ``served``, divided by the
 plan's weight; with ``fair_by="owner"`` the owner's served count plus the job's position
-among its owner's jobs (by the rest of the key), divided by the weight, comes first. It
-reads only; the test compares its first ``limit`` ids with what ``Queue.claim`` hands
-out.
+among its owner's jobs (by the rest of the key), divided by the weight, comes first. A
+job counts its cost in the served counts (docs/design.md, "Cost"). It reads only; the
+test compares its first ``limit`` ids with what ``Queue.claim`` hands out.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rota import Plans, Queue
 
 ORACLE = """
 WITH served AS (
-    SELECT group_id, count(*)::int AS n
+    SELECT group_id, sum(cost) AS n
     FROM {schema}.jobs
     WHERE type = %(type)s
       AND status IN ('done', 'running')
@@ -32,7 +32,7 @@ owners AS (
     SELECT groups.plan,
            CASE WHEN groups.owner_id IS NULL THEN 'g:' || served.group_id
                 ELSE 'o:' || groups.owner_id END AS unit,
-           sum(served.n)::int AS n
+           sum(served.n) AS n
     FROM served
     LEFT JOIN {schema}.groups ON groups.group_id = served.group_id
     WHERE served.group_id IS NOT NULL
@@ -72,9 +72,20 @@ by_owner AS (
     FROM by_group g
     LEFT JOIN owners o ON o.plan IS NOT DISTINCT FROM g.plan AND o.unit = g.unit
 )
-SELECT id FROM by_owner
+SELECT id, plan, unit FROM by_owner
 ORDER BY {order}
 LIMIT %(limit)s
+"""
+
+#: Each capped owner's running jobs whose lock is fresh, every type (docs/design.md,
+#: "Caps"): (plan, unit, running).
+RUNNING = """
+SELECT g.plan, CASE WHEN g.owner_id IS NULL THEN 'g:' || g.group_id
+                    ELSE 'o:' || g.owner_id END AS unit, count(*)
+FROM {schema}.jobs j
+JOIN {schema}.groups g ON g.group_id = j.group_id
+WHERE j.status = 'running' AND j.locked_at >= {now} - %(stale_after)s::interval
+GROUP BY 1, 2
 """
 
 #: The ORDER BY of each fair_by (docs/design.md, "The fair claim"): the served counts
@@ -107,19 +118,40 @@ def priority_case(plans: Plans) -> sql.Composable:
 
 async def oracle_ids(queue: Queue, conn: Any, type_: str, limit: int) -> list[int]:
     """The first ``limit`` job ids of ``type_`` in the queue's fair order (its plans,
-    clock, windows and ``fair_by``), by the naive query."""
+    clock, windows and ``fair_by``), by the naive query. With plans that cap their
+    owners (``Plan.max_running``), the order is walked and a job passed over while its
+    owner has as many running (fresh locks, every type) and taken so far as its cap
+    (docs/design.md, "Caps")."""
+    now = sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset))
     query = sql.SQL(ORACLE).format(
-        schema=sql.Identifier(queue.schema),
-        now=sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset)),
+        schema=sql.Identifier(queue.schema), now=now,
         priority=priority_case(queue.plans),
         weight=plan_case(queue.plans, "weight"),
         order=sql.SQL(ORDERS[queue.fair_by]),
     )
+    capped = queue.plans.capped
     cur = await conn.execute(query, {
-        "type": type_, "limit": limit, "served_window": queue.served_window,
-        "stale_after": queue.stale_after,
+        "type": type_, "limit": None if capped else limit,
+        "served_window": queue.served_window, "stale_after": queue.stale_after,
     })
-    return [r[0] for r in await cur.fetchall()]
+    rows = await cur.fetchall()
+    if not capped:
+        return [r[0] for r in rows]
+    cur = await conn.execute(sql.SQL(RUNNING).format(schema=sql.Identifier(queue.schema),
+                                                     now=now),
+                             {"stale_after": queue.stale_after})
+    running = {(plan, unit): n for plan, unit, n in await cur.fetchall()}
+    caps = {p.id: p.max_running for p in queue.plans if p.max_running is not None}
+    taken: list[int] = []
+    for job_id, plan, unit in rows:
+        if plan in caps:
+            if running.get((plan, unit), 0) >= caps[plan]:
+                continue
+            running[plan, unit] = running.get((plan, unit), 0) + 1
+        taken.append(job_id)
+        if len(taken) == limit:
+            break
+    return taken
 
 
 async def insert_rows(conn: Any, schema: str, groups: list[tuple[Any, ...]],
@@ -137,15 +169,15 @@ async def insert_rows(conn: Any, schema: str, groups: list[tuple[Any, ...]],
         running, done = j["status"] == "running", j["status"] in ("done", "failed")
         await conn.execute(sql.SQL(
             "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts, max_attempts,"
-            " run_after, locked_at, created_at, finished_at, claim_token) VALUES"
+            " run_after, locked_at, created_at, finished_at, claim_token, cost) VALUES"
             " (%(type)s, %(group)s, '{{}}', %(status)s, %(attempts)s, 3,"
             " {now} + make_interval(secs => %(run_after)s),"
             " CASE WHEN %(running)s THEN {now} + make_interval(secs => %(locked)s) END,"
             " {now} + make_interval(secs => %(created)s),"
             " CASE WHEN %(done)s THEN {now} + make_interval(secs => %(finished)s) END,"
-            " CASE WHEN %(running)s THEN gen_random_uuid() END)"
+            " CASE WHEN %(running)s THEN gen_random_uuid() END, %(cost)s::numeric)"
         ).format(s=s, now=now), {
-            **j, "running": running, "done": done,
+            **j, "running": running, "done": done, "cost": j.get("cost", "1"),
             "group": None if j["group"] is None else f"g{j['group']}",
             "attempts": j["attempts"] if j["status"] != "pending" else min(j["attempts"], 2),
         })

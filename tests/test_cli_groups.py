@@ -51,6 +51,13 @@ def test_the_claim_sees_the_plan_and_the_pause(rota: Rota) -> None:
         ("low", "done"), ("high", "pending")]
     rota("groups", "set", "high", "--active")
     assert rota.json("run", "--app", APP, "--budget", "10")["jobsDone"] == 1
+    # Each was charged its one job's cost (docs/design.md, "Cost"); a charge of 2.5
+    # written by hand shows as such, in the table too.
+    rota.sql("UPDATE {s}.jobs SET cost = 2.5 WHERE group_id = 'high'")
+    assert [(g["group_id"], g["served"]) for g in rota.json("groups", "list")] == [
+        ("high", 2.5), ("low", 1)]
+    assert any("│ high " in line and "2.5" in line
+               for line in rota("groups", "list").stdout.splitlines())
 
 
 def test_list_pages_in_id_order_with_plan_names(rota: Rota) -> None:
@@ -62,10 +69,14 @@ def test_list_pages_in_id_order_with_plan_names(rota: Rota) -> None:
             rota("groups", "set", gid, *args)
     rota("groups", "set", "b", "--owner", "o-7", "--paused")
     assert rota.json("groups", "list") == [
-        {"group_id": "a", "owner_id": None, "plan": "free", "active": True},
-        {"group_id": "b", "owner_id": "o-7", "plan": None, "active": False},
-        {"group_id": "c", "owner_id": None, "plan": "pro", "active": True},
-        {"group_id": "d", "owner_id": None, "plan": "gone", "active": True}]
+        {"group_id": "a", "owner_id": None, "plan": "free", "active": True,
+         "served": 0, "running": 0, "owner_running": 0},
+        {"group_id": "b", "owner_id": "o-7", "plan": None, "active": False,
+         "served": 0, "running": 0, "owner_running": 0},
+        {"group_id": "c", "owner_id": None, "plan": "pro", "active": True,
+         "served": 0, "running": 0, "owner_running": 0},
+        {"group_id": "d", "owner_id": None, "plan": "gone", "active": True,
+         "served": 0, "running": 0, "owner_running": 0}]
     page = rota("groups", "list", "--limit", "2")
     assert page.stderr == ""
     lines = page.stdout.splitlines()
@@ -111,7 +122,8 @@ def test_an_application_groups_relation_is_listed_and_never_written(
               f"build.queue_settings = {{'groups': '{rota.schema}.app_groups'}}\n")
     app = f"{write_app(source)}:build"  # type: ignore[operator]
     assert rota.json("groups", "list", "--app", app) == [
-        {"group_id": "x", "owner_id": "o", "plan": "pro", "active": True}]
+        {"group_id": "x", "owner_id": "o", "plan": "pro", "active": True,
+         "served": 0, "running": 0, "owner_running": 0}]
     result = rota("groups", "set", "x", "--paused", "--app", app, ok=False)
     one_line_error(result, "error: this queue reads groups from the application's relation")
     assert rota.sql("SELECT active FROM {s}.app_groups") == [(True,)]
@@ -150,3 +162,24 @@ def test_a_bad_fair_by_is_refused_before_anything_runs(rota: Rota) -> None:
     result = rota("groups", "list", ok=False, ROTA_FAIR_BY="customer")
     assert result.exit_code == 2
     assert "'customer' is not one of 'group', 'owner'" in result.stderr
+
+
+def test_list_shows_running_against_the_owners_cap(rota: Rota) -> None:
+    """Each group's running jobs (a fresh lock), and its owner's against its plan's cap
+    (docs/design.md, "Caps"): X has one job running in each of its two groups, at its
+    cap of 2; a stale lock holds no slot."""
+    app = "tests.cli_app:build_capped"  # CAP_PLANS: "capped" caps each owner at 2
+    for gid in ("x1", "x2"):
+        rota("groups", "set", gid, "--owner", "X", "--plan", "capped", "--app", app)
+    rota("groups", "set", "y", "--plan", "open", "--app", app)
+    rota.sql("INSERT INTO {s}.jobs (type, group_id, payload, status, max_attempts,"
+             " run_after, created_at, locked_at, attempts, claim_token)"
+             " SELECT 'hold', g, '{{}}', 'running', 3, now(), now(), now() - ago, 1,"
+             " gen_random_uuid() FROM (VALUES ('x1', interval '0'), ('x2', interval '0'),"
+             " ('y', interval '0'), ('y', interval '1 hour')) AS w(g, ago)")
+    assert [(g["group_id"], g["running"], g["owner_running"])
+            for g in rota.json("groups", "list", "--app", app)] == [
+        ("x1", 1, 2), ("x2", 1, 2), ("y", 1, 1)]
+    lines = rota("groups", "list", "--app", app).stdout.splitlines()
+    assert any("│ x1 " in line and "1 (owner 2/2)" in line for line in lines), lines
+    assert any("│ y " in line and "1 (owner" not in line for line in lines), lines

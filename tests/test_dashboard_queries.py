@@ -4,6 +4,7 @@ expected values on small data sets whose times are set in SQL."""
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -142,15 +143,17 @@ async def test_throughput_per_minute_and_the_failed_cap(queue: Queue,
 async def test_waits_per_plan_and_the_served_groups(queue: Queue) -> None:
     await groups(queue)
     # Done in the last hour: pro waits 10, 20, 30 s; standard 60 s; no group 5 s;
-    # one pro job done 2 hours ago (outside the hour).
+    # one pro job done 2 hours ago (outside the hour). p2's job was charged 5.5 units
+    # (docs/design.md, "Cost"), the others 1: groups are listed by cost charged.
     await run(queue, """
         INSERT INTO {jobs} (type, group_id, payload, status, max_attempts, run_after,
-                            created_at, finished_at)
+                            created_at, finished_at, cost)
         SELECT 'a', w.g, '{{}}', 'done', 3, now() - interval '1 minute' - w.s * interval '1 s',
-               now() - interval '2 minutes', now() - interval '1 minute' - w.ago
-        FROM (VALUES ('p1', 10, interval '0'), ('p1', 20, interval '0'),
-                     ('p2', 30, interval '0'), ('s1', 60, interval '0'),
-                     (NULL, 5, interval '0'), ('p1', 99, interval '2 hours')) AS w(g, s, ago)
+               now() - interval '2 minutes', now() - interval '1 minute' - w.ago, w.cost
+        FROM (VALUES ('p1', 10, interval '0', 1), ('p1', 20, interval '0', 1),
+                     ('p2', 30, interval '0', 5.5), ('s1', 60, interval '0', 1),
+                     (NULL, 5, interval '0', 1), ('p1', 99, interval '2 hours', 1))
+             AS w(g, s, ago, cost)
         """)
     async with queue.connection() as conn:
         waits = await queries.plan_waits(queue, conn, ["a"])
@@ -159,9 +162,9 @@ async def test_waits_per_plan_and_the_served_groups(queue: Queue) -> None:
     pro = waits[0]
     assert (pro.p50, pro.longest) == pytest.approx((20.0, 30.0), abs=1e-3)
     assert pro.p95 == pytest.approx(29.0, abs=1e-3)
-    assert served == [{"group_id": "p1", "plan": "pro", "done": 2},
-                      {"group_id": "p2", "plan": "pro", "done": 1},
-                      {"group_id": "s1", "plan": "standard", "done": 1}]
+    assert served == [{"group_id": "p2", "plan": "pro", "done": 1, "charged": Decimal("5.5")},
+                      {"group_id": "p1", "plan": "pro", "done": 2, "charged": 2},
+                      {"group_id": "s1", "plan": "standard", "done": 1, "charged": 1}]
 
 
 async def test_longest_waiting_groups_skip_paused_ones(queue: Queue,
@@ -291,19 +294,23 @@ def test_quotas_are_found_on_a_pipeline(queue: Queue) -> None:
 
 
 async def test_owners_served_with_their_share_against_their_weight(make_queue: Any) -> None:
-    """Owners sum their groups' jobs done in the last hour; a group without an owner is
-    its own; the share per weight compares done / weight with the owners' mean."""
-    plans = Plans([Plan("free", "Free", 0), Plan("pro", "Pro", 1, weight=4)])
+    """Owners sum their groups' jobs done in the last hour and the cost charged to them
+    (docs/design.md, "Cost"); a group without an owner is its own; the share per weight
+    compares charged / weight with the owners' mean; each owner's running jobs (a fresh
+    lock) against its plan's cap (docs/design.md, "Caps")."""
+    plans = Plans([Plan("free", "Free", 0, max_running=2), Plan("pro", "Pro", 1, weight=4)])
     queue: Queue = await make_queue(plans=plans, fair_by="owner")
     for gid, plan, owner in (("a1", "pro", "A"), ("a2", "pro", "A"), ("b1", "free", "B"),
                              ("solo", "free", None)):
         await queue.upsert_group(gid, plan=plan, owner_id=owner)
-    # Done in the last hour: A 8 (a1 5, a2 3), B 2, solo 2; one of B's 2 hours ago.
+    # Done in the last hour: A 8 (a1 5, a2 3), B 2, solo 2 charged 0.5 each; one of
+    # B's 2 hours ago.
     await run(queue, """
         INSERT INTO {jobs} (type, group_id, payload, status, max_attempts, run_after,
-                            created_at, finished_at)
+                            created_at, finished_at, cost)
         SELECT 'a', w.g, '{{}}', 'done', 3, now() - interval '1 hour',
-               now() - interval '1 hour', now() - w.ago
+               now() - interval '1 hour', now() - w.ago,
+               CASE WHEN w.g = 'solo' THEN 0.5 ELSE 1 END
         FROM (VALUES ('a1', interval '1 minute'), ('a1', interval '1 minute'),
                      ('a1', interval '1 minute'), ('a1', interval '1 minute'),
                      ('a1', interval '1 minute'), ('a2', interval '1 minute'),
@@ -313,21 +320,34 @@ async def test_owners_served_with_their_share_against_their_weight(make_queue: A
                      ('solo', interval '1 minute')) AS w(g, ago)
         """)
     await queue.upsert_group("c1", plan="free", owner_id="C")  # starved: nothing done
+    # B has a job running; solo's running job's lock is an hour old (stale: no slot).
+    await run(queue, """
+        INSERT INTO {jobs} (type, group_id, payload, status, max_attempts, run_after,
+                            created_at, locked_at, attempts, claim_token)
+        SELECT 'a', w.g, '{{}}', 'running', 3, now(), now(), now() - w.ago, 1,
+               gen_random_uuid()
+        FROM (VALUES ('b1', interval '0'), ('solo', interval '1 hour')) AS w(g, ago)
+        """)
     waiting = [{"group_id": "c1", "waited_seconds": 90.0},
                {"group_id": "a2", "waited_seconds": 12.5},
                {"group_id": "gone", "waited_seconds": 3.0}]  # not in the groups table
     async with queue.connection() as conn:
         owners = await queries.owners_served(queue, conn, ["a"], waiting=waiting)
-    # done / weight: A 8/4 = 2, B 2, solo 2: each exactly its weighted share.
+    # charged / weight: A 8/4 = 2, B 2, solo 1; their mean 5/3: A and B 1.2, solo 0.6.
     assert owners == [
-        {"owner_id": "A", "own": False, "plan": "pro", "groups": 2, "done": 8, "weight": 4,
-         "share": 8 / 12, "per_weight": 1.0, "waited": 12.5},
+        {"owner_id": "A", "own": False, "plan": "pro", "groups": 2, "done": 8,
+         "charged": 8.0, "weight": 4, "share": 8 / 11, "per_weight": pytest.approx(1.2),
+         "waited": 12.5, "running": 0, "cap": None},
         {"owner_id": "B", "own": False, "plan": "free", "groups": 1, "done": 2,
-         "weight": 1, "share": 2 / 12, "per_weight": 1.0, "waited": None},
+         "charged": 2.0, "weight": 1, "share": 2 / 11, "per_weight": pytest.approx(1.2),
+         "waited": None, "running": 1, "cap": 2},
         {"owner_id": "solo", "own": True, "plan": "free", "groups": 1, "done": 2,
-         "weight": 1, "share": 2 / 12, "per_weight": 1.0, "waited": None},
+         "charged": 1.0, "weight": 1, "share": 1 / 11, "per_weight": pytest.approx(0.6),
+         "waited": None, "running": 0, "cap": 2},
         {"owner_id": "C", "own": False, "plan": "free", "groups": 0, "done": 0,
-         "weight": 1, "share": 0.0, "per_weight": 0.0, "waited": 90.0},
+         "charged": 0.0, "weight": 1, "share": 0.0, "per_weight": 0.0, "waited": 90.0,
+         "running": 0, "cap": 2},
         {"owner_id": "gone", "own": True, "plan": None, "groups": 0, "done": 0,
-         "weight": 1, "share": 0.0, "per_weight": 0.0, "waited": 3.0},
+         "charged": 0.0, "weight": 1, "share": 0.0, "per_weight": 0.0, "waited": 3.0,
+         "running": 0, "cap": None},
     ]

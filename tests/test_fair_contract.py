@@ -96,6 +96,23 @@ async def test_a_served_count_off_by_some_is_named_with_both_counts(
 
 
 @pytest.mark.damages_bookkeeping
+async def test_a_cost_changed_behind_the_triggers_is_named_in_cost_units(
+        queue: Queue, aconn: Any) -> None:
+    """The served counts are costs (docs/design.md, "Cost"): a served job of g1 whose
+    cost became 3.5 with the triggers off (as a restore of jobs alone would) is named
+    with both sums."""
+    await scenario(queue, aconn)
+    await run(aconn, queue, "SET session_replication_role = replica")
+    await run(aconn, queue, "UPDATE {s}.jobs SET cost = 3.5 WHERE id = (SELECT min(id)"
+              " FROM {s}.jobs WHERE group_id = 'g1' AND status IN ('running', 'done'))")
+    await run(aconn, queue, "SET session_replication_role = DEFAULT")
+    # The owner's row still sums its groups' rows: only the group's count is off.
+    assert await queue.verify() == [Violation("t", "g1", "served", "4.5", "2")]
+    await queue.repair_bookkeeping()
+    assert await queue.verify() == []
+
+
+@pytest.mark.damages_bookkeeping
 async def test_a_stray_served_delta_is_counted_in_found(queue: Queue, aconn: Any) -> None:
     await scenario(queue, aconn)
     await run(aconn, queue, "INSERT INTO {s}.fair_served (type, group_id, n)"
@@ -499,7 +516,7 @@ def test_only_the_fair_package_touches_the_bookkeeping_tables() -> None:
     src = ROOT / "src" / "rota"
     name = re.compile(r"\bfair_(groups|served|edge|plans|fold|advance|fold_lock|fold_mark|"
                       r"count_served|note_pending|lock_edges|still_claimable|"
-                      r"insert_groups)\b")
+                      r"insert_groups|owners|owner_changes|costs|caps|cap_lock)\b")
     touching = [f"{p.relative_to(src)}: {line.strip()}" for p in sorted(src.rglob("*"))
                 if p.suffix in (".py", ".sql") and "fair" not in p.relative_to(src).parts
                 and p.parent.name != "migrations"

@@ -102,8 +102,8 @@ async def test_concurrent_churn_and_crashes_leave_bookkeeping_equal_to_a_recount
             batch = await q.claim("t", rnd.randint(1, 6))
             for j in batch:
                 r = rnd.random()
-                if r < 0.6:
-                    await q.complete(j)
+                if r < 0.6:  # charging a cost (docs/design.md, "Cost")
+                    await q.complete(j, cost=rnd.choice([1, 1, 0.5, 2.25, 100]))
                 elif r < 0.75:
                     await q.fail(j, "boom")
                 elif r < 0.9:

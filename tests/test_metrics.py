@@ -92,7 +92,7 @@ async def test_gauges_and_counters_have_exact_values(queue: Queue) -> None:
     jobs = await queue.claim("search", 3)
     assert len(jobs) == 3
     for j in jobs:
-        assert await queue.complete(j)
+        assert await queue.complete(j, cost=2.5)  # docs/design.md, "Cost"
     [d] = await queue.claim("draft", 1)
     assert await queue.fail(d, "boom") == "failed"
     plans = {j.group_id: 0 for j in jobs}
@@ -104,6 +104,9 @@ async def test_gauges_and_counters_have_exact_values(queue: Queue) -> None:
                   (("plan", {"g-pro": "pro", "g-free": "free"}[g]), ("type", "search"))): n
                  for g, n in plans.items()}
     assert only(second, "rota_jobs_completed") == want_done
+    assert only(second, "rota_jobs_cost") == {
+        ("rota_jobs_cost_charged_total", labels): n * 2.5
+        for (_, labels), n in want_done.items()}
     assert only(second, "rota_jobs_failed") == {
         ("rota_jobs_failed_total", (("plan", "free"), ("type", "draft"))): 1}
     assert second["rota_jobs", (("status", "failed"), ("type", "draft"))] == 1

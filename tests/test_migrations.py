@@ -135,8 +135,9 @@ EDITS = [
      "CREATE INDEX jobs_failed_idx ON {schema}.jobs (id)", "index jobs_failed_idx"),
     ("column default", "head_until timestamptz NOT NULL DEFAULT 'infinity'",
      "head_until timestamptz NOT NULL", "column fair_groups.head_until"),
-    ("column type", "    n         integer NOT NULL,\n", "    n         bigint NOT NULL,\n",
-     "column fair_served.n"),
+    # A column no later migration changes (017 changes fair_served.n's type itself).
+    ("column type", "    deferrals        integer NOT NULL DEFAULT 0,",
+     "    deferrals        bigint NOT NULL DEFAULT 0,", "column jobs.deferrals"),
     ("table option", "WITH (fillfactor = 70,", "WITH (fillfactor = 80,",
      "relation fair_groups"),
     ("constraint", "CHECK (attempts >= 0)", "CHECK (attempts >= 1)",

@@ -36,6 +36,9 @@ job_st = st.fixed_dictionaries({
     "attempts": st.integers(0, 3),
     # Mostly inside the served window, so groups often share served counts.
     "finished": st.sampled_from([-200_000, -86_401, -86_399, -5_000, -1, -1]),
+    # What a running or done job counts (docs/design.md, "Cost"): mostly 1, as when
+    # nothing is charged, so served counts still tie often.
+    "cost": st.sampled_from(["1", "1", "1", "0.5", "2.25", "10", "0.000001"]),
 })
 
 
@@ -170,4 +173,49 @@ def test_claim_matches_the_naive_query_with_owners_and_the_smallest_probe(
     falls inside an owner, and the retries widen the probe until the batch is proven."""
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
                        plans=WEIGHTED, fair_by=fair_by, probe_floor=(1, 1),
+                       fold_after=fold_after))
+
+
+CAPPED = Plans([Plan("free", "Free", 0, max_running=1),
+                Plan("standard", "Standard", 1, weight=2, max_running=2),
+                Plan("pro", "Pro", 1, weight=3)])
+
+
+@owned_examples(150)
+def test_claim_matches_the_naive_query_with_owners_capped(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
+    fold_after: int | None,
+) -> None:
+    """Plans that cap their owners' running jobs (docs/design.md, "Caps"): the claim
+    takes the naive order's jobs, passing over those of an owner whose fresh running
+    jobs (every type) and the ones taken so far reach its cap; stale locks hold none."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       plans=CAPPED, fair_by=fair_by, fold_after=fold_after))
+
+
+@owned_examples(80)
+def test_claim_matches_the_naive_query_with_owners_capped_while_the_horizon_is_held(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
+    fold_after: int | None,
+) -> None:
+    """Caps in the sorted pass (claim_pool_sorted.sql, fair_by "group"; "owner" has no
+    sorted pass): its one read of the groups carries each group's owner for the caps'
+    filter, and gives the special groups their rows."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       plans=CAPPED, fair_by=fair_by, fold_after=fold_after,
+                       horizon_held=True))
+
+
+@owned_examples(100)
+def test_claim_matches_the_naive_query_with_owners_capped_and_the_smallest_probe(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
+    fold_after: int | None,
+) -> None:
+    """Caps with a probe of one owner (group) and one job: every bound the caps drop or
+    keep is tried (cap_tail_on.sql)."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       plans=CAPPED, fair_by=fair_by, probe_floor=(1, 1),
                        fold_after=fold_after))

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 import psycopg
@@ -45,6 +46,8 @@ class AdminQueue(Protocol):
     def plans(self) -> Plans: ...
     @property
     def clock_offset(self) -> timedelta: ...
+    @property
+    def stale_after(self) -> timedelta: ...
     def connection(self, conn: AnyConn | None = None
                    ) -> AbstractAsyncContextManager[AnyConn]: ...
 
@@ -429,12 +432,23 @@ class GroupRow:
         owner_id: whose plan and allowances apply; ``None`` for none.
         plan: a plan id (``None``: no owner, ranked as the middle plan).
         active: ``False`` when paused (its jobs are not claimable).
+        served: the cost charged to it in the served window, all types summed: its
+            running jobs at their expected cost and its done jobs at what they were
+            charged (docs/design.md, "Cost"), as the fair claim's bookkeeping holds it
+            (the edge's correction, about the last second's completions, aside).
+        running: its jobs running now with a fresh lock, every type.
+        owner_running: its owner's (every group of the owner on its plan; a group
+            without an owner is its own), what the plan's ``max_running`` caps
+            (docs/design.md, "Caps").
     """
 
     group_id: str
     owner_id: str | None
     plan: str | None
     active: bool
+    served: Decimal = Decimal(0)
+    running: int = 0
+    owner_running: int = 0
 
 
 #: ``set_group``'s default for a field left out: keep what the group has.
@@ -500,9 +514,10 @@ async def list_groups(queue: AdminQueue, *, limit: int = 50, after: str | None =
     Raises:
         InvalidInput: ``limit`` out of range.
     """
-    params = {"limit": _limit(limit), "after": require_text(after, "after", allow_none=True)}
+    params = {"limit": _limit(limit), "after": require_text(after, "after", allow_none=True),
+              "offset": queue.clock_offset, "stale_after": queue.stale_after}
     async with queue.connection(conn) as c:
-        rows = await queue.store.fetch_dicts("list_groups", params, conn=c)
+        rows = await queue.store.fetch_dicts("fair/list_groups", params, conn=c)
     return [GroupRow(**row) for row in rows]
 
 

@@ -131,3 +131,10 @@ def first_line(exc: BaseException, *, with_type: bool = False) -> str:
         return type(exc).__name__
     line = redact(lines[0].strip())
     return f"{type(exc).__name__}: {line}" if with_type else line
+
+
+class InvalidCharge(InvalidInput):
+    """A job's cost cannot be charged: not a positive finite number (a bool, NaN,
+    infinity, zero, a negative number, a string), or more than
+    :data:`rota.cost.MAX_COST` units for one job (docs/design.md, "Cost"). Nothing was
+    charged."""

@@ -81,6 +81,10 @@ class Job:
     #: "tracestate": ...}``), or ``None``; its handler's span continues that trace
     #: (:mod:`rota.tracing`).
     trace_context: Mapping[str, str] | None = None
+    #: What the job counts in its group's and owner's served counts (docs/design.md,
+    #: "Cost"): 1 while pending; while running, its type's expected cost; once done,
+    #: what its handler charged (1 when nothing).
+    cost: Decimal = Decimal(1)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], *, lenient: bool = False) -> Job:

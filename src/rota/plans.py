@@ -16,6 +16,8 @@ from .errors import InvalidInput, UnknownPlan
 #: The largest plan weight: the claim divides served counts by it (a numeric ratio), and a
 #: share of one in a million is already none.
 MAX_WEIGHT = 1_000_000
+#: The largest cap of running jobs an owner of a plan may have (``Plan.max_running``).
+MAX_RUNNING = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -32,10 +34,16 @@ class Plan:
             units compared (groups, or owners under ``fair_by="owner"``) are claimed in
             proportion to their plan's weight: their served count is divided by it
             (virtual time). Plans of different priorities stay strict.
+        max_running: at most this many jobs of each owner of this plan (a group
+            without an owner is its own) running at once, across every worker and host
+            and every type (docs/design.md, "Caps"); ``None`` (the default) for no cap.
+            Work-conserving: while an owner is at its cap the claim hands the capacity
+            to others, in fair order. A job whose lock went stale holds no slot.
 
     Raises:
         InvalidInput: an empty or NUL-holding id, a priority that is not an int, limits
-            that are not a mapping, a weight that is not an int in 1..MAX_WEIGHT.
+            that are not a mapping, a weight that is not an int in 1..MAX_WEIGHT, a
+            max_running that is not an int in 1..MAX_RUNNING (or None).
     """
 
     id: str
@@ -43,6 +51,7 @@ class Plan:
     priority: int
     limits: Mapping[str, Any] = field(default_factory=dict)
     weight: int = 1
+    max_running: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id.strip():
@@ -60,6 +69,12 @@ class Plan:
                 or not 1 <= self.weight <= MAX_WEIGHT):
             raise InvalidInput(f"plan {self.id!r}: weight must be an int from 1 to "
                                f"{MAX_WEIGHT:,}, got {self.weight!r}")
+        if self.max_running is not None and (
+                not isinstance(self.max_running, int) or isinstance(self.max_running, bool)
+                or not 1 <= self.max_running <= MAX_RUNNING):
+            raise InvalidInput(f"plan {self.id!r}: max_running must be an int from 1 to "
+                               f"{MAX_RUNNING:,} (or None for no cap), got "
+                               f"{self.max_running!r}")
 
 
 class Plans:
@@ -120,13 +135,20 @@ class Plans:
     def highest(self) -> Plan:
         return self._plans[-1]
 
+    @property
+    def capped(self) -> bool:
+        """Whether any plan caps its owners' running jobs (``Plan.max_running``)."""
+        return any(p.max_running is not None for p in self._plans)
+
     def claim_params(self) -> dict[str, Any]:
-        """The bound parameters the claim ranks by: plan ids, priorities and weights as
-        arrays, and the middle and lowest plans' priorities and weights."""
+        """The bound parameters the claim ranks by: plan ids, priorities, weights and
+        caps (``None``: none) as arrays, and the middle and lowest plans' priorities and
+        weights."""
         return {
             "plan_ids": [p.id for p in self._plans],
             "plan_priorities": [p.priority for p in self._plans],
             "plan_weights": [p.weight for p in self._plans],
+            "plan_caps": [p.max_running for p in self._plans],
             "middle_priority": self.middle.priority,
             "lowest_priority": self.lowest.priority,
             "middle_weight": self.middle.weight,

@@ -32,6 +32,7 @@ from collections.abc import (
 )
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -49,6 +50,7 @@ from .checks import (
     require_text,
 )
 from .connections import ConnectionSetup
+from .cost import charge_units, job_cost
 from .errors import ConfigError, DatabaseRefused, InvalidInput, UnreadableJob, first_line
 from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
 from .job import FailOutcome, Job, due_or_delay
@@ -635,6 +637,7 @@ class Queue:
 
     @tracing.settle_traced("complete")
     async def complete(self, job: Job, *, result: Any = None,
+                       cost: Decimal | float | int | None = None,
                        conn: AnyConn | None = None) -> bool:
         """Mark a claimed job done, under its claim, keeping ``result`` (docs/design.md,
         "Results").
@@ -644,6 +647,9 @@ class Queue:
             result: the handler's return value, stored on the job (read it back with
                 :meth:`result`): JSON as a payload is (:func:`rota.job.encode_payload`),
                 at most ``max_payload_bytes``; ``None`` stores nothing.
+            cost: what the job is charged in its group's and owner's served counts
+                (docs/design.md, "Cost"): positive units, rounded to 6 places, at most
+                :data:`rota.cost.MAX_COST`; ``None`` charges 1.
             conn: the caller's connection.
 
         Repeating it under the same claim is harmless and answers the same: a complete
@@ -659,13 +665,16 @@ class Queue:
             ResultError: ``result`` cannot be stored; the job was failed with that
                 error (given up at once: the value would not fit on a retry either)
                 rather than completed without it or lost.
+            InvalidCharge: ``cost`` is not a positive number within the limit; nothing
+                was written.
         """
+        charged = None if cost is None else job_cost(charge_units(cost))
         encoded = self._encoded_result(job, result)
         if isinstance(encoded, ResultError):
             await self._fail(job, encoded, give_up=True, conn=conn)
             raise encoded
         params = {**self._fence(job), "result": encoded, "started_at": job.locked_at,
-                  "schema_name": self.schema}
+                  "cost": charged, "schema_name": self.schema}
         async with self.connection(conn) as c:
             if await self.store.execute("complete", params, conn=c) == 1:
                 return True
@@ -698,6 +707,7 @@ class Queue:
     @tracing.settle_traced("complete")
     async def complete_many(self, jobs: Sequence[Job], *,
                             results: Sequence[Any] | None = None,
+                            costs: Sequence[Decimal | float | int | None] | None = None,
                             conn: AnyConn | None = None) -> list[bool]:
         """Mark claimed jobs done in one statement, each under its own claim (what
         :meth:`complete` does for one job, for a whole batch).
@@ -706,6 +716,8 @@ class Queue:
             jobs: the claimed jobs.
             results: one return value per job, in the same order (as
                 :meth:`complete`'s ``result``), or ``None`` for none at all.
+            costs: one cost per job, in the same order (as :meth:`complete`'s
+                ``cost``; ``None`` in it charges that job 1), or ``None`` for 1 each.
             conn: the caller's connection.
 
         Returns:
@@ -716,7 +728,9 @@ class Queue:
         Raises:
             ResultError: a value cannot be stored; the message names its job and
                 nothing was written (fail that job, complete the others).
-            InvalidInput: ``results`` does not have one value per job.
+            InvalidInput: ``results`` or ``costs`` does not have one value per job.
+            InvalidCharge: a cost is not a positive number within the limit; nothing
+                was written.
         """
         batch = list(jobs)
         for j in batch:
@@ -726,6 +740,12 @@ class Queue:
         if len(values) != len(batch):
             raise InvalidInput(f"complete_many: {len(values)} results for "
                                f"{len(batch)} jobs")
+        charges = list(costs) if costs is not None else [None] * len(batch)
+        if len(charges) != len(batch):
+            raise InvalidInput(f"complete_many: {len(charges)} costs for "
+                               f"{len(batch)} jobs")
+        cost_by_id = {j.id: None if c is None else job_cost(charge_units(c))
+                      for j, c in zip(batch, charges, strict=True)}
         encoded_by_id: dict[int, str | None] = {}
         for j, v in zip(batch, values, strict=True):
             e = self._encoded_result(j, v)
@@ -744,6 +764,7 @@ class Queue:
                   "claim_tokens": [j.claim_token for j in fenced],
                   "results": [encoded_by_id[j.id] for j in fenced],
                   "started_ats": [j.locked_at for j in fenced],
+                  "costs": [cost_by_id[j.id] for j in fenced],
                   "offset": self.clock_offset, "schema_name": self.schema}
         try:
             async with self.connection(conn) as c:
@@ -761,7 +782,8 @@ class Queue:
             log.info("complete_many: deadlock detected, completing %d jobs one by one",
                      len(fenced))
             done = {j.id for j in fenced
-                    if await self.complete(j, result=encoded_by_id[j.id])}
+                    if await self.complete(j, result=encoded_by_id[j.id],
+                                           cost=cost_by_id[j.id])}
         return [j.claim_token is not None and j.id in done for j in batch]
 
     @tracing.settle_traced("fail")

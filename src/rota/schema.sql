@@ -90,7 +90,12 @@ CREATE TABLE {schema}.jobs (
     -- The W3C Trace Context of the span that enqueued the job ({{"traceparent": …,
     -- "tracestate": …}}), or null: its handler's span continues that trace
     -- (docs/operations.md, "Traces").
-    trace_context    jsonb
+    trace_context    jsonb,
+    -- What the job counts in its group's served count (docs/design.md, "Cost"): while it
+    -- runs, its type's expected cost (set by the claim, fair_costs); once done, what its
+    -- handler charged (1 when it charged nothing). Pending and failed jobs count nothing.
+    cost             numeric NOT NULL DEFAULT 1
+                       CONSTRAINT jobs_cost_check CHECK (cost > 0 AND cost <= 1000000000)
 );
 
 -- Every enqueue, claim and completion inserts an entry into each index whose predicate
@@ -119,9 +124,14 @@ CREATE INDEX jobs_running_idx ON {schema}.jobs (type, locked_at)
 -- used up, waiting for fail_stuck_jobs) never enter this index, so they cost nothing.
 CREATE INDEX jobs_reclaimable_idx ON {schema}.jobs (type, locked_at)
     WHERE status = 'running' AND attempts < max_attempts;
+-- Running jobs by group, every type: what a capped owner has running (fair_cap_lock,
+-- and the claim's owners at their cap, cap_prelude_on.sql; docs/design.md, "Caps").
+CREATE INDEX jobs_running_group_idx ON {schema}.jobs (group_id, locked_at)
+    WHERE status = 'running';
 -- Done jobs by type and finish time: the claim's exact correction between the served
--- window's edge and its start, and the edge moves (fair_advance).
-CREATE INDEX jobs_done_idx ON {schema}.jobs (type, finished_at, group_id)
+-- window's edge and its start, and the edge moves (fair_advance), which count each
+-- job's cost (docs/design.md, "Cost"), read from the index like the rest.
+CREATE INDEX jobs_done_idx ON {schema}.jobs (type, finished_at, group_id) INCLUDE (cost)
     WHERE status = 'done';
 -- Failed jobs, for inspection (`rota jobs failed`).
 CREATE INDEX jobs_failed_idx ON {schema}.jobs (type, id) WHERE status = 'failed';

@@ -12,6 +12,7 @@ import click
 from rich.table import Table
 
 from .. import admin
+from ..cost import format_units
 from .app import open_queue
 from .errors import RotaGroup
 from .options import json_option, make_target, target_options, wants_json
@@ -74,7 +75,10 @@ def groups_set(database_url: str | None, schema: str | None, app_spec: str | Non
 
     row, created = asyncio.run(go())
     if as_json:
-        emit_json({**dataclasses.asdict(row), "created": created})
+        # What was set; its served cost is `rota groups list`'s.
+        fields = {k: v for k, v in dataclasses.asdict(row).items()
+                  if k not in ("served", "running", "owner_running")}
+        emit_json({**fields, "created": created})
     else:
         click.echo(safe_text(f"{'created' if created else 'updated'} group "
                              f"{row.group_id!r}: {_describe(row)}"))
@@ -108,14 +112,19 @@ def groups_list(database_url: str | None, schema: str | None, app_spec: str | No
     else:
         plans = target.plans()
         table = Table(title=f"groups ({len(rows)} shown)")
-        for col in ("group", "owner", "plan", "status"):
-            table.add_column(col, overflow="fold")
+        for col in ("group", "owner", "plan", "status", "served", "running"):
+            table.add_column(col, overflow="fold", justify="right"
+                             if col in ("served", "running") else "left")
         for r in rows:
             plan = ("—" if r.plan is None else
                     f"{plans[r.plan].name} ({r.plan})" if r.plan in plans else
                     f"{r.plan} (unknown)")
+            cap = (plans[r.plan].max_running if r.plan is not None and r.plan in plans
+                   else None)
+            running = (f"{r.running:,}" if cap is None else
+                       f"{r.running:,} (owner {r.owner_running:,}/{cap:,})")
             add_row(table, r.group_id, r.owner_id or "—", plan,
-                    "active" if r.active else "paused")
+                    "active" if r.active else "paused", format_units(r.served), running)
         console().print(table)
     if more and rows:
         click.echo(safe_text(f"next page: --after {rows[-1].group_id}"), err=as_json)

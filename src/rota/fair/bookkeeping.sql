@@ -52,7 +52,7 @@ CREATE TABLE {schema}.fair_groups (
     head_lb    timestamptz NOT NULL,
     head_until timestamptz NOT NULL DEFAULT 'infinity',
     ready_lb   timestamptz NOT NULL,
-    served_n   integer NOT NULL DEFAULT 0,
+    served_n   numeric NOT NULL DEFAULT 0,
     plan       text,
     active     boolean NOT NULL DEFAULT true,
     head_id    bigint NOT NULL DEFAULT 0,  -- with head_lb: a bound of (created_at, id)
@@ -97,8 +97,8 @@ CREATE TABLE {schema}.fair_owners (
     plan_key   text NOT NULL,
     unit       text NOT NULL,
     plan       text,
-    served_n   bigint NOT NULL DEFAULT 0,
-    b_served   integer NOT NULL DEFAULT 0,
+    served_n   numeric NOT NULL DEFAULT 0,
+    b_served   numeric NOT NULL DEFAULT 0,
     b_head_lb  timestamptz NOT NULL DEFAULT 'infinity',
     b_head_id  bigint NOT NULL DEFAULT 0,
     ready_lb   timestamptz NOT NULL DEFAULT 'infinity',
@@ -126,7 +126,7 @@ CREATE TABLE {schema}.fair_owner_changes (
     group_id  text NOT NULL,
     plan_key  text NOT NULL,
     unit      text NOT NULL,
-    n         integer NOT NULL DEFAULT 0,
+    n         numeric NOT NULL DEFAULT 0,
     xid       xid8 NOT NULL DEFAULT pg_current_xact_id()
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000);
 
@@ -161,7 +161,7 @@ CREATE TABLE {schema}.fair_plans (
 CREATE TABLE {schema}.fair_served (
     type      text NOT NULL,
     group_id  text NOT NULL,
-    n         integer NOT NULL,
+    n         numeric NOT NULL,
     xid       xid8 NOT NULL DEFAULT pg_current_xact_id()
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000);
 
@@ -188,6 +188,53 @@ CREATE TABLE {schema}.fair_fold_mark (
 CREATE INDEX fair_fold_mark_idx ON {schema}.fair_fold_mark (type, upto);
 
 ALTER TABLE {schema}.fair_fold_mark REPLICA IDENTITY FULL;
+
+-- The expected cost of a type's jobs (docs/design.md, "Cost"): what a job counts in its
+-- group's served count while it runs, set on the row by the claim (jobs.cost) and
+-- replaced by its charged cost when it completes. It is the mean charged cost of the
+-- type's 100 most recently finished done jobs, rounded to 6 decimal places, renewed by
+-- fair_fold when it folded something (no row: 1). Written only by the fold, one per
+-- type at a time, and only when the mean changed.
+CREATE TABLE {schema}.fair_costs (
+    type      text PRIMARY KEY,
+    expected  numeric NOT NULL CHECK (expected > 0)
+);
+
+-- Caps (docs/design.md, "Caps"): one row per capped owner (plan_key, unit, as
+-- fair_groups names it) that a claim has taken jobs of, only ever locked, never updated:
+-- the claim locks the rows of the capped owners among its candidates (fair_cap_lock),
+-- so two claimers never count the same free slot. Rows of owners no longer capped stay
+-- (a row an owner; the upkeep does not prune them).
+CREATE TABLE {schema}.fair_caps (
+    plan_key  text NOT NULL,
+    unit      text NOT NULL,
+    PRIMARY KEY (plan_key, unit)
+);
+
+-- Lock a capped owner for this transaction (its fair_caps row, made when missing; FOR
+-- UPDATE SKIP LOCKED: never waits) and count its running jobs whose lock is fresh
+-- (locked at or after p_stale_before) among its groups p_groups, as last committed:
+-- VOLATILE, so the count reads a snapshot taken after the lock, which sees every claim
+-- of another claimer that held it. Returns NULL when another transaction holds the
+-- owner (the caller takes none of its jobs). jobs_running_group_idx makes the count a
+-- probe per group.
+CREATE FUNCTION {schema}.fair_cap_lock(p_plan_key text, p_unit text, p_groups text[],
+                                       p_stale_before timestamptz) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    INSERT INTO {schema}.fair_caps (plan_key, unit) VALUES (p_plan_key, p_unit)
+    ON CONFLICT DO NOTHING;
+    PERFORM 1 FROM {schema}.fair_caps c
+    WHERE c.plan_key = p_plan_key AND c.unit = p_unit
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT count(*) FROM {schema}.jobs j
+            WHERE j.group_id = ANY (p_groups) AND j.status = 'running'
+              AND j.locked_at >= p_stale_before);
+END
+$$;
 
 -- The checkpoint of the served counts per type (no row: -infinity): served_n and
 -- fair_served count the done jobs finished at or after the edge. The claim adds an
@@ -304,7 +351,7 @@ CREATE TRIGGER groups_fair_changed
 -- Rows that exist are left alone. The head is the first ready job by (created_at, id).
 CREATE FUNCTION {schema}.fair_insert_groups(
     p_types text[], p_groups text[], p_heads timestamptz[], p_ids bigint[],
-    p_readies timestamptz[], p_served int[]
+    p_readies timestamptz[], p_served numeric[]
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -315,7 +362,7 @@ BEGIN
                coalesce((array_agg(t.id ORDER BY t.head, t.id)
                          FILTER (WHERE t.ready <= now()))[1], 0) AS head_id,
                min(t.ready) AS ready,
-               coalesce(sum(t.served), 0)::int AS served
+               coalesce(sum(t.served), 0) AS served
         FROM unnest(p_types, p_groups, p_heads, p_ids, p_readies, p_served)
              AS t(type, group_id, head, id, ready, served)
         WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_groups f
@@ -514,19 +561,20 @@ BEGIN
 END
 $$;
 
--- Add p_delta to fair_served for the served jobs (type, group, finished_at) finished
--- at or after their type's edge, under a shared lock of each type's edge row
+-- Add the costs p_costs to fair_served for the served jobs (type, group, finished_at)
+-- finished at or after their type's edge, under a shared lock of each type's edge row
 -- (fair_lock_edges), as new rows (the delta rule). Running jobs are passed with
--- finished_at 'infinity', so they always count.
+-- finished_at 'infinity', so they always count. A job counts its cost (docs/design.md,
+-- "Cost"): a removed job is passed with its cost negated.
 CREATE FUNCTION {schema}.fair_count_served(
-    p_types text[], p_groups text[], p_finished timestamptz[], p_delta int
+    p_types text[], p_groups text[], p_finished timestamptz[], p_costs numeric[]
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM {schema}.fair_lock_edges(p_types);
     INSERT INTO {schema}.fair_served (type, group_id, n)
-    SELECT d.type, d.group_id, p_delta * count(*)::int
-    FROM unnest(p_types, p_groups, p_finished) AS d(type, group_id, finished)
+    SELECT d.type, d.group_id, sum(d.cost)
+    FROM unnest(p_types, p_groups, p_finished, p_costs) AS d(type, group_id, finished, cost)
     LEFT JOIN {schema}.fair_edge e ON e.type = d.type
     WHERE d.finished >= coalesce(e.edge, '-infinity')
     GROUP BY d.type, d.group_id;
@@ -582,13 +630,14 @@ BEGIN
         PERFORM {schema}.fair_note_pending(r.types, r.groups, r.heads, r.ids, r.readies);
     END IF;
     -- Served counts: done rows at or after the edge, and running rows (counted whatever
-    -- their lock's age, as 'infinity' passes any edge).
+    -- their lock's age, as 'infinity' passes any edge), each by its cost.
     SELECT array_agg(type) AS types, array_agg(group_id) AS groups,
            array_agg(CASE WHEN status = 'running' THEN 'infinity'::timestamptz
-                          ELSE finished_at END) AS finished
+                          ELSE finished_at END) AS finished,
+           array_agg(cost) AS costs
     INTO r FROM inserted WHERE status IN ('done', 'running') AND group_id IS NOT NULL;
     IF r.types IS NOT NULL THEN
-        PERFORM {schema}.fair_count_served(r.types, r.groups, r.finished, 1);
+        PERFORM {schema}.fair_count_served(r.types, r.groups, r.finished, r.costs);
     END IF;
     RETURN NULL;
 END
@@ -616,23 +665,25 @@ BEGIN
     -- have no parameters, so each session plans them once, for the rows of its first
     -- call, and a join planned for a few rows (a nested loop) compares every pair of a
     -- later 1,000-row claim, release or heartbeat.
-    -- A heartbeat (running rows that stay running in their type and group) changes no
-    -- count and notes nothing.
+    -- A heartbeat (running rows that stay running in their type, group and cost) changes
+    -- no count and notes nothing.
     IF NOT EXISTS (SELECT 1 FROM old_rows o WHERE o.status <> 'running')
        AND NOT EXISTS (SELECT 1 FROM new_rows n WHERE n.status <> 'running')
        AND NOT EXISTS (SELECT 1
-                       FROM (SELECT o.id, o.type, o.group_id FROM old_rows o
+                       FROM (SELECT o.id, o.type, o.group_id, o.cost FROM old_rows o
                              UNION ALL
-                             SELECT n.id, n.type, n.group_id FROM new_rows n) x
+                             SELECT n.id, n.type, n.group_id, n.cost FROM new_rows n) x
                        GROUP BY x.id
-                       HAVING count(DISTINCT (x.type, x.group_id)) > 1) THEN
+                       HAVING count(DISTINCT (x.type, x.group_id, x.cost)) > 1) THEN
         RETURN NULL;
     END IF;
-    -- Served counts: a row counts while it is running, or done at or after its type's
-    -- edge. Each changed row takes its old version's count away and adds its new one's,
-    -- netted per (type, group): a completion (running to done) writes nothing; a claim
-    -- adds one per job; a row whose counted state did not change nets to nothing. The
-    -- net is appended as new rows (the delta rule).
+    -- Served counts: a row counts its cost while it is running, or done at or after its
+    -- type's edge. Each changed row takes its old version's cost away and adds its new
+    -- one's, netted per (type, group): a completion (running to done) writes only the
+    -- difference between its charged cost and the expected cost it was claimed with
+    -- (nothing when they are equal, as with no charge and no charging); a claim adds
+    -- the expected cost per job; a row whose counted state did not change nets to
+    -- nothing. The net is appended as new rows (the delta rule).
     -- Done rows are decided against the edge under the types' edge rows locked FOR
     -- SHARE, as fair_count_served does.
     SELECT array_agg(x.type) INTO edges
@@ -643,11 +694,11 @@ BEGIN
         PERFORM {schema}.fair_lock_edges(edges);
     END IF;
     INSERT INTO {schema}.fair_served (type, group_id, n)
-    SELECT v.type, v.group_id, sum(v.delta)::int
-    FROM (SELECT o.type, o.group_id, o.id, o.status, o.finished_at, -1 AS delta
+    SELECT v.type, v.group_id, sum(v.delta)
+    FROM (SELECT o.type, o.group_id, o.id, o.status, o.finished_at, -o.cost AS delta
           FROM old_rows o
           UNION ALL
-          SELECT n.type, n.group_id, n.id, n.status, n.finished_at, 1
+          SELECT n.type, n.group_id, n.id, n.status, n.finished_at, n.cost
           FROM new_rows n) v
     LEFT JOIN {schema}.fair_edge e ON e.type = v.type
     WHERE v.group_id IS NOT NULL
@@ -732,10 +783,11 @@ DECLARE
 BEGIN
     SELECT array_agg(type) AS types, array_agg(group_id) AS groups,
            array_agg(CASE WHEN status = 'running' THEN 'infinity'::timestamptz
-                          ELSE finished_at END) AS finished
+                          ELSE finished_at END) AS finished,
+           array_agg(-cost) AS costs
     INTO r FROM deleted WHERE status IN ('done', 'running') AND group_id IS NOT NULL;
     IF r.types IS NOT NULL THEN
-        PERFORM {schema}.fair_count_served(r.types, r.groups, r.finished, -1);
+        PERFORM {schema}.fair_count_served(r.types, r.groups, r.finished, r.costs);
     END IF;
     RETURN NULL;
 END
@@ -767,10 +819,11 @@ BEGIN
         RETURN false;
     END IF;
     IF p_target <> old_edge THEN
-        -- Done jobs between the old and the new edge leave (forward) or enter (back).
+        -- Done jobs between the old and the new edge leave (forward) or enter (back),
+        -- each by its cost.
         INSERT INTO {schema}.fair_served (type, group_id, n)
         SELECT p_type, j.group_id,
-               (CASE WHEN p_target > old_edge THEN -1 ELSE 1 END) * count(*)::int
+               (CASE WHEN p_target > old_edge THEN -1 ELSE 1 END) * sum(j.cost)
         FROM {schema}.jobs j
         WHERE j.type = p_type AND j.status = 'done' AND j.group_id IS NOT NULL
           AND j.finished_at >= least(old_edge, p_target)
@@ -814,7 +867,7 @@ DECLARE
     uunits text[];
     fkeys text[];
     funits text[];
-    fns bigint[];
+    fns numeric[];
     folded integer := 0;
     mark xid8;
     new_mark xid8;
@@ -889,7 +942,7 @@ BEGIN
             RETURNING d.group_id, d.n
         ),
         sums AS (
-            SELECT mv.group_id, sum(mv.n)::int AS n FROM moved mv GROUP BY mv.group_id
+            SELECT mv.group_id, sum(mv.n) AS n FROM moved mv GROUP BY mv.group_id
         ),
         b0 AS (
             SELECT g.group_id,
@@ -934,7 +987,7 @@ BEGIN
         SELECT (SELECT count(*) FROM upd)::int, array_agg(x.plan_key), array_agg(x.unit),
                array_agg(x.n)
         INTO folded, fkeys, funits, fns
-        FROM (SELECT u.plan_key, u.unit, sum(u.n)::bigint AS n FROM upd u
+        FROM (SELECT u.plan_key, u.unit, sum(u.n) AS n FROM upd u
               GROUP BY u.plan_key, u.unit) x;
         -- Drop rows with nothing left to say (no pending job, no served count).
         DELETE FROM {schema}.fair_groups fg
@@ -957,8 +1010,8 @@ BEGIN
             RETURNING d.plan_key, d.unit, d.n
         ),
         moved AS (
-            SELECT m.k, m.u, sum(m.n)::bigint AS n FROM (
-                SELECT d.plan_key AS k, d.unit AS u, d.n::bigint AS n FROM del d
+            SELECT m.k, m.u, sum(m.n) AS n FROM (
+                SELECT d.plan_key AS k, d.unit AS u, d.n FROM del d
                 UNION ALL
                 SELECT f.k, f.u, f.n FROM unnest(fkeys, funits, fns) AS f(k, u, n)) m
             GROUP BY m.k, m.u
@@ -993,6 +1046,18 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM {schema}.fair_groups fg
                           WHERE fg.type = p_type AND fg.plan_key = u.k
                             AND fg.unit = u.u);
+    END IF;
+    -- The expected cost of the type's running jobs, from its latest done jobs
+    -- (jobs_done_idx read backwards), when this fold moved something.
+    IF folded > 0 THEN
+        INSERT INTO {schema}.fair_costs AS fc (type, expected)
+        SELECT p_type, round(avg(d.cost), 6)
+        FROM (SELECT j.cost FROM {schema}.jobs j
+              WHERE j.type = p_type AND j.status = 'done'
+              ORDER BY j.finished_at DESC LIMIT 100) d
+        HAVING count(*) > 0 AND round(avg(d.cost), 6) > 0
+        ON CONFLICT (type) DO UPDATE SET expected = excluded.expected
+        WHERE fc.expected <> excluded.expected;
     END IF;
     -- The new mark, after the rows moved (a fold that found none keeps the old one, so
     -- an idle queue writes no mark). Rows left behind hold it at their xid.

@@ -26,6 +26,11 @@ from . import contract
 from .contract import RepairReport, Violation
 from .upkeep import ClaimUpkeep
 
+#: The claim's placeholders that a plan cap fills (each ``fair/NAME_on.sql``; without a
+#: cap, ``fair/NAME.sql``, which is nothing).
+CAP_FRAGMENTS = ("cap_prelude", "cap_filter_group", "cap_filter_owner", "cap_filter_unit",
+                 "cap_filter_pool", "cap_filter_scan", "cap_tail")
+
 
 class FairClaim:
     """Claims jobs of one queue in fair order, one statement per claim.
@@ -50,31 +55,35 @@ class FairClaim:
         # (tests and bench/ check that ties and locked candidates do not make it grow).
         self.retries: dict[str, int] = {}
 
-    def statement(self, fair_by: str = "group") -> RawStatement:
+    def statement(self, fair_by: str = "group", capped: bool = False) -> RawStatement:
         """The claim for ``fair_by`` (``"group"`` or ``"owner"``; docs/design.md, "The
         fair claim"). By group it walks fair_groups' copy of plan and active for rota's
         own groups table (through fair_groups_walk_idx, or in one sorted pass while the
         upkeep finds the xmin horizon held: :attr:`ClaimUpkeep.horizon_held`), and reads
         an application's groups relation live. By owner it walks the owners' rows
         (``fair_owners``) for rota's own groups table, and reads every group of the type
-        with its owner, live, from an application's relation (``claim_pool_owner.sql``)."""
+        with its owner, live, from an application's relation (``claim_pool_owner.sql``).
+        ``capped`` (a plan sets ``max_running``) adds the caps (docs/design.md, "Caps":
+        the ``cap_*_on.sql`` fragments); without it the statement has none of them."""
+        caps = {name: f"fair/{name}_on" for name in CAP_FRAGMENTS} if capped else {}
         if fair_by == "owner":
             if self.store.external_groups:
                 return self.store.raw("fair/claim", pool="fair/claim_pool_owner",
                                       claim_order="fair/claim_order_owner",
-                                      owner_walk="fair/claim_owner_walk_scan")
+                                      owner_walk="fair/claim_owner_walk_scan", **caps)
             return self.store.raw("fair/claim", pool="fair/claim_pool_owner_cached",
                                   claim_order="fair/claim_order_owner",
-                                  owner_walk="fair/claim_owner_walk_cached")
+                                  owner_walk="fair/claim_owner_walk_cached", **caps)
         if self.store.external_groups:
             pool = "fair/claim_pool_scan"
-        elif self.upkeep.horizon_held:  # the special groups' rows from its one read
-            return self.store.raw("fair/claim", pool="fair/claim_pool_sorted",
-                                  claim_order="fair/claim_order_group",
-                                  special_group_row="fair/special_group_row_read")
+        elif self.upkeep.horizon_held:
+            pool = "fair/claim_pool_sorted"
+            # The special groups' rows from the pass's one read.
+            caps = {**caps, "special_group_row": "fair/special_group_row_read"}
         else:
             pool = "fair/claim_pool_cached"
-        return self.store.raw("fair/claim", pool=pool, claim_order="fair/claim_order_group")
+        return self.store.raw("fair/claim", pool=pool, claim_order="fair/claim_order_group",
+                              **caps)
 
     async def claim(self, job_type: str, limit: int, *, plans: Plans,
                     clock_offset: timedelta, stale_after: timedelta,
@@ -112,7 +121,7 @@ class FairClaim:
         # (bench/RESULTS.md, section 17).
         needed: tuple[int, ...] = (groups, per, spread)
         retried = False
-        statement = self.statement(fair_by)
+        statement = self.statement(fair_by, plans.capped)
         async with self.store.deadline(), self.store.connection(conn) as c:
             while True:
                 # Times are loaded guarded (a small cost a value): a value that cannot be

@@ -5,9 +5,10 @@
 --                    created_at, id;
 --   fair_by "owner": plan priority desc, then the owner's (served + position) / weight,
 --                    then the group's served + position, then created_at, id.
---   served:   the group's jobs of this type done or running within the served window
---             (finished, or locked, in it: running counts as served, so a group being
---             worked on does not look idle);
+--   served:   the cost of the group's jobs of this type done or running within the
+--             served window (finished, or locked, in it: running counts as served, so
+--             a group being worked on does not look idle); a job's cost is 1 unless
+--             its handler charged otherwise (docs/design.md, "Cost");
 --             jobs with no group never match, so their served is 0. An owner's served
 --             is the sum over its groups on that plan.
 --   position: the job's 0-based rank among its group's claimable jobs by age; all
@@ -47,7 +48,10 @@
 -- the pool placeholder is claim_pool_cached.sql (rota's groups table),
 -- claim_pool_sorted.sql (the same while the xmin horizon is held), claim_pool_scan.sql
 -- (an application's groups relation) or claim_pool_owner.sql (fair_by "owner"); the
--- claim_order placeholder is claim_order_group.sql or claim_order_owner.sql.
+-- claim_order placeholder is claim_order_group.sql or claim_order_owner.sql. With a plan
+-- that caps its owners' running jobs (Plan.max_running), the cap_* placeholders are
+-- their *_on.sql fragments (the owners at their cap left out of the walk, the others
+-- taken up to their allowance: cap_tail_on.sql); else they are nothing.
 -- Needs:   parameters type, limit, run_id, offset, stale_after, served_window,
 --          plan_ids, plan_priorities, plan_weights, middle_priority, lowest_priority,
 --          middle_weight, lowest_weight, probe_groups, probe_per, candidates (and
@@ -69,12 +73,13 @@ plan_priority AS (
     FROM unnest(%(plan_ids)s::text[], %(plan_priorities)s::int[], %(plan_weights)s::int[])
          AS p(plan, priority, weight)
 ),
+{cap_prelude}
 -- Running jobs are in the served counts (fair_served, folded into served_n) whatever
 -- their lock's age; those locked before the window start are not served and are taken
 -- away here (jobs_running_idx range: none unless a job has been running
 -- longer than the window).
 running_old AS (
-    SELECT r.group_id, count(*)::int AS n
+    SELECT r.group_id, sum(r.cost) AS n
     FROM {schema}.jobs r
     WHERE r.type = %(type)s AND r.status = 'running'
       AND r.locked_at < (SELECT c.ws FROM clock c)
@@ -86,8 +91,8 @@ running_old AS (
 -- it about a second wide).
 edge_fix AS (
     SELECT d.group_id,
-           sum(CASE WHEN d.finished_at >= (SELECT c.edge FROM clock c) THEN -1 ELSE 1 END)::int
-             AS n
+           sum(CASE WHEN d.finished_at >= (SELECT c.edge FROM clock c) THEN -d.cost
+                    ELSE d.cost END) AS n
     FROM {schema}.jobs d
     WHERE d.type = %(type)s AND d.status = 'done' AND d.group_id IS NOT NULL
       AND d.finished_at >= (SELECT least(c.ws, c.edge) FROM clock c)
@@ -99,7 +104,7 @@ edge_fix AS (
 -- every one below it is folded (bookkeeping.sql, fair_fold), so the scan of
 -- fair_served_xid_idx starts past the dead versions a long transaction keeps.
 served_delta AS (
-    SELECT f.group_id, sum(f.n)::int AS n
+    SELECT f.group_id, sum(f.n) AS n
     FROM {schema}.fair_served f
     WHERE f.type = %(type)s
       AND f.xid >= coalesce((SELECT max(m.upto) FROM {schema}.fair_fold_mark m
@@ -143,9 +148,7 @@ special AS (
 ),
 {pool},
 {claim_order},
-cand AS (
-    SELECT o.* FROM ordered o WHERE o.ord <= %(candidates)s
-),
+{cap_tail}
 -- The key of the limit-th candidate, or none when fewer were read. The batch (the first
 -- `limit`) is exact; the candidates after it are the best of the jobs read, a reserve
 -- for a claimer that finds rows locked by a concurrent claimer.
@@ -157,7 +160,7 @@ kth AS MATERIALIZED (
 -- read, so a bound equal to its key belongs to a job after it: `>=` is enough.
 blocked AS (
     SELECT u.need
-    FROM unread u
+    FROM unread_open u
     LEFT JOIN kth k ON true
     WHERE k.id IS NULL
        OR (-u.priority, u.v, u.fair, u.created_at, u.id)
@@ -204,7 +207,7 @@ last_locked AS MATERIALIZED (
 -- locks sent it further (FairClaim.claim reads further for this claim only).
 blocked_after AS (
     SELECT 'held ' || u.need AS need
-    FROM unread u
+    FROM unread_open u
     CROSS JOIN last_locked ll
     LEFT JOIN cand k ON k.ord = ll.ord
     WHERE NOT EXISTS (SELECT 1 FROM blocked)
@@ -221,7 +224,10 @@ claimed AS (
                                             -- moves locked_at, never this)
         attempts = u.attempts + 1,          -- attempts count at claim time, so a crash counts
         run_id = %(run_id)s::uuid,
-        claim_token = gen_random_uuid()     -- fences complete/fail/defer to this very claim
+        claim_token = gen_random_uuid(),    -- fences complete/fail/defer to this very claim
+        -- While it runs the job counts its type's expected cost (docs/design.md, "Cost").
+        cost = coalesce((SELECT fc.expected FROM {schema}.fair_costs fc
+                         WHERE fc.type = %(type)s), 1)
     WHERE u.id = ANY (ARRAY(SELECT l.id FROM locked l))
       AND NOT EXISTS (SELECT 1 FROM blocked_after)
     RETURNING u.*

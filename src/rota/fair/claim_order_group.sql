@@ -5,7 +5,8 @@
 --          parameters type, middle_priority, lowest_priority, middle_weight,
 --          lowest_weight, probe_groups, probe_per, candidates.
 -- Defines: CTEs keyed, walk, probe, ranked, ordered(id, group_id, priority, v, fair,
---          created_at, ord), unread(priority, v, fair, created_at, id, need).
+--          created_at, ord), unread(priority, v, fair, created_at, id, need, bgroup:
+--          the group of the job a bound belongs to, null for the groups not probed).
 -- A plan's weight divides the served count (virtual time): within one plan every group
 -- has the same weight, so the pool's walk by served_n per plan is the walk by v, and
 -- the walk's merge of the plans orders by v.
@@ -18,6 +19,7 @@ keyed AS (
     FROM pool pl
     LEFT JOIN plan_priority pp ON pp.plan = pl.plan
     WHERE pl.active
+{cap_filter_pool}
 ),
 -- Groups in order of the lower bound (priority, served_lb / weight, head_lb, head_id)
 -- of their first job's key; only the first probe_groups are probed, the next one bounds the rest.
@@ -64,13 +66,13 @@ ordered AS MATERIALIZED (
 -- exact; what they bound ranks after them).
 unread AS (
     SELECT w.priority, w.v_lb AS v, 0 AS fair, w.head_lb AS created_at, w.head_id AS id,
-           'groups' AS need
+           'groups' AS need, NULL::text AS bgroup
     FROM walk w WHERE w.rank = %(probe_groups)s + 1
     UNION ALL
     SELECT r.priority, (r.served + r.pos - 1)::numeric / r.weight, 0, r.created_at, r.id,
-           'per'
+           'per', r.group_id
     FROM ranked r WHERE r.pos = %(probe_per)s + 1
     UNION ALL
-    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand'
+    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id
     FROM ordered o WHERE o.ord = %(candidates)s + 1
 )

@@ -22,7 +22,8 @@
 --          probe_per, candidates.
 -- Defines: the walk's CTEs (unit_walk, walk), then probe, ranked, cuts, valid,
 --          ordered(id, group_id, priority, v, fair, created_at, ord), unread(priority, v,
---          fair, created_at, id, need).
+--          fair, created_at, id, need, bgroup: a group of the owner a bound belongs to,
+--          null for the owners not probed).
 {owner_walk},
 probe AS (
     SELECT w.group_id, w.plan, w.unit, w.unit_served, w.priority, w.weight, w.served,
@@ -39,12 +40,14 @@ ranked AS (
 -- Each probed owner's cut: the smallest inner key it did not read (its first group not
 -- probed, or a cut group's next job), and which probe size would move it.
 cuts AS (
-    SELECT DISTINCT ON (x.plan, x.unit) x.plan, x.unit, x.fair, x.created_at, x.id, x.need
+    SELECT DISTINCT ON (x.plan, x.unit) x.plan, x.unit, x.fair, x.created_at, x.id, x.need,
+           x.group_id
     FROM (SELECT w.plan, w.unit, w.served AS fair, w.head_lb AS created_at,
-                 w.head_id AS id, 'spread' AS need
+                 w.head_id AS id, 'spread' AS need, w.group_id
           FROM walk w WHERE w.grank = %(probe_spread)s + 1
           UNION ALL
-          SELECT r.plan, r.unit, r.served + r.pos - 1, r.created_at, r.id, 'per'
+          SELECT r.plan, r.unit, r.served + r.pos - 1, r.created_at, r.id, 'per',
+                 r.group_id
           FROM ranked r WHERE r.pos = %(probe_per)s + 1) x
     ORDER BY x.plan, x.unit, x.fair, x.created_at, x.id
 ),
@@ -76,17 +79,17 @@ ordered AS MATERIALIZED (
 -- each probed owner's cut, and the first job read beyond the candidates.
 unread AS (
     SELECT uw.priority, uw.v_lb AS v, uw.served AS fair, uw.head_lb AS created_at,
-           uw.head_id AS id, 'groups' AS need
+           uw.head_id AS id, 'groups' AS need, NULL::text AS bgroup
     FROM unit_walk uw WHERE uw.urank = %(probe_groups)s + 1
     UNION ALL
     SELECT uw.priority, (uw.unit_served + coalesce(n.before, 0))::numeric / uw.weight,
-           ct.fair, ct.created_at, ct.id, ct.need
+           ct.fair, ct.created_at, ct.id, ct.need, ct.group_id
     FROM cuts ct
     JOIN unit_walk uw ON uw.plan IS NOT DISTINCT FROM ct.plan AND uw.unit = ct.unit
     LEFT JOIN LATERAL (
         SELECT count(*) AS before FROM valid v
         WHERE v.plan IS NOT DISTINCT FROM ct.plan AND v.unit = ct.unit) n ON true
     UNION ALL
-    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand'
+    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id
     FROM ordered o WHERE o.ord = %(candidates)s + 1
 )

@@ -55,6 +55,7 @@ units AS (
               AND o.b_head_lb < 'infinity' AND o.ready_lb <= c.now
               AND (o.plan_key, o.unit) NOT IN (SELECT su.plan_key, su.unit
                                               FROM special_units su)
+{cap_filter_owner}
             ORDER BY o.served_n, o.b_served, o.b_head_lb, o.b_head_id
             LIMIT %(probe_groups)s + 1) o
         UNION ALL
@@ -82,6 +83,7 @@ units AS (
         FROM {groupless_head} h
     ) u
     LEFT JOIN plan_priority pp ON pp.plan = u.plan
+{cap_filter_unit}
 ),
 {claim_owner_rank}
 -- The groups of the first probe_groups owners: per owner its first probe_spread + 1

@@ -16,6 +16,7 @@ keyed AS (
     FROM pool pl
     LEFT JOIN plan_priority pp ON pp.plan = pl.plan
     WHERE pl.active
+{cap_filter_scan}
 ),
 -- Each owner (per plan) with its best group: the lower bound of its first job's key.
 units AS (

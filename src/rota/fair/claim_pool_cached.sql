@@ -27,6 +27,7 @@ pool AS (
            AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
            AND f.head_until > c.now
            AND f.group_id NOT IN (SELECT s.group_id FROM special s)
+{cap_filter_group}
          ORDER BY f.served_n, f.head_lb, f.head_id
          LIMIT %(probe_groups)s + 1)
         UNION ALL
@@ -35,6 +36,7 @@ pool AS (
            AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
            AND f.head_until > c.now
            AND f.group_id NOT IN (SELECT s.group_id FROM special s)
+{cap_filter_group}
          ORDER BY f.served_n, f.head_lb, f.head_id
          LIMIT %(probe_groups)s + 1)
     ) f

@@ -30,7 +30,7 @@ owner_groups AS (
     LEFT JOIN running_old ro ON ro.group_id = a.group_id
 ),
 owner_served AS (
-    SELECT og.*, sum(og.served) OVER (PARTITION BY og.plan, og.unit)::int AS unit_served
+    SELECT og.*, sum(og.served) OVER (PARTITION BY og.plan, og.unit) AS unit_served
     FROM owner_groups og
 ),
 -- The groups that may have a claimable job (a ready head, or a stale job), each with its

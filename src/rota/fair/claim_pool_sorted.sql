@@ -21,7 +21,7 @@
 -- groups.
 group_rows AS MATERIALIZED (
     SELECT f.group_id, f.plan, f.active, f.served_n, f.head_lb, f.head_id, f.head_until,
-           f.ready_lb
+           f.ready_lb, f.plan_key, f.unit  -- the owner, for cap_filter_group_on.sql
     FROM {schema}.fair_groups f
     WHERE f.type = %(type)s
 ),
@@ -35,6 +35,7 @@ sorted_plans AS (
     WHERE f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
       AND f.head_until > c.now
       AND f.group_id NOT IN (SELECT s.group_id FROM special s)
+{cap_filter_group}
     GROUP BY f.plan
 ),
 pool AS (

@@ -1,7 +1,8 @@
 -- The rebuild (docs/fast-claim.md, "The contract"), under repair_lock's locks after
 -- repair_clear: one fair_groups row per (type, group) with pending jobs or a served
 -- count, from jobs, on the queue's clock (now() + offset):
---   served_n   the group's running jobs and its done jobs at or after the type's edge
+--   served_n   the cost of the group's running jobs and of its done jobs at or after the
+--              type's edge
 --              (fair_served is left empty);
 --   ready_lb   the earliest run_after of its pending jobs ('infinity': none);
 --   head       the first job ready now by (created_at, id), valid until the earliest
@@ -14,9 +15,10 @@
 WITH clock AS (SELECT now() + %(offset)s::interval AS now),
 counted AS (
     SELECT j.type, j.group_id,
-           count(*) FILTER (WHERE j.status = 'running'
-                              OR (j.status = 'done'
-                                  AND j.finished_at >= coalesce(e.edge, '-infinity')))
+           coalesce(sum(j.cost) FILTER (WHERE j.status = 'running'
+                                        OR (j.status = 'done'
+                                            AND j.finished_at
+                                                >= coalesce(e.edge, '-infinity'))), 0)
              AS served,
            min(j.run_after) FILTER (WHERE j.status = 'pending') AS ready
     FROM {schema}.jobs j

@@ -49,9 +49,10 @@ WITH marks AS (
 ),
 counted AS (
     SELECT j.type, j.group_id,
-           count(*) FILTER (WHERE j.status = 'running'
-                              OR (j.status = 'done'
-                                  AND j.finished_at >= coalesce(e.edge, '-infinity')))
+           coalesce(sum(j.cost) FILTER (WHERE j.status = 'running'
+                                        OR (j.status = 'done'
+                                            AND j.finished_at
+                                                >= coalesce(e.edge, '-infinity'))), 0)
              AS served,
            count(*) FILTER (WHERE j.status = 'pending') AS pending,
            min(j.run_after) FILTER (WHERE j.status = 'pending') AS ready

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Literal, cast, get_args
 
 from ..checks import positive_int, require_duration, require_text
+from ..cost import check_mode
 from ..errors import InvalidInput
 from ..queue import GiveUpHook
 from ..quota import Quota
@@ -105,11 +106,17 @@ class Stage:
             platform timeout less a reserve for settling) cuts it shorter when it comes
             first (docs/design.md, "Handler deadlines"). A sync handler's thread is
             not cut: its job is overdue and fails once the thread returns.
+        cost: what a completed job is charged in its group's and owner's served counts
+            (docs/design.md, "Cost"): ``"units"`` (the default), what its handler
+            charged with ``ctx.charge(units)``, 1 when it charged nothing; or
+            ``"seconds"``, the handler's measured run time in seconds (of the
+            ``batch_handler`` call, shared evenly by its jobs), plus what it charged.
 
     Raises:
         InvalidInput: bad sizes, not exactly one of ``handler`` and ``batch_handler``,
             a ``batch_handler`` that is not ``async def``, a timeout that is not a
-            positive ``timedelta``.
+            positive ``timedelta``, a ``cost`` that is not ``"units"`` or
+            ``"seconds"``.
     """
 
     type: str
@@ -125,6 +132,7 @@ class Stage:
     on_give_up: GiveUpHook | None = None
     prefetch: bool = False
     timeout: timedelta | None = None
+    cost: str = "units"
     #: Whether ``handler`` is a sync function, run in a thread (set from it).
     sync: bool = field(init=False, repr=False, compare=False, default=False)
 
@@ -151,6 +159,10 @@ class Stage:
             require_duration(self.timeout, f"stage {self.type!r}: timeout")
         object.__setattr__(self, "rate_limits",
                            check_stage_limits(self.type, self.rate_limits))
+        try:
+            check_mode(self.cost)
+        except InvalidInput as e:
+            raise type(e)(f"stage {self.type!r}: {e}") from None
         if self.quota is not None and not isinstance(self.quota, Quota):
             raise InvalidInput(f"stage {self.type!r}: quota must be a rota.Quota "
                                f"(per-owner allowances are spent by handlers)")

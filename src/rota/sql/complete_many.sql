@@ -4,18 +4,20 @@
 -- sorts them by id, the one order of every statement that locks several jobs). One
 -- notification for the whole batch tells waiters which of their jobs settled ("*":
 -- too many to list, look again), sent only when a job of the batch has one
--- (docs/design.md, "Results").
+-- (docs/design.md, "Results"). Each job's cost becomes what it was charged (null: 1),
+-- as in complete.sql.
 WITH done AS (
     UPDATE {schema}.jobs j
     SET status = 'done',
         finished_at = now() + %(offset)s::interval,
         locked_at = NULL,
         result = c.result::jsonb,
-        started_at = c.started_at
-    FROM (SELECT c.id, c.claim_token, c.result, c.started_at
+        started_at = c.started_at,
+        cost = coalesce(c.cost, 1)
+    FROM (SELECT c.id, c.claim_token, c.result, c.started_at, c.cost
           FROM unnest(%(ids)b::bigint[], %(claim_tokens)b::uuid[], %(results)b::text[],
-                      %(started_ats)b::timestamptz[]) WITH ORDINALITY
-               AS c(id, claim_token, result, started_at, n)
+                      %(started_ats)b::timestamptz[], %(costs)b::numeric[]) WITH ORDINALITY
+               AS c(id, claim_token, result, started_at, cost, n)
           ORDER BY c.n
           OFFSET 0) c
     WHERE j.id = c.id AND j.status = 'running' AND j.claim_token = c.claim_token

@@ -41,6 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import admin
 from ..checks import MAX_ROW_ID, require_duration
+from ..cost import format_units
 from ..errors import ConfigError, InvalidInput, InvalidTransition, JobNotFound
 from ..queue import Queue
 from ..quota import Allowance, Quota
@@ -153,6 +154,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["dt"] = _dt
     env.filters["num"] = _num
+    env.filters["units"] = format_units
     env.filters["duration"] = charts.duration
     env.filters["local"] = _local
     env.filters["counters"] = admin.summary_items

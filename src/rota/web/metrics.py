@@ -21,6 +21,9 @@ holding a collector that reads the database when scraped and the claim histogram
   ``FAILED_PER_TYPE`` failed jobs of each type (no index on their finished_at; see
   dashboard_throughput.sql). ``plan`` is the plan of the job's group now (``none``:
   no group or no plan).
+- ``rota_jobs_cost_charged_total{type, plan}`` (counter): the cost charged to the jobs
+  counted in ``rota_jobs_completed_total`` (docs/design.md, "Cost": 1 a job unless
+  its handler charged otherwise), what the fair claim counts.
 - ``rota_runs_total{stop_reason}`` (counter): finished runs in the runs table, which
   maintenance prunes after 30 days (the count falls then: a counter reset).
 - ``rota_claim_duration_seconds{type}`` (histogram): claims made through this
@@ -125,6 +128,7 @@ class RotaCollector(Collector):
         self.settle = settle
         self._since: datetime | None = None
         self._finished: Counter[tuple[str, str, str]] = Counter()  # (status, type, plan)
+        self._charged: dict[tuple[str, str], float] = {}  # (type, plan): cost units
         self._families: list[Metric] = []
 
     def describe(self) -> list[Metric]:
@@ -145,6 +149,9 @@ class RotaCollector(Collector):
             if self._since is not None and until > self._since:
                 for r in await queries.finished_between(q, conn, types, self._since, until):
                     self._finished[r["status"], r["type"], r["plan"] or "none"] += r["n"]
+                    if r["status"] == "done":
+                        key = (r["type"], r["plan"] or "none")
+                        self._charged[key] = self._charged.get(key, 0.0) + float(r["cost"])
             if self._since is None or until > self._since:
                 self._since = until
             runs = await queries.runs_by_stop_reason(q, conn)
@@ -176,6 +183,12 @@ class RotaCollector(Collector):
                                      "scrape.", labels=["type", "plan"])
         for (status, job_type, plan), n in sorted(self._finished.items()):
             (completed if status == "done" else failed).add_metric([job_type, plan], n)
+        charged = CounterMetricFamily("rota_jobs_cost_charged", "The cost charged to the "
+                                      "jobs done (1 a job unless its handler charged "
+                                      "otherwise), since this process's first scrape.",
+                                      labels=["type", "plan"])
+        for (job_type, plan), units in sorted(self._charged.items()):
+            charged.add_metric([job_type, plan], units)
         run_family = CounterMetricFamily("rota_runs", "Finished runs by stop reason.",
                                          labels=["stop_reason"])
         for reason, n in sorted(runs.items()):
@@ -192,7 +205,7 @@ class RotaCollector(Collector):
             if qt.limit is not None and qt.remaining is not None:
                 remaining.add_metric([qt.name], qt.remaining)
                 limit.add_metric([qt.name], qt.limit)
-        return [jobs, oldest, completed, failed, run_family, used, remaining, limit]
+        return [jobs, oldest, completed, failed, charged, run_family, used, remaining, limit]
 
 
     @staticmethod

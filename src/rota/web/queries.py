@@ -201,7 +201,8 @@ async def plan_waits(queue: Queue, conn: AnyConn, types: Sequence[str]) -> list[
 
 async def groups_served(queue: Queue, conn: AnyConn, types: Sequence[str],
                         limit: int = 10) -> list[dict[str, Any]]:
-    """The groups with the most jobs done in the last hour: group_id, plan, done."""
+    """The groups charged most for the jobs done in the last hour (docs/design.md,
+    "Cost"): group_id, plan, done (jobs), charged (their cost, a ``Decimal``)."""
     return await _rows(queue, conn, "dashboard_groups_served",
                        {"types": list(types), "limit": limit})
 
@@ -209,7 +210,7 @@ async def groups_served(queue: Queue, conn: AnyConn, types: Sequence[str],
 async def owners_served(queue: Queue, conn: AnyConn, types: Sequence[str],
                         limit: int = 10, waiting: Sequence[dict[str, Any]] = ()
                         ) -> list[dict[str, Any]]:
-    """The owners with the most jobs done in the last hour, and the owners of the
+    """The owners charged most for the jobs done in the last hour, and the owners of the
     longest-waiting groups (docs/design.md, "The fair claim"; a group without an owner
     is its own, ``own`` true).
 
@@ -220,13 +221,16 @@ async def owners_served(queue: Queue, conn: AnyConn, types: Sequence[str],
             starved owner).
 
     Returns:
-        Rows ``owner_id, own, plan, groups, done, weight, share, per_weight, waited``:
-        ``share`` is the owner's part of the jobs done by the owners listed (0..1),
+        Rows ``owner_id, own, plan, groups, done, charged, weight, share, per_weight,
+        waited, running, cap``: ``done`` jobs, ``charged`` their cost (docs/design.md,
+        "Cost"), ``running`` its jobs running now with a fresh lock (every type) and
+        ``cap`` its plan's ``max_running`` (``None``: no cap; docs/design.md, "Caps"),
+        ``share`` the owner's part of the cost charged to the owners listed (0..1),
         ``weight`` its plan's (:class:`rota.Plan`; the middle plan's without one, the
-        lowest plan's for an unknown plan), ``per_weight`` its done divided by its
-        weight against the mean of the owners listed (1.0: exactly its weighted share
-        among them), ``waited`` seconds (``None``: none of its groups is among
-        ``waiting``). The most served first, then the waiting ones.
+        lowest plan's for an unknown plan), ``per_weight`` its charged cost divided by
+        its weight against the mean of the owners listed (1.0: exactly its weighted
+        share among them), ``waited`` seconds (``None``: none of its groups is among
+        ``waiting``). The most charged first, then the waiting ones.
     """
     rows = await _rows(queue, conn, "dashboard_owners_served",
                        {"types": list(types), "limit": limit})
@@ -244,20 +248,26 @@ async def owners_served(queue: Queue, conn: AnyConn, types: Sequence[str],
                        None)
             if row is None:
                 row = {"owner_id": owner_id, "own": own, "plan": o.get("plan"),
-                       "groups": 0, "done": 0, "waited": None}
+                       "groups": 0, "done": 0, "charged": 0, "waited": None}
                 rows.append(row)
             row["waited"] = max(row["waited"] or 0.0, w["waited_seconds"])
     plans = queue.plans
+    running = {(r["owner_id"], r["own"], r["plan"]): r["running"] for r in await _rows(
+        queue, conn, "dashboard_owners_running", {"stale_after": queue.stale_after})}
     for r in rows:
         plan = r["plan"]
         r["weight"] = (plans.middle.weight if plan is None else
                        plans[plan].weight if plan in plans else plans.lowest.weight)
-    total = sum(r["done"] for r in rows)
-    served = [r for r in rows if r["done"]]
-    mean = sum(r["done"] / r["weight"] for r in served) / len(served) if served else 0
+        r["running"] = running.get((r["owner_id"], r["own"], plan), 0)
+        r["cap"] = plans[plan].max_running if plan in plans else None
     for r in rows:
-        r["share"] = r["done"] / total if total else 0.0
-        r["per_weight"] = r["done"] / r["weight"] / mean if mean else 0.0
+        r["charged"] = float(r["charged"] or 0)
+    total = sum(r["charged"] for r in rows)
+    served = [r for r in rows if r["charged"]]
+    mean = sum(r["charged"] / r["weight"] for r in served) / len(served) if served else 0
+    for r in rows:
+        r["share"] = r["charged"] / total if total else 0.0
+        r["per_weight"] = r["charged"] / r["weight"] / mean if mean else 0.0
     return rows
 
 
@@ -395,7 +405,9 @@ async def quotas_today(queue: Queue, conn: AnyConn, quotas: Iterable[Quota | All
 
 async def finished_between(queue: Queue, conn: AnyConn, types: Sequence[str],
                            since: datetime, until: datetime) -> list[dict[str, Any]]:
-    """Jobs finished in ``(since, until]`` per type, plan and status (done, failed)."""
+    """Jobs finished in ``(since, until]`` per type, plan and status (done, failed):
+    rows ``type, plan, status, n, cost`` (the cost charged to the done ones, a
+    ``Decimal``; 0 for failed: docs/design.md, "Cost")."""
     return await _rows(queue, conn, "dashboard_metrics_finished", {
         "types": list(types), "since": since, "until": until,
         "failed_per_type": FAILED_PER_TYPE})

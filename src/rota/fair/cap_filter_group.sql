@@ -1,0 +1,2 @@
+-- Fragment (the cap_filter_group placeholder) of the walks over fair_groups (alias f)
+-- when no plan caps its owners: nothing. cap_filter_group_on.sql is the other choice.

@@ -1,0 +1,2 @@
+-- Fragment (the cap_filter_owner placeholder) of the owner walk over fair_owners (alias
+-- o) when no plan caps its owners: nothing. cap_filter_owner_on.sql is the other choice.

@@ -1,0 +1,2 @@
+-- Fragment (the cap_filter_pool placeholder) of the group order's keyed CTE (pool rows,
+-- alias pl) when no plan caps its owners: nothing. cap_filter_pool_on.sql is the other.

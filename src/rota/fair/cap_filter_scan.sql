@@ -1,0 +1,3 @@
+-- Fragment (the cap_filter_scan placeholder) of claim_owner_walk_scan.sql's keyed (pool
+-- rows, alias pl) when no plan caps its owners: nothing. cap_filter_scan_on.sql is the
+-- other choice.

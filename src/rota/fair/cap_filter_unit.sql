@@ -1,0 +1,2 @@
+-- Fragment (the cap_filter_unit placeholder) of the owner walk's units (alias u) when no
+-- plan caps its owners: nothing. cap_filter_unit_on.sql is the other choice.

@@ -1,0 +1,2 @@
+-- Fragment of claim.sql (the cap_prelude placeholder), when no plan caps its owners'
+-- running jobs (Plan.max_running): nothing. cap_prelude_on.sql is the other choice.

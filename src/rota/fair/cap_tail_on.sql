@@ -1,0 +1,74 @@
+-- Fragment of claim.sql (the cap_tail placeholder) when a plan caps its owners' running
+-- jobs (Plan.max_running; docs/design.md, "Caps"). The order is unchanged; the claim
+-- takes the jobs in that order, passing over those of an owner that has as many running
+-- as its cap allows (counting the ones this claim takes), so the capacity goes to the
+-- others in fair order (work-conserving).
+--   Each capped owner among the candidates is locked (fair_cap_lock: its fair_caps row,
+--   FOR UPDATE SKIP LOCKED, held until this claim commits) and its running jobs counted
+--   as last committed: two claimers never count the same free slot. An owner another
+--   claimer holds is passed over by this claim (it takes none of its jobs).
+--   The proof (claim.sql) drops an unread bound of a capped owner whose allowance is
+--   already used by candidates before that bound: no job it bounds would be taken. The
+--   bound of the groups (owners) not probed names no one owner and always counts.
+-- Needs:   CTEs clock, cap_plans (cap_prelude_on.sql), ordered(..., group_id, ...),
+--          unread(..., bgroup: the group of the job a bound belongs to, or null);
+--          parameter candidates.
+-- Defines: CTEs cap_groups, cap_units, cand0, cand (ordered's columns, renumbered),
+--          unread_open(priority, v, fair, created_at, id, need).
+cap_groups AS MATERIALIZED (
+    SELECT g.group_id::text AS group_id, 'p:' || g.plan::text AS plan_key,
+           CASE WHEN g.owner_id IS NULL THEN 'g:' || g.group_id::text
+                ELSE 'o:' || g.owner_id::text END AS unit,
+           g.owner_id::text AS owner_id, g.plan::text AS plan, cp.cap
+    FROM {groups} g
+    JOIN cap_plans cp ON cp.plan = g.plan::text
+    WHERE g.group_id::text IN (SELECT o.group_id FROM ordered o
+                               WHERE o.ord <= %(candidates)s
+                               UNION
+                               SELECT u.bgroup FROM unread u)
+),
+-- The capped owners with candidates, in (plan_key, unit) order, each locked and its
+-- allowance counted: its cap less its running jobs as last committed (0 when another
+-- claimer holds it).
+cap_units AS MATERIALIZED (
+    SELECT x.plan_key, x.unit,
+           coalesce(greatest(x.cap - {schema}.fair_cap_lock(
+               x.plan_key, x.unit,
+               CASE WHEN x.owner_id IS NULL THEN ARRAY[x.group_id]
+                    ELSE ARRAY(SELECT g.group_id::text FROM {groups} g
+                               WHERE g.owner_id::text = x.owner_id
+                                 AND g.plan::text = x.plan) END,
+               (SELECT c.stale_before FROM clock c)), 0), 0) AS allowance
+    FROM (SELECT DISTINCT ON (cg.plan_key, cg.unit) cg.plan_key, cg.unit, cg.cap,
+                 cg.owner_id, cg.group_id, cg.plan
+          FROM cap_groups cg
+          WHERE cg.group_id IN (SELECT o.group_id FROM ordered o
+                                WHERE o.ord <= %(candidates)s)
+          ORDER BY cg.plan_key, cg.unit) x
+    ORDER BY x.plan_key, x.unit
+),
+cand0 AS (
+    SELECT o.*, cu.plan_key, cu.unit, cu.allowance,
+           row_number() OVER (PARTITION BY cu.plan_key, cu.unit ORDER BY o.ord) AS urank
+    FROM ordered o
+    LEFT JOIN cap_groups cg ON cg.group_id = o.group_id
+    LEFT JOIN cap_units cu ON cu.plan_key = cg.plan_key AND cu.unit = cg.unit
+    WHERE o.ord <= %(candidates)s
+),
+cand AS MATERIALIZED (
+    SELECT c.id, c.group_id, c.priority, c.v, c.fair, c.created_at, c.plan_key, c.unit,
+           row_number() OVER (ORDER BY c.ord) AS ord
+    FROM cand0 c
+    WHERE c.allowance IS NULL OR c.urank <= c.allowance
+),
+unread_open AS (
+    SELECT u.priority, u.v, u.fair, u.created_at, u.id, u.need
+    FROM unread u
+    LEFT JOIN cap_groups cg ON cg.group_id = u.bgroup
+    LEFT JOIN cap_units cu ON cu.plan_key = cg.plan_key AND cu.unit = cg.unit
+    WHERE cu.unit IS NULL
+       OR (SELECT count(*) FROM cand k
+           WHERE k.plan_key = cu.plan_key AND k.unit = cu.unit
+             AND (-k.priority, k.v, k.fair, k.created_at, k.id)
+                 < (-u.priority, u.v, u.fair, u.created_at, u.id)) < cu.allowance
+),
