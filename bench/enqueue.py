@@ -135,14 +135,20 @@ async def procrastinate_runner(url: str) -> tuple[Runner, Callable[[], Awaitable
     return run, close
 
 
+SYSTEMS = ("rota", "pgqueuer (asyncpg)", "pgqueuer (psycopg)", "procrastinate")
+
+
 async def measure(url: str, rounds: int = 5, single_n: int = 2000,
-                  batch_n: int = 20_000, batch: int = 1000) -> dict[str, dict[str, float]]:
-    """Median jobs/s per system for single and batch enqueue."""
-    makers: dict[str, Callable[[str], Awaitable[tuple[Runner, Any]]]] = {
+                  batch_n: int = 20_000, batch: int = 1000,
+                  systems: tuple[str, ...] = SYSTEMS) -> dict[str, dict[str, float]]:
+    """Median jobs/s per system (of ``systems``, rota first) for single and batch
+    enqueue."""
+    every: dict[str, Callable[[str], Awaitable[tuple[Runner, Any]]]] = {
         "rota": rota_runner,
         "pgqueuer (asyncpg)": lambda u: pgqueuer_runner(u, "asyncpg"),
         "pgqueuer (psycopg)": lambda u: pgqueuer_runner(u, "psycopg"),
         "procrastinate": procrastinate_runner}
+    makers = {name: every[name] for name in systems}
     runners: dict[str, tuple[Runner, Callable[[], Awaitable[None]]]] = {}
     for name, make in makers.items():
         runners[name] = await make(database(url, f"bench_enqueue_{slug(name)}"))
@@ -174,7 +180,19 @@ def report(result: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def main(url: str) -> dict[str, Any]:
-    result = asyncio.run(measure(url))
+def main(url: str, rounds: int = 5, systems: tuple[str, ...] = SYSTEMS) -> dict[str, Any]:
+    result = asyncio.run(measure(url, rounds, systems=systems))
     print(report(result))
     return result
+
+
+if __name__ == "__main__":
+    # python -m bench.enqueue [ROUNDS [--pgqueuer-only]]: --pgqueuer-only leaves
+    # procrastinate out (a shorter run against the fastest peers).
+    import os
+    import sys
+
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    main(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+         int(args[0]) if args else 5,
+         SYSTEMS[:3] if "--pgqueuer-only" in sys.argv else SYSTEMS)

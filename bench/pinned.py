@@ -14,6 +14,17 @@ The loop and the samples take turns on one queue rather than running at once: tw
 claimers at once make each other's claims retry with larger probes (see
 docs/fast-claim.md, "Locked candidates"), which is another measurement.
 
+**Flat out** (``--flat-out``): the loop runs with no pause, as its own task on its own
+connection (claim 100, complete them, enqueue 100, again), and a second task takes the
+sample pairs at the same moments, a pair every ``PAUSE`` seconds. So the claims measured
+meet a worker that churns as fast as it can (and its locks: two rota claimers at once),
+and dead row versions pile up at the rate that worker sets. Each moment also reports the
+loop's rate (jobs claimed and completed per second over the moment's window), the dead
+tuples of ``jobs``, and the claim retries (``FairClaim.retries``) since the start.
+``--explain`` (with ``--flat-out``) also prints, before the pin, at its end and 30 s
+after the release, the claim of 25 under EXPLAIN (ANALYZE, BUFFERS) (``bench/experiments/
+pinned_explain.py``): the plan nodes that read the most buffers, while the loop runs.
+
 Moments: ``before`` (the last ``WINDOW`` seconds before the pin), ``pinned N s`` (the
 last ``WINDOW`` seconds of the first N seconds of the pin: a REPEATABLE READ transaction
 on another connection that has read, so it holds a snapshot) and ``after release``
@@ -22,7 +33,8 @@ reports both p50s, their ratio, rota's p50 against its own ``before``, and the d
 tuples in the schema (``pg_stat_user_tables``, as the statistics collector last saw
 them).
 
-Usage: ``python -m bench.pinned [--quick | --size PENDING/GROUPS [--pins S[,S...]]]``
+Usage: ``python -m bench.pinned [--quick | --size PENDING/GROUPS [--pins S[,S...]]]
+[--flat-out [--explain]]``
 (DATABASE_URL, default the local test database). ``--quick``: 100,000 pending jobs over
 2,000 groups, pinned 60 s. ``--size``: one size, pinned ``--pins`` seconds (default 60).
 Without either: 100,000 over 2,000 and 1,000,000 over 10,000, each pinned 10 minutes
@@ -33,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -97,13 +110,15 @@ async def horizon_seconds(conn: psycopg.AsyncConnection[Any]) -> float:
     return float(row[0]) if row else 0.0
 
 
-async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...]
-                   ) -> dict[str, Any]:
+async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
+                   flat_out: bool = False, explain: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     await build(url, SCHEMA, pending=pending, groups=groups, done=pending // 5)
     print(f"built {pending:,} pending over {groups:,} groups in "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     cycles = 0
+    churned: list[tuple[float, int]] = []  # (monotonic time, jobs) per churn cycle
+    plans: list[tuple[str, Any]] = []  # (label, EXPLAIN plan) with --explain
     rng = random.Random(11)
     samples = Samples()
     done = sql.SQL("UPDATE {}.jobs SET status = 'done', finished_at = now(), "
@@ -142,14 +157,26 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...]
                 await queue.complete_many(jobs)
             await queue.enqueue_many(_replacements(len(jobs) or 100, groups, rng))
             cycles += 1
+            churned.append((time.monotonic(), len(jobs)))
+
+        async def churn_flat_out() -> None:
+            while True:  # cancelled at the end of the scenario
+                await churn()
 
         async def sample_until(end: float) -> None:
             i = 0
             while time.monotonic() < end:
-                await churn()
+                if not flat_out:  # flat out, the churn runs as its own task
+                    await churn()
                 await pair(i % 2 == 0)
                 i += 1
                 await asyncio.sleep(PAUSE)
+
+        async def look(label: str) -> None:
+            if explain:
+                from .experiments.pinned_explain import explain as explain_claim
+
+                plans.append((label, await explain_claim(queue)))
 
         async def moment(label: str, start: float, end: float) -> dict[str, Any]:
             rota_p50 = samples.p50("rota", start, end)
@@ -157,14 +184,20 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...]
             m = {"pending": pending, "groups": groups, "moment": label,
                  "rota_p50": rota_p50, "fifo_p50": fifo_p50,
                  "pairs": samples.count(start, end), "dead": await dead_tuples(stats),
-                 "horizon_s": await horizon_seconds(stats), "churn_cycles": cycles}
+                 "horizon_s": await horizon_seconds(stats), "churn_cycles": cycles,
+                 "churn_jobs_s": sum(n for t, n in churned if start <= t < end)
+                 / (end - start),
+                 "retries": queue.fair_claim.retries.get("t", 0),
+                 "flat_out": flat_out}
             moments.append(m)
             print(row(m, moments[0]["rota_p50"] if moments else None), flush=True)
             return m
 
         began = time.monotonic()
+        loop = asyncio.create_task(churn_flat_out()) if flat_out else None
         await sample_until(began + LEAD)
         await moment("before", began + LEAD - WINDOW, began + LEAD)
+        await look("before the pin")
         await holder.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         await holder.execute(sql.SQL("SELECT count(*) FROM {}.groups").format(
             sql.Identifier(SCHEMA)))  # the snapshot is taken, and held from here
@@ -172,11 +205,30 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...]
         for secs in pins:
             await sample_until(pinned + secs)
             await moment(f"pinned {secs} s", pinned + secs - WINDOW, pinned + secs)
+        await look(f"pinned {pins[-1]} s "
+                   f"({'sorted pass' if queue.upkeep.horizon_held else 'index walk'})")
         await holder.rollback()
         released = time.monotonic()
         await sample_until(released + AFTER)
         await moment(f"{AFTER:.0f} s after release", released + AFTER - WINDOW,
                      released + AFTER)
+        await look(f"{AFTER:.0f} s after release "
+                   f"({'sorted pass' if queue.upkeep.horizon_held else 'index walk'})")
+        if loop is not None:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+        if plans:
+            from .experiments.pinned_explain import top_nodes
+
+            for label, plan in plans:
+                root = plan[0]["Plan"]
+                print(f"\n== EXPLAIN of the claim of 25, {label}: "
+                      f"{plan[0]['Execution Time']:.1f} ms, "
+                      f"{root['Shared Hit Blocks'] + root.get('Shared Read Blocks', 0)} "
+                      "buffers", flush=True)
+                for b, node in top_nodes(plan, 16):
+                    print(f"{b:>8}  {node}", flush=True)
         # The contract of the fair claim's bookkeeping (rota verify) after the churn:
         # a pinned horizon slows the claim, it must never make the bookkeeping wrong.
         violations = await queue.verify()
@@ -184,40 +236,48 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...]
         if violations:
             raise SystemExit("the fair claim's bookkeeping broke its contract: "
                              + "; ".join(map(str, violations[:5])))
-    return {"pending": pending, "groups": groups, "moments": moments, "violations": 0}
+    return {"pending": pending, "groups": groups, "moments": moments, "violations": 0,
+            "flat_out": flat_out}
 
 
-def header() -> str:
+def header(flat_out: bool = False) -> str:
+    extra = " churn (jobs/s) | dead jobs | claim retries |" if flat_out else ""
     return ("| pending / groups | moment | rota p50 (ms) | FIFO p50 (ms) | rota / FIFO | "
             "rota / own before | pairs | dead tuples (schema) | of them fair_groups, "
-            "fair_served | horizon age (s) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            "fair_served | horizon age (s) |" + extra
+            + "\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+            + ("---:|---:|---:|" if flat_out else ""))
 
 
 def row(m: dict[str, Any], before: float | None) -> str:
     r, f = m["rota_p50"], m["fifo_p50"]
     ratio = f"{r / f:.1f}x" if r and f else "-"
     own = f"{r / before:.2f}x" if r and before else "-"
+    extra = (f" {m['churn_jobs_s']:,.0f} | {m['dead']['jobs']:,} | {m['retries']} |"
+             if m.get("flat_out") else "")
     return (f"| {m['pending']:,} / {m['groups']:,} | {m['moment']} | "
             f"{r or 0:.2f} | {f or 0:.2f} | {ratio} | {own} | {m['pairs']} | "
             f"{m['dead']['total']:,} | {m['dead']['fair_groups']:,}, "
-            f"{m['dead']['fair_served']:,} | {m['horizon_s']:.0f} |")
+            f"{m['dead']['fair_served']:,} | {m['horizon_s']:.0f} |" + extra)
 
 
 def report(results: list[dict[str, Any]]) -> str:
-    lines = [header()]
+    lines = [header(any(r.get("flat_out") for r in results))]
     for r in results:
         before = r["moments"][0]["rota_p50"] if r["moments"] else None
         lines += [row(m, before) for m in r["moments"]]
     return "\n".join(lines)
 
 
-def main(url: str, *, sizes: tuple[tuple[int, int, tuple[int, ...]], ...] = FULL
-         ) -> list[dict[str, Any]]:
+def main(url: str, *, sizes: tuple[tuple[int, int, tuple[int, ...]], ...] = FULL,
+         flat_out: bool = False, explain: bool = False) -> list[dict[str, Any]]:
     """Run the scenario at each size (``(pending, groups, pins in seconds)``: ``QUICK``,
-    ``FULL`` or one asked for); returns per size its moments (p50s in ms, dead tuples,
-    the horizon's age). The schema is dropped after."""
-    print(header(), flush=True)
-    out = [asyncio.run(scenario(url, pending, groups, pins))
+    ``FULL`` or one asked for), paced or ``flat_out`` (with ``explain``: the claim's
+    plan before the pin, at its end and after the release); returns per size its
+    moments (p50s in ms, dead tuples, the horizon's age; flat out, the churn's jobs/s).
+    The schema is dropped after."""
+    print(header(flat_out), flush=True)
+    out = [asyncio.run(scenario(url, pending, groups, pins, flat_out, explain))
            for pending, groups, pins in sizes]
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
@@ -252,14 +312,19 @@ def _pins(text: str) -> tuple[int, ...]:
     return pins
 
 
-def parse_sizes(argv: list[str]) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
-    """The sizes ``argv`` asks for: ``--quick`` (``QUICK``), ``--size PENDING/GROUPS``
-    with ``--pins SECONDS[,SECONDS...]`` (default 60), or nothing (``FULL``).
+Sizes = tuple[tuple[int, int, tuple[int, ...]], ...]
+
+
+def parse(argv: list[str]) -> tuple[Sizes, bool, bool]:
+    """What ``argv`` asks for: the sizes (``--quick``: ``QUICK``; ``--size
+    PENDING/GROUPS`` with ``--pins SECONDS[,SECONDS...]``, default 60; nothing:
+    ``FULL``), whether the loop runs flat out (``--flat-out``), and whether to print the
+    claim's plan (``--explain``, with ``--flat-out``).
 
     Raises:
         SystemExit: an unknown argument, ``--quick`` with ``--size``, ``--pins``
-            without ``--size``, or a malformed size or pin list; argparse prints what
-            was wrong (exit status 2).
+            without ``--size``, ``--explain`` without ``--flat-out``, or a malformed
+            size or pin list; argparse prints what was wrong (exit status 2).
     """
     parser = argparse.ArgumentParser(prog="python -m bench.pinned",
                                      description="The claim while the xmin horizon is "
@@ -272,20 +337,37 @@ def parse_sizes(argv: list[str]) -> tuple[tuple[int, int, tuple[int, ...]], ...]
                             "pinned 60 s and 10 min)")
     parser.add_argument("--pins", type=_pins, metavar="S[,S...]",
                         help="with --size: the moments of the pin to report (default 60)")
+    parser.add_argument("--flat-out", action="store_true",
+                        help="the churn loop runs with no pause, as its own task; the "
+                             "samples are taken by another")
+    parser.add_argument("--explain", action="store_true",
+                        help="with --flat-out: print the claim's EXPLAIN (ANALYZE, "
+                             "BUFFERS) before the pin, at its end and after the release")
     args = parser.parse_args(argv)
     if args.pins is not None and args.size is None:
         parser.error("--pins needs --size")
+    if args.explain and not args.flat_out:
+        parser.error("--explain needs --flat-out")
     if args.quick:
-        return QUICK
-    if args.size is None:
-        return FULL
-    return ((*args.size, args.pins or (60,)),)
+        sizes = QUICK
+    elif args.size is None:
+        sizes = FULL
+    else:
+        sizes = ((*args.size, args.pins or (60,)),)
+    return sizes, args.flat_out, args.explain
+
+
+def parse_sizes(argv: list[str]) -> Sizes:
+    """The sizes ``argv`` asks for (:func:`parse`)."""
+    return parse(argv)[0]
 
 
 if __name__ == "__main__":
+    sizes, flat_out, explain = parse(sys.argv[1:])
     results = main(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-                   sizes=parse_sizes(sys.argv[1:]))
+                   sizes=sizes, flat_out=flat_out, explain=explain)
     out = Path(__file__).parent / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "pinned.json").write_text(json.dumps(results, indent=2))
+    name = "pinned_flat_out.json" if flat_out else "pinned.json"
+    (out / name).write_text(json.dumps(results, indent=2))
     print("\npinned horizon:\n" + report(results))

@@ -546,7 +546,7 @@ def test_each_claim_fragment_says_what_it_needs_and_defines() -> None:
                      "claim_pool_sorted", "claim_pool_special", "claim_order_group",
                      "claim_order_owner", "claim_pool_owner", "claim_pool_owner_cached",
                      "claim_owner_walk_cached", "claim_owner_walk_scan", "claim_owner_rank",
-                     "claim_probe_jobs"):
+                     "claim_probe_jobs", "special_group_row", "special_group_row_read"):
         top = (fair / f"{fragment}.sql").read_text("utf-8").split("\n\n")[0]
         assert "-- Needs:" in top and "-- Defines:" in top, fragment
 

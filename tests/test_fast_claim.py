@@ -322,3 +322,42 @@ async def test_a_queue_never_opened_keeps_its_upkeep_until_it_opens(
         cur = await aconn.execute(sql.SQL("SELECT count(*) FROM {}.fair_served")
                                   .format(sql.Identifier(migrated)))
         assert await cur.fetchone() == (0,)  # folded
+
+
+async def test_a_claim_sent_further_by_a_concurrent_claimers_locks_leaves_the_probe_as_it_was(
+    queue: Queue, database_url: str
+) -> None:
+    """A worker holds the first 100 jobs of the fair order (its claim not committed yet);
+    a claim of 25 beside it finds its candidates held, reads further ("held" retries)
+    and takes the next 25 in order. The wider probe was for that claim only: the next
+    claim starts from the smallest probe again, and a claim of 100 did not size the claim
+    of 25 either (two claimers at once probed every group once they did:
+    bench/RESULTS.md, section 17)."""
+    for g in range(120):
+        await queue.upsert_group(f"g{g:03d}", plan="free")
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": f"g{g:03d}"}
+                              for _ in range(3) for g in range(120)])
+    fair = queue.fair_claim
+    async with await psycopg.AsyncConnection.connect(database_url) as worker:
+        held = await queue.claim("t", 100, conn=worker)
+        assert len(held) == 100
+        expected = await oracle_ids(queue, worker, "t", 25)  # the order after them
+        got = await queue.claim("t", 25)
+        assert [j.id for j in got] == expected
+        assert not {j.id for j in got} & {j.id for j in held}
+        assert fair.retries.get("t", 0) > 0  # it did read further
+        assert fair._probe["t", "group"] == fair._floor(25)
+        assert fair._start(("t", "group"), 25) == fair._floor(25)
+        await worker.rollback()
+
+
+def test_a_probe_that_sufficed_for_one_limit_is_scaled_to_another() -> None:
+    """What a claim needed beyond its floor carries over in proportion to the limit."""
+    fair = FairClaim.__new__(FairClaim)
+    fair._probe, fair._probe_limit = {}, {}
+    fair._probe_calm = {}
+    fair._remember(("t", "group"), 100, fair._floor(100), retried=False)
+    assert fair._start(("t", "group"), 25) == fair._floor(25)
+    fair._remember(("t", "group"), 100, (416, 6, 2), retried=True)
+    assert fair._start(("t", "group"), 100) == (416, 6, 2)
+    assert fair._start(("t", "group"), 25) == (58 + 52, 2 + 1, 2)

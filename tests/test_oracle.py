@@ -194,6 +194,20 @@ def test_claim_matches_the_naive_query_with_owners_capped(
                        plans=CAPPED, fair_by=fair_by, fold_after=fold_after))
 
 
+@owned_examples(80)
+def test_claim_matches_the_naive_query_with_owners_capped_while_the_horizon_is_held(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
+    fold_after: int | None,
+) -> None:
+    """Caps in the sorted pass (claim_pool_sorted.sql, fair_by "group"; "owner" has no
+    sorted pass): its one read of the groups carries each group's owner for the caps'
+    filter, and gives the special groups their rows."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       plans=CAPPED, fair_by=fair_by, fold_after=fold_after,
+                       horizon_held=True))
+
+
 @owned_examples(100)
 def test_claim_matches_the_naive_query_with_owners_capped_and_the_smallest_probe(
     database_url: str, migrated: str, groups: list[tuple[Any, ...]],

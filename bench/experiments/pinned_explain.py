@@ -34,11 +34,13 @@ async def explain(queue: Queue, setting: str = "") -> Any:
     run first, to compare a plan the planner did not choose)."""
     fair = queue.fair_claim
     statement = fair.statement()
-    groups, per = fair._probe.get("t", fair._floor(25))
+    # The probe sizes the next claim of 25 would start from (FairClaim remembers them
+    # per type and order).
+    groups, per, spread = fair._probe.get(("t", "group"), fair._floor(25))
     params = {"type": "t", "limit": 25, "run_id": None, "offset": queue.clock_offset,
               "stale_after": queue.stale_after, "served_window": queue.served_window,
               **queue.plans.claim_params(), "probe_groups": groups, "probe_per": per,
-              "candidates": 25 * 4 + 16}
+              "probe_spread": spread, "candidates": 25 * 4 + 16}
     async with queue.pool.connection() as c:
         async with c.transaction(force_rollback=True):
             await c.execute(queue.store.sql("fair/claim_settings"))

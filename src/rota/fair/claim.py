@@ -50,6 +50,7 @@ class FairClaim:
         # Probe sizes that sufficed (groups, per, spread), per type and order.
         self._probe: dict[tuple[str, str], tuple[int, int, int]] = {}
         self._probe_calm: dict[tuple[str, str], int] = {}  # claims in a row with no retry
+        self._probe_limit: dict[tuple[str, str], int] = {}  # the limit _probe was for
         # Claim statements re-run because the probe could not prove the batch, per type
         # (tests and bench/ check that ties and locked candidates do not make it grow).
         self.retries: dict[str, int] = {}
@@ -77,6 +78,8 @@ class FairClaim:
             pool = "fair/claim_pool_scan"
         elif self.upkeep.horizon_held:
             pool = "fair/claim_pool_sorted"
+            # The special groups' rows from the pass's one read.
+            caps = {**caps, "special_group_row": "fair/special_group_row_read"}
         else:
             pool = "fair/claim_pool_cached"
         return self.store.raw("fair/claim", pool=pool, claim_order="fair/claim_order_group",
@@ -111,8 +114,12 @@ class FairClaim:
             "served_window": served_window,
             **plans.claim_params(),
         }
-        groups, per, spread = self._probe.get((job_type, fair_by),
-                                              self._floor(limit, fair_by))
+        groups, per, spread = self._start((job_type, fair_by), limit)
+        # The sizes the proof needed: a retry because a concurrent claimer held
+        # candidates ("held") reads further for this claim only. Remembered, it made
+        # every later claim probe every group while two claimers ran flat out
+        # (bench/RESULTS.md, section 17).
+        needed: tuple[int, ...] = (groups, per, spread)
         retried = False
         statement = self.statement(fair_by, plans.capped)
         async with self.store.deadline(), self.store.connection(conn) as c:
@@ -155,9 +162,12 @@ class FairClaim:
                     spread *= 2
                 if "cand" in retry:
                     candidates *= 2
-                retried = True
+                if "held" not in retry:  # the proof's own need, doubled from its sizes
+                    needed = tuple(n * 2 if reason in retry else n for n, reason in
+                                   zip(needed, ("groups", "per", "spread"), strict=True))
+                    retried = True
                 self.retries[job_type] = self.retries.get(job_type, 0) + 1
-        self._remember((job_type, fair_by), limit, (groups, per, spread), retried)
+        self._remember((job_type, fair_by), limit, (needed[0], needed[1], needed[2]), retried)
         # A claim on the caller's connection asks for upkeep too: an application that
         # always claims inside its own transaction would otherwise never fold.
         self.upkeep.request(job_type)
@@ -195,6 +205,7 @@ class FairClaim:
         :func:`rota.fair.contract.repair` (arguments, locks, errors)."""
         report = await contract.repair(self.store, clock_offset)
         self._probe.clear()  # sizes that sufficed on the old rows say nothing now
+        self._probe_limit.clear()
         return report
 
     def _floor(self, limit: int, fair_by: str = "group") -> tuple[int, int, int]:
@@ -209,6 +220,23 @@ class FairClaim:
             return (limit + 8, 2, 1)
         return (limit * 2 + 8, 2, 2)
 
+    def _start(self, key: tuple[str, str], limit: int) -> tuple[int, int, int]:
+        """The probe a claim of ``limit`` starts from: the sizes that sufficed last
+        (:meth:`_remember`), their groups scaled to this limit when they were for
+        another one (a worker's claims of 100 made a claim of 25 beside it probe 208
+        groups, where 58 suffice; bench/RESULTS.md, section 17): what that claim needed
+        beyond its floor, in proportion; never below the floor."""
+        floor = self._floor(limit, key[1])
+        sizes = self._probe.get(key)
+        if sizes is None:
+            return floor
+        was = self._probe_limit.get(key, limit)
+        if was != limit:  # what that claim needed beyond its floor, scaled to this limit
+            g, p, s = (f + -(-max(0, n - w) * limit // was) for n, w, f in
+                       zip(sizes, self._floor(was, key[1]), floor, strict=True))
+            sizes = (g, p, s)
+        return (max(floor[0], sizes[0]), max(floor[1], sizes[1]), max(floor[2], sizes[2]))
+
     def _remember(self, key: tuple[str, str], limit: int, sizes: tuple[int, int, int],
                   retried: bool) -> None:
         """Start the next claim of this type (and order) from the probe sizes that
@@ -221,6 +249,7 @@ class FairClaim:
             sizes = (sizes[0] - max(1, sizes[0] // 8), sizes[1] - max(1, sizes[1] // 8),
                      sizes[2] - max(1, sizes[2] // 8))
         self._probe_calm[key] = calm
+        self._probe_limit[key] = limit
         floor = self._floor(limit, key[1])
         self._probe[key] = (max(floor[0], sizes[0]), max(floor[1], sizes[1]),
                             max(floor[2], sizes[2]))

@@ -203,8 +203,10 @@ locked AS (
 last_locked AS MATERIALIZED (
     SELECT count(*) AS n, max(l.ord) AS ord FROM locked l
 ),
+-- Its needs say "held": the claim read enough for the proof, and a concurrent claimer's
+-- locks sent it further (FairClaim.claim reads further for this claim only).
 blocked_after AS (
-    SELECT u.need
+    SELECT 'held ' || u.need AS need
     FROM unread_open u
     CROSS JOIN last_locked ll
     LEFT JOIN cand k ON k.ord = ll.ord

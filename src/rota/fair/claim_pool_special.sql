@@ -2,12 +2,15 @@
 -- pool after the walk of the ordinary groups: the special groups (their rows fetched one
 -- by one, with exact served counts) and the group-less jobs.
 -- Needs:   CTEs clock, special, served_delta, edge_fix, running_old, stale_head (and
---          stale, through groupless_head.sql); parameter type.
+--          stale, through groupless_head.sql); parameter type; the pool's
+--          special_group_row fragment (claim_special_row.sql, or
+--          claim_special_row_read.sql for the sorted pass).
 -- Defines: rows (group_id, head_lb, head_id, served_n, served_lb, plan, active), to
 --          follow a UNION ALL; includes claim_head.sql and groupless_head.sql.
-    -- The special groups, with exact served counts. Their rows are fetched one by one
-    -- (LATERAL … OFFSET 0 keeps each a parameterized index lookup; joined flat, the
-    -- generic plan hashed all of fair_groups and groups, (bench/RESULTS.md, "Planner notes")).
+    -- The special groups, with exact served counts, each with its fair_groups row (fg)
+    -- and its groups row (g). The groups rows are fetched one by one (LATERAL … OFFSET 0
+    -- keeps each a parameterized index lookup; joined flat, the generic plan hashed all
+    -- of fair_groups and groups, (bench/RESULTS.md, "Planner notes")).
     SELECT s.group_id, hd.head, hd.head_id,
            coalesce(fg.served_n, 0),
            coalesce(fg.served_n, 0) + coalesce(dd.n, 0) + coalesce(ef.n, 0)
@@ -15,10 +18,7 @@
            g.plan, coalesce(g.active, true)
     FROM special s
     CROSS JOIN clock c
-    LEFT JOIN LATERAL (
-        SELECT f.head_lb, f.head_id, f.head_until, f.ready_lb, f.served_n
-        FROM {schema}.fair_groups f
-        WHERE f.type = %(type)s AND f.group_id = s.group_id OFFSET 0) fg ON true
+    {special_group_row}
     LEFT JOIN LATERAL (
         SELECT x.plan, x.active FROM {groups} x WHERE x.group_id = s.group_id OFFSET 0
     ) g ON true

@@ -1,3 +1,8 @@
 -- The claim upkeep's periodic VACUUM of the fair-claim bookkeeping
 -- (ClaimUpkeep._vacuum): small tables whose rows are rewritten by every fold.
-VACUUM (SKIP_LOCKED) {schema}.fair_groups, {schema}.fair_served, {schema}.fair_fold_mark
+-- TRUNCATE false: giving back the empty pages at a table's end needs an ACCESS EXCLUSIVE
+-- lock, which a vacuum waits up to 5 s for per table while claims keep reading the
+-- table; that held the upkeep's loop (folds included) for seconds at every vacuum when
+-- claims ran back to back (bench/RESULTS.md, section 17). Autovacuum still truncates.
+VACUUM (SKIP_LOCKED, TRUNCATE false) {schema}.fair_groups, {schema}.fair_served,
+    {schema}.fair_fold_mark
