@@ -4,6 +4,7 @@ type's expected cost while it runs; bad charges are refused and write nothing.""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from decimal import Decimal
 from typing import Any
@@ -162,3 +163,103 @@ def test_a_stage_cost_other_than_units_or_seconds_is_one_clear_error(cost: Any) 
     with pytest.raises(InvalidInput, match=r"^stage 't': cost must be one of 'units', "
                                            r"'seconds', got "):
         Stage("t", handler=handler, cost=cost)
+
+
+# -- charged by handlers, through the runner (docs/design.md, "Cost") ----------------------
+
+
+async def costs_of(queue: Queue, ids: list[int]) -> list[Decimal]:
+    return [(await queue.get_job(i)).cost for i in ids]
+
+
+async def test_a_handler_charges_its_job_and_charges_add_up(queue: Queue) -> None:
+    from rota import JobContext, Pipeline, Stage
+
+    async def handler(ctx: JobContext) -> None:
+        for units in ctx.job.payload["charges"]:
+            ctx.charge(units)
+
+    def sync_handler(ctx: JobContext) -> None:  # in a thread of its own
+        ctx.charge(7.5)
+
+    ids = [(await queue.enqueue("t", {"charges": c})).id
+           for c in ([10], [0.25, 0.5], [], [1e-7])]
+    ids.append((await queue.enqueue("s", {})).id)
+    result = await Pipeline(queue, [Stage("t", 4, 4, handler),
+                                    Stage("s", handler=sync_handler)]).run(trigger="manual")
+    assert (result.stop_reason, result.jobs_done) == ("no_work", 5)
+    assert await costs_of(queue, ids) == [Decimal(10), Decimal("0.75"), Decimal(1),
+                                          Decimal("0.000001"), Decimal("7.5")]
+
+
+async def test_a_job_that_completes_itself_is_charged_what_it_charged_before(
+        queue: Queue) -> None:
+    from rota import JobContext, Pipeline, Stage
+
+    async def handler(ctx: JobContext) -> None:
+        ctx.charge(3)
+        async with queue.connection() as c:
+            assert await ctx.complete(conn=c)
+
+    job = await queue.enqueue("t", {})
+    result = await Pipeline(queue, [Stage("t", 1, 1, handler)]).run(trigger="manual")
+    assert result.jobs_done == 1
+    assert await costs_of(queue, [job.id]) == [Decimal(3)]
+
+
+async def test_a_stage_charging_seconds_charges_each_jobs_run_time(queue: Queue) -> None:
+    """cost="seconds": a handler that sleeps 0.3 s is charged about 0.3 plus what it
+    charged; a batch handler's call is shared evenly by its 4 jobs."""
+    from rota import JobContext, Pipeline, Stage
+
+    async def handler(ctx: JobContext) -> None:
+        await asyncio.sleep(0.3)
+        ctx.charge(ctx.job.payload["plus"])
+
+    async def batch(ctxs: list[JobContext]) -> None:
+        await asyncio.sleep(0.4)
+
+    one = (await queue.enqueue("t", {"plus": 2})).id
+    four = [(await queue.enqueue("b", {})).id for _ in range(4)]
+    await Pipeline(queue, [Stage("t", 1, 1, handler, cost="seconds"),
+                           Stage("b", 4, batch_handler=batch, cost="seconds")]
+                   ).run(trigger="manual")
+    [t] = await costs_of(queue, [one])
+    assert Decimal("2.3") <= t < Decimal("2.8"), t
+    shares = await costs_of(queue, four)
+    assert len(set(shares)) == 1 and Decimal("0.1") <= shares[0] < Decimal("0.2"), shares
+
+
+@pytest.mark.parametrize("charge", [0, -3, math.nan, math.inf, True, "5", MAX_COST + 1])
+async def test_a_bad_charge_fails_that_attempt_never_the_run(queue: Queue, charge: Any) -> None:
+    from rota import JobContext, Pipeline, Stage
+
+    async def handler(ctx: JobContext) -> None:
+        ctx.charge(2)
+        ctx.charge(charge)
+
+    pipeline = Pipeline(queue, [Stage("t", 1, 1, handler, max_attempts=1)])
+    job = await pipeline.queue.enqueue("t", {})  # the stage's max_attempts applies
+    result = await pipeline.run(trigger="manual")
+    assert (result.stop_reason, result.jobs_done, result.jobs_failed) == ("no_work", 0, 1)
+    failed = await queue.get_job(job.id)
+    assert failed.status == "failed"
+    assert failed.last_error is not None and failed.last_error.startswith("InvalidCharge: ")
+
+
+async def test_charges_past_the_limit_in_total_are_refused(queue: Queue) -> None:
+    from rota import JobContext, Pipeline, Stage
+    seen: list[str] = []
+
+    async def handler(ctx: JobContext) -> None:
+        ctx.charge(MAX_COST)
+        try:
+            ctx.charge(1)
+        except InvalidCharge as e:
+            seen.append(str(e))
+
+    job = await queue.enqueue("t", {})
+    await Pipeline(queue, [Stage("t", 1, 1, handler)]).run(trigger="manual")
+    assert seen == ["the charges of one job add up to 1000000001 units, more than one job "
+                    "may cost (1,000,000,000)"]
+    assert await costs_of(queue, [job.id]) == [Decimal(MAX_COST)]

@@ -30,12 +30,8 @@ AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def test_a_call_that_returned_completes_its_jobs_with_its_value() -> None:
-    assert decide(CallOutcome(value={"n": 1})) == Complete({"n": 1}, cost=None)
+    assert decide(CallOutcome(value={"n": 1})) == Complete({"n": 1})
     assert decide(CallOutcome()) == Complete(None)
-
-
-def test_a_completion_carries_the_calls_cost() -> None:
-    assert decide(CallOutcome(value=2, cost=0.25)) == Complete(2, cost=0.25)
 
 
 def test_a_call_that_raised_defer_job_defers_to_its_until() -> None:

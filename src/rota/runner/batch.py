@@ -177,10 +177,12 @@ class BatchRunner:
         # the run ran out of time, not the job (its next run starts it in time).
         run_cut = (started + limit > run.hard_deadline
                    and limit <= run.hard_deadline - run.started_at)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         for ctx in ctxs:
             ctx.started = True
             ctx.deadline = deadline
-        loop = asyncio.get_running_loop()
+            ctx.started_mono, ctx.call_size = began, len(ctxs)  # for cost="seconds"
         timer = asyncio.timeout(None)
         at_deadline = self._at_deadline(timer, ctxs, started, limit)
         handle = loop.call_at(loop.time() + (deadline - started), at_deadline)
@@ -194,6 +196,11 @@ class BatchRunner:
         finally:
             handle.cancel()
             at_deadline.cancel()
+        # The call's run time, shared evenly by its jobs: what a stage with
+        # cost="seconds" charges (docs/design.md, "Cost").
+        share = (loop.time() - began) / len(ctxs)
+        for ctx in ctxs:
+            ctx.seconds = share
         settler = Settler(self.queue, run)
         # A job completed in the handler's own transaction is done only if that
         # transaction committed (docs/design.md, "Counters show what committed"); one

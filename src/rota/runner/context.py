@@ -21,12 +21,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any, Literal, NoReturn, Protocol, TypeVar
 
 from psycopg_pool import PoolTimeout
 
 from .. import tracing
 from ..checks import INT_MAX, require_text, storable_text
+from ..cost import charge_units, job_cost
 from ..errors import ConfigError, HandlerTimedOut, InvalidInput
 from ..job import DeferJob, FailOutcome, Job
 from ..queue import AnyConn, Queue
@@ -255,6 +257,17 @@ class JobContext:
         #: A hard stop left its thread running past the platform timeout: the job is
         #: left as it is, to the stale-lock rules (docs/design.md, "Stale locks").
         self.abandoned = False
+        #: Units charged with :meth:`charge`, summed (docs/design.md, "Cost").
+        self.charged = Decimal(0)
+        self._charges = 0
+        #: When its handler started (event loop clock) and, for a batch handler, how
+        #: many jobs share the call: a stage charging "seconds" divides the call's run
+        #: time evenly among them.
+        self.started_mono: float | None = None
+        self.call_size = 1
+        #: The handler's run time in seconds (this job's share of the call), set by the
+        #: runner when the call ended; ``None`` before that.
+        self.seconds: float | None = None
 
     @property
     def settled(self) -> bool:
@@ -566,6 +579,43 @@ class JobContext:
         if self._rate_limits is None:
             raise ConfigError(f"unknown rate limit {limit!r}: no rate limit is named here")
         return self._rate_limits(limit)
+
+    def charge(self, units: Decimal | float | int) -> None:
+        """Charge the job ``units`` of cost (docs/design.md, "Cost"): what it counts in
+        its group's and owner's served counts once it completes, instead of 1. Several
+        charges add up; for a stage with ``cost="seconds"`` they add to its run time.
+        Call it from a sync handler's thread too.
+
+        Args:
+            units: a positive finite number (an int, float or Decimal; not a bool), the
+                job's charges summed at most :data:`rota.cost.MAX_COST`. Costs keep 6
+                decimal places.
+
+        Raises:
+            InvalidCharge: ``units`` is not such a number, or the job's charges would
+                add up past the limit: nothing is charged; uncaught, the attempt fails
+                like any handler error (never the run).
+        """
+        value = charge_units(units)
+        job_cost(self.charged + value)  # refuses a total past the limit
+        self.charged += value
+        self._charges += 1
+
+    @property
+    def cost(self) -> Decimal | None:
+        """What completing the job charges (docs/design.md, "Cost"): for a stage with
+        ``cost="seconds"``, its run time in seconds (so far, if it has not ended) plus
+        what it charged; else what it charged, or ``None`` (1) when it charged nothing.
+        Rounded to 6 places."""
+        if getattr(self.stage, "cost", "units") == "seconds" and (
+                self.seconds is not None or self.started_mono is not None):
+            seconds = self.seconds
+            if seconds is None:
+                assert self.started_mono is not None
+                seconds = (asyncio.get_running_loop().time() - self.started_mono) \
+                    / self.call_size
+            return job_cost(Decimal(seconds) + self.charged)
+        return job_cost(self.charged) if self._charges else None
 
     async def complete(self, *, result: Any = None, conn: AnyConn | None = None) -> bool:
         """Mark the job done now (the runner does it when the handler returns).

@@ -66,13 +66,12 @@ class Complete:
     a value that cannot be stored fails its job, given up (docs/design.md, "Results").
 
     Attributes:
-        value: what the handler returned (``None``: no result).
-        cost: what running the job cost, passed to the queue's complete transitions
-            (``None`` today: no cost recorded).
+        value: what the handler returned (``None``: no result). Each job's cost is its
+            context's (:attr:`rota.JobContext.cost`: what it charged, or its run time
+            for a stage charging seconds; docs/design.md, "Cost").
     """
 
     value: object = None
-    cost: float | None = None
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,6 @@ class CallOutcome:
         unsettled: how many of its jobs are still unsettled (after the jobs it
             completed in its own transaction were read back).
         pool_timed_out: one of its jobs got no connection from rota's pool.
-        cost: what the call cost (``None``: not recorded), for :class:`Complete`.
     """
 
     failure: Exception | None = None
@@ -177,7 +175,6 @@ class CallOutcome:
     limit: float = 0.0
     unsettled: int = 1
     pool_timed_out: bool = False
-    cost: float | None = None
 
 
 def decide(outcome: CallOutcome) -> Settlement:
@@ -209,7 +206,7 @@ def decide(outcome: CallOutcome) -> Settlement:
                 f"{round(outcome.limit, 1):g} s timeout: handed back as they were"))
         return Fail(f"timed out after {seconds:g} s", count="timed_out", warn=True)
     if failure is None:
-        return Complete(outcome.value, cost=outcome.cost)
+        return Complete(outcome.value)
     if isinstance(failure, DeferJob):
         return Defer(failure.until)
     if isinstance(failure, QuotaExhausted):
@@ -262,16 +259,18 @@ class Settler:
         self.queue = queue
         self.run = run
 
-    async def _complete(self, jobs: Sequence[Job], done: Sequence[Complete],
-                        results: Sequence[Any], *, conn: AnyConn | None = None,
-                        many: bool = False) -> list[bool]:
+    async def _complete(self, ctxs: Sequence[JobContext], results: Sequence[Any], *,
+                        conn: AnyConn | None = None, many: bool = False) -> list[bool]:
         """The one place the runner completes jobs: ``many``, in one ``complete_many``
         (a group commit), else the one job with ``complete`` (``conn``: in the
-        handler's transaction). Each job's cost is ``done[i].cost``: it goes to the
-        queue's complete transitions from here once they take it."""
+        handler's transaction). Each job is charged its context's cost
+        (:attr:`rota.JobContext.cost`; docs/design.md, "Cost")."""
+        jobs = [c.job for c in ctxs]
+        costs = [c.cost for c in ctxs]
         if many:
-            return await self.queue.complete_many(jobs, results=list(results))
-        return [await self.queue.complete(jobs[0], result=results[0], conn=conn)]
+            return await self.queue.complete_many(jobs, results=list(results), costs=costs)
+        return [await self.queue.complete(jobs[0], result=results[0], cost=costs[0],
+                                          conn=conn)]
 
     def record(self, ctx: JobContext, outcome: Outcome) -> None:
         """The job left the run ``outcome``: it is no longer held, its span ends, and
@@ -377,7 +376,7 @@ class Settler:
         return out
 
     async def complete(self, ctx: JobContext, *, result: Any = None,
-                       conn: AnyConn | None = None, cost: float | None = None) -> bool:
+                       conn: AnyConn | None = None) -> bool:
         """Complete one job now with ``result`` (``ctx.complete``; the caller checked
         that it can be stored). With ``conn``, inside the handler's transaction: the
         job counts done only once the runner reads it done under this claim
@@ -387,15 +386,14 @@ class Settler:
             ``False`` when this run lost the job; with ``conn``, ``True`` means the
             statement matched in that transaction.
         """
-        done = Complete(result, cost=cost)
         if conn is not None:
-            [ok] = await self._complete([ctx.job], [done], [result], conn=conn)
+            [ok] = await self._complete([ctx], [result], conn=conn)
             if ok:
                 ctx.in_caller_tx = True
             else:
                 self.record(ctx, "lost")
             return ok
-        [ok] = await retrying(lambda: self._complete([ctx.job], [done], [result]),
+        [ok] = await retrying(lambda: self._complete([ctx], [result]),
                               self.run, "complete")
         self.record(ctx, "done" if ok else "lost")
         return ok
@@ -403,10 +401,9 @@ class Settler:
     async def complete_many(self, items: list[tuple[JobContext, Complete]]) -> None:
         """Complete jobs in one statement (a group commit), again across a dropped
         connection (docs/design.md, "Settling twice")."""
-        jobs = [c.job for c, _ in items]
-        done = [d for _, d in items]
+        ctxs = [c for c, _ in items]
         oks = await retrying(
-            lambda: self._complete(jobs, done, [c.result for c, _ in items], many=True),
+            lambda: self._complete(ctxs, [c.result for c in ctxs], many=True),
             self.run, "complete")
         for (c, _), ok in zip(items, oks, strict=True):
             self.record(c, "done" if ok else "lost")
