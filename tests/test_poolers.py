@@ -36,7 +36,7 @@ from rota.db import migrate, pooled_connection, refusal
 from rota.errors import DatabaseRefused
 from rota.web import queries
 from rota.worker import Worker
-from tests import pgbouncer
+from tests import pgbouncer, replicas
 from tests.cli_app import build_pipeline
 from tests.pgbouncer import PgBouncer
 
@@ -481,3 +481,64 @@ def test_the_cli_with_rota_pooled_0_names_the_setting(
         "error: the database refused the connection: unsupported startup parameter: "
         "options (a connection pooler: rota sends its settings as startup options unless "
         "pooled=True, ROTA_POOLED=1)\n"))
+
+
+# -- a server restart behind the pooler ---------------------------------------------------
+
+
+@pytest.mark.skipif(not replicas.available(),
+                    reason="the PostgreSQL server binaries are not installed")
+@pytest.mark.parametrize("listen", [False, True])
+async def test_a_worker_goes_on_through_the_pooler_after_a_server_restart(
+    listen: bool,
+) -> None:
+    """The server behind the pooler restarts (a fast shutdown: every server connection
+    ends, then 2 s down, during which the pooler's logins fail) while a worker runs
+    through it, polling or woken through ``listen_url``: the worker's next jobs are
+    done within 8 s of the restart, by the same worker without a restart of its own.
+    PgBouncer configured as docs/operations.md, "Poolers and failover",
+    says (``server_login_retry``; its default, 15 s, fails this test)."""
+    with replicas.LoneServer() as server, PgBouncer(server.url) as bouncer:
+        async with Queue(bouncer.url(), listen_url=server.url if listen else None,
+                         schema="restart", **SETTINGS) as q:
+            await q.migrate()
+            worker = Worker(build_pipeline(q), idle_poll=timedelta(seconds=60),
+                            maintain_every=None, rescue_every=None)
+            stop = asyncio.Event()
+            task = asyncio.create_task(worker.run_forever(stop))
+
+            async def done_within(seconds: float, n: int) -> None:
+                """Wait until ``n`` echo jobs enqueued now (directly) are done; fail
+                after ``seconds``."""
+                t0 = time.monotonic()
+                async with await psycopg.AsyncConnection.connect(
+                        server.url, autocommit=True) as c:
+                    ids = []
+                    for _ in range(n):
+                        cur = await c.execute("SELECT restart.enqueue('echo', '{}')")
+                        ids += [row[0] for row in await cur.fetchall()]
+                    while True:
+                        cur = await c.execute("SELECT count(*) FROM restart.jobs WHERE "
+                                              "id = ANY(%s) AND status <> 'done'", [ids])
+                        left = await cur.fetchone()
+                        if left == (0,):
+                            return
+                        assert time.monotonic() - t0 < seconds, (
+                            f"{left} of {n} jobs not done within {seconds} s\n"
+                            f"{bouncer.log()[-3000:]}\n{server.log()}")
+                        await asyncio.sleep(0.05)
+
+            try:
+                for _ in range(100):  # its check of notifications done
+                    if worker.notifications is not None:
+                        break
+                    await asyncio.sleep(0.1)
+                assert worker.notifications is listen
+                await done_within(8, 3)
+                runs = worker.runs
+                await asyncio.to_thread(server.restart, 2.0)
+                await done_within(8, 10)
+                assert worker.runs > runs and not task.done()
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 10)
