@@ -12,6 +12,10 @@
 - drain: ``DRAIN`` jobs over 100 groups enqueued, then a worker (batch 50, 10 handlers,
   no-op handler) drains them; jobs/s, direct and through the pooler.
 
+- claim (``--claims``): 100 claims of one job each, after 10 to warm up, direct with
+  ``pooled=False`` (prepared) and ``pooled=True`` (planned at every call), alternating
+  over the rounds: the median milliseconds a claim.
+
 Each measure takes turns over ``--rounds`` rounds (the ways in a rotated order each
 round, so none is always first after the drain or last before it), each in a fresh
 schema of ``DATABASE_URL``'s database, dropped afterwards; each round's p50s and the
@@ -118,6 +122,38 @@ async def drain(url: str, direct: str) -> float:
         await _drop(direct, schema)
 
 
+async def claim_ms(direct: str, pooled: bool) -> float:
+    """The median milliseconds of a claim of one job (100, after 10 to warm up)."""
+    from rota import Queue
+
+    schema = f"bench_pool_{uuid.uuid4().hex[:8]}"
+    try:
+        async with Queue(direct, schema=schema, pooled=pooled) as queue:
+            await queue.migrate()
+            await queue.enqueue_many([{"type": "t", "payload": {}} for _ in range(120)])
+            times = []
+            for i in range(110):
+                t = time.perf_counter()
+                await queue.claim("t", 1)
+                if i >= 10:
+                    times.append(time.perf_counter() - t)
+            return statistics.median(times) * 1000
+    finally:
+        await _drop(direct, schema)
+
+
+async def claims(direct: str, rounds: int) -> None:
+    """Print the claim's cost prepared and planned at every call, round by round."""
+    ms: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rounds):
+        for pooled in ms:
+            ms[pooled].append(await claim_ms(direct, pooled))
+    print(f"claim of one job, direct, median ms of 100 a round ({rounds} rounds, "
+          f"load {os.getloadavg()[0]:.1f})")
+    for pooled, xs in ms.items():
+        print(f"pooled={pooled!s:<6}" + "".join(f"{x:>7.1f}" for x in xs))
+
+
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -180,8 +216,13 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-drain", action="store_true",
                         help="enqueue to start only (the drain takes most of a round)")
+    parser.add_argument("--claims", action="store_true",
+                        help="only the claim's cost, prepared and planned each call")
     args = parser.parse_args()
     url = os.environ.get("DATABASE_URL")
     if not url:
         raise SystemExit("error: set DATABASE_URL to a server PgBouncer can reach on TCP")
-    asyncio.run(main(url, args.rounds, not args.no_drain))
+    if args.claims:
+        asyncio.run(claims(url, args.rounds))
+    else:
+        asyncio.run(main(url, args.rounds, not args.no_drain))
