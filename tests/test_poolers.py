@@ -447,6 +447,62 @@ async def test_a_multi_host_url_with_a_bad_host_is_one_warning_at_start(
     assert [r.getMessage() for r in caplog.records] == [expected]
 
 
+async def test_a_multi_host_listen_url_with_a_bad_host_is_one_warning_at_start(
+    database_url: str, schema: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    params = psycopg.conninfo.conninfo_to_dict(database_url)
+    listen_url = psycopg.conninfo.make_conninfo(
+        database_url, host=f"127.0.0.1,{params['host']}", port=f"1,{params['port']}")
+    caplog.set_level("WARNING", logger="rota.connections")
+    async with Queue(database_url, listen_url=listen_url, schema=schema) as q:
+        assert q.connections.hosts_check is not None
+        problems = await asyncio.wait_for(q.connections.hosts_check, 5)
+    expected = ("host 1 of 2 of listen_url (127.0.0.1:1) cannot be connected to: "
+                "Connection refused; a failover to it would fail")
+    assert problems == [expected]
+    assert [r.getMessage() for r in caplog.records] == [expected]
+
+
+async def test_a_listen_url_through_a_session_pooler_is_one_warning(
+    transaction_bouncer: PgBouncer, database_url: str, schema: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Notifications pass a session pooler (the LISTEN keeps its server connection), so
+    the worker listens; but only while the pooler keeps the session: a warning."""
+    from rota.worker import probe
+
+    caplog.set_level("WARNING", logger="rota.worker")
+    with PgBouncer(database_url, pool_mode="session",
+                   extra={"ignore_startup_parameters": "options"}) as session:
+        async with Queue(transaction_bouncer.url(), listen_url=session.url(),
+                         schema=schema, **SETTINGS) as q:
+            await q.migrate()
+            conn = await q.listener()
+            assert conn is not None
+            try:
+                assert await probe(q, conn) is None
+            finally:
+                await conn.close()
+    assert [r.getMessage() for r in caplog.records if r.name == "rota.worker"] == [
+        "listen_url goes through a connection pooler (its backend process id is not the "
+        "server's): wake-ups last only while the pooler keeps the session; point "
+        "listen_url at the server itself"]
+
+
+def test_rota_worker_refuses_a_pooler_in_statement_mode_in_one_line(
+    bouncers: dict[str, PgBouncer], schema: str,
+) -> None:
+    proc = worker_process(bouncers["statement"].url(), schema)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2
+    # The pooler found (an INFO line), then the one error line.
+    assert err.splitlines()[-1] == (
+        "error: the connection pooler refuses transactions (transaction blocks not "
+        "allowed in statement pooling mode): rota needs transaction or session pooling "
+        "(PgBouncer: pool_mode = transaction)")
+    assert [line for line in err.splitlines() if "error" in line] == err.splitlines()[-1:]
+
+
 async def test_through_a_session_pooler_notifications_arrive(
     bouncers: dict[str, PgBouncer], schema: str,
 ) -> None:
