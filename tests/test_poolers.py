@@ -598,3 +598,15 @@ async def test_a_worker_goes_on_through_the_pooler_after_a_server_restart(
             finally:
                 stop.set()
                 await asyncio.wait_for(task, 10)
+
+
+async def test_the_claim_upkeep_vacuums_through_the_pooler(pooled_queue: Queue) -> None:
+    """VACUUM cannot run in a transaction block: behind a pooler it goes alone, not
+    after the per-transaction settings in one pipeline."""
+    q = pooled_queue
+    await q.upsert_group("a", plan="free")
+    await q.enqueue_many([{"type": "echo", "payload": {}, "group_id": "a"}] * 3)
+    assert await q.complete_many(await q.claim("echo", 3)) == [True] * 3
+    counters = await q.upkeep.run_once()
+    assert counters["vacuumed"] == 1
+    assert q.upkeep._vacuum_refused is False
