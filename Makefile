@@ -88,9 +88,10 @@ bench-hosts: $(STAMP)
 # 5,000 jobs (runaway handlers and 5 unreadable poison rows among them), 4 workers
 # SIGKILLed at random, one PostgreSQL restart (the embedded server,
 # or the machine's when DATABASE_URL names it); prints the checks and one summary line.
-# tools/chaos is not shipped: it runs from the repository's root.
+# CHAOS_ARGS="--pooler transaction" runs it through a real PgBouncer in front of that
+# server. tools/chaos is not shipped: it runs from the repository's root.
 chaos: $(STAMP)
-	$(BIN)/python -m tools.chaos
+	$(BIN)/python -m tools.chaos $(CHAOS_ARGS)
 
 # Workers on 4 hosts (network namespaces, needs root): a long and a short network cut,
 # a slow lossy link, a SIGKILL and a PostgreSQL restart; prints the checks and one

@@ -74,6 +74,7 @@ class LoneServer:
 
     @property
     def url(self) -> str:
+        """The server's URL (database and user ``postgres``, trust)."""
         return ReplicatedPair.url_of(self.port)
 
     def restart(self, down: float = 0.0) -> None:
@@ -84,6 +85,7 @@ class LoneServer:
         _ctl(self._as, self.data, "start")
 
     def log(self) -> str:
+        """The end of the server's log."""
         path = self.dir / "data.log"
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
