@@ -593,10 +593,11 @@ async def test_a_worker_goes_on_through_the_pooler_after_a_server_restart(
                     await asyncio.sleep(0.1)
                 assert worker.notifications is listen
                 await done_within(8, 3)
-                runs = worker.runs
                 await asyncio.to_thread(server.restart, 2.0)
                 await done_within(8, 10)
-                assert worker.runs > runs and not task.done()
+                # The same worker (a run under way may even have gone on across the
+                # restart: its connections to the pooler stayed up).
+                assert not task.done()
             finally:
                 stop.set()
                 await asyncio.wait_for(task, 10)
