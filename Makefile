@@ -59,12 +59,13 @@ $(DJ_STAMP): pyproject.toml
 	touch $(DJ_STAMP)
 
 # The second line is the pooler leg: the same queues through PgBouncer in transaction
-# mode (tests/conftest.py, queue_url); tests/test_poolers.py and tests/test_failover.py
-# run in the first.
+# mode (tests/conftest.py, queue_url), and the short chaos run with the server restarted
+# behind a PgBouncer (tests/test_chaos.py); tests/test_poolers.py and
+# tests/test_failover.py run in the first.
 test: $(STAMP) $(NODE_STAMP) $(DJ_STAMP)
 	ROTA_NODE_CLIENT=required $(BIN)/python -m pytest -n 2 -q
 	ROTA_TEST_POOLER=transaction $(BIN)/python -m pytest -n 2 -q tests/test_dashboard_queries.py \
-		tests/test_rates.py tests/test_quota.py
+		tests/test_rates.py tests/test_quota.py tests/test_chaos.py
 	$(DJ_VENV)/bin/python -m pytest -n 2 -q tests/django_project
 
 test-django: $(DJ_STAMP)
@@ -87,9 +88,10 @@ bench-hosts: $(STAMP)
 # 5,000 jobs (runaway handlers and 5 unreadable poison rows among them), 4 workers
 # SIGKILLed at random, one PostgreSQL restart (the embedded server,
 # or the machine's when DATABASE_URL names it); prints the checks and one summary line.
-# tools/chaos is not shipped: it runs from the repository's root.
+# CHAOS_ARGS="--pooler transaction" runs it through a real PgBouncer in front of that
+# server. tools/chaos is not shipped: it runs from the repository's root.
 chaos: $(STAMP)
-	$(BIN)/python -m tools.chaos
+	$(BIN)/python -m tools.chaos $(CHAOS_ARGS)
 
 # Workers on 4 hosts (network namespaces, needs root): a long and a short network cut,
 # a slow lossy link, a SIGKILL and a PostgreSQL restart; prints the checks and one

@@ -1,7 +1,9 @@
-"""A real primary and streaming replica for failover tests: ``initdb``, ``pg_basebackup
--R``, synchronous replication (``synchronous_standby_names = '*'``), each server on a
-free loopback port, all in one temporary directory removed on :meth:`close`. As root,
-the servers run as ``postgres`` (PostgreSQL refuses root)."""
+"""Servers a test owns, for tests that stop or restart them (never the machine's server,
+which other tests share): a real primary and streaming replica for failover tests
+(``initdb``, ``pg_basebackup -R``, synchronous replication: ``synchronous_standby_names
+= '*'``), and a lone server to restart. Each server is on a free loopback port, all in
+one temporary directory removed on ``close``. As root, the servers run as ``postgres``
+(PostgreSQL refuses root)."""
 
 from __future__ import annotations
 
@@ -26,17 +28,88 @@ def available() -> bool:
     return all((BIN / name).exists() for name in ("initdb", "pg_ctl", "pg_basebackup"))
 
 
+def _owned_dir(prefix: str) -> tuple[Path, dict[str, Any]]:
+    """A new temporary directory, and the ``subprocess.run`` arguments that run the
+    server's programs as its owner (``postgres`` when this process is root)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    if os.geteuid() != 0:
+        return path, {}
+    owner = pwd.getpwnam("postgres")
+    os.chown(path, owner.pw_uid, owner.pw_gid)
+    return path, {"user": owner.pw_uid, "group": owner.pw_gid, "extra_groups": []}
+
+
+def _run(run_as: dict[str, Any], *argv: Any) -> None:
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
+                          cwd="/", check=False, timeout=120, **run_as)
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[0]} failed: {done.stderr or done.stdout}")
+
+
+def _ctl(run_as: dict[str, Any], data: Path, action: str, *args: str) -> None:
+    _run(run_as, BIN / "pg_ctl", "-D", data, "-l", data.parent / f"{data.name}.log", "-w",
+         action, *args)
+
+
+class LoneServer:
+    """One server on a free loopback port (:attr:`port`), running when made, that the
+    test may restart (:meth:`restart`)."""
+
+    def __init__(self) -> None:
+        self.dir, self._as = _owned_dir("rota-server-")
+        self.data = self.dir / "data"
+        self.port = free_port()
+        try:
+            _run(self._as, BIN / "initdb", "-D", self.data, "-U", "postgres",
+                 "--auth=trust", "--encoding=UTF8", "--no-sync", "--no-instructions")
+            settings = {"port": self.port, "listen_addresses": "'127.0.0.1'",
+                        "unix_socket_directories": f"'{self.dir}'", "fsync": "off",
+                        "max_connections": 60, "shared_buffers": "'16MB'"}
+            with open(self.data / "postgresql.conf", "a") as conf:
+                conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
+            _ctl(self._as, self.data, "start")
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def url(self) -> str:
+        """The server's URL (database and user ``postgres``, trust)."""
+        return ReplicatedPair.url_of(self.port)
+
+    def restart(self, down: float = 0.0) -> None:
+        """A fast shutdown (every connection ends), ``down`` seconds without a server,
+        then a start; returns when the server accepts connections again."""
+        _ctl(self._as, self.data, "stop", "-m", "fast")
+        time.sleep(down)
+        _ctl(self._as, self.data, "start")
+
+    def log(self) -> str:
+        """The end of the server's log."""
+        path = self.dir / "data.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+    def close(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            try:
+                _ctl(self._as, self.data, "stop", "-m", "immediate")
+            except (RuntimeError, subprocess.TimeoutExpired):
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> LoneServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class ReplicatedPair:
     """A primary (port :attr:`primary_port`) and its synchronous streaming replica
     (:attr:`replica_port`), both running when made."""
 
     def __init__(self, *, synchronous: bool = True) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="rota-failover-"))
-        self._as: dict[str, Any] = {}
-        if os.geteuid() == 0:
-            owner = pwd.getpwnam("postgres")
-            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
-            self._as = {"user": owner.pw_uid, "group": owner.pw_gid, "extra_groups": []}
+        self.dir, self._as = _owned_dir("rota-failover-")
         self.primary = self.dir / "primary"
         self.replica = self.dir / "replica"
         self.primary_port = free_port()
@@ -68,14 +141,10 @@ class ReplicatedPair:
             raise
 
     def _run(self, *argv: Any) -> None:
-        done = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
-                              cwd="/", check=False, timeout=120, **self._as)
-        if done.returncode != 0:
-            raise RuntimeError(f"{argv[0]} failed: {done.stderr or done.stdout}")
+        _run(self._as, *argv)
 
     def _ctl(self, data: Path, action: str, *args: str) -> None:
-        self._run(BIN / "pg_ctl", "-D", data, "-l", data.parent / f"{data.name}.log", "-w",
-                  action, *args)
+        _ctl(self._as, data, action, *args)
 
     def _wait_streaming(self, synchronous: bool) -> None:
         want = "sync" if synchronous else "async"

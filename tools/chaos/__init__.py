@@ -65,6 +65,10 @@ last line is the summary, in this format whatever else is added::
 Without ``--database-url`` (or ``DATABASE_URL``) an embedded server is started in a
 temporary directory, so nothing else is disturbed by the restart.
 
+With ``--pooler transaction`` (or ``session``) a real PgBouncer (:mod:`tools.pgbouncer`)
+stands in front of that server: the harness and the workers connect through it and the
+server restarts behind it (``make test``'s pooler leg runs the short profile so).
+
 Run it from the repository's root (``make chaos``): it is a tool of this repository, not
 part of the ``rota`` wheel. Its modules: :mod:`~tools.chaos.profile` (how big and how
 violent), :mod:`~tools.chaos.workload` (the pipeline the workers run and the tables that

@@ -19,7 +19,7 @@ from rota import ConfigError
 from .checks import print_report
 from .harness import Harness
 from .profile import DEFAULT_PROFILE, SHORT_PROFILE, Profile
-from .servers import ClusterPostgres, EmbeddedPostgres, Server
+from .servers import BehindPgBouncer, ClusterPostgres, EmbeddedPostgres, Server
 from .worker import worker_main
 
 
@@ -33,7 +33,14 @@ async def harness_main(args: argparse.Namespace) -> int:
         raise ConfigError("the chaos run needs at least 2 workers (overlapping runs)")
     url = None if args.embedded else (
         args.database_url if args.database_url is not None else os.environ.get("DATABASE_URL"))
-    server: Server = ClusterPostgres.detect(url) if url else EmbeddedPostgres()
+    inner = ClusterPostgres.detect(url) if url else EmbeddedPostgres()
+    server: Server = inner
+    if args.pooler:
+        try:
+            server = BehindPgBouncer(inner, args.pooler)
+        except BaseException:
+            inner.stop()
+            raise
     workdir = Path(tempfile.mkdtemp(prefix="rota-chaos-"))
     started = time.monotonic()
     harness = Harness(server, profile, seed=args.seed, quiet=args.quiet, workdir=workdir)
@@ -82,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--embedded", action="store_true", help="use a private embedded "
                         "server even when DATABASE_URL is set (tests: restarting a shared "
                         "server would break what runs beside them)")
+    parser.add_argument("--pooler", choices=["transaction", "session"],
+                        help="run everything through a real PgBouncer in this mode in "
+                        "front of the server (Debian's pgbouncer)")
     sub = parser.add_subparsers(dest="command")
     w = sub.add_parser("worker", help="internal: one worker process")
     w.add_argument("--database-url", required=True)

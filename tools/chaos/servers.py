@@ -9,7 +9,9 @@ from typing import Protocol
 from psycopg.conninfo import conninfo_to_dict
 
 from rota import ConfigError, DatabaseUnavailable
-from rota.embedded import EmbeddedServer
+from rota.embedded import SERVER_USER, EmbeddedServer
+
+from ..pgbouncer import PgBouncer, PoolMode
 
 
 class Server(Protocol):
@@ -19,6 +21,31 @@ class Server(Protocol):
     def restart(self) -> None: ...
 
     def stop(self) -> None: ...
+
+
+class BehindPgBouncer:
+    """Another server with a real PgBouncer in front (``--pooler MODE``; docs/operations.md,
+    "Poolers and failover"): the harness and the workers reach the server through the
+    pooler's URL, and the restart is the server's behind it, so the pooler's clients
+    meet the restart as a managed platform's pooled URL shows it. rota finds the pooler
+    by itself (no ``pooled=``), and the workers, whose notifications a transaction
+    pooler does not carry, poll."""
+
+    def __init__(self, inner: EmbeddedPostgres | ClusterPostgres, mode: PoolMode) -> None:
+        self.inner = inner
+        user = SERVER_USER if isinstance(inner, EmbeddedPostgres) else "postgres"
+        self._bouncer = PgBouncer(inner.url, pool_mode=mode, user=user)
+        self.url = self._bouncer.url()
+        self.kind = f"{inner.kind} behind PgBouncer ({mode} mode)"
+
+    def restart(self) -> None:
+        self.inner.restart()
+
+    def stop(self) -> None:
+        try:
+            self._bouncer.close()
+        finally:
+            self.inner.stop()
 
 
 class EmbeddedPostgres:

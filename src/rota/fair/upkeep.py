@@ -295,7 +295,12 @@ class ClaimUpkeep:
                     log.info("not allowed to VACUUM %s's bookkeeping tables (not their "
                              "owner); autovacuum does it", self.store.schema)
                     return 0
-                await self.store.execute("fair/vacuum", {}, conn=c)
+                # Alone, never behind the settings prelude of a pooled connection: the
+                # pipeline that carries it makes a transaction block, which VACUUM
+                # refuses ("cannot be executed within a pipeline"). The client-side
+                # deadline still bounds it.
+                async with self.store.deadline():
+                    await c.execute(self.store.sql("fair/vacuum"))
                 return 1
         except Exception:
             log.exception("VACUUM of the claim bookkeeping failed")
