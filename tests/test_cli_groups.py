@@ -70,13 +70,17 @@ def test_list_pages_in_id_order_with_plan_names(rota: Rota) -> None:
     rota("groups", "set", "b", "--owner", "o-7", "--paused")
     assert rota.json("groups", "list") == [
         {"group_id": "a", "owner_id": None, "plan": "free", "active": True,
-         "served": 0, "running": 0, "owner_running": 0},
+         "served": 0, "running": 0, "owner_running": 0,
+         "cap": None},
         {"group_id": "b", "owner_id": "o-7", "plan": None, "active": False,
-         "served": 0, "running": 0, "owner_running": 0},
+         "served": 0, "running": 0, "owner_running": 0,
+         "cap": None},
         {"group_id": "c", "owner_id": None, "plan": "pro", "active": True,
-         "served": 0, "running": 0, "owner_running": 0},
+         "served": 0, "running": 0, "owner_running": 0,
+         "cap": None},
         {"group_id": "d", "owner_id": None, "plan": "gone", "active": True,
-         "served": 0, "running": 0, "owner_running": 0}]
+         "served": 0, "running": 0, "owner_running": 0,
+         "cap": None}]
     page = rota("groups", "list", "--limit", "2")
     assert page.stderr == ""
     lines = page.stdout.splitlines()
@@ -123,7 +127,8 @@ def test_an_application_groups_relation_is_listed_and_never_written(
     app = f"{write_app(source)}:build"  # type: ignore[operator]
     assert rota.json("groups", "list", "--app", app) == [
         {"group_id": "x", "owner_id": "o", "plan": "pro", "active": True,
-         "served": 0, "running": 0, "owner_running": 0}]
+         "served": 0, "running": 0, "owner_running": 0,
+         "cap": None}]
     result = rota("groups", "set", "x", "--paused", "--app", app, ok=False)
     one_line_error(result, "error: this queue reads groups from the application's relation")
     assert rota.sql("SELECT active FROM {s}.app_groups") == [(True,)]
@@ -177,9 +182,9 @@ def test_list_shows_running_against_the_owners_cap(rota: Rota) -> None:
              " SELECT 'hold', g, '{{}}', 'running', 3, now(), now(), now() - ago, 1,"
              " gen_random_uuid() FROM (VALUES ('x1', interval '0'), ('x2', interval '0'),"
              " ('y', interval '0'), ('y', interval '1 hour')) AS w(g, ago)")
-    assert [(g["group_id"], g["running"], g["owner_running"])
+    assert [(g["group_id"], g["running"], g["owner_running"], g["cap"])
             for g in rota.json("groups", "list", "--app", app)] == [
-        ("x1", 1, 2), ("x2", 1, 2), ("y", 1, 1)]
+        ("x1", 1, 2, 2), ("x2", 1, 2, 2), ("y", 1, 1, None)]
     lines = rota("groups", "list", "--app", app).stdout.splitlines()
     assert any("│ x1 " in line and "1 (owner 2/2)" in line for line in lines), lines
     assert any("│ y " in line and "1 (owner" not in line for line in lines), lines

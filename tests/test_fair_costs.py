@@ -263,3 +263,51 @@ async def test_charges_past_the_limit_in_total_are_refused(queue: Queue) -> None
     assert seen == ["the charges of one job add up to 1000000001 units, more than one job "
                     "may cost (1,000,000,000)"]
     assert await costs_of(queue, [job.id]) == [Decimal(MAX_COST)]
+
+
+async def test_a_seconds_stage_job_charged_the_limit_is_capped_and_the_others_complete(
+        queue: Queue) -> None:
+    """cost="seconds": a charge of the whole limit passes its check, and the measured
+    seconds on top would go past it: that job costs the limit, and the jobs completed
+    beside it in the same group commit are done, charged their own (the run ends
+    no_work, never error)."""
+    from rota import JobContext, Pipeline, Stage
+
+    async def handler(ctx: JobContext) -> None:
+        await asyncio.sleep(0.05)
+        ctx.charge(MAX_COST if ctx.job.payload["big"] else 1)
+
+    ids = [(await queue.enqueue("p", {"big": i == 3})).id for i in range(4)]
+    result = await Pipeline(queue, [Stage("p", 4, 4, handler, cost="seconds")]
+                            ).run(trigger="manual")
+    assert (result.stop_reason, result.jobs_done) == ("no_work", 4)
+    costs = await costs_of(queue, ids)
+    assert costs[3] == Decimal(MAX_COST)
+    assert all(Decimal("1.05") <= c < Decimal("1.5") for c in costs[:3]), costs
+
+
+async def test_a_charge_after_the_job_completed_itself_is_refused(queue: Queue) -> None:
+    from rota import JobContext, Pipeline, Stage
+    seen: list[str] = []
+
+    async def handler(ctx: JobContext) -> None:
+        ctx.charge(5)
+        assert await ctx.complete()
+        try:
+            ctx.charge(7)
+        except InvalidCharge as e:
+            seen.append(str(e))
+
+    job = await queue.enqueue("t", {})
+    await Pipeline(queue, [Stage("t", 1, 1, handler)]).run(trigger="manual")
+    assert seen == [f"job {job.id} is already settled: a charge after ctx.complete() "
+                    f"would be lost (charge before it)"]
+    assert await costs_of(queue, [job.id]) == [Decimal(5)]
+
+
+async def test_costs_given_as_a_string_is_one_clear_error(queue: Queue) -> None:
+    await queue.enqueue("t", {})
+    jobs = await queue.claim("t", 1)
+    with pytest.raises(InvalidInput, match="^complete_many: costs must be a sequence of "
+                                           "numbers \\(one a job\\), got str$"):
+        await queue.complete_many(jobs, costs="1")

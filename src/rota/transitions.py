@@ -204,6 +204,9 @@ class Transitions:
         if len(values) != len(batch):
             raise InvalidInput(f"complete_many: {len(values)} results for "
                                f"{len(batch)} jobs")
+        if isinstance(costs, (str, bytes)):
+            raise InvalidInput(f"complete_many: costs must be a sequence of numbers "
+                               f"(one a job), got {type(costs).__name__}")
         charges = list(costs) if costs is not None else [None] * len(batch)
         if len(charges) != len(batch):
             raise InvalidInput(f"complete_many: {len(charges)} costs for "

@@ -94,7 +94,9 @@ def groups_set(database_url: str | None, schema: str | None, app_spec: str | Non
 def groups_list(database_url: str | None, schema: str | None, app_spec: str | None,
                 limit: int, after: str | None, as_json: bool) -> None:
     """Groups in id order, with owner, plan and status (from the app's groups
-    relation when its queue_settings name one)."""
+    relation when its queue_settings name one), the cost served in the window, and the
+    jobs running now (a fresh lock: within the stale window) against the owner's cap
+    (--app gives the plans; docs/design.md, "Cost" and "Caps")."""
     target = make_target(database_url, schema, app_spec)
     as_json = wants_json(as_json)
 
@@ -107,10 +109,15 @@ def groups_list(database_url: str | None, schema: str | None, app_spec: str | No
     rows = asyncio.run(go())
     more = len(rows) > limit
     rows = rows[:limit]
+    plans = target.plans()
+
+    def cap(plan: str | None) -> int | None:
+        """The plan's cap of an owner's running jobs (docs/design.md, "Caps")."""
+        return plans[plan].max_running if plan is not None and plan in plans else None
+
     if as_json:
-        emit_json([dataclasses.asdict(r) for r in rows])
+        emit_json([{**dataclasses.asdict(r), "cap": cap(r.plan)} for r in rows])
     else:
-        plans = target.plans()
         table = Table(title=f"groups ({len(rows)} shown)")
         for col in ("group", "owner", "plan", "status", "served", "running"):
             table.add_column(col, overflow="fold", justify="right"
@@ -119,10 +126,9 @@ def groups_list(database_url: str | None, schema: str | None, app_spec: str | No
             plan = ("—" if r.plan is None else
                     f"{plans[r.plan].name} ({r.plan})" if r.plan in plans else
                     f"{r.plan} (unknown)")
-            cap = (plans[r.plan].max_running if r.plan is not None and r.plan in plans
-                   else None)
-            running = (f"{r.running:,}" if cap is None else
-                       f"{r.running:,} (owner {r.owner_running:,}/{cap:,})")
+            limit_ = cap(r.plan)
+            running = (f"{r.running:,}" if limit_ is None else
+                       f"{r.running:,} (owner {r.owner_running:,}/{limit_:,})")
             add_row(table, r.group_id, r.owner_id or "—", plan,
                     "active" if r.active else "paused", format_units(r.served), running)
         console().print(table)

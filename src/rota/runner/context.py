@@ -28,8 +28,8 @@ from psycopg_pool import PoolTimeout
 
 from .. import tracing
 from ..checks import INT_MAX, require_text, storable_text
-from ..cost import charge_units, job_cost
-from ..errors import ConfigError, HandlerTimedOut, InvalidInput
+from ..cost import MAX_COST, charge_units, job_cost
+from ..errors import ConfigError, HandlerTimedOut, InvalidCharge, InvalidInput
 from ..job import DeferJob, FailOutcome, Job
 from ..queue import AnyConn, Queue
 from ..quota import Allowance, Quota
@@ -592,11 +592,16 @@ class JobContext:
                 decimal places.
 
         Raises:
-            InvalidCharge: ``units`` is not such a number, or the job's charges would
-                add up past the limit: nothing is charged; uncaught, the attempt fails
-                like any handler error (never the run).
+            InvalidCharge: ``units`` is not such a number, the job's charges would add
+                up past the limit, or the job is already settled (completed by
+                :meth:`complete`, failed or deferred: the charge would be lost):
+                nothing is charged; uncaught, the attempt fails like any handler error
+                (never the run).
         """
         value = charge_units(units)
+        if self.settled or self.in_caller_tx:
+            raise InvalidCharge(f"job {self.job.id} is already settled: a charge after "
+                                f"ctx.complete() would be lost (charge before it)")
         job_cost(self.charged + value)  # refuses a total past the limit
         self.charged += value
         self._charges += 1
@@ -605,8 +610,10 @@ class JobContext:
     def cost(self) -> Decimal | None:
         """What completing the job charges (docs/design.md, "Cost"): for a stage with
         ``cost="seconds"``, its run time in seconds (so far, if it has not ended) plus
-        what it charged; else what it charged, or ``None`` (1) when it charged nothing.
-        Rounded to 6 places."""
+        what it charged, at most :data:`rota.cost.MAX_COST` (the measured part is not
+        the handler's to check); else what it charged, or ``None`` (1) when it charged
+        nothing. Rounded to 6 places. Never raises: every charge was checked when
+        made."""
         if getattr(self.stage, "cost", "units") == "seconds" and (
                 self.seconds is not None or self.started_mono is not None):
             seconds = self.seconds
@@ -614,7 +621,7 @@ class JobContext:
                 assert self.started_mono is not None
                 seconds = (asyncio.get_running_loop().time() - self.started_mono) \
                     / self.call_size
-            return job_cost(Decimal(seconds) + self.charged)
+            return job_cost(min(Decimal(seconds) + self.charged, Decimal(MAX_COST)))
         return job_cost(self.charged) if self._charges else None
 
     async def complete(self, *, result: Any = None, conn: AnyConn | None = None) -> bool:
