@@ -14,6 +14,9 @@ CREATE TABLE {schema}.groups (
     active     boolean NOT NULL DEFAULT true,     -- paused groups' jobs are not claimable
     updated_at timestamptz NOT NULL DEFAULT now()
 );
+-- An owner's groups on a plan: what a capped owner's running jobs are counted over
+-- (fair_cap_lock's groups; docs/design.md, "Caps").
+CREATE INDEX groups_owner_idx ON {schema}.groups (owner_id, plan) WHERE owner_id IS NOT NULL;
 
 CREATE TABLE {schema}.runs (
     id            uuid PRIMARY KEY,

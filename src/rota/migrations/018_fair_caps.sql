@@ -5,6 +5,8 @@
 
 CREATE INDEX jobs_running_group_idx ON {schema}.jobs (group_id, locked_at)
     WHERE status = 'running';
+-- An owner's groups on a plan, for the count of a capped owner's running jobs.
+CREATE INDEX groups_owner_idx ON {schema}.groups (owner_id, plan) WHERE owner_id IS NOT NULL;
 
 -- Caps (docs/design.md, "Caps"): one row per capped owner (plan_key, unit, as
 -- fair_groups names it) that a claim has taken jobs of, only ever locked, never updated:
