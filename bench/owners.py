@@ -24,12 +24,14 @@ same loop: rota's drain time against FIFO's (goal: at most 5 % longer).
 Claim cost: at ``--size PENDING/GROUPS/OWNERS`` (default 100,000/2,000/200), the claim of
 25 by group and by owner beside the FIFO claim, each followed by completing its jobs and
 enqueueing as many (bench/claim_latency.py's churn), medians of ``--reps``. With
-``--costs-caps``: the done jobs cost 1 or 100 (half each), every completion charges 1 or
-100, the Free plan caps its owners at 2 running (``Plan.max_running``) and 400 jobs are
-left running (so some owners are at their cap), as docs/design.md's "Cost" and "Caps".
+``--costs``: the done jobs cost 1 or 100 (half each) and every completion charges 1 or
+100 (docs/design.md, "Cost"); with ``--caps``: the Free plan caps its owners at 2
+running (``Plan.max_running``) and 400 jobs are left running, so some owners are at
+their cap (docs/design.md, "Caps"); ``--costs-caps``: both.
 
     python -m bench.owners [--size 1000000/10000/1000] [--reps 100] [--skip-claim]
-                           [--costs-caps] [--mixed [--window S] [--windows N]
+                           [--costs] [--caps] [--costs-caps]
+                           [--mixed [--window S] [--windows N]
                            [--slots N] [--unit S]]
 
 (DATABASE_URL, default the local test server.)
@@ -228,15 +230,16 @@ def _report_windows(finished: list[tuple[float, float, str, int]], window: float
 
 
 async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int,
-                     costs_caps: bool = False) -> None:
+                     costs: bool = False, caps: bool = False) -> None:
     await build(url, SCHEMA, pending=pending, groups=groups, owners=owners, done=pending // 5)
     plans = None
-    if costs_caps:
+    if costs:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
             await c.execute(f"UPDATE {SCHEMA}.jobs SET cost = 100 WHERE status = 'done'"
                             " AND id % 2 = 0")
             await c.execute(f"SELECT {SCHEMA}.fair_fold('t', now())")
             await c.execute(f"VACUUM ANALYZE {SCHEMA}.jobs")
+    if caps:
         plans = Plans([Plan(PLANS[0], "Free", 0, max_running=2), Plan(PLANS[1], "Standard", 1),
                        Plan(PLANS[2], "Pro", 2)])
     settings: dict[str, Any] = {"plans": plans} if plans else {}
@@ -246,7 +249,7 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
               for fb in ("group", "owner")}
     for q in queues.values():
         await q.open()
-    if costs_caps:  # some owners at their cap: 400 jobs left running
+    if caps:  # some owners at their cap: 400 jobs left running
         await queues["group"].claim("t", 400)
     try:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
@@ -266,7 +269,7 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
                         dt = time.perf_counter() - t
                         await queues[name].complete_many(
                             jobs, costs=[1 + 99 * (j.id % 2) for j in jobs]
-                            if costs_caps else None)
+                            if costs else None)
                         n = len(jobs)
                     if i >= 5:
                         results[name].append(dt * 1000)
@@ -279,7 +282,8 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
             await q.close()
     fifo_p50 = statistics.median(results["fifo"])
     print(f"\nclaim of 25 at {pending:,} pending / {groups:,} groups / {owners:,} owners"
-          f"{', costs and caps on' if costs_caps else ''}, p50 of {reps} (ms)")
+          f"{', costs on' if costs else ''}{', caps on' if caps else ''}, "
+          f"p50 of {reps} (ms)")
     for name, times in results.items():
         p50 = statistics.median(times)
         print(f"  {name:6} {p50:8.2f}  {p50 / fifo_p50:6.1f}x FIFO")
@@ -291,7 +295,9 @@ async def main() -> None:
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--skip-claim", action="store_true")
     p.add_argument("--skip-scenarios", action="store_true")
-    p.add_argument("--costs-caps", action="store_true")
+    p.add_argument("--costs-caps", action="store_true", help="--costs and --caps")
+    p.add_argument("--costs", action="store_true")
+    p.add_argument("--caps", action="store_true")
     p.add_argument("--mixed", action="store_true")
     p.add_argument("--window", type=float, default=60.0)
     p.add_argument("--windows", type=int, default=3)
@@ -308,7 +314,8 @@ async def main() -> None:
     if args.mixed:
         await mixed_costs(url, args.window, args.windows, args.slots, args.unit)
     if not args.skip_claim:
-        await claim_cost(url, pending, groups, owners, args.reps, args.costs_caps)
+        await claim_cost(url, pending, groups, owners, args.reps,
+                         args.costs or args.costs_caps, args.caps or args.costs_caps)
 
 
 if __name__ == "__main__":
