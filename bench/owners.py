@@ -286,7 +286,12 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
           f"p50 of {reps} (ms)")
     for name, times in results.items():
         p50 = statistics.median(times)
-        print(f"  {name:6} {p50:8.2f}  {p50 / fifo_p50:6.1f}x FIFO")
+        extra = ""
+        if name in queues:  # the claims that read more than their first probe
+            fc = queues[name].fair_claim
+            extra = (f"  retries {fc.retries.get('t', 0)}, probe now "
+                     f"{fc._probe.get(('t', name))}")
+        print(f"  {name:6} {p50:8.2f}  {p50 / fifo_p50:6.1f}x FIFO{extra}")
 
 
 async def main() -> None:
