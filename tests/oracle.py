@@ -5,7 +5,8 @@ on rota's table names, with the batch interleave of docs/design.md ("The fair cl
 the second ORDER BY term is ``served + position`` instead of ``served``, divided by the
 plan's weight; with ``fair_by="owner"`` the owner's served count plus the job's position
 among its owner's jobs (by the rest of the key), divided by the weight, comes first. A
-job counts its cost in the served counts (docs/design.md, "Cost"). It reads only; the
+job counts its cost in the served counts, and a position counts in the type's expected
+cost (docs/design.md, "Cost"). It reads only; the
 test compares its first ``limit`` ids with what ``Queue.claim`` hands out.
 """
 
@@ -18,7 +19,10 @@ from psycopg import sql
 from rota import Plans, Queue
 
 ORACLE = """
-WITH served AS (
+WITH job_cost AS (  -- the type's expected cost: a position counts in it
+    SELECT coalesce((SELECT expected FROM {schema}.fair_costs WHERE type = %(type)s), 1) AS e
+),
+served AS (
     SELECT group_id, sum(cost) AS n
     FROM {schema}.jobs
     WHERE type = %(type)s
@@ -61,15 +65,15 @@ eligible AS (
 by_group AS (
     SELECT e.*,
            e.served + (row_number() OVER (PARTITION BY e.group_id
-                                          ORDER BY e.created_at, e.id) - 1) AS fair
-    FROM eligible e
+                                          ORDER BY e.created_at, e.id) - 1) * c.e AS fair
+    FROM eligible e CROSS JOIN job_cost c
 ),
 by_owner AS (
     SELECT g.*,
            coalesce(o.n, 0) + (row_number() OVER (PARTITION BY g.plan, g.unit
                                                   ORDER BY g.fair, g.created_at, g.id) - 1)
-             AS owner_fair
-    FROM by_group g
+                              * c.e AS owner_fair
+    FROM by_group g CROSS JOIN job_cost c
     LEFT JOIN owners o ON o.plan IS NOT DISTINCT FROM g.plan AND o.unit = g.unit
 )
 SELECT id, plan, unit FROM by_owner

@@ -46,7 +46,7 @@ async def _check(url: str, schema: str, groups: list[tuple[Any, ...]],
                  jobs: list[dict[str, Any]], limit: int, offset_s: int, *,
                  horizon_held: bool = False,
                  probe_floor: tuple[int, int] | None = None, fold_after: int | None = None,
-                 **settings: Any) -> None:
+                 expected: str | None = None, **settings: Any) -> None:
     # Its pool is never opened: every call passes conn.
     queue = Queue(url, schema=schema, **settings)
     queue.clock_offset = timedelta(seconds=offset_s)
@@ -54,6 +54,10 @@ async def _check(url: str, schema: str, groups: list[tuple[Any, ...]],
     queue.fair_claim.probe_floor = probe_floor  # (1, 1): the walk cut after 2 groups a plan
     async with await psycopg.AsyncConnection.connect(url) as conn:
         now = sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset))
+        if expected is not None:  # the types' expected cost: a position counts in it
+            await conn.execute(sql.SQL("INSERT INTO {}.fair_costs (type, expected)"
+                                       " VALUES ('a', %s), ('b', %s)").format(
+                sql.Identifier(schema)), [expected, expected])
         if fold_after is None:
             await insert_rows(conn, schema, groups, jobs, now)
         else:
@@ -144,7 +148,8 @@ def owned_examples(max_examples: int) -> Callable[[T], T]:
                      limit=st.integers(1, 12),
                      offset_s=st.sampled_from((0, 3600, 90_000)),
                      fair_by=st.sampled_from(["group", "owner"]),
-                     fold_after=st.one_of(st.none(), st.integers(0, 40)))(test)
+                     fold_after=st.one_of(st.none(), st.integers(0, 40)),
+                     expected=st.sampled_from([None, "1", "2.5", "0.5", "100"]))(test)
         return settings(max_examples=max_examples, deadline=None,
                         suppress_health_check=[HealthCheck.function_scoped_fixture])(test)
 
@@ -155,25 +160,26 @@ def owned_examples(max_examples: int) -> Callable[[T], T]:
 def test_claim_matches_the_naive_query_with_owners_and_weights(
     database_url: str, migrated: str, groups: list[tuple[Any, ...]],
     jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
-    fold_after: int | None,
+    fold_after: int | None, expected: str | None,
 ) -> None:
     """Owners with several groups, plans that share a priority by weight, under both
     orders (docs/design.md, "The fair claim"), some jobs folded before the rest."""
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
-                       plans=WEIGHTED, fair_by=fair_by, fold_after=fold_after))
+                       plans=WEIGHTED, fair_by=fair_by, fold_after=fold_after,
+                       expected=expected))
 
 
 @owned_examples(100)
 def test_claim_matches_the_naive_query_with_owners_and_the_smallest_probe(
     database_url: str, migrated: str, groups: list[tuple[Any, ...]],
     jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
-    fold_after: int | None,
+    fold_after: int | None, expected: str | None,
 ) -> None:
     """A probe of one owner (group), one group an owner and one job a group: every cut
     falls inside an owner, and the retries widen the probe until the batch is proven."""
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
                        plans=WEIGHTED, fair_by=fair_by, probe_floor=(1, 1),
-                       fold_after=fold_after))
+                       fold_after=fold_after, expected=expected))
 
 
 CAPPED = Plans([Plan("free", "Free", 0, max_running=1),
@@ -185,37 +191,38 @@ CAPPED = Plans([Plan("free", "Free", 0, max_running=1),
 def test_claim_matches_the_naive_query_with_owners_capped(
     database_url: str, migrated: str, groups: list[tuple[Any, ...]],
     jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
-    fold_after: int | None,
+    fold_after: int | None, expected: str | None,
 ) -> None:
     """Plans that cap their owners' running jobs (docs/design.md, "Caps"): the claim
     takes the naive order's jobs, passing over those of an owner whose fresh running
     jobs (every type) and the ones taken so far reach its cap; stale locks hold none."""
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
-                       plans=CAPPED, fair_by=fair_by, fold_after=fold_after))
+                       plans=CAPPED, fair_by=fair_by, fold_after=fold_after,
+                       expected=expected))
 
 
 @owned_examples(80)
 def test_claim_matches_the_naive_query_with_owners_capped_while_the_horizon_is_held(
     database_url: str, migrated: str, groups: list[tuple[Any, ...]],
     jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
-    fold_after: int | None,
+    fold_after: int | None, expected: str | None,
 ) -> None:
     """Caps in the sorted pass (claim_pool_sorted.sql, fair_by "group"; "owner" has no
     sorted pass): its one read of the groups carries each group's owner for the caps'
     filter, and gives the special groups their rows."""
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
                        plans=CAPPED, fair_by=fair_by, fold_after=fold_after,
-                       horizon_held=True))
+                       horizon_held=True, expected=expected))
 
 
 @owned_examples(100)
 def test_claim_matches_the_naive_query_with_owners_capped_and_the_smallest_probe(
     database_url: str, migrated: str, groups: list[tuple[Any, ...]],
     jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
-    fold_after: int | None,
+    fold_after: int | None, expected: str | None,
 ) -> None:
     """Caps with a probe of one owner (group) and one job: every bound the caps drop or
     keep is tried (cap_tail_on.sql)."""
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
                        plans=CAPPED, fair_by=fair_by, probe_floor=(1, 1),
-                       fold_after=fold_after))
+                       fold_after=fold_after, expected=expected))

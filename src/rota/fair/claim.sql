@@ -13,7 +13,8 @@
 --             is the sum over its groups on that plan.
 --   position: the job's 0-based rank among its group's claimable jobs by age; all
 --             group-less jobs form one group for it. An owner's position ranks the job
---             among the owner's claimable jobs by the rest of the key.
+--             among the owner's claimable jobs by the rest of the key. A position
+--             counts in the type's expected cost (job_cost: 1 with no charges).
 --   weight:   the plan's weight (Plan.weight): plans of one priority share by it.
 -- Priority and weight come from the plans object as bound arrays: a plan id never
 -- becomes SQL text.
@@ -72,6 +73,14 @@ plan_priority AS (
     SELECT p.plan, p.priority, p.weight
     FROM unnest(%(plan_ids)s::text[], %(plan_priorities)s::int[], %(plan_weights)s::int[])
          AS p(plan, priority, weight)
+),
+-- The type's expected cost (fair_costs, kept by the fold; 1 before any of its jobs is
+-- done): what a claimed job counts while it runs, and what each place of a job's
+-- position counts in the key (docs/design.md, "Cost"), so a group's queued jobs stand
+-- as far apart as running them will put it.
+job_cost AS MATERIALIZED (
+    SELECT coalesce((SELECT fc.expected FROM {schema}.fair_costs fc
+                     WHERE fc.type = %(type)s), 1) AS e
 ),
 {cap_prelude}
 -- Running jobs are in the served counts (fair_served, folded into served_n) whatever
@@ -226,8 +235,7 @@ claimed AS (
         run_id = %(run_id)s::uuid,
         claim_token = gen_random_uuid(),    -- fences complete/fail/defer to this very claim
         -- While it runs the job counts its type's expected cost (docs/design.md, "Cost").
-        cost = coalesce((SELECT fc.expected FROM {schema}.fair_costs fc
-                         WHERE fc.type = %(type)s), 1)
+        cost = (SELECT jc.e FROM job_cost jc)
     WHERE u.id = ANY (ARRAY(SELECT l.id FROM locked l))
       AND NOT EXISTS (SELECT 1 FROM blocked_after)
     RETURNING u.*

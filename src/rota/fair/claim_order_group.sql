@@ -1,7 +1,8 @@
 -- Fragment of claim.sql, put in place of its claim_order placeholder for fair_by
 -- "group" (docs/design.md, "The fair claim"): the key (priority, (served + position) /
 -- weight, 0, created_at, id), its walk of the pool's groups, the probe and the bounds.
--- Needs:   CTEs clock, plan_priority, served_delta, edge_fix, running_old, stale, pool;
+-- Needs:   CTEs clock, plan_priority, job_cost, served_delta, edge_fix, running_old,
+--          stale, pool;
 --          parameters type, middle_priority, lowest_priority, middle_weight,
 --          lowest_weight, probe_groups, probe_per, candidates.
 -- Defines: CTEs keyed, walk, probe, ranked, ordered(id, group_id, priority, v, fair,
@@ -51,11 +52,14 @@ ranked AS (
 -- tells the planner how few they are, so `locked` fetches them by primary key rather
 -- than by a hash join over jobs, (bench/RESULTS.md, "Planner notes")).
 ordered AS MATERIALIZED (
-    SELECT r.id, r.group_id, r.priority, (r.served + r.pos - 1)::numeric / r.weight AS v,
+    SELECT r.id, r.group_id, r.priority,
+           (r.served + (r.pos - 1) * jc.e)::numeric / r.weight AS v,
            0 AS fair, r.created_at,
-           row_number() OVER (ORDER BY r.priority DESC, (r.served + r.pos - 1)::numeric
-                                       / r.weight, r.created_at, r.id) AS ord
+           row_number() OVER (ORDER BY r.priority DESC,
+                                       (r.served + (r.pos - 1) * jc.e)::numeric / r.weight,
+                                       r.created_at, r.id) AS ord
     FROM ranked r
+    CROSS JOIN job_cost jc
     WHERE r.pos <= %(probe_per)s
     ORDER BY ord
     LIMIT %(candidates)s + 1
@@ -69,9 +73,9 @@ unread AS (
            'groups' AS need, NULL::text AS bgroup
     FROM walk w WHERE w.rank = %(probe_groups)s + 1
     UNION ALL
-    SELECT r.priority, (r.served + r.pos - 1)::numeric / r.weight, 0, r.created_at, r.id,
-           'per', r.group_id
-    FROM ranked r WHERE r.pos = %(probe_per)s + 1
+    SELECT r.priority, (r.served + (r.pos - 1) * jc.e)::numeric / r.weight, 0,
+           r.created_at, r.id, 'per', r.group_id
+    FROM ranked r CROSS JOIN job_cost jc WHERE r.pos = %(probe_per)s + 1
     UNION ALL
     SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id
     FROM ordered o WHERE o.ord = %(candidates)s + 1

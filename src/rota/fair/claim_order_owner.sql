@@ -46,32 +46,37 @@ cuts AS (
                  w.head_id AS id, 'spread' AS need, w.group_id
           FROM walk w WHERE w.grank = %(probe_spread)s + 1
           UNION ALL
-          SELECT r.plan, r.unit, r.served + r.pos - 1, r.created_at, r.id, 'per',
-                 r.group_id
-          FROM ranked r WHERE r.pos = %(probe_per)s + 1) x
+          SELECT r.plan, r.unit, r.served + (r.pos - 1) * jc.e, r.created_at, r.id,
+                 'per', r.group_id
+          FROM ranked r CROSS JOIN job_cost jc WHERE r.pos = %(probe_per)s + 1) x
     ORDER BY x.plan, x.unit, x.fair, x.created_at, x.id
 ),
 -- The jobs read before their owner's cut, each with its exact position in its owner.
 valid AS (
     SELECT r.id, r.group_id, r.plan, r.unit, r.unit_served, r.priority, r.weight,
-           r.served + r.pos - 1 AS fair, r.created_at,
+           r.served + (r.pos - 1) * jc.e AS fair, r.created_at,
            row_number() OVER (PARTITION BY r.plan, r.unit
-                              ORDER BY r.served + r.pos - 1, r.created_at, r.id) - 1
+                              ORDER BY r.served + (r.pos - 1) * jc.e, r.created_at,
+                                       r.id) - 1
              AS upos
     FROM ranked r
+    CROSS JOIN job_cost jc
     LEFT JOIN cuts ct ON ct.plan IS NOT DISTINCT FROM r.plan AND ct.unit = r.unit
     WHERE r.pos <= %(probe_per)s
       AND (ct.need IS NULL
-           OR (r.served + r.pos - 1, r.created_at, r.id) < (ct.fair, ct.created_at, ct.id))
+           OR (r.served + (r.pos - 1) * jc.e, r.created_at, r.id)
+              < (ct.fair, ct.created_at, ct.id))
 ),
 -- The best `candidates` jobs read, and the next one, which bounds the rest.
 ordered AS MATERIALIZED (
-    SELECT v.id, v.group_id, v.priority, (v.unit_served + v.upos)::numeric / v.weight AS v,
+    SELECT v.id, v.group_id, v.priority,
+           (v.unit_served + v.upos * jc.e)::numeric / v.weight AS v,
            v.fair, v.created_at,
            row_number() OVER (ORDER BY v.priority DESC,
-                                       (v.unit_served + v.upos)::numeric / v.weight,
+                                       (v.unit_served + v.upos * jc.e)::numeric / v.weight,
                                        v.fair, v.created_at, v.id) AS ord
     FROM valid v
+    CROSS JOIN job_cost jc
     ORDER BY ord
     LIMIT %(candidates)s + 1
 ),
@@ -82,9 +87,11 @@ unread AS (
            uw.head_id AS id, 'groups' AS need, NULL::text AS bgroup
     FROM unit_walk uw WHERE uw.urank = %(probe_groups)s + 1
     UNION ALL
-    SELECT uw.priority, (uw.unit_served + coalesce(n.before, 0))::numeric / uw.weight,
+    SELECT uw.priority,
+           (uw.unit_served + coalesce(n.before, 0) * jc.e)::numeric / uw.weight,
            ct.fair, ct.created_at, ct.id, ct.need, ct.group_id
     FROM cuts ct
+    CROSS JOIN job_cost jc
     JOIN unit_walk uw ON uw.plan IS NOT DISTINCT FROM ct.plan AND uw.unit = ct.unit
     LEFT JOIN LATERAL (
         SELECT count(*) AS before FROM valid v
