@@ -17,6 +17,7 @@ from rota import InvalidCharge, InvalidInput, Queue
 from rota.cost import MAX_COST
 from rota.fair.upkeep import UpkeepConfig
 
+from .oracle import oracle_ids
 from .test_fast_claim import claim_equals_oracle
 
 # After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
@@ -316,3 +317,39 @@ async def test_costs_given_as_a_string_is_one_clear_error(queue: Queue) -> None:
     with pytest.raises(InvalidInput, match="^complete_many: costs must be a sequence of "
                                            "numbers \\(one a job\\), got str$"):
         await queue.complete_many(jobs, costs="1")
+
+
+async def test_a_cut_groups_next_job_is_bounded_in_the_expected_cost(
+        database_url: str, migrated: str) -> None:
+    """The probe's bound of a cut group's next job counts its position in the type's
+    expected cost (here 0.5: keys A 0, 0.5, 1.0; B 0.8, 1.3; C 1.2). Probing 2 jobs a
+    group leaves A's third unread; its bound (1.0, not 2.0) is below the 4th candidate
+    (C's 1.2), so the claim reads on and takes it: A, A, B, A."""
+    s = sql.Identifier(migrated)
+    queue = Queue(database_url, schema=migrated)  # never opened: no upkeep folds here
+    queue.fair_claim.probe_floor = (1, 1)
+    async with await psycopg.AsyncConnection.connect(database_url) as conn:
+        await conn.execute(sql.SQL("INSERT INTO {}.fair_costs VALUES ('t', 0.5)").format(s))
+        for g in "ABC":
+            await conn.execute(sql.SQL("INSERT INTO {}.groups (group_id, plan) VALUES"
+                                       " (%s, 'pro')").format(s), [g])
+        for g, cost in (("B", "0.8"), ("C", "1.2")):  # their served counts
+            await conn.execute(sql.SQL(
+                "INSERT INTO {}.jobs (type, group_id, payload, status, max_attempts,"
+                " run_after, created_at, finished_at, cost) VALUES ('t', %s, '{{}}',"
+                " 'done', 3, now(), now(), now(), %s)").format(s), [g, cost])
+        ids = {}
+        for name, g in (("a1", "A"), ("a2", "A"), ("a3", "A"), ("b1", "B"), ("b2", "B"),
+                        ("c1", "C")):
+            cur = await conn.execute(sql.SQL(
+                "INSERT INTO {}.jobs (type, group_id, payload, max_attempts, run_after,"
+                " created_at) VALUES ('t', %s, '{{}}', 3, now() - interval '1 minute',"
+                " now() - interval '1 minute') RETURNING id").format(s), [g])
+            row = await cur.fetchone()
+            assert row is not None
+            ids[row[0]] = name
+        expected = await oracle_ids(queue, conn, "t", 4)
+        claimed = await queue.claim("t", 4, conn=conn)
+        await conn.rollback()
+    assert [ids[i] for i in expected] == ["a1", "a2", "b1", "a3"]
+    assert [ids[j.id] for j in claimed] == ["a1", "a2", "b1", "a3"]
