@@ -188,3 +188,25 @@ async def test_a_failing_batched_completion_ends_the_run_in_error_and_fails_the_
                               .format(queue.table("jobs")))
     # Not done; failed back to pending for a retry (not left running until stale).
     assert await cur.fetchall() == [("pending", 1)] * 3
+
+
+async def test_after_a_deadlock_each_job_is_completed_with_its_value_and_cost(
+        queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-by-one fallback after a deadlock (nothing was written) stores each job's
+    value as given, not its encoded text again, and charges each its cost."""
+    from decimal import Decimal
+
+    from rota import statements
+
+    async def deadlock(*args: Any, **kwargs: Any) -> set[int]:
+        raise psycopg.errors.DeadlockDetected("deadlock detected")
+
+    await queue.enqueue_many([{"type": "t", "payload": {}} for _ in range(2)])
+    a, b = await queue.claim("t", 2)
+    monkeypatch.setattr(statements, "complete_many", deadlock)
+    assert await queue.complete_many([a, b], results=[{"n": 1}, "text"],
+                                     costs=[2.5, None]) == [True, True]
+    assert (await queue.result(a.id)).value == {"n": 1}
+    assert (await queue.result(b.id)).value == "text"
+    assert [(await queue.get_job(j.id)).cost for j in (a, b)] == [Decimal("2.5"),
+                                                                  Decimal(1)]

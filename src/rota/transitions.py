@@ -214,7 +214,9 @@ class Transitions:
         cost_by_id = {j.id: None if c is None else job_cost(charge_units(c))
                       for j, c in zip(batch, charges, strict=True)}
         encoded_by_id: dict[int, str | None] = {}
+        value_by_id: dict[int, Any] = {}
         for j, v in zip(batch, values, strict=True):
+            value_by_id[j.id] = v
             e = self._encoded_result(j, v)
             if isinstance(e, ResultError):
                 raise e
@@ -249,7 +251,9 @@ class Transitions:
             log.info("complete_many: deadlock detected, completing %d jobs one by one",
                      len(fenced))
             done = {j.id for j in fenced
-                    if await self.complete(j, result=encoded_by_id[j.id],
+                    # The value as given: complete encodes it (the encoded text
+                    # given again would be stored as a JSON string).
+                    if await self.complete(j, result=value_by_id[j.id],
                                            cost=cost_by_id[j.id])}
         return [j.claim_token is not None and j.id in done for j in batch]
 
