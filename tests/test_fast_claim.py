@@ -361,3 +361,40 @@ def test_a_probe_that_sufficed_for_one_limit_is_scaled_to_another() -> None:
     fair._remember(("t", "group"), 100, (416, 6, 2), retried=True)
     assert fair._start(("t", "group"), 100) == (416, 6, 2)
     assert fair._start(("t", "group"), 25) == (58 + 52, 2 + 1, 2)
+
+
+@pytest.mark.parametrize("fair_by", ["group", "owner"])
+async def test_a_group_the_order_takes_many_jobs_from_is_probed_that_deep_at_once(
+    make_queue: Any, database_url: str, fair_by: str
+) -> None:
+    """One owner (and group) served 0 beside twenty served 30 each: the claim of 25 takes
+    all 25 from it. Each probed group is read as deep as the order will take from it
+    (docs/fast-claim.md, "The probe"), so the claim needs no retry and its probe stays at
+    its floor; with one depth for every group, the floor of 2 jobs a group was cut and the
+    claim read again (bench/RESULTS.md, sections 18 and 19)."""
+    queue = await make_queue(fair_by=fair_by)
+    for i in range(20):
+        await queue.upsert_group(f"g{i:02d}", plan="free", owner_id=f"o{i:02d}")
+    await queue.upsert_group("lo", plan="free", owner_id="lo")
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": f"g{i:02d}"}
+                              for i in range(20) for _ in range(30)])
+    served = await queue.claim("t", 600)
+    assert len(served) == 600
+    await queue.complete_many(served)  # cost 1 each: 30 served a group and owner
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": f"g{i:02d}"}
+                              for i in range(20) for _ in range(5)])
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "lo"}
+                              for _ in range(30)])
+    fair = queue.fair_claim
+    async with await psycopg.AsyncConnection.connect(database_url) as conn:
+        cur = await conn.execute(sql.SQL("SELECT id FROM {}.jobs WHERE group_id = 'lo' "
+                                         "ORDER BY id LIMIT 25")
+                                 .format(sql.Identifier(queue.schema)))
+        lo = [r[0] for r in await cur.fetchall()]
+        expected = await oracle_ids(queue, conn, "t", 25)
+        got = await queue.claim("t", 25, conn=conn)
+        await conn.rollback()
+    assert expected == lo
+    assert [j.id for j in got] == expected
+    assert fair.retries.get("t", 0) == 0
+    assert fair._probe["t", fair_by] == fair._floor(25, fair_by)

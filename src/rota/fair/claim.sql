@@ -32,7 +32,9 @@
 --      done jobs since the edge) + the exact edge correction - jobs running since before
 --      the window.
 --   2. Only the first %(probe_groups)s groups in that order are probed, each for its
---      first %(probe_per)s claimable jobs through jobs_pending_idx.
+--      first `per` claimable jobs through jobs_pending_idx: at least %(probe_per)s, and
+--      more for a group the order will take several jobs from (the claim_order
+--      fragment's `sized`).
 --   3. The result is exact when the first group not probed, the next job of every
 --      probed group that was cut short, and the first job read but not a candidate have
 --      keys (or bounds, id included) at or after the last job claimed: no job left

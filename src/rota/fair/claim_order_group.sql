@@ -4,8 +4,8 @@
 -- Needs:   CTEs clock, plan_priority, job_cost, served_delta, edge_fix, running_old,
 --          stale, pool;
 --          parameters type, middle_priority, lowest_priority, middle_weight,
---          lowest_weight, probe_groups, probe_per, candidates.
--- Defines: CTEs keyed, walk, probe, ranked, ordered(id, group_id, priority, v, fair,
+--          lowest_weight, limit, probe_groups, probe_per, candidates.
+-- Defines: CTEs keyed, walk, group_fill, group_level, sized, probe, ranked, ordered(id, group_id, priority, v, fair,
 --          created_at, ord), unread(priority, v, fair, created_at, id, need, bgroup:
 --          the group of the job a bound belongs to, null for the groups not probed).
 -- A plan's weight divides the served count (virtual time): within one plan every group
@@ -37,9 +37,41 @@ walk AS (
     LEFT JOIN edge_fix ef ON ef.group_id = k.group_id
     LEFT JOIN running_old ro ON ro.group_id = k.group_id
 ),
-probe AS (
-    SELECT w.group_id, w.priority, w.weight, w.served, j.id, j.created_at
+-- How many jobs to read from each probed group (per): what the group would give the
+-- batch if every probed group had jobs enough, plus one, and at least probe_per: a water
+-- level over the first priority's probed groups by served / weight, in the type's
+-- expected cost (a group gets (level - served / weight) x weight / e places). One size
+-- for every group made a claim read as deep as its least-served group needed
+-- (bench/RESULTS.md, section 18). An estimate: the bounds below prove the answer
+-- whatever the sizes, so a wrong one costs a retry or a few rows, never exactness.
+group_fill AS (
+    SELECT w.rank, w.served / w.weight AS k, w.weight / jc.e AS wt,
+           sum(w.weight / jc.e) OVER o AS cw, sum(w.served / jc.e) OVER o AS ckw
     FROM walk w
+    CROSS JOIN job_cost jc
+    WHERE w.rank <= %(probe_groups)s
+      AND w.priority = (SELECT max(x.priority) FROM walk x)
+    WINDOW o AS (ORDER BY w.served / w.weight, w.rank ROWS UNBOUNDED PRECEDING)
+),
+-- The level: from the last group whose own key the batch reaches (groups in key order).
+group_level AS (
+    SELECT (%(limit)s + f.ckw) / f.cw AS lv
+    FROM group_fill f
+    WHERE f.k * f.cw - f.ckw <= %(limit)s
+    ORDER BY f.cw DESC
+    LIMIT 1
+),
+sized AS (
+    SELECT w.*,
+           greatest(%(probe_per)s::int,
+                    ceil(coalesce(greatest(0, (gl.lv - gf.k) * gf.wt), 0))::int + 1) AS per
+    FROM walk w
+    LEFT JOIN group_fill gf ON gf.rank = w.rank
+    LEFT JOIN group_level gl ON true
+),
+probe AS (
+    SELECT w.group_id, w.priority, w.weight, w.served, w.per, j.id, j.created_at
+    FROM sized w
     {claim_probe_jobs}
     WHERE w.rank <= %(probe_groups)s
 ),
@@ -60,7 +92,7 @@ ordered AS MATERIALIZED (
                                        r.created_at, r.id) AS ord
     FROM ranked r
     CROSS JOIN job_cost jc
-    WHERE r.pos <= %(probe_per)s
+    WHERE r.pos <= r.per
     ORDER BY ord
     LIMIT %(candidates)s + 1
 ),
@@ -75,7 +107,7 @@ unread AS (
     UNION ALL
     SELECT r.priority, (r.served + (r.pos - 1) * jc.e)::numeric / r.weight, 0,
            r.created_at, r.id, 'per', r.group_id
-    FROM ranked r CROSS JOIN job_cost jc WHERE r.pos = %(probe_per)s + 1
+    FROM ranked r CROSS JOIN job_cost jc WHERE r.pos = r.per + 1
     UNION ALL
     SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id
     FROM ordered o WHERE o.ord = %(candidates)s + 1

@@ -5,8 +5,8 @@
 --          (fair, created_at, id)) / the plan's weight (the batch interleave one level up).
 -- The walk is the group claim's, one level up: owners in order of the lower bound of
 -- their first job's key (priority, owner served / weight, then their best group's served
--- and head); the first probe_groups owners have their first probe_spread groups (by
--- served, head) probed for probe_per jobs each.
+-- and head); the first probe_groups owners have their first spread groups (by served,
+-- head) probed for per jobs each, sizes of their own (sized, below).
 -- The proof: a job's position among its owner's jobs is exact only while every job of
 -- the owner before it was read. So each probed owner has a cut, the smallest inner key
 -- (fair, created_at, id) it did not read: its next group's bound, or a cut group's next
@@ -18,19 +18,51 @@
 -- The walk is the owner_walk placeholder: claim_owner_walk_scan.sql (every group read,
 -- claim_pool_owner.sql) or claim_owner_walk_cached.sql (rota's own groups table: the
 -- owners' rows, fair_owners).
--- Needs:   CTEs clock, stale, the walk's; parameters type, probe_groups, probe_spread,
---          probe_per, candidates.
--- Defines: the walk's CTEs (unit_walk, walk), then probe, ranked, cuts, valid,
+-- Needs:   CTEs clock, job_cost, stale, the walk's; parameters type, limit,
+--          probe_groups, probe_spread, probe_per, candidates.
+-- Defines: the walk's CTEs (unit_walk, unit_sized, walk), then group_fill, group_level,
+--          sized, probe, ranked, cuts, valid,
 --          ordered(id, group_id, priority, v, fair, created_at, ord), unread(priority, v,
 --          fair, created_at, id, need, bgroup: a group of the owner a bound belongs to,
 --          null for the owners not probed).
 {owner_walk},
+-- How many jobs to read from each probed group (per): what the group would give the
+-- batch if every probed group had jobs enough, plus one, and at least probe_per: its
+-- owner's share (claim_owner_rank.sql) spread over the owner's probed groups by a water
+-- level by served, in the type's expected cost. One size for every group made a whole
+-- claim read as deep as its one least-served group needed (bench/RESULTS.md, section
+-- 18). An estimate: the cuts below prove the answer whatever the sizes, so a wrong one
+-- costs a retry or a few rows, never exactness.
+group_fill AS (
+    SELECT w.plan, w.unit, w.served, w.share AS n,
+           count(*) OVER g AS i, sum(w.served) OVER g AS cs
+    FROM walk w
+    WHERE w.grank <= w.spread AND w.share > 0
+    WINDOW g AS (PARTITION BY w.plan, w.unit ORDER BY w.grank ROWS UNBOUNDED PRECEDING)
+),
+group_level AS (
+    SELECT DISTINCT ON (gf.plan, gf.unit) gf.plan, gf.unit,
+           (gf.n * jc.e + gf.cs) / gf.i AS lv
+    FROM group_fill gf
+    CROSS JOIN job_cost jc
+    WHERE gf.served * gf.i - gf.cs <= gf.n * jc.e
+    ORDER BY gf.plan, gf.unit, gf.i DESC
+),
+sized AS (
+    SELECT w.*,
+           greatest(%(probe_per)s::int,
+                    ceil(greatest(0, coalesce(gl.lv, 0) - w.served) / jc.e)::int + 1)
+             AS per
+    FROM walk w
+    CROSS JOIN job_cost jc
+    LEFT JOIN group_level gl ON gl.plan IS NOT DISTINCT FROM w.plan AND gl.unit = w.unit
+),
 probe AS (
     SELECT w.group_id, w.plan, w.unit, w.unit_served, w.priority, w.weight, w.served,
-           j.id, j.created_at
-    FROM walk w
+           w.per, j.id, j.created_at
+    FROM sized w
     {claim_probe_jobs}
-    WHERE w.grank <= %(probe_spread)s
+    WHERE w.grank <= w.spread
 ),
 ranked AS (
     SELECT pr.*,
@@ -44,11 +76,11 @@ cuts AS (
            x.group_id
     FROM (SELECT w.plan, w.unit, w.served AS fair, w.head_lb AS created_at,
                  w.head_id AS id, 'spread' AS need, w.group_id
-          FROM walk w WHERE w.grank = %(probe_spread)s + 1
+          FROM walk w WHERE w.grank = w.spread + 1
           UNION ALL
           SELECT r.plan, r.unit, r.served + (r.pos - 1) * jc.e, r.created_at, r.id,
                  'per', r.group_id
-          FROM ranked r CROSS JOIN job_cost jc WHERE r.pos = %(probe_per)s + 1) x
+          FROM ranked r CROSS JOIN job_cost jc WHERE r.pos = r.per + 1) x
     ORDER BY x.plan, x.unit, x.fair, x.created_at, x.id
 ),
 -- The jobs read before their owner's cut, each with its exact position in its owner.
@@ -62,7 +94,7 @@ valid AS (
     FROM ranked r
     CROSS JOIN job_cost jc
     LEFT JOIN cuts ct ON ct.plan IS NOT DISTINCT FROM r.plan AND ct.unit = r.unit
-    WHERE r.pos <= %(probe_per)s
+    WHERE r.pos <= r.per
       AND (ct.need IS NULL
            OR (r.served + (r.pos - 1) * jc.e, r.created_at, r.id)
               < (ct.fair, ct.created_at, ct.id))

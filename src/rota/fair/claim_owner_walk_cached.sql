@@ -9,13 +9,13 @@
 -- of its groups' (none of which has a delta or a change the fold has not taken in), and
 -- its bound holds for each of its groups.
 -- Needs:   CTEs clock, plan_priority, stale, changes, ospecial, special_rows, pool;
---          parameters
---          type, middle_priority, lowest_priority, middle_weight, lowest_weight,
---          probe_groups, probe_spread.
+--          job_cost; parameters type, middle_priority, lowest_priority,
+--          middle_weight, lowest_weight, probe_groups, probe_spread, limit.
 -- Defines: CTEs special_units, special_best, owner_levels, units, unit_walk(plan, plan_key, unit,
 --          unit_served, served, head_lb, head_id, priority, weight, v_lb, urank),
 --          walk(group_id, head_lb, head_id, served, plan, plan_key, unit, unit_served,
---          priority, weight, grank); includes groupless_head.sql.
+--          priority, weight, share, spread, grank); includes groupless_head.sql and
+--          claim_owner_rank.sql.
 special_units AS (
     SELECT x.plan_key, x.unit,
            CASE WHEN x.plan_key = '' THEN NULL ELSE substr(x.plan_key, 3) END AS plan,
@@ -86,7 +86,7 @@ units AS (
 {cap_filter_unit}
 ),
 {claim_owner_rank}
--- The groups of the first probe_groups owners: per owner its first probe_spread + 1
+-- The groups of the first probe_groups owners: per owner its first spread + 1
 -- other groups by (served_n, head) and its special groups, numbered by (served, head).
 walk AS (
     SELECT x.*,
@@ -95,8 +95,8 @@ walk AS (
                                        x.group_id NULLS FIRST) AS grank
     FROM (
         SELECT g.group_id, g.head_lb, g.head_id, g.served, uw.plan, uw.plan_key, uw.unit,
-               uw.unit_served, uw.priority, uw.weight
-        FROM unit_walk uw
+               uw.unit_served, uw.priority, uw.weight, uw.share, uw.spread
+        FROM unit_sized uw
         CROSS JOIN clock c
         CROSS JOIN LATERAL (
             (SELECT f.group_id, f.head_lb, f.head_id, f.served_n AS served
@@ -106,7 +106,7 @@ walk AS (
                AND f.head_until > c.now
                AND f.group_id NOT IN (SELECT s.group_id FROM ospecial s)
              ORDER BY f.served_n, f.head_lb, f.head_id
-             LIMIT %(probe_spread)s + 1)
+             LIMIT uw.spread + 1)
             UNION ALL
             SELECT p.group_id, p.head_lb, p.head_id, p.served_lb FROM pool p
             WHERE p.plan_key = uw.plan_key AND p.unit = uw.unit

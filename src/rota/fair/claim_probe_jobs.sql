@@ -1,8 +1,9 @@
 -- Fragment of claim_order_group.sql and claim_order_owner.sql, in the FROM of their
--- probe after a group's walk row: the group's first probe_per + 1 claimable jobs, and
--- its stale ones (the group-less jobs for the walk's group-less row).
--- Needs:   alias w (a walk row: group_id, head_lb, head_id); CTEs clock, stale;
---          parameters type, probe_per.
+-- probe after a group's walk row: the group's first per + 1 claimable jobs (per: the
+-- walk row's probe size), and its stale ones (the group-less jobs for the walk's
+-- group-less row).
+-- Needs:   alias w (a walk row: group_id, head_lb, head_id, per); CTEs clock, stale;
+--          parameter type.
 -- Defines: alias j(id, created_at).
     CROSS JOIN LATERAL (
         (SELECT p.id, p.created_at
@@ -17,10 +18,10 @@
            -- `+ interval '0'` keeps run_after out of the index condition: the planner
            -- otherwise picks jobs_pending_ready_idx and sorts the group's ready jobs
            -- instead of reading jobs_pending_idx in order and stopping after
-           -- probe_per + 1 rows (bench/RESULTS.md, "Planner notes").
+           -- per + 1 rows (bench/RESULTS.md, "Planner notes").
            AND p.run_after + interval '0' <= c.now
          ORDER BY p.created_at, p.id
-         LIMIT %(probe_per)s + 1)
+         LIMIT w.per + 1)
         UNION ALL
         (SELECT p.id, p.created_at
          FROM {schema}.jobs p, clock c
@@ -28,7 +29,7 @@
            AND p.type = %(type)s AND p.group_id IS NULL AND p.status = 'pending'
            AND p.run_after + interval '0' <= c.now
          ORDER BY p.created_at, p.id
-         LIMIT %(probe_per)s + 1)
+         LIMIT w.per + 1)
         UNION ALL
         SELECT s.id, s.created_at FROM stale s
         WHERE s.group_id = w.group_id OR (w.group_id IS NULL AND s.group_id IS NULL)
