@@ -172,8 +172,11 @@ async def test_after_the_release_the_claim_walks_the_index_though_the_pin_grew_f
     async with await psycopg.AsyncConnection.connect(database_url) as holder:
         await holder.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         await holder.execute("SELECT pg_current_xact_id()")  # an xid and a snapshot
-        for _ in range(5):
-            await serve_every_group()
+        await serve_every_group()
+        for _ in range(3):  # every group paused and resumed: each rewrites every row
+            for active in (False, True):
+                await aconn.execute(sql.SQL("UPDATE {s}.groups SET active = %s")
+                                    .format(s=s), [active])
         await asyncio.sleep(1.2)
         assert await look(queue)
         assert "sorted_plans AS (" in queue.fair_claim.statement().text
@@ -181,7 +184,7 @@ async def test_after_the_release_the_claim_walks_the_index_though_the_pin_grew_f
     assert await horizon_moves(queue)
     await queue.upkeep.run_once()  # its VACUUM frees the dead versions, not their pages
     grown = await pages()
-    assert grown >= 3 * compact, (compact, grown)  # 4.5x when written
+    assert grown >= 3 * compact, (compact, grown)  # 4.8x when written
     assert "sorted_plans AS (" not in queue.fair_claim.statement().text
     assert fair_groups_reads(await generic_plan(queue, database_url, 25)) <= {
         "fair_groups_walk_idx", "fair_groups_expiry_idx", "fair_groups_group_idx"}
