@@ -23,7 +23,8 @@ loop's rate (jobs claimed and completed per second over the moment's window), th
 tuples of ``jobs``, and the claim retries (``FairClaim.retries``) since the start.
 ``--explain`` (with ``--flat-out``) also prints, before the pin, at its end and 30 s
 after the release, the claim of 25 under EXPLAIN (ANALYZE, BUFFERS) (``bench/experiments/
-pinned_explain.py``): the plan nodes that read the most buffers, while the loop runs.
+pinned_explain.py``, the generic plan the claim runs): the plan nodes that read the most
+buffers, while the loop runs.
 
 Moments: ``before`` (the last ``WINDOW`` seconds before the pin), ``pinned N s`` (the
 last ``WINDOW`` seconds of the first N seconds of the pin: a REPEATABLE READ transaction

@@ -6,6 +6,7 @@ statement and stays the oracle's, and switches back once the transaction ends.""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import psycopg
 import pytest
@@ -91,3 +92,100 @@ async def test_the_walk_keeps_the_group_after_the_probe_in_each_plan(
     assert got == [ids["a"][0], ids["b"][0]]
     for limit in (3, 4):
         await claim_equals_oracle(queue, database_url, "t", limit)
+
+
+def fair_groups_reads(node: dict[str, Any]) -> set[str]:
+    """How a plan reads fair_groups: the index names it walks, "Seq Scan" for a scan."""
+    found: set[str] = set()
+    if node.get("Relation Name") == "fair_groups":
+        found.add(node.get("Index Name") or node["Node Type"])
+    for child in node.get("Plans", []):
+        found |= fair_groups_reads(child)
+    return found
+
+
+async def generic_plan(queue: Queue, url: str, limit: int) -> Any:
+    """The claim's generic plan as a pooled connection runs it (``claim_settings.sql``),
+    by EXPLAIN EXECUTE of the prepared statement, in a transaction rolled back. (An
+    EXPLAIN with the parameters bound would plan with their values: a custom plan.)"""
+    statement = queue.fair_claim.statement()
+    groups, per, spread = queue.fair_claim._start(("t", "group"), limit)
+    values = statement.params({
+        "type": "t", "limit": limit, "run_id": None, "offset": queue.clock_offset,
+        "stale_after": queue.stale_after, "served_window": queue.served_window,
+        **queue.plans.claim_params(), "probe_groups": groups, "probe_per": per,
+        "probe_spread": spread, "candidates": limit * 4 + 16})
+    async with await psycopg.AsyncConnection.connect(url) as c:
+        await c.execute(queue.store.sql("fair/claim_settings"))
+        await psycopg.AsyncRawCursor(c).execute(statement.text, values, prepare=True)
+        cur = await c.execute("SELECT parameter_types::text[] FROM pg_prepared_statements "
+                              "WHERE NOT from_sql")
+        types = (await cur.fetchall())[-1][0]
+        await c.rollback()
+    async with await psycopg.AsyncConnection.connect(url, prepare_threshold=None) as c:
+        await c.execute(sql.SQL("PREPARE claim ({}) AS ").format(
+            sql.SQL(", ").join(map(sql.SQL, types)))
+            + sql.SQL(statement.text.replace("%", "%%")))
+        await c.execute(queue.store.sql("fair/claim_settings"))
+        args = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(t))
+                                  for v, t in zip(values, types, strict=True))
+        cur = await c.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim ({})")
+                              .format(args))
+        [[plan]] = await cur.fetchall()
+        await c.rollback()
+    return plan[0]["Plan"]
+
+
+async def test_after_the_release_the_claim_walks_the_index_though_the_pin_grew_fair_groups(
+        queue: Queue, database_url: str, aconn: psycopg.AsyncConnection[Any]) -> None:
+    """Vacuum gives back none of the pages a pin grew fair_groups by while live rows sit
+    on them, yet once the horizon moves the claim goes back to the index walk: its
+    generic plan walks fair_groups_walk_idx (a few hundred of the grown table's pages)
+    where the sorted pass would read them all (bench/RESULTS.md, section 19)."""
+    n = 2000
+    s = sql.Identifier(queue.schema)
+    queue.upkeep.config = UpkeepConfig(horizon_every=1e-6, held_after=1.0)
+    await aconn.execute(sql.SQL(
+        "INSERT INTO {s}.groups (group_id, plan, active) SELECT 'g' || i, "
+        "(ARRAY['free', 'pro', 'team'])[i %% 3 + 1], true FROM generate_series(1, %s) i")
+        .format(s=s), [n])
+    batch = [{"type": "t", "payload": {}, "group_id": f"g{i}"} for i in range(1, n + 1)]
+
+    async def serve_every_group() -> None:
+        # Each group served once: the fold then rewrites every group's row.
+        await queue.enqueue_many(batch)
+        await queue.complete_many(await queue.claim("t", n))
+        await queue.upkeep.run_once()
+
+    async def pages() -> int:
+        cur = await aconn.execute(sql.SQL("SELECT pg_relation_size(%s::regclass) / 8192"),
+                                  [f"{queue.schema}.fair_groups"])
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    await queue.enqueue_many(batch)
+    await serve_every_group()
+    await aconn.execute(sql.SQL("VACUUM ANALYZE {s}.fair_groups").format(s=s))
+    compact = await pages()
+    assert await horizon_moves(queue)
+    async with await psycopg.AsyncConnection.connect(database_url) as holder:
+        await holder.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        await holder.execute("SELECT pg_current_xact_id()")  # an xid and a snapshot
+        await serve_every_group()
+        for _ in range(3):  # every group paused and resumed: each rewrites every row
+            for active in (False, True):
+                await aconn.execute(sql.SQL("UPDATE {s}.groups SET active = %s")
+                                    .format(s=s), [active])
+        await asyncio.sleep(1.2)
+        assert await look(queue)
+        assert "sorted_plans AS (" in queue.fair_claim.statement().text
+        await holder.rollback()
+    assert await horizon_moves(queue)
+    await queue.upkeep.run_once()  # its VACUUM frees the dead versions, not their pages
+    grown = await pages()
+    assert grown >= 3 * compact, (compact, grown)  # 4.8x when written
+    assert "sorted_plans AS (" not in queue.fair_claim.statement().text
+    assert fair_groups_reads(await generic_plan(queue, database_url, 25)) <= {
+        "fair_groups_walk_idx", "fair_groups_expiry_idx", "fair_groups_group_idx"}
+    await claim_equals_oracle(queue, database_url, "t", 25)

@@ -31,27 +31,53 @@ SCHEMA = "bench_pinned_explain"
 
 async def explain(queue: Queue, setting: str = "") -> Any:
     """The claim of 25's plan, run and rolled back (``setting``: a SET LOCAL statement
-    run first, to compare a plan the planner did not choose)."""
+    run first, to compare a plan the planner did not choose).
+
+    The plan is the generic one the claim runs (``claim_settings.sql``): the statement
+    is prepared with PREPARE and run by EXPLAIN EXECUTE. An EXPLAIN of the statement
+    with its parameters bound plans it with their values, a custom plan, which the
+    claim never runs: at 2,000 groups it knows the probe's LIMIT and reads
+    ``fair_groups`` with a seq scan and a sort per plan, where the generic plan walks
+    ``fair_groups_walk_idx`` (bench/RESULTS.md, section 19)."""
     fair = queue.fair_claim
     statement = fair.statement()
     # The probe sizes the next claim of 25 would start from (FairClaim remembers them
     # per type and order).
-    groups, per, spread = fair._probe.get(("t", "group"), fair._floor(25))
+    groups, per, spread = fair._start(("t", "group"), 25)
     params = {"type": "t", "limit": 25, "run_id": None, "offset": queue.clock_offset,
               "stale_after": queue.stale_after, "served_window": queue.served_window,
               **queue.plans.claim_params(), "probe_groups": groups, "probe_per": per,
               "probe_spread": spread, "candidates": 25 * 4 + 16}
-    async with queue.pool.connection() as c:
-        async with c.transaction(force_rollback=True):
+    values = statement.params(params)
+    # A connection of its own, without psycopg's prepared statements (its ROLLBACK
+    # would make psycopg deallocate them all); PREPARE needs the parameters' types,
+    # taken from the statement prepared as psycopg sends it.
+    async with await psycopg.AsyncConnection.connect(str(queue.pool.conninfo)) as c:
+        await c.execute(queue.store.sql("fair/claim_settings"))
+        await psycopg.AsyncRawCursor(c).execute(statement.text, values, prepare=True)
+        cur = await c.execute("SELECT parameter_types::text[] FROM pg_prepared_statements "
+                              "WHERE NOT from_sql")
+        types = (await cur.fetchall())[-1][0]
+        await c.rollback()
+    async with await psycopg.AsyncConnection.connect(
+            str(queue.pool.conninfo), autocommit=True, prepare_threshold=None) as c:
+        await c.execute(sql.SQL("PREPARE claim ({}) AS ").format(
+            sql.SQL(", ").join(map(sql.SQL, types)))
+            + sql.SQL(statement.text.replace("%", "%%")))
+        await c.execute("BEGIN")
+        try:
             await c.execute(queue.store.sql("fair/claim_settings"))
             if setting:
                 await c.execute(setting)
-            cur = psycopg.AsyncRawCursor(c)  # the claim's text has $n placeholders
-            await cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement.text,
-                              statement.params(params))
+            args = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(t))
+                                      for v, t in zip(values, types, strict=True))
+            cur = await c.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                                          "EXECUTE claim ({})").format(args))
             row = await cur.fetchone()
-            assert row is not None
-            return row[0]  # type: ignore[no-any-return]
+        finally:
+            await c.execute("ROLLBACK")
+        assert row is not None
+        return row[0]
 
 
 def top_nodes(plan: Any, n: int = 12) -> list[tuple[int, str]]:
