@@ -100,3 +100,28 @@ async def test_a_job_due_later_or_in_a_new_group_is_noted_by_the_steps(
         ("g1", first.created_at, first.id, first.run_after),
         ("g2", fresh.created_at, fresh.id, fresh.run_after)]
     assert await queue.verify() == []
+
+
+async def test_jobs_bounded_only_by_created_at_and_id_together_keep_the_row_as_it_is(
+        queue: Queue, database_url: str, aconn: Any) -> None:
+    """The trigger's one statement tests a group's new jobs against (their earliest
+    created_at, their smallest id); jobs that the row bounds only taken together, one at
+    the row's created_at with a larger id and one later with a smaller id, go to the
+    steps, which find them bounded: the row is left as it is."""
+    await queue.upsert_group("g", plan=None)
+    first = await queue.enqueue("t", {}, group_id="g")
+    assert first is not None
+    insert = sql.SQL(
+        "INSERT INTO {}.jobs (id, type, group_id, payload, max_attempts, run_after, "
+        "created_at) OVERRIDING SYSTEM VALUE VALUES "
+        "(%(id)s + 5, 't', 'g', '{{}}', 3, %(at)s, %(at)s), "
+        "(%(id)s - 1000, 't', 'g', '{{}}', 3, %(at)s, %(at)s + interval '1 second')"
+    ).format(sql.Identifier(queue.schema))
+    async with await psycopg.AsyncConnection.connect(database_url) as writer:
+        await writer.execute(insert, {"id": first.id, "at": first.created_at})
+        await writer.commit()
+    rows = sql.SQL("SELECT head_lb, head_id, head_until = 'infinity', ready_lb "
+                   "FROM {}.fair_groups WHERE type = 't'").format(sql.Identifier(queue.schema))
+    cur = await aconn.execute(rows)
+    assert await cur.fetchall() == [(first.created_at, first.id, True, first.run_after)]
+    assert await queue.verify() == []

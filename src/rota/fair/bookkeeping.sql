@@ -597,21 +597,26 @@ DECLARE
 BEGIN
     -- The usual case in one statement: lock the rows of the pending jobs' groups (in key
     -- order), then return when every inserted job with a group is pending, due now and
-    -- in a group whose row exists and bounds it; tested per job, which is the test per
-    -- group, as a row bounds a group's jobs when it bounds each of them. Nothing is
-    -- locked here when a job with a group is inserted running or done: the steps below
-    -- take what that needs.
-    SELECT count(*) = (SELECT count(*) FROM inserted i WHERE i.group_id IS NOT NULL)
+    -- in a group whose row exists and bounds it. A group's jobs are bounded when the row
+    -- is at or below (their earliest created_at, their smallest id), which is at or
+    -- below each job's (created_at, id); a row that bounds them only taken together
+    -- (rare: an id below the row's at its created_at) is left to the steps below, which
+    -- test it exactly. Nothing is locked here when a job with a group is inserted
+    -- running or done: the steps below take what that needs.
+    SELECT count(*) = (SELECT count(DISTINCT (i.type, i.group_id)) FROM inserted i
+                       WHERE i.group_id IS NOT NULL)
            AND coalesce(bool_and(l.ok), true)
     INTO bounded
-    FROM (SELECT i.run_after <= now()
-                 AND (fg.head_lb, fg.head_id) <= (i.created_at, i.id)
-                 AND fg.ready_lb <= i.run_after AS ok
-          FROM inserted i
-          JOIN {schema}.fair_groups fg ON fg.type = i.type AND fg.group_id = i.group_id
-          WHERE i.status = 'pending'
-            AND NOT EXISTS (SELECT 1 FROM inserted x
-                            WHERE x.status <> 'pending' AND x.group_id IS NOT NULL)
+    FROM (SELECT c.due AND (fg.head_lb, fg.head_id) <= (c.head, c.id)
+                 AND fg.ready_lb <= c.ready AS ok
+          FROM (SELECT i.type, i.group_id, min(i.created_at) AS head, min(i.id) AS id,
+                       min(i.run_after) AS ready, bool_and(i.run_after <= now()) AS due
+                FROM inserted i
+                WHERE i.status = 'pending' AND i.group_id IS NOT NULL
+                  AND NOT EXISTS (SELECT 1 FROM inserted x
+                                  WHERE x.status <> 'pending' AND x.group_id IS NOT NULL)
+                GROUP BY i.type, i.group_id) c
+          JOIN {schema}.fair_groups fg ON fg.type = c.type AND fg.group_id = c.group_id
           ORDER BY fg.type, fg.group_id
           FOR KEY SHARE OF fg) l;
     IF bounded THEN
