@@ -371,7 +371,7 @@ async def test_a_group_the_order_takes_many_jobs_from_is_probed_that_deep_at_onc
     all 25 from it. Each probed group is read as deep as the order will take from it
     (docs/fast-claim.md, "The probe"), so the claim needs no retry and its probe stays at
     its floor; with one depth for every group, the floor of 2 jobs a group was cut and the
-    claim read again (bench/RESULTS.md, sections 18 and 20)."""
+    claim read again (bench/RESULTS.md, sections 18 and 21)."""
     queue = await make_queue(fair_by=fair_by)
     for i in range(20):
         await queue.upsert_group(f"g{i:02d}", plan="free", owner_id=f"o{i:02d}")

@@ -274,6 +274,55 @@ def test_python_and_sql_give_identical_rows_and_errors(
         conn.rollback()
 
 
+ENQUEUE_ONE = """
+SELECT e.problem, (e.job).*
+FROM {schema}.enqueue_jobs(
+    %(types)s::text[], %(payloads)s::jsonb[], %(groups)s::text[], %(keys)s::text[],
+    %(run_afters)s::timestamptz[], %(max_attempts)s::integer[], false,
+    %(s_types)s::text[], %(s_max)s::integer, %(s_by_type)s::jsonb, %(s_bytes)s::integer,
+    %(s_groups)s::regclass, %(offset)s::interval, ARRAY[NULL::jsonb]) AS e
+"""
+
+
+def enqueue_one(conn: Conn, schema: str, job: dict[str, Any], *,
+                groups_relation: str | None) -> list[dict[str, Any]]:
+    """``enqueue_jobs`` for one job with SETTINGS and the groups relation named (which
+    takes the steps a batch takes) or not (rota's own table: one job without a dedupe
+    key takes the single-job statement); its rows without the id."""
+    cur = conn.cursor(row_factory=dict_row)
+    cur.execute(sql.SQL(ENQUEUE_ONE).format(schema=sql.Identifier(schema)), {
+        "types": [job["type"]], "payloads": [Jsonb(job["payload"])],
+        "groups": [job.get("group_id")], "keys": [job.get("dedupe_key")],
+        "run_afters": [job.get("run_after")], "max_attempts": [job.get("max_attempts")],
+        "s_types": SETTINGS["types"], "s_max": SETTINGS["max_attempts"],
+        "s_by_type": Jsonb(SETTINGS["max_attempts_by_type"]),
+        "s_bytes": SETTINGS["max_payload_bytes"], "s_groups": groups_relation,
+        "offset": OFFSET})
+    return [{k: v for k, v in r.items() if k != "id"} for r in cur.fetchall()]
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(jobs=st.lists(job_st, min_size=1, max_size=4))
+def test_the_single_job_statement_and_the_steps_give_the_same_rows_and_problems(
+    database_url: str, two_schemas: tuple[str, str], jobs: list[dict[str, Any]]
+) -> None:
+    """Each job into schema A through the single-job statement (rota's groups table,
+    s_groups null) and into schema B through the steps (the same table named as the
+    groups relation), in one transaction, so now() is the same: the same problem, or the
+    same row but its id; a repeated dedupe key is skipped both ways."""
+    a, b = two_schemas
+    with psycopg.connect(database_url) as conn:
+        for s in (a, b):
+            conn.execute(sql.SQL("INSERT INTO {}.groups (group_id, plan) VALUES ('g1', NULL),"
+                                 " ('g2', NULL)").format(sql.Identifier(s)))
+        for job in jobs:
+            one = enqueue_one(conn, a, job, groups_relation=None)
+            steps = enqueue_one(conn, b, job, groups_relation=f'"{b}".groups')
+            assert one == steps, job
+        conn.rollback()
+
+
 async def test_bad_input_leaves_the_callers_transaction_usable(
     queue: Queue, database_url: str
 ) -> None:

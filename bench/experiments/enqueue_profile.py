@@ -7,7 +7,7 @@ the round's mean wall time per call, with the client's CPU time per call beside 
 Variants:
 - ``rota``: ``Queue.enqueue("noop", {}, group_id=g)``, the whole path.
 - ``rota statement, raw``: the same ``enqueue.sql`` text and parameters
-  (``QueueSettings.enqueue_params``) on one plain psycopg connection, prepared: the
+  (``rota.enqueue.enqueue_params``) on one plain psycopg connection, prepared: the
   database's share plus psycopg's.
 - ``insert, triggers``: a plain ``INSERT INTO jobs … RETURNING *`` of the same job (no
   ``enqueue_jobs``): what the function's checks cost, by difference.
@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 import psycopg
 
 from rota import Queue
+from rota.enqueue import enqueue_params
 
 from ..enqueue import database, pgqueuer_connect
 
@@ -65,7 +66,7 @@ async def variants(url: str) -> tuple[dict[str, Call], list[Callable[[], Awaitab
         await queue.enqueue("noop", {}, group_id=groups[i % 100])
 
     async def rota_raw(i: int) -> None:
-        params = queue.settings.enqueue_params("noop", {}, group_id=groups[i % 100])
+        params = enqueue_params(queue.settings, "noop", {}, group_id=groups[i % 100])
         params["trace_context"] = None
         await (await raw.execute(statement, params, prepare=True)).fetchall()
 

@@ -17,14 +17,14 @@ import psycopg
 from psycopg.rows import dict_row
 
 from rota import Queue
-from rota.settings import enqueued_job
+from rota.enqueue import enqueue_params, enqueued_job
 
 
 async def main(url: str, n: int = 5000) -> None:
     queue = Queue(psycopg.conninfo.make_conninfo(url, dbname="bench_enqueue_profile_rota"),
                   schema="rota_enqueue")
     await queue.open()
-    params = queue.settings.enqueue_params("noop", {}, group_id="g1")
+    params = enqueue_params(queue.settings, "noop", {}, group_id="g1")
     row = await queue.store.fetch_dict("enqueue", {**params, "trace_context": None})
 
     async def pool_checkout() -> None:
@@ -40,7 +40,7 @@ async def main(url: str, n: int = 5000) -> None:
             queue.store.cursor(c, dict_row)
 
     async def parameters() -> None:
-        queue.settings.enqueue_params("noop", {}, group_id="g1")
+        enqueue_params(queue.settings, "noop", {}, group_id="g1")
 
     async def tracer() -> None:
         with queue.tracer.enqueue("noop", 1):

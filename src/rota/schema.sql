@@ -200,6 +200,55 @@ CREATE TABLE {schema}.enqueue_settings (
 );
 INSERT INTO {schema}.enqueue_settings DEFAULT VALUES;
 
+-- The first rule of enqueue a job breaks (docs/design.md, "Enqueue"), as column:rule, in
+-- the order Python checks its arguments; null when it breaks none. The rules once, for
+-- enqueue_jobs' two paths; a SQL function of one expression, so the planner inlines it
+-- into the statement that calls it (no call per job).
+CREATE FUNCTION {schema}.enqueue_rule(
+    p_type text, p_payload jsonb, p_group_id text, p_dedupe_key text,
+    p_run_after timestamptz, p_max_attempts integer, p_trace_context jsonb,
+    s_types text[], s_max_payload_bytes integer
+) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+SELECT CASE
+        -- Short names (rota.checks.require_text): at most 512 UTF-8 bytes keeps every
+        -- key well inside a btree index row.
+        WHEN p_type IS NULL OR p_type = '' THEN 'type:empty'
+        WHEN octet_length(p_type) > 512 THEN 'type:long'
+        WHEN NOT p_type = ANY (s_types) THEN 'type:undeclared'
+        WHEN p_payload IS NULL THEN 'payload:null'
+        -- The size of the payload's JSON text as PostgreSQL prints it.
+        WHEN octet_length(p_payload::text) > s_max_payload_bytes THEN 'payload:large'
+        -- Workers decode payloads recursively (Python's json stops near 1,000
+        -- levels): no value may lie more than 256 arrays and objects down.
+        WHEN jsonb_path_exists(p_payload, 'strict $.**{{257}}') THEN 'payload:deep'
+        WHEN p_group_id = '' THEN 'group_id:empty'
+        WHEN octet_length(p_group_id) > 512 THEN 'group_id:long'
+        WHEN p_dedupe_key = '' THEN 'dedupe_key:empty'
+        WHEN octet_length(p_dedupe_key) > 512 THEN 'dedupe_key:long'
+        -- Due times must load back in any session time zone
+        -- (rota.checks.require_due_time).
+        WHEN NOT p_run_after BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+            THEN 'run_after:range'
+        WHEN p_max_attempts < 1 THEN 'max_attempts:low'
+        -- A W3C Trace Context carrier: traceparent (version-trace id-parent id-flags)
+        -- and optionally tracestate, which W3C lets a carrier cut at 512 bytes.
+        WHEN p_trace_context IS NOT NULL AND p_trace_context <> 'null'::jsonb AND NOT (
+                jsonb_typeof(p_trace_context) = 'object'
+                AND p_trace_context - ARRAY['traceparent', 'tracestate'] = '{{}}'::jsonb
+                -- Required: without it the test above would be null, and NOT
+                -- (null) let '{{}}' through (docs/enqueue-from-sql.md).
+                AND coalesce(jsonb_typeof(p_trace_context -> 'traceparent'), '')
+                    = 'string'
+                AND p_trace_context ->> 'traceparent'
+                    ~ '^[0-9a-f]{{2}}-[0-9a-f]{{32}}-[0-9a-f]{{16}}-[0-9a-f]{{2}}$'
+                AND coalesce(jsonb_typeof(p_trace_context -> 'tracestate'), 'string')
+                    = 'string'
+                AND octet_length(coalesce(p_trace_context ->> 'tracestate', '')) <= 512)
+            THEN 'trace_context:invalid'
+    END
+$$;
+
 -- The rules of enqueue, once (docs/design.md, "Enqueue"), for a batch given as parallel
 -- arrays, with the queue's settings as arguments (s_*): each job checked, then its group
 -- against the groups relation (s_groups; null for rota's groups table), then every job
@@ -231,54 +280,56 @@ DECLARE
     bad record;
     missing text[];
 BEGIN
+    -- One job without a dedupe key, into rota's groups table (the usual enqueue): the
+    -- rules, the group check and the insert in one statement instead of the three below
+    -- (bench/RESULTS.md, section 20). It writes the job only when it breaks no rule and
+    -- its group exists, and then writes it as the steps below would. When it writes no
+    -- job (a broken rule, an unknown group) it wrote nothing, so the steps below decide
+    -- as if it had not run, and say what was wrong. A job with a dedupe key takes the
+    -- steps: its statement would not tell a duplicate from a broken rule, and a
+    -- duplicate would meet the unique index twice.
+    IF s_groups IS NULL AND num_nonnulls(VARIADIC p_dedupe_keys) = 0
+       AND greatest(cardinality(p_types), cardinality(p_payloads), cardinality(p_group_ids),
+                    cardinality(p_dedupe_keys), cardinality(p_run_afters),
+                    cardinality(p_max_attempts), cardinality(p_trace_contexts)) = 1 THEN
+        RETURN QUERY
+        INSERT INTO {schema}.jobs AS j (type, group_id, payload, dedupe_key, max_attempts,
+                                        run_after, created_at, trace_context)
+        SELECT t.type, t.group_id, t.payload, t.dedupe_key,
+               coalesce(t.max_attempts, (s_max_attempts_by_type ->> t.type)::integer,
+                        s_max_attempts),
+               coalesce(t.run_after, now() + s_clock_offset),
+               now() + s_clock_offset, nullif(t.trace_context, 'null'::jsonb)
+        FROM unnest(p_types, p_payloads, p_group_ids, p_dedupe_keys, p_run_afters,
+                    p_max_attempts, p_trace_contexts)
+             AS t(type, payload, group_id, dedupe_key, run_after, max_attempts,
+                  trace_context)
+        WHERE {schema}.enqueue_rule(t.type, t.payload, t.group_id, t.dedupe_key,
+                                    t.run_after, t.max_attempts, t.trace_context,
+                                    s_types, s_max_payload_bytes) IS NULL
+          AND (t.group_id IS NULL
+               OR EXISTS (SELECT 1 FROM {schema}.groups g WHERE g.group_id = t.group_id))
+        ON CONFLICT DO NOTHING
+        RETURNING j, NULL::jsonb;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+
     -- The first job that breaks a rule, in the order given, in one pass: each job's
     -- first broken rule, in the order Python checks its arguments, as column:rule. Only
     -- a bad job's message is built, below: building messages here, in the expression
     -- the executor sets up at every call, made a one-job enqueue cost a third more.
     SELECT x.* INTO bad
     FROM (
-        SELECT t.*, CASE
-            -- Short names (rota.checks.require_text): at most 512 UTF-8 bytes keeps every
-            -- key well inside a btree index row.
-            WHEN t.type IS NULL OR t.type = '' THEN 'type:empty'
-            WHEN octet_length(t.type) > 512 THEN 'type:long'
-            WHEN NOT t.type = ANY (s_types) THEN 'type:undeclared'
-            WHEN t.payload IS NULL THEN 'payload:null'
-            -- The size of the payload's JSON text as PostgreSQL prints it.
-            WHEN octet_length(t.payload::text) > s_max_payload_bytes THEN 'payload:large'
-            -- Workers decode payloads recursively (Python's json stops near 1,000
-            -- levels): no value may lie more than 256 arrays and objects down.
-            WHEN jsonb_path_exists(t.payload, 'strict $.**{{257}}') THEN 'payload:deep'
-            WHEN t.group_id = '' THEN 'group_id:empty'
-            WHEN octet_length(t.group_id) > 512 THEN 'group_id:long'
-            WHEN t.dedupe_key = '' THEN 'dedupe_key:empty'
-            WHEN octet_length(t.dedupe_key) > 512 THEN 'dedupe_key:long'
-            -- Due times must load back in any session time zone
-            -- (rota.checks.require_due_time).
-            WHEN NOT t.run_after BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
-                THEN 'run_after:range'
-            WHEN t.max_attempts < 1 THEN 'max_attempts:low'
-            -- A W3C Trace Context carrier: traceparent (version-trace id-parent id-flags)
-            -- and optionally tracestate, which W3C lets a carrier cut at 512 bytes.
-            WHEN t.trace_context IS NOT NULL AND t.trace_context <> 'null'::jsonb AND NOT (
-                    jsonb_typeof(t.trace_context) = 'object'
-                    AND t.trace_context - ARRAY['traceparent', 'tracestate'] = '{{}}'::jsonb
-                    -- Required: without it the test above would be null, and NOT
-                    -- (null) let '{{}}' through (docs/enqueue-from-sql.md).
-                    AND coalesce(jsonb_typeof(t.trace_context -> 'traceparent'), '')
-                        = 'string'
-                    AND t.trace_context ->> 'traceparent'
-                        ~ '^[0-9a-f]{{2}}-[0-9a-f]{{32}}-[0-9a-f]{{16}}-[0-9a-f]{{2}}$'
-                    AND coalesce(jsonb_typeof(t.trace_context -> 'tracestate'), 'string')
-                        = 'string'
-                    AND octet_length(coalesce(t.trace_context ->> 'tracestate', '')) <= 512)
-                THEN 'trace_context:invalid'
-        END AS rule
+        SELECT t.*, {schema}.enqueue_rule(t.type, t.payload, t.group_id, t.dedupe_key,
+                                         t.run_after, t.max_attempts, t.trace_context,
+                                         s_types, s_max_payload_bytes) AS rule
         FROM unnest(p_types, p_payloads, p_group_ids, p_dedupe_keys, p_run_afters,
                     p_max_attempts, p_trace_contexts)
              WITH ORDINALITY AS t(type, payload, group_id, dedupe_key, run_after,
                                   max_attempts, trace_context, n)
-        OFFSET 0  -- the CASE once a job, not again in the filter
+        OFFSET 0  -- the rules once a job, not again in the filter
     ) x
     WHERE x.rule IS NOT NULL
     ORDER BY x.n

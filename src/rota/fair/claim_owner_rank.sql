@@ -18,7 +18,7 @@ unit_walk AS (
 -- expected cost (an owner gets (level - served / weight) x weight / e places; the level
 -- is where the places add up to the limit). Its groups probed (spread): at least
 -- probe_spread, and as many as its share has places, since each place may be another
--- group's. An estimate (bench/RESULTS.md, section 20): the cuts prove the answer
+-- group's. An estimate (bench/RESULTS.md, section 21): the cuts prove the answer
 -- whatever the sizes, so a wrong one costs a retry or a few rows, never exactness.
 owner_fill AS (
     SELECT uw.plan, uw.unit, uw.v_lb AS k, uw.weight / jc.e AS w,
