@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 
 from rota import JobContext, Pipeline, Queue, Stage, SyncQueue
 from rota.db import migrations
+from rota.fair import FairClaim
 from tests.catalog import snapshot
 from tests.tracing_worker import span_record
 
@@ -151,17 +152,39 @@ async def test_a_request_and_every_job_it_causes_are_one_trace(
         assert c["kind"] == "CLIENT"
         assert c["attributes"]["messaging.operation.type"] == "receive"
         assert c["attributes"]["rota.claim.batch_size"] == 5  # the stages' batch
-    # The probe starts at 2 jobs a group (rota.claim): the claim of 3 jobs of one group
-    # had to look further once.
+    # Each group is probed as deep as the order takes from it (docs/fast-claim.md): the
+    # claim of 3 jobs of one group read them at once.
     assert sorted((s["name"], s["attributes"]["rota.claim.probe_retries"]) for s in claims
                   if s["attributes"]["messaging.batch.message_count"]) == [
-        ("claim enrich", 0), ("claim search", 1)]
+        ("claim enrich", 0), ("claim search", 0)]
     completes = [s for s in in_run if s["name"].startswith("complete ")]
     assert sum(s["attributes"]["rota.jobs.settled"] for s in completes) == 4
     assert {s["attributes"]["messaging.operation.type"] for s in completes} == {"settle"}
 
 
 # -- outcomes ---------------------------------------------------------------------------
+
+
+async def test_a_claim_span_counts_the_claims_reads_again(
+    traced_queue: Queue, exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim whose probe could not prove its batch reads again; its span says how many
+    times (rota.claim.probe_retries), exactly as the claim counted them. The probe starts
+    at one group and one job a group here, so the claim of 6 over 3 groups must read
+    further."""
+    monkeypatch.setattr(FairClaim, "probe_floor", (1, 1))
+    queue = traced_queue
+    for g in ("a", "b", "c"):
+        await queue.upsert_group(g, plan=None)
+        await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": g}] * 2)
+    exporter.clear()
+    claimed = await queue.claim("t", 6)
+    assert len(claimed) == 6
+    retries = queue.fair_claim.retries["t"]
+    assert retries > 0
+    span = one(records(exporter), "claim t")
+    assert span["attributes"]["rota.claim.probe_retries"] == retries
+    assert span["attributes"]["messaging.batch.message_count"] == 6
 
 
 async def test_a_failed_then_retried_job_has_two_handler_spans_retry_then_done(
