@@ -5,8 +5,9 @@
 --          stale, pool;
 --          parameters type, middle_priority, lowest_priority, middle_weight,
 --          lowest_weight, limit, probe_groups, probe_per, candidates.
--- Defines: CTEs keyed, walk, group_fill, group_level, sized, probe, ranked, ordered(id, group_id, priority, v, fair,
---          created_at, ord), unread(priority, v, fair, created_at, id, need, bgroup:
+-- Defines: CTEs keyed, walk, group_fill, group_level, sized, probe, ranked,
+--          ordered(id, group_id, priority, v, fair, created_at, ord),
+--          unread(priority, v, fair, created_at, id, need, bgroup:
 --          the group of the job a bound belongs to, null for the groups not probed).
 -- A plan's weight divides the served count (virtual time): within one plan every group
 -- has the same weight, so the pool's walk by served_n per plan is the walk by v, and
@@ -50,7 +51,8 @@ group_fill AS (
     FROM walk w
     CROSS JOIN job_cost jc
     WHERE w.rank <= %(probe_groups)s
-      AND w.priority = (SELECT max(x.priority) FROM walk x)
+      AND w.priority = (SELECT max(x.priority) FROM walk x
+                        WHERE x.rank <= %(probe_groups)s)
     WINDOW o AS (ORDER BY w.served / w.weight, w.rank ROWS UNBOUNDED PRECEDING)
 ),
 -- The level: from the last group whose own key the batch reaches (groups in key order).
