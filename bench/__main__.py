@@ -36,6 +36,7 @@ from . import (
     matrix,
     pinned,
     rates,
+    server,
     start,
     workers,
 )
@@ -51,6 +52,7 @@ def machine(url: str) -> dict[str, str]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "postgres": row[0] if row else "?",
+        **{f"server_{k}": v for k, v in server.settings(url).items()},
         **{p: metadata.version(p) for p in ("psycopg", "procrastinate", "pgqueuer", "asyncpg")},
     }
 
@@ -60,6 +62,7 @@ def main() -> None:
     sizes = claim_latency.SIZES[:-1] if "--quick" in sys.argv else claim_latency.SIZES
     info = machine(url)
     print(json.dumps(info, indent=2))
+    print(server.describe(url))
     claims = claim_latency.main(url, RESULTS, sizes)
     quick = "--quick" in sys.argv
     cells = matrix.main(url, pending=100_000 if quick else 1_000_000, quick=quick)

@@ -234,5 +234,8 @@ if __name__ == "__main__":
     import os
     import sys
 
-    main(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-         pending=100_000 if "--quick" in sys.argv else 1_000_000, quick="--quick" in sys.argv)
+    from . import server
+
+    url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    print(server.describe(url))
+    main(url, pending=100_000 if "--quick" in sys.argv else 1_000_000, quick="--quick" in sys.argv)

@@ -52,6 +52,7 @@ from psycopg import sql
 
 from rota import Plan, Plans, Queue
 
+from . import server
 from .scale import FIFO_CLAIM, FIFO_INDEX, PLANS, build, fifo_claim
 
 SCHEMA = "bench_owners"
@@ -314,6 +315,7 @@ async def main() -> None:
     except ValueError:
         p.error(f"--size must be PENDING/GROUPS/OWNERS, got {args.size!r}")
     url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    print(server.describe(url))
     if not args.skip_scenarios:
         await scenarios(url)
     if args.mixed:

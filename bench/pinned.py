@@ -364,9 +364,12 @@ def parse_sizes(argv: list[str]) -> Sizes:
 
 
 if __name__ == "__main__":
+    from . import server
+
     sizes, flat_out, explain = parse(sys.argv[1:])
-    results = main(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-                   sizes=sizes, flat_out=flat_out, explain=explain)
+    url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    print(server.describe(url))
+    results = main(url, sizes=sizes, flat_out=flat_out, explain=explain)
     out = Path(__file__).parent / "results"
     out.mkdir(parents=True, exist_ok=True)
     name = "pinned_flat_out.json" if flat_out else "pinned.json"
