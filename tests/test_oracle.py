@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
@@ -226,3 +227,72 @@ def test_claim_matches_the_naive_query_with_owners_capped_and_the_smallest_probe
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
                        plans=CAPPED, fair_by=fair_by, probe_floor=(1, 1),
                        fold_after=fold_after, expected=expected))
+
+
+# Deep backlogs of capped owners: group 0 (owner o0) holds a long backlog of pending jobs
+# and no served count; the other groups have a few pending jobs and done jobs that cost
+# 10 each, so served counts put their jobs after many of o0's in the order.
+deep_job_st = st.fixed_dictionaries({
+    "group": st.just(0),
+    "type": st.just("a"),
+    "status": st.just("pending"),
+    "created": st.integers(-40, 0),
+    "run_after": st.sampled_from([-60, -60, -60, -60, -60, 30]),
+    "locked": st.just(-10),
+    "attempts": st.just(0),
+    "finished": st.just(-1),
+    "cost": st.just("1"),
+})
+other_job_st = st.fixed_dictionaries({
+    "group": st.integers(1, 4),
+    "type": st.just("a"),
+    "status": st.sampled_from(["pending", "done", "done", "running"]),
+    "created": st.integers(-40, 0),
+    "run_after": st.just(-60),
+    "locked": st.sampled_from([-5000, -10]),
+    "attempts": st.just(0),
+    "finished": st.just(-1),
+    "cost": st.sampled_from(["1", "10", "10"]),
+})
+
+
+@given(deep=st.lists(deep_job_st, min_size=30, max_size=55),
+       others=st.lists(other_job_st, max_size=20), limit=st.integers(2, 5),
+       fair_by=st.sampled_from(["group", "owner"]),
+       third=st.sampled_from([("free", "o2"), ("standard", "o2"), ("pro", "o3")]))
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_claim_matches_the_naive_query_with_owners_capped_and_every_job_read(
+    database_url: str, migrated: str, deep: list[dict[str, Any]],
+    others: list[dict[str, Any]], limit: int, fair_by: str, third: tuple[str, str],
+) -> None:
+    """Caps with a probe that reads every job (8 groups, 60 jobs a group) over a deep
+    backlog of a capped owner: more jobs are read than there are candidates, so the
+    first job past them is a bound, and the caps pass many candidates over (o0, and o1
+    with two groups, capped at 1; the fourth group o2's on the same plan, or on
+    standard, capped at 2, or o3's on pro, not capped; group 4 without an owner, capped
+    at 1 as its own owner)."""
+    groups = [("free", True, "o0"), ("free", True, "o1"), ("free", True, "o1"),
+              (third[0], True, third[1]), ("free", True, None)]
+    jobs = deep + others
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, 0, plans=CAPPED,
+                       fair_by=fair_by, probe_floor=(8, 60)))
+
+@pytest.mark.parametrize("fair_by", ["group", "owner"])
+def test_a_capped_owners_bound_past_the_candidates_still_bounds_the_other_owners_jobs(
+    database_url: str, migrated: str, fair_by: str,
+) -> None:
+    """The first job read past the candidates bounds every job read after it, of every
+    owner: it is no one owner's bound, so a capped owner's used allowance never drops it
+    (cap_tail_on.sql). Owner o0 (capped at 1) has 30 jobs, o1 (capped at 1) one job whose
+    group has been served 30 times; the probe reads every job (40 a group), so the claim
+    of 2 has 25 of o0's jobs as its candidates and the 26th, o0's too, past them. o0's
+    first job is taken and its 24 others passed over: the batch is o0's first job and
+    o1's job, as the naive query walked with the allowances says, not o0's alone."""
+    base = {"type": "a", "run_after": -60, "locked": -10, "attempts": 0, "finished": -1,
+            "cost": "1"}
+    jobs = ([{**base, "group": 0, "status": "pending", "created": -30 + i} for i in range(30)]
+            + [{**base, "group": 1, "status": "pending", "created": -40}]
+            + [{**base, "group": 1, "status": "done", "created": -50} for _ in range(30)])
+    asyncio.run(_check(database_url, migrated, [("free", True, "o0"), ("free", True, "o1")],
+                       jobs, 2, 0, plans=CAPPED, probe_floor=(8, 40), fair_by=fair_by))

@@ -8,8 +8,11 @@
 --   as last committed: two claimers never count the same free slot. An owner another
 --   claimer holds is passed over by this claim (it takes none of its jobs).
 --   The proof (claim.sql) drops an unread bound of a capped owner whose allowance is
---   already used by candidates before that bound: no job it bounds would be taken. The
---   bound of the groups (owners) not probed names no one owner and always counts.
+--   already used by candidates before that bound: no job it bounds would be taken. A
+--   bound that stands for the jobs of many owners always counts: the bound of the
+--   groups (owners) not probed, and the first job read past the candidates ('cand'),
+--   which bounds every job read after it, whoever's (its own owner's used allowance
+--   says nothing of theirs).
 -- Needs:   CTEs clock, cap_plans (cap_prelude_on.sql), ordered(..., group_id, ...),
 --          unread(..., bgroup: the group of the job a bound belongs to, or null);
 --          parameter candidates.
@@ -66,7 +69,7 @@ unread_open AS (
     FROM unread u
     LEFT JOIN cap_groups cg ON cg.group_id = u.bgroup
     LEFT JOIN cap_units cu ON cu.plan_key = cg.plan_key AND cu.unit = cg.unit
-    WHERE cu.unit IS NULL
+    WHERE cu.unit IS NULL OR u.need = 'cand'
        OR (SELECT count(*) FROM cand k
            WHERE k.plan_key = cu.plan_key AND k.unit = cu.unit
              AND (-k.priority, k.v, k.fair, k.created_at, k.id)
