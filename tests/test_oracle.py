@@ -259,24 +259,27 @@ other_job_st = st.fixed_dictionaries({
 @given(deep=st.lists(deep_job_st, min_size=30, max_size=55),
        others=st.lists(other_job_st, max_size=20), limit=st.integers(2, 5),
        fair_by=st.sampled_from(["group", "owner"]),
-       third=st.sampled_from([("free", "o2"), ("standard", "o2"), ("pro", "o3")]))
+       third=st.sampled_from([("free", "o2"), ("standard", "o2"), ("pro", "o3")]),
+       capped=st.booleans())
 @settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_claim_matches_the_naive_query_with_owners_capped_and_every_job_read(
     database_url: str, migrated: str, deep: list[dict[str, Any]],
     others: list[dict[str, Any]], limit: int, fair_by: str, third: tuple[str, str],
+    capped: bool,
 ) -> None:
     """Caps with a probe that reads every job (8 groups, 60 jobs a group) over a deep
     backlog of a capped owner: more jobs are read than there are candidates, so the
     first job past them is a bound, and the caps pass many candidates over (o0, and o1
     with two groups, capped at 1; the fourth group o2's on the same plan, or on
     standard, capped at 2, or o3's on pro, not capped; group 4 without an owner, capped
-    at 1 as its own owner)."""
+    at 1 as its own owner); and the same work with the plans uncapped."""
     groups = [("free", True, "o0"), ("free", True, "o1"), ("free", True, "o1"),
               (third[0], True, third[1]), ("free", True, None)]
     jobs = deep + others
-    asyncio.run(_check(database_url, migrated, groups, jobs, limit, 0, plans=CAPPED,
-                       fair_by=fair_by, probe_floor=(8, 60)))
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, 0,
+                       plans=CAPPED if capped else WEIGHTED, fair_by=fair_by,
+                       probe_floor=(8, 60)))
 
 @pytest.mark.parametrize("fair_by", ["group", "owner"])
 def test_a_capped_owners_bound_past_the_candidates_still_bounds_the_other_owners_jobs(
