@@ -13,7 +13,12 @@ from rota.runner.batching import BatchSize
 
 
 @pytest.mark.parametrize(("floor", "size", "claimed", "handled_s", "after"), [
-    (1, 25, 25, 0.01, 50),       # full and fast: doubles
+    (1, 25, 25, 0.05, 50),       # full and fast: 0.1 s at this pace is double
+    (1, 25, 25, 0.09, 50),       # at least double
+    (1, 25, 25, 0.02, 125),      # 0.1 s at this pace: 5 times
+    (1, 25, 25, 0.01, 200),      # at most 8 times
+    (1, 1, 1, 0.0, 8),           # a batch timed at nothing: 8 times
+    (4, 4, 4, 0.04, 10),         # from the stage's concurrency, rounded down
     (1, 800, 800, 0.01, 1000),   # up to MAX
     (1, 1000, 1000, 0.0, 1000),  # and no further
     (1, 25, 24, 0.01, 25),       # short claim: the backlog is what it is
@@ -62,9 +67,10 @@ async def claimed_sizes(queue: Queue, pipeline: Pipeline) -> list[tuple[int, int
     return sizes
 
 
-async def test_fast_handlers_on_a_backlog_double_the_claim(
+async def test_fast_handlers_on_a_backlog_grow_the_claim(
         queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(BatchSize, "FAST", 60.0)  # every batch counts as fast here
+    # Every batch counts as fast, and 60 s at its pace is more than 8 times its size.
+    monkeypatch.setattr(BatchSize, "FAST", 60.0)
     await queue.enqueue_many([{"type": "t", "payload": {"i": i}} for i in range(400)])
     done = 0
 
@@ -74,12 +80,12 @@ async def test_fast_handlers_on_a_backlog_double_the_claim(
 
     pipeline = Pipeline(queue, [Stage("t", handler=h)])
     sizes = await claimed_sizes(queue, pipeline)
-    # 1 + 2 + … + 128 = 255 jobs, then the 145 left of the 256 asked, then nothing.
-    assert sizes == [(1, 1), (2, 2), (4, 4), (8, 8), (16, 16), (32, 32), (64, 64),
-                     (128, 128), (256, 145), (256, 0)]
+    # 1 + 8 + 64 = 73 jobs, then the 327 left of the 512 asked (short: it stays), then
+    # nothing.
+    assert sizes == [(1, 1), (8, 8), (64, 64), (512, 327), (512, 0)]
     assert done == 400
     # The size is kept for the pipeline's next run.
-    assert pipeline.batch_size(pipeline.stages[0]) == 256
+    assert pipeline.batch_size(pipeline.stages[0]) == 512
 
 
 async def test_slow_handlers_halve_the_claim(

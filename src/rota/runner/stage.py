@@ -40,8 +40,9 @@ class Stage:
     Args:
         type: the job type this stage claims.
         batch: jobs claimed at once, > 0; ``None`` (the default) lets the runner size
-            each claim: from ``concurrency``, doubling up to 1,000 while the backlog
-            fills the claims and a batch's handlers finish within 0.1 s, halving (not
+            each claim: from ``concurrency``, growing up to 1,000 (to what 0.1 s
+            handles at the last batch's pace, 2 to 8 times) while the backlog fills
+            the claims and a batch's handlers finish within 0.1 s, halving (not
             below ``concurrency``) while a batch takes over a second
             (:class:`~rota.runner.batching.BatchSize`; docs/design.md, "Batch size").
             Give a number to fix it (a ``batch_handler`` for an API that takes at most
