@@ -299,3 +299,42 @@ def test_a_capped_owners_bound_past_the_candidates_still_bounds_the_other_owners
             + [{**base, "group": 1, "status": "done", "created": -50} for _ in range(30)])
     asyncio.run(_check(database_url, migrated, [("free", True, "o0"), ("free", True, "o1")],
                        jobs, 2, 0, plans=CAPPED, probe_floor=(8, 40), fair_by=fair_by))
+
+
+# Wide and deep: nine groups over four owners (two with three groups) and a group
+# without one, on plans of two priorities and two weights, capped or not; up to 90
+# jobs, mostly pending, in groups whose done jobs cost 1 or 10.
+wide_group_st = st.tuples(st.sampled_from(["free", "standard", "pro"]), st.just(True),
+                          st.sampled_from(["o0", "o0", "o1", "o1", "o2", "o3", None]))
+wide_job_st = st.fixed_dictionaries({
+    "group": st.integers(0, 8),
+    "type": st.just("a"),
+    "status": st.sampled_from(["pending", "pending", "pending", "pending", "done",
+                               "running"]),
+    "created": st.one_of(st.just(-20), st.integers(-60, 0)),
+    "run_after": st.sampled_from([-60, -60, -60, 30]),
+    "locked": st.sampled_from([-5000, -10]),
+    "attempts": st.just(0),
+    "finished": st.sampled_from([-5_000, -1]),
+    "cost": st.sampled_from(["1", "1", "10"]),
+})
+
+
+@given(groups=st.lists(wide_group_st, min_size=9, max_size=9),
+       jobs=st.lists(wide_job_st, min_size=20, max_size=90), limit=st.integers(1, 12),
+       fair_by=st.sampled_from(["group", "owner"]), capped=st.booleans(),
+       probe_floor=st.sampled_from([(1, 1), (2, 1), (8, 60)]),
+       expected=st.sampled_from([None, "1", "4", "0.5"]))
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_claim_matches_the_naive_query_over_wide_and_deep_backlogs(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, fair_by: str, capped: bool,
+    probe_floor: tuple[int, int], expected: str | None,
+) -> None:
+    """Owners with several deep groups, served counts far apart, the smallest probe (every
+    cut, spread and retry tried), a probe of two owners, and one that reads every job
+    (the bound past the candidates), by group and by owner, capped and not."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, 0,
+                       plans=CAPPED if capped else WEIGHTED, fair_by=fair_by,
+                       probe_floor=probe_floor, expected=expected))
