@@ -113,8 +113,11 @@ def enqueue_many_params(settings: QueueSettings,
     run_afters: list[datetime | None] = []
     max_attempts: list[int | None] = []
     allowed = _ITEM_KEYS
+    # The types and group ids found sendable so far: a batch repeats a few of them, and
+    # a text's check depends on its characters alone.
+    sendable: set[str] = set()
     for i, item in enumerate(items):
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):
             raise InvalidInput(f"item {i}: expected a mapping, got {type(item).__name__}")
         if not allowed.issuperset(item) or "type" not in item or "payload" not in item:
             extra = set(item) - allowed
@@ -125,8 +128,16 @@ def enqueue_many_params(settings: QueueSettings,
                 f"item {i}: needs 'type' and 'payload'"
             )
         try:
-            t = sendable_text(item["type"], "job type")
-            g = sendable_text(item.get("group_id"), "group_id", allow_none=True)
+            t = item["type"]
+            if type(t) is not str or t not in sendable:
+                t = sendable_text(t, "job type")
+                assert t is not None  # None is refused
+                sendable.add(t)
+            g = item.get("group_id")
+            if g is not None and (type(g) is not str or g not in sendable):
+                g = sendable_text(g, "group_id")
+                assert g is not None
+                sendable.add(g)
             payload = encode_payload(item["payload"])
             key = item.get("dedupe_key")
             if key is not None:
