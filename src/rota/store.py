@@ -23,6 +23,10 @@ decides how values cross the wire, so no call site can forget it:
   :class:`~rota.job.Unreadable` in its place instead of failing the whole statement,
   so one bad row is named, not fatal (docs/design.md, "Bad data belongs to its job").
 
+The single enqueue, the hot path, keeps one such cursor per connection of the queue's
+own pool (:meth:`Store.hot_cursor`), so psycopg keeps what it learnt about the
+statement's parameters and columns from one call to the next.
+
 Behind a connection pooler (``Queue(pooled=...)``), rota's server settings
 (:data:`rota.db.TRANSACTION_DEFAULTS`) cannot ride on the connection's startup: every
 statement the store runs on a connection of the queue's own pool is preceded, in the
