@@ -178,15 +178,17 @@ def enqueued_row(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]
     path alike: each row as ``(problem, None)`` or ``(None, job)``, the job made
     straight from the tuple (:meth:`Job.row_maker`, lenient: it is written, so never an
     error after that) instead of through a dict of its columns. The maker is built once
-    per set of column names (a schema), not per statement.
-
-    Raises:
-        psycopg.ProgrammingError: the statement returned no rows (not a query).
+    per set of column names (a schema), not per statement. Without rows to read (not a
+    query), the maker raises as psycopg's own row factories' do.
     """
     res = cursor.pgresult
     if res is None or res.status != TUPLES_OK:
-        raise psycopg.ProgrammingError("the enqueue statement returned no rows")
+        return _no_rows
     return _enqueued_maker(tuple(map(res.fname, range(res.nfields))))
+
+
+def _no_rows(values: Sequence[Any]) -> Enqueued:
+    raise psycopg.InterfaceError("the cursor doesn't have a result")
 
 
 @functools.lru_cache(maxsize=64)
