@@ -254,10 +254,10 @@ async def enqueue(store: Store, settings: QueueSettings, tracer: tracing.Tracer,
     params = enqueue_params(settings, type, payload, group_id=group_id,
                             dedupe_key=dedupe_key, run_after=run_after,
                             max_attempts=max_attempts)
-    if conn is None:
-        await ready()
     with tracer.enqueue(params["type"], 1) as sending:
         params["trace_context"] = sending.trace_context
+        if conn is None:
+            await ready()
         # The store takes the pooled connection itself (or uses conn): one statement,
         # one round trip, its row read straight into the Job.
         row = await sql.enqueue(store, **params, row_factory=enqueued_row, conn=conn)
