@@ -205,3 +205,51 @@ def test_upkeep_settings_must_be_positive_seconds_within_1000_years(
         UpkeepConfig(**{field: value})
     assert str(raised.value) == f"UpkeepConfig.{field} {says}"
     assert getattr(UpkeepConfig(**{field: 31_557_600_000}), field) == 31_557_600_000
+
+
+class Text(str):
+    """A str subclass: checked item by item (the batch remembers only exact strs)."""
+
+
+@pytest.mark.parametrize(("items", "error", "message"), [
+    ([{"type": "t", "payload": {}, "group_id": "g"}, {"type": "t", "payload": {}},
+      {"type": "t\x00", "payload": {}}],
+     InvalidInput, "item 2: job type 't\\x00' contains a NUL character"),
+    ([{"type": "t", "payload": {}, "group_id": "g"},
+      {"type": "t", "payload": {}, "group_id": "g"},
+      {"type": "t", "payload": {}, "group_id": "g\ud800"}],
+     InvalidInput, "item 2: group_id 'g\\ud800' contains a lone surrogate, which is not "
+                   "UTF-8 text"),
+    ([{"type": "t", "payload": {}}, {"type": 7, "payload": {}}],
+     InvalidInput, "item 1: job type must be a non-empty string, got 7"),
+    ([{"type": "t", "payload": {}, "group_id": "g"},
+      {"type": "t", "payload": {}, "group_id": ["g"]}],
+     InvalidInput, "item 1: group_id must be a non-empty string, got ['g']"),
+    ([{"type": "t", "payload": {}}, {"type": Text("t\x00"), "payload": {}}],
+     InvalidInput, "item 1: job type 't\\x00' contains a NUL character"),
+])
+def test_a_batch_checks_every_item_s_texts_though_they_repeat(
+    items: list[dict[str, Any]], error: type[Exception], message: str
+) -> None:
+    from rota.enqueue import enqueue_many_params
+    from rota.settings import QueueSettings
+
+    with pytest.raises(error) as raised:
+        enqueue_many_params(QueueSettings(), items)
+    assert (type(raised.value), str(raised.value)) == (error, message)
+
+
+def test_a_batch_sends_repeated_and_uuid_texts_as_given() -> None:
+    import uuid
+
+    from rota.enqueue import enqueue_many_params
+    from rota.settings import QueueSettings
+
+    g = uuid.UUID(int=5)
+    params = enqueue_many_params(QueueSettings(), [
+        {"type": "t", "payload": {}, "group_id": g}, {"type": "t", "payload": [1]},
+        {"type": "u", "payload": {}, "group_id": str(g)}, {"type": "t", "payload": {},
+                                                          "group_id": g}])
+    assert {k: params[k] for k in ("types", "payloads", "group_ids")} == {
+        "types": ["t", "t", "u", "t"], "payloads": ["{}", "[1]", "{}", "{}"],
+        "group_ids": [str(g), None, str(g), str(g)]}

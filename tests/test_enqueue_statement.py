@@ -125,3 +125,29 @@ async def test_jobs_bounded_only_by_created_at_and_id_together_keep_the_row_as_i
     cur = await aconn.execute(rows)
     assert await cur.fetchall() == [(first.created_at, first.id, True, first.run_after)]
     assert await queue.verify() == []
+
+
+async def test_the_job_enqueue_returns_is_its_row_field_for_field(
+        make_queue: Any, aconn: Any) -> None:
+    """The enqueue's row is read straight into the Job (rota.enqueue.enqueued_row): on
+    the queue's own pool (its kept cursor, twice), on a caller's connection and through
+    SyncQueue, each job equals the row as a new cursor reads it (get_job), every
+    field."""
+    from rota import SyncQueue
+
+    queue: Queue = await make_queue()
+    await queue.upsert_group("g", plan=None)
+    made = [await queue.enqueue("t", {"n": 1}, group_id="g", max_attempts=7),
+            await queue.enqueue("t", [1.5, "é"], dedupe_key="k")]
+    async with queue.connection() as c:
+        made.append(await queue.enqueue("u", "text", conn=c))
+    sync = SyncQueue(schema=queue.schema)
+    with psycopg.connect(aconn.info.dsn, autocommit=True) as c:
+        made.append(sync.enqueue(c, "t", None, group_id="g"))
+    for job in made:
+        assert job is not None
+        assert job == await queue.get_job(job.id)
+    assert [(j.type, j.payload, j.group_id, j.dedupe_key, j.max_attempts, j.status)
+            for j in made if j is not None] == [
+        ("t", {"n": 1}, "g", None, 7, "pending"), ("t", [1.5, "é"], None, "k", 3, "pending"),
+        ("u", "text", None, None, 3, "pending"), ("t", None, "g", None, 3, "pending")]

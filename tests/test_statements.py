@@ -21,7 +21,7 @@ SQL = Path(rota.__file__).parent / "sql"
 #: percent sign.
 PLACEHOLDER = re.compile(r"%%|%\((\w+)\)[sbt]")
 #: Arguments a function takes besides the statement's parameters.
-NOT_PARAMETERS = {"store", "conn", "deadline"}
+NOT_PARAMETERS = {"store", "conn", "deadline", "row_factory"}
 
 
 def blocks() -> set[str]:

@@ -17,9 +17,10 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
 
 from rota import PruneDoneJobs, Queue
-from rota.store import configure_cursor
+from rota.store import configure_connection, configure_cursor
 from tests.test_bad_input_table import CLOCK_LOG
 
 AConn = psycopg.AsyncConnection[Any]
@@ -200,3 +201,40 @@ def test_the_dst_days_are_what_the_tests_say() -> None:
     assert (issue_day - (issue_day - timedelta(days=1))).total_seconds() == 86400
     assert (issue_day.astimezone(UTC) - (issue_day - timedelta(days=1)).astimezone(UTC)
             ) == timedelta(hours=25)
+
+
+async def test_an_enqueue_reads_utc_times_after_its_connection_changes_time_zone(
+    migrated: str, database_url: str, aconn: AConn
+) -> None:
+    """The single enqueue keeps a cursor per pooled connection (Store.hot_cursor), set up
+    for the session's TimeZone: after a ``SET TimeZone`` on that connection, the job's
+    times come back as a new cursor reads them (``get_job``'s), in UTC (one connection
+    in the pool: every statement takes the same one)."""
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        database_url, open=False, min_size=1, max_size=1,
+        kwargs={"autocommit": True}, configure=configure_connection)
+    await pool.open(wait=True)
+    queue = Queue(pool, schema=migrated)
+    try:
+        utc = await queue.enqueue("t", {})
+        assert utc is not None
+        utc_read = await queue.get_job(utc.id)
+        async with queue.connection() as c:
+            await c.execute("SET TimeZone = 'Europe/Berlin'")
+        berlin = await queue.enqueue("t", {})
+        assert berlin is not None
+        berlin_read = await queue.get_job(berlin.id)
+        async with queue.connection() as c:
+            cur = await c.execute("SHOW timezone")
+            assert await cur.fetchone() == ("Europe/Berlin",)
+    finally:
+        await queue.close()
+        await pool.close()
+    assert (utc, berlin) == (utc_read, berlin_read)
+    assert [(j.created_at.tzinfo, j.run_after.tzinfo) for j in (utc, berlin)] == [
+        (j.created_at.tzinfo, j.run_after.tzinfo) for j in (utc_read, berlin_read)]
+    assert (berlin.created_at.tzinfo, berlin.run_after.tzinfo) == (UTC, UTC)
+    cur = await aconn.execute(
+        sql.SQL("SELECT id, created_at, run_after FROM {}.jobs ORDER BY id").format(
+            sql.Identifier(migrated)))
+    assert [(j.id, j.created_at, j.run_after) for j in (utc, berlin)] == await cur.fetchall()

@@ -13,21 +13,29 @@ the queue.
 
 from __future__ import annotations
 
+import functools
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import psycopg
+from psycopg.pq import ExecStatus
+from psycopg.rows import RowMaker
 from psycopg.types.json import Jsonb
 
 from . import statements as sql
 from . import tracing
 from .checks import require_aware, sendable_int, sendable_text
 from .errors import InvalidInput, PayloadError, UnknownGroup, UnknownJobType
-from .give_up import Connect
 from .job import Job, encode_payload
 from .settings import QueueSettings
 from .store import AnyConn, Store
+
+#: Opens the queue's pool if it is not open yet (:meth:`rota.Queue.open`).
+Ready = Callable[[], Awaitable[None]]
+
+TUPLES_OK = ExecStatus.TUPLES_OK
 
 _ITEM_KEYS = frozenset({"type", "payload", "group_id", "dedupe_key", "run_after",
                         "max_attempts"})
@@ -105,8 +113,11 @@ def enqueue_many_params(settings: QueueSettings,
     run_afters: list[datetime | None] = []
     max_attempts: list[int | None] = []
     allowed = _ITEM_KEYS
+    # The types and group ids found sendable so far: a batch repeats a few of them, and
+    # a text's check depends on its characters alone.
+    sendable: set[str] = set()
     for i, item in enumerate(items):
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):
             raise InvalidInput(f"item {i}: expected a mapping, got {type(item).__name__}")
         if not allowed.issuperset(item) or "type" not in item or "payload" not in item:
             extra = set(item) - allowed
@@ -117,8 +128,16 @@ def enqueue_many_params(settings: QueueSettings,
                 f"item {i}: needs 'type' and 'payload'"
             )
         try:
-            t = sendable_text(item["type"], "job type")
-            g = sendable_text(item.get("group_id"), "group_id", allow_none=True)
+            t = item["type"]
+            if type(t) is not str or t not in sendable:
+                t = sendable_text(t, "job type")
+                assert t is not None  # None is refused
+                sendable.add(t)
+            g = item.get("group_id")
+            if g is not None and (type(g) is not str or g not in sendable):
+                g = sendable_text(g, "group_id")
+                assert g is not None
+                sendable.add(g)
             payload = encode_payload(item["payload"])
             key = item.get("dedupe_key")
             if key is not None:
@@ -148,18 +167,56 @@ def enqueue_many_params(settings: QueueSettings,
     }
 
 
-def enqueued_job(row: Mapping[str, Any] | None) -> Job | None:
-    """The job the ``enqueue`` statement returned (``None``: a duplicate of an open
-    job), for the async and the sync path alike.
+#: What a row of the ``enqueue`` statement says: the problem ``enqueue_jobs`` found
+#: (nothing written), or the job written.
+Enqueued = tuple[Mapping[str, Any], None] | tuple[None, Job]
+
+
+def enqueued_row(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]
+                 ) -> RowMaker[Enqueued]:
+    """The psycopg row factory of the ``enqueue`` statement, for the async and the sync
+    path alike: each row as ``(problem, None)`` or ``(None, job)``, the job made
+    straight from the tuple (:meth:`Job.row_maker`, lenient: it is written, so never an
+    error after that) instead of through a dict of its columns. The maker is built once
+    per set of column names (a schema), not per statement. Without rows to read (not a
+    query), the maker raises as psycopg's own row factories' do.
+    """
+    res = cursor.pgresult
+    if res is None or res.status != TUPLES_OK:
+        return _no_rows
+    return _enqueued_maker(tuple(map(res.fname, range(res.nfields))))
+
+
+def _no_rows(values: Sequence[Any]) -> Enqueued:
+    raise psycopg.InterfaceError("the cursor doesn't have a result")
+
+
+@functools.lru_cache(maxsize=64)
+def _enqueued_maker(columns: tuple[bytes | None, ...]) -> RowMaker[Enqueued]:
+    names = [(c or b"").decode() for c in columns]
+    problem_at = names.index("problem")
+    make_job = Job.row_maker(names, lenient=True)
+
+    def make(row: Sequence[Any]) -> Enqueued:
+        problem = row[problem_at]
+        return (problem, None) if problem is not None else (None, make_job(row))
+
+    return make
+
+
+def enqueued_job(row: Enqueued | None) -> Job | None:
+    """The job the ``enqueue`` statement returned (a row of :func:`enqueued_row`;
+    ``None``: a duplicate of an open job), for the async and the sync path alike.
 
     Raises:
         InvalidInput and subclasses: what ``enqueue_jobs`` refused (nothing written).
     """
     if row is None:
         return None
-    if row["problem"] is not None:
-        raise enqueue_error(row["problem"])
-    return Job.from_row(row, lenient=True)  # written: never an error after that
+    problem, job = row
+    if problem is not None:
+        raise enqueue_error(problem)
+    return job
 
 
 def enqueue_error(problem: Mapping[str, Any]) -> InvalidInput:
@@ -177,13 +234,14 @@ def enqueue_error(problem: Mapping[str, Any]) -> InvalidInput:
 
 
 async def enqueue(store: Store, settings: QueueSettings, tracer: tracing.Tracer,
-                  connect: Connect, type: str, payload: Any, *,
+                  ready: Ready, type: str, payload: Any, *,
                   group_id: str | uuid.UUID | None = None, dedupe_key: str | None = None,
                   run_after: datetime | None = None, max_attempts: int | None = None,
                   conn: AnyConn | None = None) -> Job | None:
     """Enqueue one job through the database's ``enqueue_jobs`` in one statement, with
     the trace context of its enqueue span (see :meth:`rota.Queue.enqueue`, whose
-    arguments these are after the first four).
+    arguments these are after the first four; ``ready`` is awaited first when ``conn``
+    is ``None``: it opens the queue's pool if it is not yet).
 
     Returns:
         The new job, or ``None`` when an open job with ``dedupe_key`` exists.
@@ -198,18 +256,22 @@ async def enqueue(store: Store, settings: QueueSettings, tracer: tracing.Tracer,
                             max_attempts=max_attempts)
     with tracer.enqueue(params["type"], 1) as sending:
         params["trace_context"] = sending.trace_context
-        async with connect(conn) as c:
-            row = await sql.enqueue(store, **params, conn=c)
+        if conn is None:
+            await ready()
+        # The store takes the pooled connection itself (or uses conn): one statement,
+        # one round trip, its row read straight into the Job.
+        row = await sql.enqueue(store, **params, row_factory=enqueued_row, conn=conn)
         job = enqueued_job(row)
         sending.sent([job.id] if job is not None else [], 1 if job is not None else 0)
     return job
 
 
 async def enqueue_many(store: Store, settings: QueueSettings, tracer: tracing.Tracer,
-                       connect: Connect, items: Iterable[Mapping[str, Any]], *,
+                       ready: Ready, items: Iterable[Mapping[str, Any]], *,
                        conn: AnyConn | None = None) -> int:
     """Enqueue a batch in one statement through the database's ``enqueue_jobs`` (see
-    :meth:`rota.Queue.enqueue_many`); one enqueue span for the batch.
+    :meth:`rota.Queue.enqueue_many`); one enqueue span for the batch. ``ready`` is
+    awaited first when ``conn`` is ``None`` (as for :func:`enqueue`).
 
     Returns:
         How many jobs were created (duplicates of open jobs, or of each other inside
@@ -227,15 +289,17 @@ async def enqueue_many(store: Store, settings: QueueSettings, tracer: tracing.Tr
                         len(params["types"])) as sending:
         params["trace_context"] = sending.trace_context
         params["count"] = len(params["types"])
-        async with connect(conn) as c:
-            # One statement: on our own autocommit connection it is its own
-            # transaction; on a caller's connection, the caller's transaction holds it.
-            created, problem = await sql.enqueue_many(store, **params, conn=c)
+        if conn is None:
+            await ready()
+        # One statement: on our own autocommit connection it is its own transaction;
+        # on a caller's connection, the caller's transaction holds it.
+        created, problem = await sql.enqueue_many(store, **params, conn=conn)
         if problem is not None:
             raise enqueue_error(problem)
         sending.sent([], int(created))
     return int(created)
 
 
-__all__ = ["enqueue", "enqueue_error", "enqueue_many", "enqueue_many_params",
-           "enqueue_params", "enqueue_settings", "enqueued_job"]
+__all__ = ["Enqueued", "Ready", "enqueue", "enqueue_error", "enqueue_many",
+           "enqueue_many_params", "enqueue_params", "enqueue_settings", "enqueued_job",
+           "enqueued_row"]

@@ -255,6 +255,59 @@ def _check_value(value: Any, path: str, depth: int) -> bool:
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is plain JSON that :func:`_check_value` would let through
+    without a remark: exactly a str (no NUL, no lone surrogate), an int, a bool, None,
+    a finite float, or a dict (str keys) or list or tuple of such values. It builds no
+    path for an error message, so it costs a fraction of the walk that does; anything
+    else (a Decimal, a subclass, a value to refuse) is left to that walk."""
+    t = type(value)
+    if t is str:
+        return "\x00" not in value and (value.isascii() or _utf8(value))
+    if t is dict:
+        for k, v in value.items():
+            if (type(k) is not str or "\x00" in k or not (k.isascii() or _utf8(k))
+                    or not _plain(v)):
+                return False
+        return True
+    if t is list or t is tuple:
+        for v in value:
+            if not _plain(v):
+                return False
+        return True
+    if t is int or t is bool or value is None:
+        return True
+    if t is float:
+        return math.isfinite(value)
+    return False
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is UTF-8 text (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# _ENCODER's C encoder, made once: JSONEncoder.encode makes one at every call (a third of
+# the time of a small payload's encoding). Without circular-reference markers, which a
+# plain payload (_plain) cannot need: a cycle never ends _plain's walk. The pure Python
+# encoder where the C one is missing.
+_make_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+_C_ENCODER = (None if _make_c_encoder is None else _make_c_encoder(
+    None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False,
+    False))
+
+
+def _encode_plain(value: Any) -> str:
+    """``_ENCODER.encode(value)`` for a value :func:`_plain` accepted."""
+    if _C_ENCODER is None:
+        return _ENCODER.encode(value)
+    return "".join(_C_ENCODER(value, 0))
+
+
 def _encode_exact(value: Any) -> str:
     """JSON text for a payload holding Decimals (checked by :func:`_check_value`), each
     written digit for digit (``str(Decimal)`` is a JSON number for a finite Decimal),
@@ -347,11 +400,19 @@ def encode_payload(payload: Any) -> str:
             nested too deeply.
     """
     try:
-        exact = _check_value(payload, "", 0)
+        plain = _plain(payload)
     except RecursionError:
-        raise too_deep() from None
+        plain = False  # the walk below says why
+    if plain:
+        exact = False
+    else:
+        try:
+            exact = _check_value(payload, "", 0)
+        except RecursionError:
+            raise too_deep() from None
     try:
-        text = _encode_exact(payload) if exact else _ENCODER.encode(payload)
+        text = (_encode_plain(payload) if plain else
+                _encode_exact(payload) if exact else _ENCODER.encode(payload))
     except RecursionError:
         raise too_deep() from None
     except (TypeError, ValueError) as exc:

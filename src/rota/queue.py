@@ -364,7 +364,7 @@ class Queue:
             UnknownGroup: ``group_id`` is not in the groups relation.
         """
         return await _enqueue.enqueue(
-            self.store, self.settings, self.tracer, self.connection, type, payload,
+            self.store, self.settings, self.tracer, self.open, type, payload,
             group_id=group_id, dedupe_key=dedupe_key, run_after=run_after,
             max_attempts=max_attempts, conn=conn)
 
@@ -390,7 +390,7 @@ class Queue:
             UnknownGroup: some group ids are unknown; nothing written.
         """
         return await _enqueue.enqueue_many(self.store, self.settings, self.tracer,
-                                           self.connection, items, conn=conn)
+                                           self.open, items, conn=conn)
 
     async def publish_settings(self, *, conn: AnyConn | None = None,
                                types: Iterable[str] | None = None) -> None:

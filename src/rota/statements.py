@@ -30,7 +30,9 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from .store import AnyConn, Store
+from psycopg.rows import AsyncRowFactory
+
+from .store import AnyConn, Row, Store
 
 # -- fenced transitions of claimed jobs (docs/design.md, "Fencing", "Settling twice") --
 
@@ -247,19 +249,21 @@ async def enqueue(store: Store, *, type: str, payload: str, group_id: str | None
                   max_attempts: int | None, s_types: list[str] | None,
                   s_max_attempts: int, s_max_attempts_by_type: Any,
                   s_max_payload_bytes: int, s_groups: str | None, offset: timedelta,
-                  trace_context: Any, conn: AnyConn | None = None) -> dict[str, Any] | None:
+                  trace_context: Any, row_factory: AsyncRowFactory[Row],
+                  conn: AnyConn | None = None) -> Row | None:
     """``sql/enqueue.sql``: one job through the database's ``enqueue_jobs`` (the
     parameters of :func:`rota.enqueue.enqueue_params`, and the trace context).
 
     Returns:
-        The row (the job's columns and ``problem``), or ``None`` for a duplicate.
+        The row (the job's columns and ``problem``) as ``row_factory`` makes it
+        (:func:`rota.enqueue.enqueued_row`), or ``None`` for a duplicate.
     """
-    return await store.fetch_dict("enqueue", {
+    return await store.fetch_first("enqueue", {
         "type": type, "payload": payload, "group_id": group_id, "dedupe_key": dedupe_key,
         "run_after": run_after, "max_attempts": max_attempts, "s_types": s_types,
         "s_max_attempts": s_max_attempts, "s_max_attempts_by_type": s_max_attempts_by_type,
         "s_max_payload_bytes": s_max_payload_bytes, "s_groups": s_groups,
-        "offset": offset, "trace_context": trace_context}, conn=conn)
+        "offset": offset, "trace_context": trace_context}, row_factory, conn=conn)
 
 
 async def enqueue_many(store: Store, *, types: list[str | None], payloads: list[str],

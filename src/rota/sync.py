@@ -10,10 +10,10 @@ from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import tuple_row
 
 from . import tracing
-from .enqueue import enqueue_error, enqueue_many_params, enqueue_params, enqueued_job
+from .enqueue import enqueue_error, enqueue_many_params, enqueue_params, enqueued_job, enqueued_row
 from .job import Job
 from .results import DEFAULT_POLL_EVERY, JobResult, sync_result, sync_wait
 from .settings import QueueSettings
@@ -88,7 +88,7 @@ class SyncQueue:
         duplicate of an open job. Raises the same errors."""
         with self.tracer.enqueue(params["type"], 1) as sending:
             params["trace_context"] = sending.trace_context
-            cur = conn.cursor(row_factory=dict_row)
+            cur = conn.cursor(row_factory=enqueued_row)
             configure_cursor(cur)
             cur.execute(self.statements.sql("enqueue"), params)
             job = enqueued_job(cur.fetchone())
