@@ -1,5 +1,5 @@
 """A payload's JSON text (docs/design.md, "Enqueue"): encode_payload takes a short cut
-for plain JSON (a check that builds no error path, and the C encoder made once), and
+for plain JSON (a check that builds no error path), and
 must say exactly what the full walk says. The oracle is that walk: rota.job's
 _check_value, then the exact or the usual encoder. No database needed."""
 

@@ -291,23 +291,6 @@ def _utf8(text: str) -> bool:
     return True
 
 
-# _ENCODER's C encoder, made once: JSONEncoder.encode makes one at every call (a third of
-# the time of a small payload's encoding). Without circular-reference markers, which a
-# plain payload (_plain) cannot need: a cycle never ends _plain's walk. The pure Python
-# encoder where the C one is missing.
-_make_c_encoder = getattr(json.encoder, "c_make_encoder", None)
-_C_ENCODER = (None if _make_c_encoder is None else _make_c_encoder(
-    None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False,
-    False))
-
-
-def _encode_plain(value: Any) -> str:
-    """``_ENCODER.encode(value)`` for a value :func:`_plain` accepted."""
-    if _C_ENCODER is None:
-        return _ENCODER.encode(value)
-    return "".join(_C_ENCODER(value, 0))
-
-
 def _encode_exact(value: Any) -> str:
     """JSON text for a payload holding Decimals (checked by :func:`_check_value`), each
     written digit for digit (``str(Decimal)`` is a JSON number for a finite Decimal),
@@ -411,8 +394,7 @@ def encode_payload(payload: Any) -> str:
         except RecursionError:
             raise too_deep() from None
     try:
-        text = (_encode_plain(payload) if plain else
-                _encode_exact(payload) if exact else _ENCODER.encode(payload))
+        text = _encode_exact(payload) if exact else _ENCODER.encode(payload)
     except RecursionError:
         raise too_deep() from None
     except (TypeError, ValueError) as exc:
