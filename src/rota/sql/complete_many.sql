@@ -48,7 +48,7 @@ WITH held AS MATERIALIZED (
     RETURNING j.id
 ), told AS (
     SELECT pg_notify('rota_settled', %(schema_name)s::text || ':'
-                     || CASE WHEN count(*) <= 300 THEN string_agg(d.id::text, ',')
+                     || CASE WHEN count(*) <= 300 THEN string_agg(d.id::text, ',' ORDER BY d.id)
                              ELSE '*' END)
     FROM done d
     -- Asked once (an initplan) before a probe per job: most batches have no waiter.
