@@ -4,7 +4,10 @@
 -- pending, failed) or that it is still running under the claim (a caller's transaction
 -- that completed it did not commit). No row: the claim lost the job (reclaimed after a
 -- stale lock, failed as stuck, postponed, pruned).
-SELECT j.id, j.status
-FROM {schema}.jobs j
-JOIN unnest(%(ids)b::bigint[], %(claim_tokens)b::uuid[]) AS t(id, claim_token)
-  ON t.id = j.id AND t.claim_token = j.claim_token
+-- One primary-key probe per listed id whatever the statistics say (docs/design.md,
+-- "Batch plans"): the LATERAL subquery's OFFSET 0 keeps the list driving.
+SELECT t.id, j.status
+FROM unnest(%(ids)b::bigint[], %(claim_tokens)b::uuid[]) AS t(id, claim_token)
+CROSS JOIN LATERAL (SELECT j.status FROM {schema}.jobs j
+                    WHERE j.id = t.id AND j.claim_token = t.claim_token
+                    OFFSET 0) j

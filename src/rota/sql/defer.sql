@@ -5,7 +5,7 @@
 -- Each deferral is counted; past max_deferrals (when set) the job gives up instead.
 -- The claim's token stays on the row, as in complete.sql, so a repeat is recognised.
 -- Rows are locked in id order so batch deferrals cannot deadlock with sweepers.
-WITH target AS (
+WITH target AS MATERIALIZED (
 {fenced_claims}
 )
 UPDATE {schema}.jobs AS u
@@ -22,6 +22,5 @@ SET status = CASE WHEN u.deferrals + 1 > %(max_deferrals)s::int THEN 'failed'
     attempts = greatest(u.attempts - 1, 0),
     deferrals = u.deferrals + 1,
     locked_at = NULL
-FROM target
-WHERE u.id = target.id
+WHERE u.id = ANY (ARRAY(SELECT x.id FROM target x))
 RETURNING u.id, u.status

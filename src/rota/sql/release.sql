@@ -4,7 +4,7 @@
 -- deferral counted, the due time kept, or moved to not_before when later (a run never
 -- claims again what it handed back). Fenced by claim token; rows locked in id order
 -- like every batch transition.
-WITH target AS (
+WITH target AS MATERIALIZED (
 {fenced_claims}
 )
 UPDATE {schema}.jobs AS u
@@ -13,6 +13,5 @@ SET status = 'pending',
     run_after = greatest(u.run_after, coalesce(%(not_before)s::timestamptz, u.run_after)),
     locked_at = NULL,
     claim_token = NULL
-FROM target
-WHERE u.id = target.id
+WHERE u.id = ANY (ARRAY(SELECT x.id FROM target x))
 RETURNING u.id
