@@ -62,6 +62,28 @@ async def test_complete_many_fences_each_job_by_its_own_claim(
     await claim_equals_oracle(queue, database_url, "t", 5)
 
 
+async def test_a_job_listed_under_a_lost_claim_and_the_claim_holding_it_is_flagged_by_claim(
+    queue: Queue, aconn: Any,
+) -> None:
+    """The same job under two claims in one call: the first claim's lock went stale and
+    the second took it. Only the second's completion is its: flags [False, True], in
+    either order, repeated or not, and the row done under the second claim."""
+    job = await queue.enqueue("t", {})
+    assert job is not None
+    [old] = await queue.claim("t", 1)
+    queue.clock_offset = timedelta(minutes=16)  # the old claim's lock goes stale
+    [new] = await queue.claim("t", 1)
+    assert (old.id, new.id) == (job.id, job.id) and old.claim_token != new.claim_token
+    assert await queue.complete_many([old]) == [False]
+    assert await queue.complete_many([old, new]) == [False, True]
+    assert await status(aconn, queue, job.id) == ("done", new.claim_token)
+    # A repeat: done by the holding claim before, still lost by the other.
+    assert await queue.complete_many([new, old]) == [True, False]
+    assert await queue.complete_many([old, new, old]) == [False, True, False]
+    assert await queue.complete(old) is False
+    assert await queue.claim_states([old, new]) == {job.id: "done"}
+
+
 async def test_concurrent_batches_of_one_big_group_keep_the_bookkeeping_exact(
     make_queue: Any, aconn: Any, schema: str, database_url: str
 ) -> None:

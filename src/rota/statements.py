@@ -59,31 +59,35 @@ async def complete_many(store: Store, *, ids: Sequence[int],
                         results: Sequence[str | None],
                         started_ats: Sequence[datetime | None],
                         costs: Sequence[Decimal | None], offset: timedelta,
-                        schema_name: str, conn: AnyConn | None = None) -> set[int]:
+                        schema_name: str,
+                        conn: AnyConn | None = None) -> set[tuple[int, uuid.UUID]]:
     """``sql/complete_many.sql``: mark jobs done, each under its own claim (parallel
     arrays, in id order: the one lock order), each charged its cost (``None``: 1).
 
     Returns:
-        The ids done now.
+        ``(id, claim_token)`` of each job done now, with the claim it was done under
+        (a job listed under two claims is done under the one that holds it).
     """
     rows = await store.fetch_all("complete_many", {
         "ids": list(ids), "claim_tokens": list(claim_tokens), "results": list(results),
         "started_ats": list(started_ats), "costs": list(costs), "offset": offset,
         "schema_name": schema_name}, conn=conn)
-    return {r[0] for r in rows}
+    return {(r[0], r[1]) for r in rows}
 
 
 async def claim_states(store: Store, *, ids: Sequence[int],
                        claim_tokens: Sequence[uuid.UUID | None],
-                       conn: AnyConn | None = None) -> dict[int, str]:
+                       conn: AnyConn | None = None) -> dict[tuple[int, uuid.UUID], str]:
     """``sql/claim_states.sql``: the status each job's claim left it in.
 
     Returns:
-        Job id -> status, for the rows that still carry their claim's token.
+        ``(id, claim_token)`` -> status, for the rows that still carry that claim's
+        token (a row carries one: of a job listed under two claims, at most one is
+        answered).
     """
     rows = await store.fetch_all("claim_states", {
         "ids": list(ids), "claim_tokens": list(claim_tokens)}, conn=conn)
-    return {r[0]: r[1] for r in rows}
+    return {(r[0], r[1]): r[2] for r in rows}
 
 
 async def fail(store: Store, *, id: int, claim_token: uuid.UUID | None, offset: timedelta,

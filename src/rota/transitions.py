@@ -162,6 +162,14 @@ class Transitions:
         Returns:
             Job id -> status, for the jobs this claim still answers for.
         """
+        return {i: status for (i, _), status in
+                (await self._claim_states(jobs, conn=conn)).items()}
+
+    async def _claim_states(self, jobs: Sequence[Job], *, conn: AnyConn | None = None
+                            ) -> dict[tuple[int, uuid.UUID], str]:
+        """:meth:`claim_states` by claim: ``(id, claim_token) -> status``, so a job
+        listed under two claims (one lost, one holding it) is answered for the holding
+        one only."""
         fenced = [j for j in jobs if j.claim_token is not None]
         if not fenced:
             return {}
@@ -239,23 +247,25 @@ class Transitions:
                     costs=[cost_by_id[j.id] for j in fenced],
                     offset=self.settings.clock_offset, schema_name=self.settings.schema,
                     conn=c)
-                if len(done) < len({j.id for j in fenced}):
-                    # Lost, or done by this very claim before (a repeat): say which.
-                    states = await self.claim_states(
-                        [j for j in fenced if j.id not in done], conn=c)
-                    done |= {i for i, status in states.items() if status == "done"}
+                rest = [j for j in fenced if (j.id, j.claim_token) not in done]
+                if rest:
+                    # Lost, or done by this very claim before (a repeat): say which, by
+                    # claim (the same job may be listed under a lost claim and the one
+                    # holding it).
+                    states = await self._claim_states(rest, conn=c)
+                    done |= {k for k, status in states.items() if status == "done"}
         except psycopg.errors.DeadlockDetected:
             if conn is not None:
                 raise
             # Nothing was written (the statement was its own transaction): one by one.
             log.info("complete_many: deadlock detected, completing %d jobs one by one",
                      len(fenced))
-            done = {j.id for j in fenced
+            done = {(j.id, j.claim_token) for j in fenced if j.claim_token is not None
                     # The value as given: complete encodes it (the encoded text
                     # given again would be stored as a JSON string).
                     if await self.complete(j, result=value_by_id[j.id],
                                            cost=cost_by_id[j.id])}
-        return [j.claim_token is not None and j.id in done for j in batch]
+        return [j.claim_token is not None and (j.id, j.claim_token) in done for j in batch]
 
     async def fail(self, job: Job, error: BaseException | str, *, give_up: bool = False,
                    conn: AnyConn | None = None) -> FailOutcome:

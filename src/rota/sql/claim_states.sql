@@ -6,7 +6,7 @@
 -- stale lock, failed as stuck, postponed, pruned).
 -- One primary-key probe per listed id whatever the statistics say (docs/design.md,
 -- "Batch plans"): the LATERAL subquery's OFFSET 0 keeps the list driving.
-SELECT t.id, j.status
+SELECT t.id, t.claim_token, j.status
 FROM unnest(%(ids)b::bigint[], %(claim_tokens)b::uuid[]) AS t(id, claim_token)
 CROSS JOIN LATERAL (SELECT j.status FROM {schema}.jobs j
                     WHERE j.id = t.id AND j.claim_token = t.claim_token

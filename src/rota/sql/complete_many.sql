@@ -45,7 +45,7 @@ WITH held AS MATERIALIZED (
         cost = coalesce(b.costs[width_bucket(j.id, b.ids)], 1)
     FROM batch b
     WHERE j.id = ANY (b.ids)
-    RETURNING j.id
+    RETURNING j.id, j.claim_token
 ), told AS (
     SELECT pg_notify('rota_settled', %(schema_name)s::text || ':'
                      || CASE WHEN count(*) <= 300 THEN string_agg(d.id::text, ',' ORDER BY d.id)
@@ -56,4 +56,6 @@ WITH held AS MATERIALIZED (
       AND EXISTS (SELECT 1 FROM {schema}.job_waiters w WHERE w.job_id = d.id)
     HAVING count(*) > 0
 )
-SELECT id FROM done WHERE (SELECT count(*) FROM told) >= 0
+-- Each job done now with the claim it was done under: the same job may be listed under
+-- two claims (one lost, one holding it), and only the holding one's completion is its.
+SELECT id, claim_token FROM done WHERE (SELECT count(*) FROM told) >= 0
