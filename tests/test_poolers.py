@@ -118,7 +118,8 @@ async def test_options_in_the_url_become_per_transaction_settings(
 ) -> None:
     url = transaction_bouncer.url(options="-c statement_timeout=7s")
     assert pooled_connection(url)[1] == {
-        "idle_in_transaction_session_timeout": "5min", "statement_timeout": "7s"}
+        "idle_in_transaction_session_timeout": "5min", "statement_timeout": "7s",
+        "datestyle": "ISO"}
     async with Queue(url, schema=schema, pooled=True) as q:
         assert q.connections.found_by == "setting"
         assert await settings_in_transaction(q) == ("7s", "5min")

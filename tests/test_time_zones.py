@@ -6,6 +6,7 @@ The clock is moved with clock_offset, never by sleeping."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -19,7 +20,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from rota import PruneDoneJobs, Queue
+from rota import ConfigError, PruneDoneJobs, Queue
 from rota.store import configure_connection, configure_cursor
 from tests.test_bad_input_table import CLOCK_LOG
 
@@ -238,3 +239,72 @@ async def test_an_enqueue_reads_utc_times_after_its_connection_changes_time_zone
         sql.SQL("SELECT id, created_at, run_after FROM {}.jobs ORDER BY id").format(
             sql.Identifier(migrated)))
     assert [(j.id, j.created_at, j.run_after) for j in (utc, berlin)] == await cur.fetchall()
+
+
+async def test_a_connection_whose_date_style_is_not_iso_is_refused_before_anything_is_sent(
+    queue: Queue, aconn: AConn,
+) -> None:
+    """psycopg reads times only as ISO text: on a caller's connection set to another
+    DateStyle, enqueue and claim raise ConfigError naming the setting, before the
+    statement is sent. Nothing is written: no job, and a queued job stays pending with
+    no attempt spent (before, the row was written, or the job claimed, and only then
+    did loading its times fail with psycopg's NotImplementedError)."""
+    await queue.enqueue("t", {"i": 1})
+    jobs = queue.table("jobs")
+    async with await psycopg.AsyncConnection.connect(queue.pool.conninfo) as c:
+        await c.execute("SET DateStyle = 'SQL, DMY'")
+        with pytest.raises(ConfigError, match=r"DateStyle is 'SQL, DMY'.*SET DateStyle TO ISO"):
+            await queue.enqueue("t", {"i": 2}, conn=c)
+        with pytest.raises(ConfigError, match="DateStyle"):
+            await queue.claim("t", 5, conn=c)
+        await c.commit()
+    cur = await aconn.execute(sql.SQL("SELECT payload, status, attempts FROM {}").format(jobs))
+    assert await cur.fetchall() == [({"i": 1}, "pending", 0)]
+    # Set back to ISO, the same connection works (the check reads it each time).
+    async with await psycopg.AsyncConnection.connect(queue.pool.conninfo) as c:
+        await c.execute("SET DateStyle = 'German, DMY'")
+        await c.execute("SET DateStyle TO ISO")
+        [job] = await queue.claim("t", 5, conn=c)
+        await c.commit()
+    assert job.payload == {"i": 1} and job.locked_at is not None
+    assert job.locked_at.tzinfo is not None
+
+
+async def test_a_database_whose_date_style_is_not_iso_does_not_reach_rotas_connections(
+    database_url: str,
+) -> None:
+    """A database (or role) set to another DateStyle: rota's own connections start with
+    DateStyle ISO (db.SESSION_DEFAULTS), so enqueue, claim and complete work and read
+    their times exactly; a URL that asks for another DateStyle itself gets ConfigError,
+    and nothing is written."""
+    name = f"rota_datestyle_{uuid.uuid4().hex[:12]}"
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+        await c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        await c.execute(sql.SQL("ALTER DATABASE {} SET DateStyle = 'German, DMY'")
+                        .format(sql.Identifier(name)))
+    try:
+        url = make_conninfo(database_url, dbname=name)
+        async with await psycopg.AsyncConnection.connect(url) as c:
+            cur = await c.execute("SHOW DateStyle")
+            assert await cur.fetchone() == ("German, DMY",)
+        queue = Queue(url, schema="ds")
+        async with queue:
+            await queue.migrate()
+            job = await queue.enqueue("t", {"i": 1})
+            assert job is not None and job.created_at.tzinfo is not None
+            [claimed] = await queue.claim("t", 1)
+            assert claimed.id == job.id and claimed.created_at == job.created_at
+            assert await queue.complete_many([claimed]) == [True]
+        german = Queue(make_conninfo(url, options="-c DateStyle=German"), schema="ds")
+        async with german:
+            with pytest.raises(ConfigError, match="DateStyle is 'German, DMY'"):
+                await german.enqueue("t", {"i": 2})
+        async with await psycopg.AsyncConnection.connect(url) as c:
+            cur = await c.execute("SELECT count(*), count(*) FILTER (WHERE status = 'done')"
+                                  " FROM ds.jobs")
+            assert await cur.fetchone() == (1, 1)
+    finally:
+        async with await psycopg.AsyncConnection.connect(database_url,
+                                                         autocommit=True) as c:
+            await c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                            .format(sql.Identifier(name)))

@@ -396,6 +396,9 @@ SESSION_DEFAULTS: dict[str, str] = {
     "tcp_user_timeout": "30000",
     "idle_in_transaction_session_timeout": "5min",
     "statement_timeout": "5min",
+    # Times come back as ISO text, the only form psycopg reads: a database or role whose
+    # DateStyle is another (German, SQL, Postgres) does not reach rota's connections.
+    "datestyle": "ISO",
 }
 
 _OPTION_NAME = re.compile(r"(?:^|\s)(?:-c\s*|--)([A-Za-z0-9_.-]+)=")
@@ -438,6 +441,7 @@ TRANSACTION_DEFAULTS: dict[str, str] = {
     "idle_in_transaction_session_timeout": SESSION_DEFAULTS[
         "idle_in_transaction_session_timeout"],
     "statement_timeout": SESSION_DEFAULTS["statement_timeout"],
+    "datestyle": SESSION_DEFAULTS["datestyle"],
 }
 
 _OPTION_PAIR = re.compile(r"(?:^|\s)(?:-c\s*|--)([A-Za-z0-9_.-]+)=((?:\\.|\S)*)")

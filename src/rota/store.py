@@ -70,7 +70,7 @@ from psycopg.types.json import JsonbLoader, JsonLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import db
-from .errors import first_line
+from .errors import ConfigError, first_line
 from .job import Unreadable
 
 AnyConn = psycopg.AsyncConnection[Any]
@@ -227,8 +227,24 @@ def configure_cursor(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any], *,
         guard_times: also guard timestamptz loading (about 0.25 µs a value; the claim's
             hot path does without in a UTC session, and retries with it when a value
             fails).
+
+    Raises:
+        ConfigError: the connection's DateStyle is not ISO (psycopg reads times only
+            as ISO text), on a caller's connection or one whose URL sets it: nothing
+            has been sent.
     """
     conn = cursor.connection
+    style = conn.pgconn.parameter_status(b"DateStyle") or b"ISO"
+    if not style.startswith(b"ISO") and conn not in _PRELUDES:
+        # psycopg reads times only as ISO text: the statement would run (and commit)
+        # and its rows then fail to load. Said before anything is sent instead. (Behind
+        # a pooler rota's own connections set DateStyle in each transaction, ahead of
+        # the statement.)
+        raise ConfigError(
+            f"the connection's DateStyle is {style.decode(errors='replace')!r}, and rota "
+            "reads times only as ISO: run SET DateStyle TO ISO on it (or remove the "
+            "setting that changes it: the URL's options, the role's or the database's "
+            "DateStyle)")
     adapters = cursor.adapters
     if conn not in _CONFIGURED:
         _register(adapters)
@@ -383,7 +399,7 @@ class Store(Statements):
         super().__init__(schema, groups)
         self.pool = pool
         # hot_cursor's cursors: (connection, statement, row factory) -> (the session's
-        # TimeZone and client encoding, the cursor, the statement's bytes).
+        # TimeZone, client encoding and DateStyle, the cursor, the statement's bytes).
         self._hot: dict[tuple[AnyConn, str, Any], tuple[Any, Any, bytes]] = {}
 
     @asynccontextmanager
@@ -561,8 +577,8 @@ class Store(Statements):
         ``conn``, and the statement's text as bytes: psycopg then keeps what it learnt
         running it (the parameters' dumpers, the columns' loaders) instead of finding
         them again for a new cursor at each call (about 60 of the single enqueue's 540
-        Python calls). Made again when the session's TimeZone or client encoding
-        changed (:func:`configure_cursor` set the cursor up for them).
+        Python calls). Made again when the session's TimeZone, client encoding or
+        DateStyle changed (:func:`configure_cursor` set the cursor up for them).
 
         Only for a connection of the queue's own pool (set up by
         :func:`configure_connection`) that the store took from the pool for this
@@ -570,7 +586,8 @@ class Store(Statements):
         changes the connection's adapters."""
         pgconn = conn.pgconn
         session = (pgconn.parameter_status(b"TimeZone"),
-                   pgconn.parameter_status(b"client_encoding"))
+                   pgconn.parameter_status(b"client_encoding"),
+                   pgconn.parameter_status(b"DateStyle"))
         key = (conn, name, row_factory)
         found = self._hot.get(key)
         if found is not None and found[0] == session:
