@@ -237,6 +237,9 @@ if __name__ == "__main__":
     import os
     import sys
 
+    from . import server
+
     u = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    print(server.describe(u))
     main(u, int(sys.argv[1]) if len(sys.argv) > 1 else 20_000,
          int(sys.argv[2]) if len(sys.argv) > 2 else 1)

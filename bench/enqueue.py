@@ -192,7 +192,10 @@ if __name__ == "__main__":
     import os
     import sys
 
+    from . import server
+
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    main(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-         int(args[0]) if args else 5,
+    url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    print(server.describe(url))
+    main(url, int(args[0]) if args else 5,
          SYSTEMS[:3] if "--pgqueuer-only" in sys.argv else SYSTEMS)
