@@ -76,7 +76,7 @@ by_owner AS (
     FROM by_group g CROSS JOIN job_cost c
     LEFT JOIN owners o ON o.plan IS NOT DISTINCT FROM g.plan AND o.unit = g.unit
 )
-SELECT id, plan, unit FROM by_owner
+SELECT id, plan, unit, group_id FROM by_owner
 ORDER BY {order}
 LIMIT %(limit)s
 """
@@ -90,6 +90,17 @@ FROM {schema}.jobs j
 JOIN {schema}.groups g ON g.group_id = j.group_id
 WHERE j.status = 'running' AND j.locked_at >= {now} - %(stale_after)s::interval
 GROUP BY 1, 2
+"""
+
+#: Each capped group of rota's own groups table (groups.max_running): its cap and its
+#: running jobs whose lock is fresh, every type (docs/design.md, "Caps").
+GROUP_RUNNING = """
+SELECT g.group_id, g.max_running,
+       (SELECT count(*) FROM {schema}.jobs j
+        WHERE j.group_id = g.group_id AND j.status = 'running'
+          AND j.locked_at >= {now} - %(stale_after)s::interval)
+FROM {schema}.groups g
+WHERE g.max_running IS NOT NULL
 """
 
 #: The ORDER BY of each fair_by (docs/design.md, "The fair claim"): the served counts
@@ -123,9 +134,10 @@ def priority_case(plans: Plans) -> sql.Composable:
 async def oracle_ids(queue: Queue, conn: Any, type_: str, limit: int) -> list[int]:
     """The first ``limit`` job ids of ``type_`` in the queue's fair order (its plans,
     clock, windows and ``fair_by``), by the naive query. With plans that cap their
-    owners (``Plan.max_running``), the order is walked and a job passed over while its
-    owner has as many running (fresh locks, every type) and taken so far as its cap
-    (docs/design.md, "Caps")."""
+    owners (``Plan.max_running``), or groups of rota's own groups table capped
+    (``groups.max_running``, whatever the plans), the order is walked and a job passed
+    over while its owner, or its group, has as many running (fresh locks, every type)
+    and taken so far as its cap (docs/design.md, "Caps")."""
     now = sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset))
     query = sql.SQL(ORACLE).format(
         schema=sql.Identifier(queue.schema), now=now,
@@ -133,7 +145,10 @@ async def oracle_ids(queue: Queue, conn: Any, type_: str, limit: int) -> list[in
         weight=plan_case(queue.plans, "weight"),
         order=sql.SQL(ORDERS[queue.fair_by]),
     )
-    capped = queue.plans.capped
+    cur = await conn.execute(sql.SQL(GROUP_RUNNING).format(
+        schema=sql.Identifier(queue.schema), now=now), {"stale_after": queue.stale_after})
+    group_caps = {gid: (cap, n) for gid, cap, n in await cur.fetchall()}
+    capped = queue.plans.capped or bool(group_caps)
     cur = await conn.execute(query, {
         "type": type_, "limit": None if capped else limit,
         "served_window": queue.served_window, "stale_after": queue.stale_after,
@@ -146,12 +161,17 @@ async def oracle_ids(queue: Queue, conn: Any, type_: str, limit: int) -> list[in
                              {"stale_after": queue.stale_after})
     running = {(plan, unit): n for plan, unit, n in await cur.fetchall()}
     caps = {p.id: p.max_running for p in queue.plans if p.max_running is not None}
+    group_running = {gid: n for gid, (_, n) in group_caps.items()}
     taken: list[int] = []
-    for job_id, plan, unit in rows:
+    for job_id, plan, unit, group_id in rows:
+        if plan in caps and running.get((plan, unit), 0) >= caps[plan]:
+            continue
+        if group_id in group_caps and group_running[group_id] >= group_caps[group_id][0]:
+            continue
         if plan in caps:
-            if running.get((plan, unit), 0) >= caps[plan]:
-                continue
             running[plan, unit] = running.get((plan, unit), 0) + 1
+        if group_id in group_caps:
+            group_running[group_id] += 1
         taken.append(job_id)
         if len(taken) == limit:
             break
@@ -160,15 +180,17 @@ async def oracle_ids(queue: Queue, conn: Any, type_: str, limit: int) -> list[in
 
 async def insert_rows(conn: Any, schema: str, groups: list[tuple[Any, ...]],
                       jobs: list[dict[str, Any]], now: sql.Composable) -> None:
-    """Insert a property test's generated groups (``g0``…, each ``(plan, active)`` or
-    ``(plan, active, owner_id)``) and jobs, with times as offsets in seconds from ``now``
-    (an SQL expression: the queue's clock)."""
+    """Insert a property test's generated groups (``g0``…, each ``(plan, active)``,
+    ``(plan, active, owner_id)`` or ``(plan, active, owner_id, max_running)``) and jobs,
+    with times as offsets in seconds from ``now`` (an SQL expression: the queue's
+    clock)."""
     s = sql.Identifier(schema)
-    for i, (plan, active, *owner) in enumerate(groups):  # (plan, active[, owner_id])
+    for i, (plan, active, *rest) in enumerate(groups):  # (plan, active[, owner[, cap]])
+        owner, cap = (*rest, None, None)[:2]
         await conn.execute(
-            sql.SQL("INSERT INTO {}.groups (group_id, plan, active, owner_id)"
-                    " VALUES (%s, %s, %s, %s)")
-            .format(s), [f"g{i}", plan, active, owner[0] if owner else None])
+            sql.SQL("INSERT INTO {}.groups (group_id, plan, active, owner_id, max_running)"
+                    " VALUES (%s, %s, %s, %s, %s)")
+            .format(s), [f"g{i}", plan, active, owner, cap])
     for j in jobs:
         running, done = j["status"] == "running", j["status"] in ("done", "failed")
         await conn.execute(sql.SQL(

@@ -30,7 +30,7 @@ def test_set_creates_then_changes_only_what_is_given(rota: Rota) -> None:
         "created group 'acme': owner u1, plan pro, active\n")
     assert rota.json("groups", "set", "acme", "--paused") == {
         "group_id": "acme", "owner_id": "u1", "plan": "pro", "active": False,
-        "created": False}
+        "max_running": None, "created": False}
     assert rota("groups", "set", "acme", "--plan", "free").stdout == (
         "updated group 'acme': owner u1, plan free, paused\n")
     assert rota("groups", "set", "bare").stdout == (
@@ -71,16 +71,16 @@ def test_list_pages_in_id_order_with_plan_names(rota: Rota) -> None:
     assert rota.json("groups", "list") == [
         {"group_id": "a", "owner_id": None, "plan": "free", "active": True,
          "served": 0, "running": 0, "owner_running": 0,
-         "cap": None},
+         "max_running": None, "cap": None},
         {"group_id": "b", "owner_id": "o-7", "plan": None, "active": False,
          "served": 0, "running": 0, "owner_running": 0,
-         "cap": None},
+         "max_running": None, "cap": None},
         {"group_id": "c", "owner_id": None, "plan": "pro", "active": True,
          "served": 0, "running": 0, "owner_running": 0,
-         "cap": None},
+         "max_running": None, "cap": None},
         {"group_id": "d", "owner_id": None, "plan": "gone", "active": True,
          "served": 0, "running": 0, "owner_running": 0,
-         "cap": None}]
+         "max_running": None, "cap": None}]
     page = rota("groups", "list", "--limit", "2")
     assert page.stderr == ""
     lines = page.stdout.splitlines()
@@ -96,7 +96,26 @@ def test_list_pages_in_id_order_with_plan_names(rota: Rota) -> None:
     assert "gone (unknown)" in text and "next page" not in text
 
 
+def test_max_running_is_set_kept_shown_and_cleared(rota: Rota) -> None:
+    assert rota("groups", "set", "acme", "--max-running", "2").stdout == (
+        "created group 'acme': owner —, plan — (ranked as the middle plan), active, "
+        "max running 2\n")
+    # Left out, it stays; `none` clears it.
+    assert rota.json("groups", "set", "acme", "--paused")["max_running"] == 2
+    rota("enqueue", "echo", "{}", "--group", "acme")
+    rota.sql("UPDATE {s}.jobs SET status = 'running', locked_at = now(), attempts = 1,"
+             " claim_token = gen_random_uuid()")
+    [row] = rota.json("groups", "list")
+    assert (row["max_running"], row["running"]) == (2, 1)
+    assert any("│ acme " in line and "1/2" in line
+               for line in rota("groups", "list").stdout.splitlines())
+    assert rota.json("groups", "set", "acme", "--max-running", "none")["max_running"] is None
+    assert rota.sql("SELECT max_running FROM {s}.groups") == [(None,)]
+
+
 @pytest.mark.parametrize(("args", "message"), [
+    (["--max-running", "0"], "max_running must be None or an int of at least 1"),
+    (["--max-running", "two"], "is not a whole number or 'none'"),
     (["--plan", "platinum"], "error: unknown plan 'platinum'"),
     (["--plan", "pro", "--no-plan"], "error: --plan and --no-plan contradict each other"),
     (["--owner", "u", "--no-owner"], "error: --owner and --no-owner contradict each other"),
@@ -128,7 +147,7 @@ def test_an_application_groups_relation_is_listed_and_never_written(
     assert rota.json("groups", "list", "--app", app) == [
         {"group_id": "x", "owner_id": "o", "plan": "pro", "active": True,
          "served": 0, "running": 0, "owner_running": 0,
-         "cap": None}]
+         "max_running": None, "cap": None}]
     result = rota("groups", "set", "x", "--paused", "--app", app, ok=False)
     one_line_error(result, "error: this queue reads groups from the application's relation")
     assert rota.sql("SELECT active FROM {s}.app_groups") == [(True,)]

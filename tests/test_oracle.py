@@ -338,3 +338,60 @@ def test_claim_matches_the_naive_query_over_wide_and_deep_backlogs(
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, 0,
                        plans=CAPPED if capped else WEIGHTED, fair_by=fair_by,
                        probe_floor=probe_floor, expected=expected))
+
+
+# Groups of rota's own groups table capped at 1 to 3 running jobs (groups.max_running;
+# docs/design.md, "Caps"), some not, with owners as owned_group_st's.
+group_capped_st = st.tuples(st.sampled_from(PLAN_CHOICES), st.booleans(),
+                            st.sampled_from([None, "o0", "o1", "o1", "o2"]),
+                            st.sampled_from([None, None, 1, 2, 3]))
+
+
+@given(groups=st.lists(group_capped_st, min_size=6, max_size=6),
+       jobs=st.lists(owned_job_st, max_size=40), limit=st.integers(1, 12),
+       offset_s=st.sampled_from((0, 3600, 90_000)),
+       fair_by=st.sampled_from(["group", "owner"]), plans_capped=st.booleans(),
+       probe_floor=st.sampled_from([None, (1, 1), (8, 60)]),
+       horizon_held=st.booleans(),
+       fold_after=st.one_of(st.none(), st.integers(0, 40)))
+@settings(max_examples=250, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_claim_matches_the_naive_query_with_groups_capped(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
+    plans_capped: bool, probe_floor: tuple[int, int] | None, horizon_held: bool,
+    fold_after: int | None,
+) -> None:
+    """Groups capped on their own (groups.max_running): the claim takes the naive
+    order's jobs, passing over those of a group whose fresh running jobs (every type:
+    type a's claim counts in type b's) and the ones taken so far reach its cap, and
+    those of a capped owner at its own (the plans capped, or not: the uncapped
+    statement's guard sends the claim to the capped one); with the smallest probe (every
+    bound the group stage drops or keeps) and one that reads every job (the bound past
+    the candidates), by group (the walk with or without the sorted pass) and by owner."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       plans=CAPPED if plans_capped else WEIGHTED, fair_by=fair_by,
+                       probe_floor=probe_floor, horizon_held=horizon_held,
+                       fold_after=fold_after))
+
+
+@given(groups=st.lists(st.tuples(st.sampled_from(["free", "standard", "pro"]), st.just(True),
+                                 st.sampled_from(["o0", "o0", "o1", "o1", "o2", None]),
+                                 st.sampled_from([None, 1, 2, 3])),
+                       min_size=9, max_size=9),
+       jobs=st.lists(wide_job_st, min_size=20, max_size=90), limit=st.integers(1, 12),
+       fair_by=st.sampled_from(["group", "owner"]), plans_capped=st.booleans(),
+       probe_floor=st.sampled_from([(1, 1), (2, 1), (8, 60)]))
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_claim_matches_the_naive_query_over_wide_and_deep_backlogs_with_groups_capped(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, fair_by: str, plans_capped: bool,
+    probe_floor: tuple[int, int],
+) -> None:
+    """Deep groups capped on their own at 1 to 3, owners with several of them, capped
+    plans or not: the group stage passes many candidates over, and the proof keeps every
+    bound but a capped group's own next job once its allowance is used."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, 0,
+                       plans=CAPPED if plans_capped else WEIGHTED, fair_by=fair_by,
+                       probe_floor=probe_floor))

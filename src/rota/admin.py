@@ -172,10 +172,11 @@ async def upsert_group(
     plan: str | None,
     active: bool = True,
     owner_id: str | uuid.UUID | None = None,
+    max_running: int | None = None,
     conn: AnyConn | None = None,
 ) -> None:
-    """Create or update a group in rota's own groups table. Takes effect at the next
-    claim; queued jobs are not rewritten.
+    """Create or update a group in rota's own groups table, every field as given. Takes
+    effect at the next claim; queued jobs are not rewritten.
 
     Args:
         group_id: text or UUID.
@@ -184,9 +185,13 @@ async def upsert_group(
         active: ``False`` pauses the group: its jobs are not claimable.
         owner_id: the owner whose per-owner allowances (quotas) the group's jobs
             spend; ``None`` for none.
+        max_running: at most this many of the group's jobs (every type) running at once
+            with a fresh lock, across every worker; ``None`` for no cap
+            (docs/design.md, "Caps").
 
     Raises:
         UnknownPlan: ``plan`` is not in the queue's plans.
+        InvalidInput: ``max_running`` is not ``None`` or an int of at least 1.
         ConfigError: the queue reads groups from an application relation instead.
     """
     if queue.external_groups:
@@ -201,9 +206,14 @@ async def upsert_group(
         queue.plans[plan]
     if not isinstance(active, bool):
         raise InvalidInput("active must be a bool")
+    if max_running is not None and (not isinstance(max_running, int)
+                                    or isinstance(max_running, bool)
+                                    or not 1 <= max_running <= 2**31 - 1):
+        raise InvalidInput(f"max_running must be None or an int of at least 1, "
+                           f"got {max_running!r}")
     async with queue.connection(conn) as c:
         await sql.upsert_group(queue.store, group_id=gid, owner_id=owner, plan=plan,
-                               active=active, conn=c)
+                               active=active, max_running=max_running, conn=c)
 
 
 async def list_jobs(
@@ -485,6 +495,8 @@ class GroupRow:
         owner_running: its owner's (every group of the owner on its plan; a group
             without an owner is its own), what the plan's ``max_running`` caps
             (docs/design.md, "Caps").
+        max_running: the group's own cap of its running jobs (every type), ``None`` for
+            none; always ``None`` for an application's groups relation.
     """
 
     group_id: str
@@ -494,6 +506,7 @@ class GroupRow:
     served: Decimal = Decimal(0)
     running: int = 0
     owner_running: int = 0
+    max_running: int | None = None
 
 
 #: ``set_group``'s default for a field left out: keep what the group has.
@@ -507,20 +520,22 @@ class GroupsQueue(AdminQueue, Protocol):
     @property
     def external_groups(self) -> bool: ...
     async def upsert_group(self, group_id: str, *, plan: str | None, active: bool = True,
-                           owner_id: str | None = None,
+                           owner_id: str | None = None, max_running: int | None = None,
                            conn: AnyConn | None = None) -> None: ...
 
 
 async def set_group(queue: GroupsQueue, group_id: str, *, owner_id: str | None = KEEP,
-                    plan: str | None = KEEP, active: bool = KEEP) -> tuple[GroupRow, bool]:
+                    plan: str | None = KEEP, active: bool = KEEP,
+                    max_running: int | None = KEEP) -> tuple[GroupRow, bool]:
     """Create a group, or change the fields given of an existing one (the others stay):
     one transaction, the row locked while it is read and written. A new group gets
-    ``plan=None``, ``owner_id=None`` and ``active=True`` for what is left out.
+    ``plan=None``, ``owner_id=None``, ``active=True`` and ``max_running=None`` for what
+    is left out.
 
     Args:
         group_id: the group's id.
-        owner_id, plan, active: the new values (:data:`KEEP`: unchanged); ``None``
-            clears the owner or the plan.
+        owner_id, plan, active, max_running: the new values (:data:`KEEP`:
+            unchanged); ``None`` clears the owner, the plan or the cap.
 
     Returns:
         The group as written, and whether it was created.
@@ -528,7 +543,7 @@ async def set_group(queue: GroupsQueue, group_id: str, *, owner_id: str | None =
     Raises:
         UnknownPlan: ``plan`` is not in the queue's plans.
         ConfigError: the queue reads groups from an application relation.
-        InvalidInput: an id that is not text.
+        InvalidInput: an id that is not text, or a bad ``max_running``.
     """
     gid = require_text(group_id, "group_id")
     assert gid is not None
@@ -540,9 +555,12 @@ async def set_group(queue: GroupsQueue, group_id: str, *, owner_id: str | None =
             group_id=gid,
             owner_id=owner_id if owner_id is not KEEP else (old or {}).get("owner_id"),
             plan=plan if plan is not KEEP else (old or {}).get("plan"),
-            active=active if active is not KEEP else (old or {}).get("active", True))
+            active=active if active is not KEEP else (old or {}).get("active", True),
+            max_running=(max_running if max_running is not KEEP
+                         else (old or {}).get("max_running")))
         await queue.upsert_group(row.group_id, plan=row.plan, active=row.active,
-                                 owner_id=row.owner_id, conn=c)
+                                 owner_id=row.owner_id, max_running=row.max_running,
+                                 conn=c)
     return row, old is None
 
 
@@ -563,7 +581,10 @@ async def list_groups(queue: AdminQueue, *, limit: int = 50, after: str | None =
     params = {"limit": _limit(limit), "after": require_text(after, "after", allow_none=True),
               "offset": queue.clock_offset, "stale_after": queue.stale_after}
     async with queue.connection(conn) as c:
-        rows = await queue.store.fetch_dicts("fair/list_groups", params, conn=c)
+        # The group's own cap: rota's own groups table only (group_cap_on.sql).
+        fragments = {} if queue.external_groups else {"group_cap": "fair/group_cap_on"}
+        rows = await queue.store.fetch_dicts("fair/list_groups", params, conn=c,
+                                             fragments=fragments)
     return [GroupRow(**row) for row in rows]
 
 

@@ -12,8 +12,12 @@ CREATE TABLE {schema}.groups (
     owner_id   text,                              -- whose plan and allowances apply
     plan       text,                              -- null: no owner, ranks as the middle plan
     active     boolean NOT NULL DEFAULT true,     -- paused groups' jobs are not claimable
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    -- Caps the group's running jobs, every type (null: no cap; docs/design.md, "Caps").
+    max_running integer CONSTRAINT groups_max_running_check CHECK (max_running > 0)
 );
+-- The capped groups: the uncapped claim's check for any, and the walk's capped groups.
+CREATE INDEX groups_capped_idx ON {schema}.groups (group_id) WHERE max_running IS NOT NULL;
 -- An owner's groups on a plan: what a capped owner's running jobs are counted over
 -- (fair_cap_lock's groups; docs/design.md, "Caps").
 CREATE INDEX groups_owner_idx ON {schema}.groups (owner_id, plan) WHERE owner_id IS NOT NULL;

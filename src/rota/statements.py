@@ -340,15 +340,16 @@ async def quota_blocked_work(store: Store, *, type: str, until: datetime,
 
 
 async def upsert_group(store: Store, *, group_id: str, owner_id: str | None,
-                       plan: str | None, active: bool, conn: AnyConn | None = None) -> int:
+                       plan: str | None, active: bool, max_running: int | None,
+                       conn: AnyConn | None = None) -> int:
     """``sql/upsert_group.sql``: create or update a group in rota's own groups table.
 
     Returns:
         The row count (1).
     """
     return await store.execute("upsert_group", {
-        "group_id": group_id, "owner_id": owner_id, "plan": plan, "active": active},
-        conn=conn)
+        "group_id": group_id, "owner_id": owner_id, "plan": plan, "active": active,
+        "max_running": max_running}, conn=conn)
 
 
 # -- the runner's runs row and rate waits -------------------------------------------------

@@ -534,13 +534,16 @@ class Store(Statements):
             return await cur.fetchall()
 
     async def fetch_dicts(self, name: str, params: Params, *, conn: AnyConn | None = None,
-                          deadline: float | None = None) -> list[dict[str, Any]]:
-        """Run the statement; return every row as a dict keyed by column name (a value
-        that could not be loaded is an :class:`~rota.job.Unreadable`)."""
+                          deadline: float | None = None,
+                          fragments: Mapping[str, str] | None = None
+                          ) -> list[dict[str, Any]]:
+        """Run the statement (its placeholders filled from ``fragments``, as
+        :meth:`sql`); return every row as a dict keyed by column name (a value that could
+        not be loaded is an :class:`~rota.job.Unreadable`)."""
         async with self.deadline(deadline), self.connection(conn) as c:
             cur = self.cursor(c, dict_row)
             async with self.settings_ahead(c):
-                await cur.execute(self.sql(name), params)
+                await cur.execute(self.sql(name, **(fragments or {})), params)
             return await cur.fetchall()
 
     async def fetch_dict(self, name: str, params: Params, *, conn: AnyConn | None = None,

@@ -1,4 +1,4 @@
-"""Groups: ``rota groups set`` creates a group or changes its owner, plan or status, and
+"""Groups: ``rota groups set`` creates a group or changes its owner, plan, status or cap, and
 ``rota groups list`` lists them (docs/design.md, "Groups and plans"). The work is
 :mod:`rota.admin`'s (:func:`~rota.admin.set_group`, :func:`~rota.admin.list_groups`)."""
 
@@ -22,7 +22,19 @@ from .output import add_row, console, emit_json, safe_text
 def _describe(row: admin.GroupRow) -> str:
     return (f"owner {row.owner_id if row.owner_id is not None else '—'}, "
             f"plan {row.plan if row.plan is not None else '— (ranked as the middle plan)'}, "
-            f"{'active' if row.active else 'paused'}")
+            f"{'active' if row.active else 'paused'}"
+            + (f", max running {row.max_running}" if row.max_running is not None else ""))
+
+
+def _max_running(value: str) -> int | None:
+    """``--max-running``: a whole number (the group's cap), or ``none`` to clear it."""
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a whole number or 'none'",
+                                 param_hint="--max-running") from None
 
 
 @click.group(cls=RotaGroup)
@@ -47,10 +59,15 @@ def groups(database_url: str | None, schema: str | None, app_spec: str | None,
 @click.option("--no-plan", is_flag=True, help="Clear the plan (ranked as the middle plan).")
 @click.option("--active", is_flag=True, help="Claim the group's jobs.")
 @click.option("--paused", is_flag=True, help="Pause the group: its jobs are not claimed.")
+@click.option("--max-running", "max_running", metavar="N|none",
+              help="At most N of the group's jobs (every type) running at once, across "
+              "every worker (docs/design.md, \"Caps\"); none clears the cap. Rota's own "
+              "groups table only.")
 @json_option
 def groups_set(database_url: str | None, schema: str | None, app_spec: str | None,
                group_id: str, owner_id: str | None, no_owner: bool, plan: str | None,
-               no_plan: bool, active: bool, paused: bool, as_json: bool) -> None:
+               no_plan: bool, active: bool, paused: bool, max_running: str | None,
+               as_json: bool) -> None:
     """Create group GROUP, or change what is given of an existing one (the rest stays;
     a new group has no owner and no plan and is active unless told otherwise).
     Queued jobs are not rewritten: the change applies from the next claim."""
@@ -68,6 +85,8 @@ def groups_set(database_url: str | None, schema: str | None, app_spec: str | Non
         changes["plan"] = plan
     if active or paused:
         changes["active"] = active
+    if max_running is not None:
+        changes["max_running"] = _max_running(max_running)
 
     async def go() -> tuple[admin.GroupRow, bool]:
         async with open_queue(target) as queue:
@@ -95,8 +114,8 @@ def groups_list(database_url: str | None, schema: str | None, app_spec: str | No
                 limit: int, after: str | None, as_json: bool) -> None:
     """Groups in id order, with owner, plan and status (from the app's groups
     relation when its queue_settings name one), the cost served in the window, and the
-    jobs running now (a fresh lock: within the stale window) against the owner's cap
-    (--app gives the plans; docs/design.md, "Cost" and "Caps")."""
+    jobs running now (a fresh lock: within the stale window) against the group's own cap
+    and the owner's (--app gives the plans; docs/design.md, "Cost" and "Caps")."""
     target = make_target(database_url, schema, app_spec)
     as_json = wants_json(as_json)
 
@@ -127,8 +146,10 @@ def groups_list(database_url: str | None, schema: str | None, app_spec: str | No
                     f"{plans[r.plan].name} ({r.plan})" if r.plan in plans else
                     f"{r.plan} (unknown)")
             limit_ = cap(r.plan)
-            running = (f"{r.running:,}" if limit_ is None else
-                       f"{r.running:,} (owner {r.owner_running:,}/{limit_:,})")
+            running = (f"{r.running:,}" if r.max_running is None else
+                       f"{r.running:,}/{r.max_running:,}")
+            if limit_ is not None:
+                running += f" (owner {r.owner_running:,}/{limit_:,})"
             add_row(table, r.group_id, r.owner_id or "—", plan,
                     "active" if r.active else "paused", format_units(r.served), running)
         console().print(table)

@@ -204,7 +204,8 @@ CREATE TABLE {schema}.fair_costs (
 -- fair_groups names it) that a claim has taken jobs of, only ever locked, never updated:
 -- the claim locks the rows of the capped owners among its candidates (fair_cap_lock),
 -- so two claimers never count the same free slot. Rows of owners no longer capped stay
--- (a row an owner; the upkeep does not prune them).
+-- (a row an owner; the upkeep does not prune them). A group capped on its own
+-- (groups.max_running, migration 020) has its row too: plan_key '', unit 'c:' || group_id.
 CREATE TABLE {schema}.fair_caps (
     plan_key  text NOT NULL,
     unit      text NOT NULL,

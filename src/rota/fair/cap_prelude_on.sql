@@ -6,8 +6,10 @@
 -- lock is fresh: one whose lock went stale (its worker died) holds none. Every running
 -- job of every type counts, read through jobs_running_group_idx (as many entries as
 -- jobs run at once, whatever the backlog), its group looked up in the groups relation.
+-- The groups at their own cap (groups.max_running) come from the cap_prelude_group
+-- placeholder (cap_prelude_group_on.sql on rota's own groups table, else none).
 -- Needs:   CTE clock; parameters plan_ids, plan_caps.
--- Defines: CTEs cap_plans(plan, cap), at_cap(plan_key, unit).
+-- Defines: CTEs cap_plans(plan, cap), at_cap(plan_key, unit), at_cap_group(group_id).
 cap_plans AS (
     SELECT p.plan, p.cap
     FROM unnest(%(plan_ids)s::text[], %(plan_caps)s::int[]) AS p(plan, cap)
@@ -24,3 +26,4 @@ at_cap AS MATERIALIZED (
     GROUP BY 1, 2, cp.cap
     HAVING count(*) >= cp.cap
 ),
+{cap_prelude_group}

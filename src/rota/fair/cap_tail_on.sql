@@ -1,22 +1,34 @@
 -- Fragment of claim.sql (the cap_tail placeholder) when a plan caps its owners' running
--- jobs (Plan.max_running; docs/design.md, "Caps"). The order is unchanged; the claim
--- takes the jobs in that order, passing over those of an owner that has as many running
--- as its cap allows (counting the ones this claim takes), so the capacity goes to the
--- others in fair order (work-conserving).
+-- jobs (Plan.max_running) or a group of rota's own groups table caps its own
+-- (groups.max_running; docs/design.md, "Caps"). The order is unchanged; the claim takes
+-- the jobs in that order, passing over those of an owner, or of a group, that has as
+-- many running as its cap allows (counting the ones this claim takes), so the capacity
+-- goes to the others in fair order (work-conserving). Two allowances, in two stages:
+-- each capped group keeps its first (by ord) allowance candidates, then each capped
+-- owner its first allowance of those. The same as walking the order and counting both:
+-- a group's jobs taken are a prefix of its jobs, since a group's job passed over for its
+-- owner leaves the owner full for every later job of the group.
 --   Each capped owner among the candidates is locked (fair_cap_lock: its fair_caps row,
 --   FOR UPDATE SKIP LOCKED, held until this claim commits) and its running jobs counted
 --   as last committed: two claimers never count the same free slot. An owner another
 --   claimer holds is passed over by this claim (it takes none of its jobs).
+--   A capped group is locked and counted the same way (fair_cap_lock, plan_key '',
+--   unit 'c:' || group_id), its cap read through the group_cap placeholder
+--   (group_cap_on.sql: max_running; group_cap.sql, an application's relation: none).
 --   The proof (claim.sql) drops an unread bound of a capped owner whose allowance is
---   already used by candidates before that bound: no job it bounds would be taken. A
+--   already used by candidates before that bound: no job it bounds would be taken. It
+--   drops a bound for a capped group's used allowance only when the bound is of that
+--   group's jobs alone (gbound: by group, a group's next job, 'per'), never an owner's
+--   cut (by owner: it bounds the owner's other groups too). A
 --   bound that stands for the jobs of many owners always counts: the bound of the
 --   groups (owners) not probed, and the first job read past the candidates ('cand'),
 --   which bounds every job read after it, whoever's (its own owner's used allowance
 --   says nothing of theirs).
 -- Needs:   CTEs clock, cap_plans (cap_prelude_on.sql), ordered(..., group_id, ...),
---          unread(..., bgroup: the group of the job a bound belongs to, or null);
---          parameter candidates.
--- Defines: CTEs cap_groups, cap_units, cand0, cand (ordered's columns, renumbered),
+--          unread(..., bgroup: the group of the job a bound belongs to, or null;
+--          gbound); parameter candidates.
+-- Defines: CTEs cap_groups, cap_units, group_units, cand_g, cand0, cand (ordered's
+--          columns, renumbered),
 --          unread_open(priority, v, fair, created_at, id, need).
 cap_groups AS MATERIALIZED (
     SELECT g.group_id::text AS group_id, 'p:' || g.plan::text AS plan_key,
@@ -50,13 +62,39 @@ cap_units AS MATERIALIZED (
           ORDER BY cg.plan_key, cg.unit) x
     ORDER BY x.plan_key, x.unit
 ),
+-- The capped groups with candidates, in group_id order, each locked and its allowance
+-- counted: its cap less its running jobs (every type) as last committed, 0 when another
+-- claimer holds it.
+group_units AS MATERIALIZED (
+    SELECT x.group_id,
+           coalesce(greatest(x.cap - {schema}.fair_cap_lock(
+               '', 'c:' || x.group_id, ARRAY[x.group_id],
+               (SELECT c.stale_before FROM clock c)), 0), 0) AS allowance
+    FROM (SELECT g.group_id::text AS group_id, {group_cap} AS cap
+          FROM {groups} g
+          WHERE g.group_id::text IN (SELECT o.group_id FROM ordered o
+                                     WHERE o.ord <= %(candidates)s)) x
+    WHERE x.cap IS NOT NULL
+    ORDER BY x.group_id
+),
+-- The group stage: a capped group's first `allowance` candidates.
+cand_g AS (
+    SELECT o.*
+    FROM (SELECT o.*, gu.allowance,
+                 row_number() OVER (PARTITION BY o.group_id ORDER BY o.ord) AS grank
+          FROM ordered o
+          LEFT JOIN group_units gu ON gu.group_id = o.group_id
+          WHERE o.ord <= %(candidates)s) o
+    WHERE o.allowance IS NULL OR o.grank <= o.allowance
+),
+-- The owner stage, over the group stage's candidates.
 cand0 AS (
-    SELECT o.*, cu.plan_key, cu.unit, cu.allowance,
+    SELECT o.id, o.group_id, o.priority, o.v, o.fair, o.created_at, o.ord, cu.plan_key,
+           cu.unit, cu.allowance,
            row_number() OVER (PARTITION BY cu.plan_key, cu.unit ORDER BY o.ord) AS urank
-    FROM ordered o
+    FROM cand_g o
     LEFT JOIN cap_groups cg ON cg.group_id = o.group_id
     LEFT JOIN cap_units cu ON cu.plan_key = cg.plan_key AND cu.unit = cg.unit
-    WHERE o.ord <= %(candidates)s
 ),
 cand AS MATERIALIZED (
     SELECT c.id, c.group_id, c.priority, c.v, c.fair, c.created_at, c.plan_key, c.unit,
@@ -69,9 +107,15 @@ unread_open AS (
     FROM unread u
     LEFT JOIN cap_groups cg ON cg.group_id = u.bgroup
     LEFT JOIN cap_units cu ON cu.plan_key = cg.plan_key AND cu.unit = cg.unit
-    WHERE cu.unit IS NULL OR u.need = 'cand'
-       OR (SELECT count(*) FROM cand k
-           WHERE k.plan_key = cu.plan_key AND k.unit = cu.unit
-             AND (-k.priority, k.v, k.fair, k.created_at, k.id)
-                 < (-u.priority, u.v, u.fair, u.created_at, u.id)) < cu.allowance
+    LEFT JOIN group_units gu ON gu.group_id = u.bgroup AND u.gbound
+    WHERE (cu.unit IS NULL OR u.need = 'cand'
+           OR (SELECT count(*) FROM cand k
+               WHERE k.plan_key = cu.plan_key AND k.unit = cu.unit
+                 AND (-k.priority, k.v, k.fair, k.created_at, k.id)
+                     < (-u.priority, u.v, u.fair, u.created_at, u.id)) < cu.allowance)
+      AND (gu.group_id IS NULL
+           OR (SELECT count(*) FROM cand k
+               WHERE k.group_id = gu.group_id
+                 AND (-k.priority, k.v, k.fair, k.created_at, k.id)
+                     < (-u.priority, u.v, u.fair, u.created_at, u.id)) < gu.allowance)
 ),

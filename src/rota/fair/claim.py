@@ -54,6 +54,10 @@ class FairClaim:
         # Claim statements re-run because the probe could not prove the batch, per type
         # (tests and bench/ check that ties and locked candidates do not make it grow).
         self.retries: dict[str, int] = {}
+        # A group of rota's own groups table has been seen capped (groups.max_running):
+        # every claim from then on runs the capped statement, whatever the plans. Set by
+        # the uncapped statement's guard (cap_guard_on.sql), never cleared.
+        self.group_capped = False
 
     def statement(self, fair_by: str = "group", capped: bool = False) -> RawStatement:
         """The claim for ``fair_by`` (``"group"`` or ``"owner"``; docs/design.md, "The
@@ -63,9 +67,16 @@ class FairClaim:
         an application's groups relation live. By owner it walks the owners' rows
         (``fair_owners``) for rota's own groups table, and reads every group of the type
         with its owner, live, from an application's relation (``claim_pool_owner.sql``).
-        ``capped`` (a plan sets ``max_running``) adds the caps (docs/design.md, "Caps":
-        the ``cap_*_on.sql`` fragments); without it the statement has none of them."""
+        ``capped`` (a plan sets ``max_running``, or a group of rota's own groups table
+        does: :attr:`group_capped`) adds the caps (docs/design.md, "Caps": the
+        ``cap_*_on.sql`` fragments, with the groups' own caps on rota's own groups table);
+        without it the statement has none of them, and on rota's own groups table asks
+        whether a group is capped (``cap_guard_on.sql``: retry ``"caps"``)."""
         caps = {name: f"fair/{name}_on" for name in CAP_FRAGMENTS} if capped else {}
+        if not self.store.external_groups:  # group caps: rota's own groups table only
+            caps.update({"cap_prelude_group": "fair/cap_prelude_group_on",
+                         "group_cap": "fair/group_cap_on"} if capped else
+                        {"cap_guard": "fair/cap_guard_on"})
         if fair_by == "owner":
             if self.store.external_groups:
                 return self.store.raw("fair/claim", pool="fair/claim_pool_owner",
@@ -121,7 +132,7 @@ class FairClaim:
         # (bench/RESULTS.md, section 17).
         needed: tuple[int, ...] = (groups, per, spread)
         retried = False
-        statement = self.statement(fair_by, plans.capped)
+        statement = self.statement(fair_by, plans.capped or self.group_capped)
         async with self.store.deadline(), self.store.connection(conn) as c:
             while True:
                 # Times are loaded guarded (a small cost a value): a value that cannot be
@@ -150,6 +161,12 @@ class FairClaim:
                 retry = rows[0][-1] if len(rows) == 1 else None
                 if retry is None:
                     break
+                if "caps" in retry:
+                    # A group is capped (cap_guard_on.sql): the capped statement, from
+                    # now on, with the same probe (the uncapped one proved nothing).
+                    self.group_capped = True
+                    statement = self.statement(fair_by, True)
+                    continue
                 # The bound did not prove the probed jobs hold the best batch (or a
                 # concurrent claimer holds candidates and more may be claimable): read
                 # more groups, more jobs per group or more candidates, and ask again

@@ -54,11 +54,15 @@
 -- claim_order placeholder is claim_order_group.sql or claim_order_owner.sql. With a plan
 -- that caps its owners' running jobs (Plan.max_running), the cap_* placeholders are
 -- their *_on.sql fragments (the owners at their cap left out of the walk, the others
--- taken up to their allowance: cap_tail_on.sql); else they are nothing.
+-- taken up to their allowance: cap_tail_on.sql); else they are nothing. The capped
+-- statement also applies the caps of groups (groups.max_running, rota's own groups
+-- table: cap_prelude_group_on.sql, group_cap_on.sql); the uncapped one on rota's own
+-- table asks, in blocked, whether any group is capped (cap_guard_on.sql: retry "caps",
+-- nothing claimed, and FairClaim.claim runs the capped statement from then on).
 -- Needs:   parameters type, limit, run_id, offset, stale_after, served_window,
 --          plan_ids, plan_priorities, plan_weights, middle_priority, lowest_priority,
 --          middle_weight, lowest_weight, probe_groups, probe_per, candidates (and
---          probe_spread for fair_by "owner").
+--          probe_spread for fair_by "owner"), plan_caps with the caps.
 -- Defines: CTEs clock, plan_priority, running_old, edge_fix, served_delta, stale,
 --          stale_head, special (read by the pool); the pool's CTEs; the order's CTEs
 --          (ending in ordered and unread); then cand, kth, blocked, locked, last_locked,
@@ -176,6 +180,7 @@ blocked AS (
     WHERE k.id IS NULL
        OR (-u.priority, u.v, u.fair, u.created_at, u.id)
           < (-k.priority, k.v, k.fair, k.created_at, k.id)
+{cap_guard}
 ),
 -- Lock in fair order, one candidate at a time by primary key, re-checking eligibility on
 -- the row's latest version (a concurrent claimer may have committed since this

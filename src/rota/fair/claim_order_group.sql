@@ -8,7 +8,8 @@
 -- Defines: CTEs keyed, walk, group_fill, group_level, sized, probe, ranked,
 --          ordered(id, group_id, priority, v, fair, created_at, ord),
 --          unread(priority, v, fair, created_at, id, need, bgroup:
---          the group of the job a bound belongs to, null for the groups not probed).
+--          the group of the job a bound belongs to, null for the groups not probed;
+--          gbound: the bound is of that group's jobs alone, a group's next job).
 -- A plan's weight divides the served count (virtual time): within one plan every group
 -- has the same weight, so the pool's walk by served_n per plan is the walk by v, and
 -- the walk's merge of the plans orders by v.
@@ -104,13 +105,13 @@ ordered AS MATERIALIZED (
 -- exact; what they bound ranks after them).
 unread AS (
     SELECT w.priority, w.v_lb AS v, 0 AS fair, w.head_lb AS created_at, w.head_id AS id,
-           'groups' AS need, NULL::text AS bgroup
+           'groups' AS need, NULL::text AS bgroup, false AS gbound
     FROM walk w WHERE w.rank = %(probe_groups)s + 1
     UNION ALL
     SELECT r.priority, (r.served + (r.pos - 1) * jc.e)::numeric / r.weight, 0,
-           r.created_at, r.id, 'per', r.group_id
+           r.created_at, r.id, 'per', r.group_id, true
     FROM ranked r CROSS JOIN job_cost jc WHERE r.pos = r.per + 1
     UNION ALL
-    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id
+    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id, false
     FROM ordered o WHERE o.ord = %(candidates)s + 1
 )

@@ -24,7 +24,8 @@
 --          sized, probe, ranked, cuts, valid,
 --          ordered(id, group_id, priority, v, fair, created_at, ord), unread(priority, v,
 --          fair, created_at, id, need, bgroup: a group of the owner a bound belongs to,
---          null for the owners not probed).
+--          null for the owners not probed; gbound: false, as a cut bounds every group
+--          of its owner, never one group's jobs alone).
 {owner_walk},
 -- How many jobs to read from each probed group (per): what the group would give the
 -- batch if every probed group had jobs enough, plus one, and at least probe_per: its
@@ -116,12 +117,12 @@ ordered AS MATERIALIZED (
 -- each probed owner's cut, and the first job read beyond the candidates.
 unread AS (
     SELECT uw.priority, uw.v_lb AS v, uw.served AS fair, uw.head_lb AS created_at,
-           uw.head_id AS id, 'groups' AS need, NULL::text AS bgroup
+           uw.head_id AS id, 'groups' AS need, NULL::text AS bgroup, false AS gbound
     FROM unit_walk uw WHERE uw.urank = %(probe_groups)s + 1
     UNION ALL
     SELECT uw.priority,
            (uw.unit_served + coalesce(n.before, 0) * jc.e)::numeric / uw.weight,
-           ct.fair, ct.created_at, ct.id, ct.need, ct.group_id
+           ct.fair, ct.created_at, ct.id, ct.need, ct.group_id, false
     FROM cuts ct
     CROSS JOIN job_cost jc
     JOIN unit_walk uw ON uw.plan IS NOT DISTINCT FROM ct.plan AND uw.unit = ct.unit
@@ -129,6 +130,6 @@ unread AS (
         SELECT count(*) AS before FROM valid v
         WHERE v.plan IS NOT DISTINCT FROM ct.plan AND v.unit = ct.unit) n ON true
     UNION ALL
-    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id
+    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id, false
     FROM ordered o WHERE o.ord = %(candidates)s + 1
 )

@@ -6,10 +6,11 @@
 -- fair_served, the unfolded tail, for the whole page). And its running jobs with a fresh
 -- lock, and its owner's on its plan (every group of the owner; a group without one is
 -- its own), which the plan's cap counts (docs/design.md, "Caps"), every type, through
--- jobs_running_group_idx.
+-- jobs_running_group_idx. And the group's own cap (the group_cap placeholder:
+-- group_cap_on.sql, max_running, on rota's own groups table; else none).
 WITH page AS (
     SELECT g.group_id::text AS group_id, g.owner_id::text AS owner_id, g.plan::text AS plan,
-           g.active
+           g.active, {group_cap} AS max_running
     FROM {groups} g
     WHERE %(after)s::text IS NULL OR g.group_id::text > %(after)s::text
     ORDER BY g.group_id::text
@@ -21,7 +22,7 @@ unfolded AS (
     WHERE f.group_id IN (SELECT p.group_id FROM page p)
     GROUP BY f.group_id
 )
-SELECT p.group_id, p.owner_id, p.plan, p.active,
+SELECT p.group_id, p.owner_id, p.plan, p.active, p.max_running,
        coalesce((SELECT sum(fg.served_n) FROM {schema}.fair_groups fg
                  WHERE fg.group_id = p.group_id), 0) + coalesce(u.n, 0) AS served,
        (SELECT count(*) FROM {schema}.jobs r

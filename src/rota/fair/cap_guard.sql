@@ -1,0 +1,3 @@
+-- Fragment of claim.sql's blocked CTE (the cap_guard placeholder) for the capped
+-- statement and for an application's groups relation (no group caps there): nothing.
+-- cap_guard_on.sql is the other choice.
