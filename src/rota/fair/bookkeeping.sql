@@ -205,7 +205,8 @@ CREATE TABLE {schema}.fair_costs (
 -- the claim locks the rows of the capped owners among its candidates (fair_cap_lock),
 -- so two claimers never count the same free slot. Rows of owners no longer capped stay
 -- (a row an owner; the upkeep does not prune them). A group capped on its own
--- (groups.max_running, migration 020) has its row too: plan_key '', unit 'c:' || group_id.
+-- (groups.max_running; docs/design.md, "Caps") has its row too: plan_key '', unit
+-- 'c:' || group_id.
 CREATE TABLE {schema}.fair_caps (
     plan_key  text NOT NULL,
     unit      text NOT NULL,
