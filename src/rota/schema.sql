@@ -16,8 +16,10 @@ CREATE TABLE {schema}.groups (
     -- Caps the group's running jobs, every type (null: no cap; docs/design.md, "Caps").
     max_running integer CONSTRAINT groups_max_running_check CHECK (max_running > 0)
 );
--- The capped groups: the uncapped claim's check for any, and the walk's capped groups.
-CREATE INDEX groups_capped_idx ON {schema}.groups (group_id) WHERE max_running IS NOT NULL;
+-- The caps set: the smallest, for the uncapped claim's check for any capped group and the
+-- capped claim's gate on the groups at their cap.
+CREATE INDEX groups_capped_idx ON {schema}.groups (max_running)
+    WHERE max_running IS NOT NULL;
 -- An owner's groups on a plan: what a capped owner's running jobs are counted over
 -- (fair_cap_lock's groups; docs/design.md, "Caps").
 CREATE INDEX groups_owner_idx ON {schema}.groups (owner_id, plan) WHERE owner_id IS NOT NULL;

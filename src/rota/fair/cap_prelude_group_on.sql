@@ -3,14 +3,15 @@
 -- "Caps") as this statement's snapshot sees them, which the group walks leave out
 -- (cap_filter_group_on.sql; an optimisation: cap_tail_on.sql passes over their jobs
 -- anyway). Their running jobs with a fresh lock, every type, through
--- jobs_running_group_idx; nothing is read while no group is capped (groups_capped_idx).
+-- jobs_running_group_idx; nothing is read while no group is capped (the smallest cap,
+-- through groups_capped_idx: one probe whatever the statistics).
 -- Needs:   CTE clock.
 -- Defines: CTE at_cap_group(group_id).
 at_cap_group AS MATERIALIZED (
     SELECT r.group_id
     FROM {schema}.jobs r
     JOIN {schema}.groups g ON g.group_id = r.group_id
-    WHERE EXISTS (SELECT 1 FROM {schema}.groups x WHERE x.max_running IS NOT NULL)
+    WHERE (SELECT min(x.max_running) FROM {schema}.groups x) IS NOT NULL
       AND g.max_running IS NOT NULL
       AND r.status = 'running' AND r.locked_at >= (SELECT c.stale_before FROM clock c)
     GROUP BY r.group_id, g.max_running
