@@ -139,11 +139,15 @@ def done_after(port: int, since: float) -> int:
 
 
 async def settled(port: int, seconds: float) -> dict[str, Any]:
-    """Wait until no job is pending or running on ``port``; its state then."""
+    """Wait until no job is pending or running on ``port`` and every job that gave up
+    has had its hook run (the hook runs after the failure commits, so a look between
+    the two saw one hook fewer than failed jobs); its state then."""
     end = time.monotonic() + seconds
     while True:
         state = jobs_on(port)
-        if set(state["status"]) <= {"done", "failed"} or time.monotonic() > end:
+        count, _, failed = state["hooks"]
+        if (set(state["status"]) <= {"done", "failed"} and count >= failed) \
+                or time.monotonic() > end:
             return state
         await asyncio.sleep(0.2)
 
