@@ -581,10 +581,7 @@ async def list_groups(queue: AdminQueue, *, limit: int = 50, after: str | None =
     params = {"limit": _limit(limit), "after": require_text(after, "after", allow_none=True),
               "offset": queue.clock_offset, "stale_after": queue.stale_after}
     async with queue.connection(conn) as c:
-        # The group's own cap: rota's own groups table only (group_cap_on.sql).
-        fragments = {} if queue.external_groups else {"group_cap": "fair/group_cap_on"}
-        rows = await queue.store.fetch_dicts("fair/list_groups", params, conn=c,
-                                             fragments=fragments)
+        rows = await queue.store.fetch_dicts("fair/list_groups", params, conn=c)
     return [GroupRow(**row) for row in rows]
 
 

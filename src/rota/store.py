@@ -355,6 +355,11 @@ class Statements:
             db.identifier(groups, "groups relation", qualified=True) if groups is not None
             else Identifier(schema, "groups"))
         self.external_groups = groups is not None
+        # Rota's own groups table has the groups' own caps (groups.max_running;
+        # docs/design.md, "Caps"): these placeholders read them wherever a statement has
+        # one. An application's relation has none: the files of the same names say so.
+        self._own_fragments = {} if self.external_groups else {
+            "group_cap": "fair/group_cap_on", "cap_prelude_group": "fair/cap_prelude_group_on"}
         self._composed: dict[tuple[str, tuple[tuple[str, str], ...]], Composed] = {}
         self._raw: dict[tuple[str, tuple[tuple[str, str], ...]], RawStatement] = {}
 
@@ -362,12 +367,15 @@ class Statements:
         """The statement ``NAME`` (``rota/sql/NAME.sql``; ``fair/X``: ``rota/fair/X.sql``)
         for this schema and groups relation, each
         ``{key}`` placeholder of ``fragments`` replaced by that named statement (composed
-        once per queue and kept)."""
+        once per queue and kept); on rota's own groups table the groups' caps are read
+        where a statement has a placeholder for them (``group_cap``,
+        ``cap_prelude_group``)."""
         key = (name, tuple(sorted(fragments.items())))
         found = self._composed.get(key)
         if found is None:
             found = self._composed[key] = db.statement(
-                name, self.schema_ident, self.groups_ident, **fragments)
+                name, self.schema_ident, self.groups_ident,
+                **{**self._own_fragments, **fragments})
         return found
 
     def raw(self, name: str, **fragments: str) -> RawStatement:
@@ -534,16 +542,13 @@ class Store(Statements):
             return await cur.fetchall()
 
     async def fetch_dicts(self, name: str, params: Params, *, conn: AnyConn | None = None,
-                          deadline: float | None = None,
-                          fragments: Mapping[str, str] | None = None
-                          ) -> list[dict[str, Any]]:
-        """Run the statement (its placeholders filled from ``fragments``, as
-        :meth:`sql`); return every row as a dict keyed by column name (a value that could
-        not be loaded is an :class:`~rota.job.Unreadable`)."""
+                          deadline: float | None = None) -> list[dict[str, Any]]:
+        """Run the statement; return every row as a dict keyed by column name (a value
+        that could not be loaded is an :class:`~rota.job.Unreadable`)."""
         async with self.deadline(deadline), self.connection(conn) as c:
             cur = self.cursor(c, dict_row)
             async with self.settings_ahead(c):
-                await cur.execute(self.sql(name, **(fragments or {})), params)
+                await cur.execute(self.sql(name), params)
             return await cur.fetchall()
 
     async def fetch_dict(self, name: str, params: Params, *, conn: AnyConn | None = None,

@@ -73,10 +73,10 @@ class FairClaim:
         without it the statement has none of them, and on rota's own groups table asks
         whether a group is capped (``cap_guard_on.sql``: retry ``"caps"``)."""
         caps = {name: f"fair/{name}_on" for name in CAP_FRAGMENTS} if capped else {}
-        if not self.store.external_groups:  # group caps: rota's own groups table only
-            caps.update({"cap_prelude_group": "fair/cap_prelude_group_on",
-                         "group_cap": "fair/group_cap_on"} if capped else
-                        {"cap_guard": "fair/cap_guard_on"})
+        if not capped and not self.store.external_groups:
+            # Group caps (rota's own groups table only; the store reads them where the
+            # capped statement has placeholders): the uncapped one asks whether any is set.
+            caps["cap_guard"] = "fair/cap_guard_on"
         if fair_by == "owner":
             if self.store.external_groups:
                 return self.store.raw("fair/claim", pool="fair/claim_pool_owner",
