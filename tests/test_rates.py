@@ -100,19 +100,22 @@ async def test_spending_after_the_fact_drives_the_bucket_negative(queue: Queue) 
 
 
 async def test_a_backoff_holds_every_taker_off_until_it_ends(queue: Queue) -> None:
-    limit = RateLimit("api", 100, SECOND)
+    # One unit a second, and the clock moved a second short of the backoff's end: the
+    # wall time the test itself takes (a loaded machine's tens of milliseconds) cannot
+    # carry a take past either (a 10 ms interval and 0.1 s short of the end did).
+    limit = RateLimit("api", 1, SECOND)
     until = await limit.backoff(queue, 30)
     no = await refused(limit, queue)
     assert no.free_at == until
     # A shorter backoff does not shorten it.
     assert await limit.backoff(queue, timedelta(seconds=5)) == until
-    queue.clock_offset = timedelta(seconds=29.9)
+    queue.clock_offset = timedelta(seconds=29)
     assert (await refused(limit, queue)).free_at == until
     queue.clock_offset = timedelta(seconds=30)
     taken = await limit.take(queue, max_wait=timedelta(0))
     assert taken.wait == timedelta(0) and taken.at >= until
     # It ends without a burst: the next unit is one interval later.
-    assert (await refused(limit, queue)).free_at == taken.at + timedelta(milliseconds=10)
+    assert (await refused(limit, queue)).free_at == taken.at + SECOND
 
 
 async def test_keyed_buckets_are_independent(queue: Queue) -> None:
