@@ -71,9 +71,24 @@ async def test_a_cap_set_by_another_queue_object_is_honoured_by_a_queue_that_cla
     # Uncapped, the claim would be G's 2nd, H's 2nd, G's 3rd, H's 3rd.
     assert [j.id for j in await first.claim("a", 4)] == h[1:5]
     assert first.fair_claim.group_capped is True
-    # The cap cleared: the capped statement stays, and takes G's jobs again.
+    # The cap cleared: the capped statement stays for its minute, and takes G's jobs
+    # again.
     await other.upsert_group("G", plan=None, max_running=None)
     assert [j.id for j in await first.claim("a", 2)] == [g[1], g[2]]
+    assert first.fair_claim.group_capped is True
+    # Past the minute the queue asks again: no group is capped, so the uncapped
+    # statement claims (G's next two: G has 3 running to H's 5), and stays.
+    first.fair_claim.group_cap_recheck = 0.0
+    retries = first.fair_claim.retries.get("a", 0)
+    assert [j.id for j in await first.claim("a", 2)] == [g[3], g[4]]
+    assert first.fair_claim.group_capped is False
+    assert first.fair_claim.retries.get("a", 0) == retries
+    # Capped again (H at its 5 running): the guard sends the uncapped statement back to
+    # the capped one, which passes over H (uncapped, the 2nd job would be H's).
+    await other.upsert_group("H", plan=None, max_running=5)
+    first.fair_claim.group_cap_recheck = 60.0
+    assert [j.id for j in await first.claim("a", 2)] == [g[5], g[6]]
+    assert first.fair_claim.group_capped is True
 
 
 @pytest.mark.parametrize("fair_by", ["group", "owner"])

@@ -11,6 +11,7 @@ check (``verify.sql``) and the rebuild (``repair.sql``).
 from __future__ import annotations
 
 import operator
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
@@ -43,6 +44,9 @@ class FairClaim:
     # The smallest probe a claim starts from: groups and jobs per group (tests set it to
     # (1, 1) to drive every claim through the retries).
     probe_floor: tuple[int, int] | None = None
+    #: Seconds a queue that saw a capped group keeps to the capped statement before it
+    #: asks again whether any group is still capped (:attr:`group_capped`).
+    group_cap_recheck: float = 60.0
 
     def __init__(self, store: Store, upkeep: ClaimUpkeep) -> None:
         self.store = store
@@ -54,10 +58,31 @@ class FairClaim:
         # Claim statements re-run because the probe could not prove the batch, per type
         # (tests and bench/ check that ties and locked candidates do not make it grow).
         self.retries: dict[str, int] = {}
-        # A group of rota's own groups table has been seen capped (groups.max_running):
-        # every claim from then on runs the capped statement, whatever the plans. Set by
-        # the uncapped statement's guard (cap_guard_on.sql), never cleared.
-        self.group_capped = False
+        # When the uncapped statement's guard (cap_guard_on.sql) last saw a capped group
+        # of rota's own groups table (monotonic seconds; None: never or long ago).
+        self._group_capped_at: float | None = None
+
+    @property
+    def group_capped(self) -> bool:
+        """Whether claims run the capped statement for the groups' own caps
+        (groups.max_running, rota's own groups table; docs/design.md, "Caps"): from
+        when the uncapped statement's guard saw a capped group (retry ``"caps"``), for
+        :attr:`group_cap_recheck` seconds; then the next claim runs the uncapped
+        statement again, whose guard sends it back at once while any group is capped.
+        So a queue whose groups' caps were all removed stops paying for the capped
+        statement within a minute, at the price of one statement that claims nothing a
+        minute while caps stay."""
+        at = self._group_capped_at
+        if at is None:
+            return False
+        if time.monotonic() - at < self.group_cap_recheck:
+            return True
+        self._group_capped_at = None
+        return False
+
+    @group_capped.setter
+    def group_capped(self, value: bool) -> None:
+        self._group_capped_at = time.monotonic() if value else None
 
     def statement(self, fair_by: str = "group", capped: bool = False) -> RawStatement:
         """The claim for ``fair_by`` (``"group"`` or ``"owner"``; docs/design.md, "The
