@@ -232,3 +232,31 @@ async def test_after_a_deadlock_each_job_is_completed_with_its_value_and_cost(
     assert (await queue.result(b.id)).value == "text"
     assert [(await queue.get_job(j.id)).cost for j in (a, b)] == [Decimal("2.5"),
                                                                   Decimal(1)]
+
+
+@pytest.mark.parametrize("results, costs, what", [
+    ([{"a": 1}, {"a": 2}], None, "results"),
+    (None, [1, 5], "costs"),
+    ([1, 1], [2, None], "costs"),
+])
+async def test_a_job_listed_twice_under_one_claim_with_different_values_writes_nothing(
+    queue: Queue, aconn: Any, results: Any, costs: Any, what: str,
+) -> None:
+    """Listed twice under one claim, a job is completed once: with two different results
+    (or costs) one of them would be dropped without a word, so the call is refused,
+    naming the job, and nothing is written; the same values twice are one completion."""
+    await queue.enqueue_many([{"type": "t", "payload": {}} for _ in range(2)])
+    job, other = await queue.claim("t", 2)
+    with pytest.raises(InvalidInput, match=rf"job {job.id} is listed twice under the "
+                                           rf"same claim with different {what}"):
+        await queue.complete_many([job, other, job], results=None if results is None
+                                  else [results[0], None, results[1]],
+                                  costs=None if costs is None
+                                  else [costs[0], None, costs[1]])
+    assert (await status(aconn, queue, job.id))[0] == "running"
+    assert (await status(aconn, queue, other.id))[0] == "running"
+    same = None if results is None else [results[0], None, results[0]]
+    assert await queue.complete_many([job, other, job], results=same) == [True] * 3
+    cur = await aconn.execute(sql.SQL("SELECT result, cost FROM {} WHERE id = %s")
+                              .format(queue.table("jobs")), [job.id])
+    assert await cur.fetchone() == (None if results is None else results[0], 1)

@@ -568,7 +568,9 @@ class Queue:
 
         Raises:
             ResultError: a value cannot be stored; nothing was written.
-            InvalidInput: ``results`` or ``costs`` does not have one value per job.
+            InvalidInput: ``results`` or ``costs`` does not have one value per job, or
+                a job is listed twice under one claim with different results or costs;
+                nothing was written.
             InvalidCharge: a cost is not a positive number within the limit; nothing
                 was written.
         """

@@ -194,13 +194,15 @@ class Transitions:
 
         Returns:
             One flag per job, in the order given: ``True`` when done, ``False`` when
-            this claim lost that job (nothing changed for it). A job listed twice is
-            completed once and gets the same flag both times.
+            this claim lost that job (nothing changed for it). A job listed twice
+            under one claim is completed once and gets the same flag both times.
 
         Raises:
             ResultError: a value cannot be stored; the message names its job and
                 nothing was written (fail that job, complete the others).
-            InvalidInput: ``results`` or ``costs`` does not have one value per job.
+            InvalidInput: ``results`` or ``costs`` does not have one value per job, or
+                a job is listed twice under one claim with different results or
+                costs; nothing was written.
             InvalidCharge: a cost is not a positive number within the limit; nothing
                 was written.
         """
@@ -219,16 +221,25 @@ class Transitions:
         if len(charges) != len(batch):
             raise InvalidInput(f"complete_many: {len(charges)} costs for "
                                f"{len(batch)} jobs")
-        cost_by_id = {j.id: None if c is None else job_cost(charge_units(c))
-                      for j, c in zip(batch, charges, strict=True)}
-        encoded_by_id: dict[int, str | None] = {}
-        value_by_id: dict[int, Any] = {}
-        for j, v in zip(batch, values, strict=True):
-            value_by_id[j.id] = v
+        # By claim: a job listed twice under one claim must say the same both times (it
+        # is completed once); listed under a lost claim and the one holding it, each
+        # listing keeps its own values (only the holder's are written).
+        cost_by_claim: dict[tuple[int, uuid.UUID | None], Decimal | None] = {}
+        encoded_by_claim: dict[tuple[int, uuid.UUID | None], str | None] = {}
+        value_by_claim: dict[tuple[int, uuid.UUID | None], Any] = {}
+        for j, v, c in zip(batch, values, charges, strict=True):
+            cost = None if c is None else job_cost(charge_units(c))
             e = self._encoded_result(j, v)
             if isinstance(e, ResultError):
                 raise e
-            encoded_by_id[j.id] = e
+            key = (j.id, j.claim_token)
+            if key in encoded_by_claim and (encoded_by_claim[key], cost_by_claim[key]) \
+                    != (e, cost):
+                what = "results" if encoded_by_claim[key] != e else "costs"
+                raise InvalidInput(
+                    f"complete_many: job {j.id} is listed twice under the same claim "
+                    f"with different {what}; list it once (nothing was written)")
+            cost_by_claim[key], encoded_by_claim[key], value_by_claim[key] = cost, e, v
         # Job rows are locked in id order, the one order of every statement that locks
         # several jobs. The served-count changes a completion makes are new fair_served
         # rows of its own (the delta rule, fair/bookkeeping.sql), so two batches never
@@ -242,9 +253,9 @@ class Transitions:
                 done = await sql.complete_many(
                     self.store, ids=[j.id for j in fenced],
                     claim_tokens=[j.claim_token for j in fenced],
-                    results=[encoded_by_id[j.id] for j in fenced],
+                    results=[encoded_by_claim[j.id, j.claim_token] for j in fenced],
                     started_ats=[j.locked_at for j in fenced],
-                    costs=[cost_by_id[j.id] for j in fenced],
+                    costs=[cost_by_claim[j.id, j.claim_token] for j in fenced],
                     offset=self.settings.clock_offset, schema_name=self.settings.schema,
                     conn=c)
                 rest = [j for j in fenced if (j.id, j.claim_token) not in done]
@@ -263,8 +274,8 @@ class Transitions:
             done = {(j.id, j.claim_token) for j in fenced if j.claim_token is not None
                     # The value as given: complete encodes it (the encoded text
                     # given again would be stored as a JSON string).
-                    if await self.complete(j, result=value_by_id[j.id],
-                                           cost=cost_by_id[j.id])}
+                    if await self.complete(j, result=value_by_claim[j.id, j.claim_token],
+                                           cost=cost_by_claim[j.id, j.claim_token])}
         return [j.claim_token is not None and (j.id, j.claim_token) in done for j in batch]
 
     async def fail(self, job: Job, error: BaseException | str, *, give_up: bool = False,
