@@ -21,10 +21,14 @@ meet a worker that churns as fast as it can (and its locks: two rota claimers at
 and dead row versions pile up at the rate that worker sets. Each moment also reports the
 loop's rate (jobs claimed and completed per second over the moment's window), the dead
 tuples of ``jobs``, and the claim retries (``FairClaim.retries``) since the start.
-``--explain`` (with ``--flat-out``) also prints, before the pin, at its end and 30 s
-after the release, the claim of 25 under EXPLAIN (ANALYZE, BUFFERS) (``bench/experiments/
-pinned_explain.py``, the generic plan the claim runs): the plan nodes that read the most
-buffers, while the loop runs.
+``--walks`` also samples, in each pair, the claim forced to walk ``fair_groups_walk_idx``
+and the claim forced to the sorted pass (two more queues on the schema that never look
+at the horizon and run no upkeep; the queue that does picks one of the two by the
+horizon's age), and prints their p50s under each moment: which of the two a held
+horizon makes cheaper, and when. ``--explain`` (with ``--flat-out``) also prints,
+before the pin, at its end and 30 s after the release, the claim of 25 under EXPLAIN
+(ANALYZE, BUFFERS) (``bench/experiments/pinned_explain.py``, the generic plan the claim
+runs): the plan nodes that read the most buffers, while the loop runs.
 
 Moments: ``before`` (the last ``WINDOW`` seconds before the pin), ``pinned N s`` (the
 last ``WINDOW`` seconds of the first N seconds of the pin: a REPEATABLE READ transaction
@@ -35,7 +39,7 @@ tuples in the schema (``pg_stat_user_tables``, as the statistics collector last 
 them).
 
 Usage: ``python -m bench.pinned [--quick | --size PENDING/GROUPS [--pins S[,S...]]]
-[--flat-out [--explain]]``
+[--flat-out [--explain]] [--walks]``
 (DATABASE_URL, default the local test database). ``--quick``: 100,000 pending jobs over
 2,000 groups, pinned 60 s. ``--size``: one size, pinned ``--pins`` seconds (default 60).
 Without either: 100,000 over 2,000 and 1,000,000 over 10,000, each pinned 10 minutes
@@ -81,17 +85,17 @@ def _replacements(n: int, groups: int, rng: random.Random) -> list[dict[str, Any
 
 @dataclass
 class Samples:
-    """Claim times (ms) by system, each with the monotonic time it was taken."""
+    """Claim times (ms) by claimer (``rota``, ``fifo``; with ``--walks`` also ``walk``
+    and ``sorted``), each with the monotonic time it was taken."""
 
-    rota: list[tuple[float, float]] = field(default_factory=list)
-    fifo: list[tuple[float, float]] = field(default_factory=list)
+    times: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
     def p50(self, name: str, start: float, end: float) -> float | None:
-        xs = [ms for t, ms in getattr(self, name) if start <= t < end]
+        xs = [ms for t, ms in self.times.get(name, []) if start <= t < end]
         return statistics.median(xs) if xs else None
 
     def count(self, start: float, end: float) -> int:
-        return sum(1 for t, _ in self.rota if start <= t < end)
+        return sum(1 for t, _ in self.times.get("rota", []) if start <= t < end)
 
 
 async def dead_tuples(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
@@ -112,7 +116,8 @@ async def horizon_seconds(conn: psycopg.AsyncConnection[Any]) -> float:
 
 
 async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
-                   flat_out: bool = False, explain: bool = False) -> dict[str, Any]:
+                   flat_out: bool = False, explain: bool = False,
+                   walks: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     await build(url, SCHEMA, pending=pending, groups=groups, done=pending // 5)
     print(f"built {pending:,} pending over {groups:,} groups in "
@@ -127,16 +132,23 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
                        sql.Identifier(SCHEMA))
     moments: list[dict[str, Any]] = []
     queue = Queue(url, schema=SCHEMA)
-    async with (queue,
+    # --walks: the same claim forced to each way of reading the groups.
+    forced = {"walk": Queue(url, schema=SCHEMA), "sorted": Queue(url, schema=SCHEMA)}
+    for name, q in forced.items():
+        q.fair_claim.upkeep.request = lambda job_type: None  # type: ignore[method-assign]
+        q.upkeep.horizon_held = name == "sorted"
+    claimers = {"rota": queue, **(forced if walks else {})}
+    async with (queue, forced["walk"], forced["sorted"],
                 await psycopg.AsyncConnection.connect(url, autocommit=True) as conn,
                 await psycopg.AsyncConnection.connect(url, autocommit=True) as stats,
                 await psycopg.AsyncConnection.connect(url) as holder):
 
         async def pair(first_rota: bool) -> None:
-            for name in ("rota", "fifo") if first_rota else ("fifo", "rota"):
+            names = [*claimers, "fifo"]
+            for name in names if first_rota else reversed(names):
                 t = time.perf_counter()
-                if name == "rota":
-                    jobs = await queue.claim("t", 25)
+                if name != "fifo":
+                    jobs = await claimers[name].claim("t", 25)
                     ms = (time.perf_counter() - t) * 1000
                     if jobs:
                         await queue.complete_many(jobs)
@@ -147,7 +159,7 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
                     ms = (time.perf_counter() - t) * 1000
                     await conn.execute(done, [ids])
                     n = len(ids)
-                getattr(samples, name).append((time.monotonic(), ms))
+                samples.times.setdefault(name, []).append((time.monotonic(), ms))
                 if n:
                     await queue.enqueue_many(_replacements(n, groups, rng))
 
@@ -192,6 +204,13 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
                  "flat_out": flat_out}
             moments.append(m)
             print(row(m, moments[0]["rota_p50"] if moments else None), flush=True)
+            if walks:
+                m["walk_p50"] = samples.p50("walk", start, end)
+                m["sorted_p50"] = samples.p50("sorted", start, end)
+                print(f"    forced: walk {m['walk_p50']:.2f} ms, sorted pass "
+                      f"{m['sorted_p50']:.2f} ms (the queue's own choice: "
+                      f"{'sorted pass' if queue.upkeep.horizon_held else 'walk'})",
+                      flush=True)
             return m
 
         began = time.monotonic()
@@ -271,14 +290,16 @@ def report(results: list[dict[str, Any]]) -> str:
 
 
 def main(url: str, *, sizes: tuple[tuple[int, int, tuple[int, ...]], ...] = FULL,
-         flat_out: bool = False, explain: bool = False) -> list[dict[str, Any]]:
+         flat_out: bool = False, explain: bool = False,
+         walks: bool = False) -> list[dict[str, Any]]:
     """Run the scenario at each size (``(pending, groups, pins in seconds)``: ``QUICK``,
     ``FULL`` or one asked for), paced or ``flat_out`` (with ``explain``: the claim's
-    plan before the pin, at its end and after the release); returns per size its
+    plan before the pin, at its end and after the release; with ``walks``: the claim
+    forced to each way of reading the groups as well); returns per size its
     moments (p50s in ms, dead tuples, the horizon's age; flat out, the churn's jobs/s).
     The schema is dropped after."""
     print(header(flat_out), flush=True)
-    out = [asyncio.run(scenario(url, pending, groups, pins, flat_out, explain))
+    out = [asyncio.run(scenario(url, pending, groups, pins, flat_out, explain, walks))
            for pending, groups, pins in sizes]
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
@@ -316,11 +337,12 @@ def _pins(text: str) -> tuple[int, ...]:
 Sizes = tuple[tuple[int, int, tuple[int, ...]], ...]
 
 
-def parse(argv: list[str]) -> tuple[Sizes, bool, bool]:
+def parse(argv: list[str]) -> tuple[Sizes, bool, bool, bool]:
     """What ``argv`` asks for: the sizes (``--quick``: ``QUICK``; ``--size
     PENDING/GROUPS`` with ``--pins SECONDS[,SECONDS...]``, default 60; nothing:
-    ``FULL``), whether the loop runs flat out (``--flat-out``), and whether to print the
-    claim's plan (``--explain``, with ``--flat-out``).
+    ``FULL``), whether the loop runs flat out (``--flat-out``), whether to print the
+    claim's plan (``--explain``, with ``--flat-out``), and whether to sample the claim
+    forced to the walk and to the sorted pass (``--walks``).
 
     Raises:
         SystemExit: an unknown argument, ``--quick`` with ``--size``, ``--pins``
@@ -344,6 +366,9 @@ def parse(argv: list[str]) -> tuple[Sizes, bool, bool]:
     parser.add_argument("--explain", action="store_true",
                         help="with --flat-out: print the claim's EXPLAIN (ANALYZE, "
                              "BUFFERS) before the pin, at its end and after the release")
+    parser.add_argument("--walks", action="store_true",
+                        help="also sample the claim forced to walk the groups' index and "
+                             "forced to the sorted pass")
     args = parser.parse_args(argv)
     if args.pins is not None and args.size is None:
         parser.error("--pins needs --size")
@@ -355,7 +380,7 @@ def parse(argv: list[str]) -> tuple[Sizes, bool, bool]:
         sizes = FULL
     else:
         sizes = ((*args.size, args.pins or (60,)),)
-    return sizes, args.flat_out, args.explain
+    return sizes, args.flat_out, args.explain, args.walks
 
 
 def parse_sizes(argv: list[str]) -> Sizes:
@@ -366,10 +391,10 @@ def parse_sizes(argv: list[str]) -> Sizes:
 if __name__ == "__main__":
     from . import server
 
-    sizes, flat_out, explain = parse(sys.argv[1:])
+    sizes, flat_out, explain, walks = parse(sys.argv[1:])
     url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
     print(server.describe(url))
-    results = main(url, sizes=sizes, flat_out=flat_out, explain=explain)
+    results = main(url, sizes=sizes, flat_out=flat_out, explain=explain, walks=walks)
     out = Path(__file__).parent / "results"
     out.mkdir(parents=True, exist_ok=True)
     name = "pinned_flat_out.json" if flat_out else "pinned.json"
