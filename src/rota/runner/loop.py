@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -28,7 +29,7 @@ from ..queue import Queue
 from ..quota import SHARED_SCOPE, Quota, QuotaExhausted
 from ..schedule import Scheduler
 from . import rates
-from .batch import BatchRunner
+from .batch import BatchRunner, Refill
 from .batching import BatchSize
 from .completer import error_text
 from .context import RunState
@@ -262,15 +263,19 @@ class RunLoop:
                     raise
                 if not jobs:
                     continue
-                if (stage.prefetch and stage.quota is None and not stage.limits
-                        and all(s.type in run.skipped for s in self.stages[:i])):
+                claims_next = self._claims_next(run, i)
+                if stage.prefetch and claims_next:
                     run.prefetched = (stage.type, asyncio.get_running_loop().create_task(
                         self._claim(run, stage)))
+                refill = None
+                if stage.refill and claims_next and stage.batch_handler is None:
+                    refill = Refill(functools.partial(self._refill_claim, run, stage),
+                                    self.batch_size(stage))
                 started = time.monotonic()
-                outcome = await self.batches.run(run, stage, jobs)
+                outcome = await self.batches.run(run, stage, jobs, refill)
                 sizer = self.sizes.get(stage.type)
-                if sizer is not None:
-                    sizer.observe(len(jobs), time.monotonic() - started)
+                if sizer is not None:  # what the batch ran, refills included
+                    sizer.observe(outcome.claimed, time.monotonic() - started)
                 if outcome.completing is not None:
                     run.finishing = asyncio.get_running_loop().create_task(
                         self._complete_and_save(run, outcome.completing))
@@ -289,6 +294,31 @@ class RunLoop:
                     return ("quota_exhausted" if "exhausted" in run.blocked
                             else "quota_reserve")
                 return "no_work"
+
+    def _claims_next(self, run: RunState, i: int) -> bool:
+        """Whether a claim of ``self.stages[i]`` while its batch runs is the claim the
+        loop would make next anyway, so making it early changes no order: no quota to
+        check before each claim, no rate limits to wait for, and every earlier stage
+        skipped for the run (earlier stages win). A prefetch and a refill are made only
+        then (docs/design.md, "The runner", "Refill")."""
+        stage = self.stages[i]
+        return (stage.quota is None and not stage.limits
+                and all(s.type in run.skipped for s in self.stages[:i]))
+
+    async def _refill_claim(self, run: RunState, stage: Stage, n: int) -> list[Job]:
+        """A refill claim for ``stage``'s running batch (docs/design.md, "Refill"): the
+        batch prefetched for the stage, when there is one (claimed for its next batch:
+        the free slots start it now rather than hold it), else a claim of at most ``n``
+        jobs (and at most the stage's claim size).
+
+        Raises:
+            What the claim (or the prefetching claim) raised.
+        """
+        if run.prefetched is not None and run.prefetched[0] == stage.type:
+            task = run.prefetched[1]
+            run.prefetched = None
+            return await task
+        return await self._claim(run, stage, n)
 
     async def _complete_and_save(self, run: RunState, completing: Awaitable[None]) -> None:
         """A batch's completion, then the run's progress saved (the loop awaits it after
