@@ -25,6 +25,7 @@ from ..job import Job
 from ..queue import Queue
 from ..quota import QuotaExhausted
 from . import rates
+from .batching import BatchSize
 from .completer import Completer
 from .context import JobContext, QuotaLookup, RateLookup, RunState
 from .settle import CallOutcome, Complete, Settler, decide
@@ -51,13 +52,21 @@ class Refill:
             counts unreadable rows (:meth:`RunLoop._claim`) and hands over a batch
             prefetched for the stage first.
         size: the stage's current claim size in jobs (:meth:`RunLoop.batch_size`): the
-            batch refills only when its own claim came back that full, and a refill
-            asks for ``max(idle, round(idle * size / concurrency))`` jobs, at most
-            ``size``.
+            batch refills only when its own claim came back that full.
+        most: the most jobs one claim of the stage may take (its fixed ``batch``, else
+            :attr:`BatchSize.MAX`).
+
+    A refill asks for ``max(idle, round(idle * per_slot))`` jobs, at most ``most``:
+    ``per_slot`` is what one slot handles in one claim, ``size / concurrency``, or, when
+    more, what it handles in :attr:`BatchSize.FAST` seconds at the mean run time of the
+    batch's handlers so far (a claim's size is not observed until the batch ends, and a
+    refilled batch may last: fast handlers would otherwise be refilled a few jobs at a
+    time, a claim of 2 or 3 every few milliseconds).
     """
 
     claim: Callable[[int], Awaitable[list[Job]]]
     size: int
+    most: int
 
 
 @dataclass
@@ -350,6 +359,8 @@ class _Slots:
         self.refill = refill
         self.take = take
         self.live = 0  # workers started and not yet returned
+        self.ran = 0  # handler calls returned, and their seconds in all
+        self.ran_s = 0.0
         self.changed = asyncio.Event()  # a worker returned
         self.claiming: asyncio.Task[int] | None = None
         self.group: asyncio.TaskGroup | None = None
@@ -386,7 +397,10 @@ class _Slots:
             # After the budget, or once the stage's quota is gone, jobs not yet
             # started stay in `todo` and are handed back by the batch.
             while self.todo and not run.out_of_time() and not self.blocked:
+                started = time.monotonic()
                 await self.run_one(self.todo.popleft())
+                self.ran += 1
+                self.ran_s += time.monotonic() - started
         finally:
             self.live -= 1
             self.changed.set()
@@ -408,8 +422,7 @@ class _Slots:
             if idle_since is None:
                 idle_since = now
             if idle >= half or now - idle_since >= REFILL_WAIT:
-                n = min(refill.size,
-                        max(idle, round(idle * refill.size / self.concurrency)))
+                n = self._refill_size(refill, idle)
                 self.claiming = asyncio.get_running_loop().create_task(
                     self._claim(refill, n))
                 # Shielded: cancelling the batch must not drop a claim the database
@@ -425,6 +438,13 @@ class _Slots:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(),
                                        idle_since + REFILL_WAIT - now)
+
+    def _refill_size(self, refill: Refill, idle: int) -> int:
+        """Jobs a refill asks for ``idle`` free slots (see :class:`Refill`)."""
+        per_slot = refill.size / self.concurrency
+        if self.ran and self.ran_s > 0:
+            per_slot = max(per_slot, BatchSize.FAST * self.ran / self.ran_s)
+        return min(refill.most, max(idle, round(idle * per_slot)))
 
     async def _claim(self, refill: Refill, n: int) -> int:
         """One refill claim of up to ``n`` jobs; its jobs join the batch as soon as it

@@ -270,7 +270,7 @@ class RunLoop:
                 refill = None
                 if stage.refill and claims_next and stage.batch_handler is None:
                     refill = Refill(functools.partial(self._refill_claim, run, stage),
-                                    self.batch_size(stage))
+                                    self.batch_size(stage), stage.batch or BatchSize.MAX)
                 started = time.monotonic()
                 outcome = await self.batches.run(run, stage, jobs, refill)
                 sizer = self.sizes.get(stage.type)
@@ -309,7 +309,7 @@ class RunLoop:
         """A refill claim for ``stage``'s running batch (docs/design.md, "Refill"): the
         batch prefetched for the stage, when there is one (claimed for its next batch:
         the free slots start it now rather than hold it), else a claim of at most ``n``
-        jobs (and at most the stage's claim size).
+        jobs (the batch sized it: :class:`~rota.runner.batch.Refill`).
 
         Raises:
             What the claim (or the prefetching claim) raised.
@@ -318,7 +318,7 @@ class RunLoop:
             task = run.prefetched[1]
             run.prefetched = None
             return await task
-        return await self._claim(run, stage, n)
+        return await self._claim(run, stage, size=n)
 
     async def _complete_and_save(self, run: RunState, completing: Awaitable[None]) -> None:
         """A batch's completion, then the run's progress saved (the loop awaits it after
@@ -326,13 +326,17 @@ class RunLoop:
         await completing
         await self.recorder.save_progress(run)
 
-    async def _claim(self, run: RunState, stage: Stage,
-                     room: int | None = None) -> list[Job]:
-        """Claim a batch of ``stage`` (at most ``room`` jobs: what its rate limits
-        let start soon); rows that cannot be read were given up by the claim and count
-        as failed here (docs/design.md, "Bad data belongs to its job")."""
+    async def _claim(self, run: RunState, stage: Stage, room: int | None = None, *,
+                     size: int | None = None) -> list[Job]:
+        """Claim a batch of ``stage``: ``size`` jobs (default its claim size,
+        :meth:`batch_size`), at most ``room`` (what its rate limits let start soon);
+        rows that cannot be read were given up by the claim and count as failed here
+        (docs/design.md, "Bad data belongs to its job")."""
         unreadable: list[UnreadableJob] = []
-        size = self.batch_size(stage) if room is None else min(self.batch_size(stage), room)
+        if size is None:
+            size = self.batch_size(stage)
+        if room is not None:
+            size = min(size, room)
         jobs = await self.queue.claim(stage.type, size, run_id=run.id,
                                       unreadable=unreadable)
         if unreadable:
