@@ -4,7 +4,9 @@ the time budget, the hard deadline, and why the run stopped.
 One :meth:`RunLoop.run` is one run: its row is started (:class:`.recording.RunRecorder`),
 maintenance and the schedules go first, then the loop claims one batch from the first
 stage that has work (and is not blocked by its quota), has it run
-(:class:`.batch.BatchRunner`), and starts again from the top, until there is no work,
+(:class:`.batch.BatchRunner`, which refills its free slots with more claims of its
+stage where that claim is the loop's next anyway: docs/design.md, "Refill"), and
+starts again from the top, until there is no work,
 the budget is spent, or only quota-blocked work is left. Its order is the run's
 correctness: a batch is claimed only after the previous completion was handed over;
 unstarted jobs go back before the end is recorded; nothing outlives the hard deadline.
