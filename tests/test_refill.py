@@ -6,6 +6,7 @@ or handed back like the batch's own."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -17,6 +18,7 @@ from psycopg import sql
 
 from rota import JobContext, Pipeline, Queue, Quota, Stage
 from tests.helpers import enqueue_jobs
+from tests.test_poison import POISON, insert_raw
 
 AConn = psycopg.AsyncConnection[Any]
 
@@ -222,6 +224,40 @@ async def test_a_later_stage_refills_once_the_earlier_one_is_skipped(
     assert claims == [("c", 4, 4), ("c", 4, 2), ("c", 4, 0)]
     assert (result.stop_reason, result.jobs_done, result.summary) == \
         ("quota_reserve", 6, {"postponed": 2})
+    assert await queue.verify() == []
+
+
+async def test_a_row_a_refill_cannot_read_counts_failed_as_in_the_loops_claim(
+        queue: Queue, aconn: AConn, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A refill claim gives an unreadable row up as the loop's claim does (docs/design.md,
+    "Bad data belongs to its job"): failed, counted ``unreadable``; the others run."""
+    caplog.set_level(logging.CRITICAL, logger="rota.queue")
+    release = asyncio.Event()
+    started: list[int] = []
+
+    async def handler(ctx: JobContext) -> None:
+        started.append(ctx.job.payload["i"])
+        if ctx.job.payload["i"] == 0:
+            await release.wait()
+
+    await enqueue_jobs(queue, "t", 4)
+    poison = await insert_raw(aconn, queue, "t", POISON["long-number"][0])
+    for i in (4, 5):
+        await queue.enqueue("t", {"i": i})
+    pipeline = Pipeline(queue, [Stage("t", 4, 4, handler)])
+    claims = count_claims(pipeline, monkeypatch)
+    task = asyncio.create_task(pipeline.run())
+    assert await until(lambda: len(started) == 6)  # before job 0 is released
+    release.set()
+    result = await task
+    assert started == [0, 1, 2, 3, 4, 5]
+    assert claims == [("t", 4, 4), ("t", 4, 2), ("t", 4, 0)]
+    assert (result.stop_reason, result.jobs_done, result.jobs_failed, result.summary) == \
+        ("no_work", 6, 1, {"unreadable": 1})
+    cur = await aconn.execute(sql.SQL("SELECT status, attempts FROM {} WHERE id = %s")
+                              .format(queue.table("jobs")), [poison])
+    assert await cur.fetchone() == ("failed", 1)
     assert await queue.verify() == []
 
 
