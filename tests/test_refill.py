@@ -91,6 +91,34 @@ async def test_free_slots_run_more_jobs_while_a_slow_handler_still_runs(
     assert await queue.verify() == []
 
 
+async def test_a_prefetched_batch_is_the_first_refill(
+        queue: Queue, aconn: AConn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With prefetch, the batch claimed ahead for the stage feeds the free slots first:
+    no second claim runs beside it, and nothing prefetched is left to hand back."""
+    release = asyncio.Event()
+    starts: list[tuple[int, bool]] = []
+
+    async def handler(ctx: JobContext) -> None:
+        starts.append((ctx.job.payload["i"], release.is_set()))
+        if ctx.job.payload["i"] == 0:
+            await release.wait()
+
+    await enqueue_jobs(queue, "t", 9)
+    pipeline = Pipeline(queue, [Stage("t", 4, 4, handler, prefetch=True)])
+    claims = count_claims(pipeline, monkeypatch)
+    task = asyncio.create_task(pipeline.run())
+    await until(lambda: len(starts) == 9)
+    release.set()
+    result = await task
+    assert starts == [(i, False) for i in range(9)]
+    # The batch, its prefetch (taken by the first refill), a refill that comes back
+    # short, then the loop's own claim, which finds nothing.
+    assert claims == [("t", 4, 4), ("t", 4, 4), ("t", 4, 1), ("t", 4, 0)]
+    assert (result.stop_reason, result.jobs_done, result.summary) == ("no_work", 9, {})
+    assert await statuses(aconn, queue, "t") == [(i, "done", 1, 0) for i in range(9)]
+    assert await queue.verify() == []
+
+
 async def test_without_refill_the_batch_waits_for_its_slowest_handler(
         queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
     """Stage(refill=False): the batch runs to its end before the next claim."""
