@@ -28,6 +28,12 @@ from rota.runner.batching import BatchSize
     (1, 40, 3, 2.0, 20),         # slow halves even when short
     (8, 12, 12, 1.5, 8),         # never below the stage's concurrency
     (8, 8, 8, 30.0, 8),
+    # A refilled batch ran more than its claim: judged by one claim's time at its pace
+    # (docs/design.md, "Refill").
+    (4, 4, 40, 0.5, 8),          # 0.05 s a claim of 4: grows, where 0.5 s would stay
+    (4, 4, 160, 2.0, 8),         # 0.05 s a claim: grows, where 2 s would halve
+    (4, 8, 16, 1.5, 8),          # 0.75 s a claim: stays
+    (16, 32, 64, 3.0, 16),       # 1.5 s a claim: halves
 ])
 def test_batch_size_rules(floor: int, size: int, claimed: int, handled_s: float,
                           after: int) -> None:

@@ -12,10 +12,11 @@ transition itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -24,12 +25,48 @@ from ..job import Job
 from ..queue import Queue
 from ..quota import QuotaExhausted
 from . import rates
+from .batching import BatchSize
 from .completer import Completer
 from .context import JobContext, QuotaLookup, RateLookup, RunState
 from .settle import CallOutcome, Complete, Settler, decide
 from .stage import Stage
 
 log = logging.getLogger("rota.runner")
+
+#: Seconds a refilling batch's free slot waits for half the slots to be free before it
+#: claims alone (docs/design.md, "The runner", "Refill"): about five times what a claim
+#: costs (2-4 ms), so a slot is never left idle long behind a slow handler and claims
+#: of one or two jobs come at most every 20 ms, never once per finished job.
+REFILL_WAIT = 0.02
+
+
+@dataclass(frozen=True)
+class Refill:
+    """What a batch needs to claim more of its stage while it runs (docs/design.md,
+    "The runner", "Refill"); the run loop gives it for a stage whose next claim it would
+    make anyway.
+
+    Attributes:
+        claim: claims up to ``n`` more jobs of the stage for the run and returns them
+            (``[]``: the stage has no more work now); the loop's own claim, which
+            counts unreadable rows (:meth:`RunLoop._claim`) and hands over a batch
+            prefetched for the stage first.
+        size: the stage's current claim size in jobs (:meth:`RunLoop.batch_size`): the
+            batch refills only when its own claim came back that full.
+        most: the most jobs one claim of the stage may take (its fixed ``batch``, else
+            :attr:`BatchSize.MAX`).
+
+    A refill asks for ``max(idle, round(idle * per_slot))`` jobs, at most ``most``:
+    ``per_slot`` is what one slot handles in one claim, ``size / concurrency``, or, when
+    more, what it handles in :attr:`BatchSize.FAST` seconds at the mean run time of the
+    batch's handlers so far (a claim's size is not observed until the batch ends, and a
+    refilled batch may last: fast handlers would otherwise be refilled a few jobs at a
+    time, a claim of 2 or 3 every few milliseconds).
+    """
+
+    claim: Callable[[int], Awaitable[list[Job]]]
+    size: int
+    most: int
 
 
 @dataclass
@@ -43,10 +80,12 @@ class BatchOutcome:
             settled before returning.
         blocked: the stage's shared quota ran out during the batch (the loop skips the
             stage for the rest of the run); its unstarted jobs were handed back.
+        claimed: jobs the batch held in all: its claim plus what its refills claimed.
     """
 
     completing: Awaitable[None] | None = None
     blocked: QuotaExhausted | None = None
+    claimed: int = 0
 
 
 class BatchRunner:
@@ -72,38 +111,55 @@ class BatchRunner:
         """Seconds one handler call of ``stage`` may run."""
         return (stage.timeout or self.handler_timeout).total_seconds()
 
-    async def run(self, run: RunState, stage: Stage, jobs: list[Job]) -> BatchOutcome:
+    async def run(self, run: RunState, stage: Stage, jobs: list[Job],
+                  refill: Refill | None = None) -> BatchOutcome:
         """Run one claimed batch's handlers with the stage's concurrency.
 
         Jobs not started when the budget ends (or once the stage's quota is gone) are
         handed back as they were; jobs started but left unsettled when the batch ends
         in error are failed (retried after backoff).
 
+        With ``refill`` (a stage of one-job handlers whose next claim the loop would make
+        anyway) and a claim that came back full, slots left free behind a slower handler
+        are fed by more claims of the stage (:class:`_Slots`; docs/design.md, "Refill");
+        their jobs join the batch and are settled, handed back or failed as its own.
+
         Returns:
             A :class:`BatchOutcome`: the completion still to await, or the quota that
-            blocked the stage.
+            blocked the stage, and how many jobs the batch held in all.
 
         Raises:
             What settling raised (the database failed); the batch's jobs are handed
             back or failed first, as far as the database allows.
         """
         settler = Settler(self.queue, run)
-        ctxs = [JobContext(j, self.queue, stage, run, self.quotas, self.rate_limits,
-                           settler=settler) for j in jobs]
-        for ctx in ctxs:
-            run.held[ctx.job.id] = ctx
-        todo = deque(ctxs)
+        ctxs: list[JobContext] = []
+        todo: deque[JobContext] = deque()
+        # Read once a claim, not once a job: with no SDK and no stored trace context,
+        # a handler gets no span at all (rota.tracing; 6 % of a no-op drain's time).
+        traced = self.queue.tracer.recording()
+
+        def take(claimed: list[Job]) -> None:
+            """Claimed jobs join the batch: held by the run (heartbeats, hand-back at
+            its end, cut-offs) and queued for the slots."""
+            nonlocal traced
+            new = [JobContext(j, self.queue, stage, run, self.quotas, self.rate_limits,
+                              settler=settler) for j in claimed]
+            for ctx in new:
+                run.held[ctx.job.id] = ctx
+            ctxs.extend(new)
+            todo.extend(new)
+            traced = traced or any(c.job.trace_context is not None for c in new)
+
+        take(jobs)
         blocked: list[QuotaExhausted] = []
         completer: Completer[tuple[JobContext, Complete]] = Completer(
             settler.complete_many, run)
         handed_over = False
-        # Read once a batch, not once a job: with no SDK and no stored trace context,
-        # a handler gets no span at all (rota.tracing; 6 % of a no-op drain's time).
-        traced = self.queue.tracer.recording() or any(
-            c.job.trace_context is not None for c in ctxs)
-        call = self._traced_call if traced else self._call
+        slots: _Slots | None = None
         try:
             if stage.batch_handler is not None:
+                call = self._traced_call if traced else self._call
                 todo.clear()
                 going = ctxs
                 if stage.limits:  # one unit per job; the refused are deferred
@@ -113,29 +169,29 @@ class BatchRunner:
                     await call(stage.batch_handler(going), going, run, stage, blocked,
                                completer)
             else:
-                async def worker() -> None:
-                    # After the budget, or once the stage's quota is gone, jobs not yet
-                    # started stay in `todo` and are handed back below.
-                    while todo and not run.out_of_time() and not blocked:
-                        ctx = todo.popleft()
-                        if stage.limits and not await rates.take_for_job(
-                                settler, stage, ctx):
-                            continue  # deferred until its units are there
-                        await call(stage.call(ctx), [ctx], run, stage, blocked,
-                                   completer)
+                async def run_one(ctx: JobContext) -> None:
+                    if stage.limits and not await rates.take_for_job(settler, stage, ctx):
+                        return  # deferred until its units are there
+                    call = self._traced_call if traced else self._call
+                    await call(stage.call(ctx), [ctx], run, stage, blocked, completer)
 
-                async with asyncio.TaskGroup() as tg:
-                    for _ in range(min(stage.concurrency, len(ctxs))):
-                        tg.create_task(worker())
+                if refill is not None and (stage.concurrency == 1
+                                           or len(jobs) < refill.size):
+                    refill = None  # no slot to free, or the backlog was drained
+                slots = _Slots(stage.concurrency, todo, run, blocked, run_one, refill, take)
+                await slots.run()
             if not blocked and not todo:
                 handed_over = True
-                return BatchOutcome(completing=self._complete(settler, ctxs, completer))
+                return BatchOutcome(completing=self._complete(settler, ctxs, completer),
+                                    claimed=len(ctxs))
             await completer.wait()
         finally:
+            if slots is not None:  # a refill claim in flight joins the batch first
+                await slots.landed()
             if not handed_over:
                 await completer.wait_quietly()
                 await settler.leftovers(ctxs)
-        return BatchOutcome(blocked=blocked[0] if blocked else None)
+        return BatchOutcome(blocked=blocked[0] if blocked else None, claimed=len(ctxs))
 
     async def _complete(self, settler: Settler, ctxs: list[JobContext],
                         completer: Completer[tuple[JobContext, Complete]]) -> None:
@@ -264,3 +320,144 @@ class _Deadline:
         self.done = True
         if self.later is not None:
             self.later.cancel()
+
+
+class _Slots:
+    """The handler slots of one batch of a one-job handler stage: up to ``concurrency``
+    workers pop jobs from ``todo`` until it is empty, the budget is spent (or the run
+    asked to stop) or the stage's quota is gone; jobs left in ``todo`` are the batch's
+    to hand back.
+
+    With a :class:`Refill`, free slots are fed by more claims of the stage while slower
+    handlers still run (docs/design.md, "Refill"): once ``todo`` is empty and at least
+    half the slots are free, or one has been free for ``REFILL_WAIT`` seconds, one
+    claim (never two at once) of ``max(idle, round(idle * size / concurrency))`` jobs
+    (at most ``size``); new workers take its jobs. Refilling stops for good after the
+    budget, once the stage is blocked, when a claim comes back short of what it asked
+    (the stage has no more work now) or fails (logged: the loop's next claim meets it),
+    and when no handler runs any more (the batch ends; the loop claims next).
+
+    Args:
+        concurrency: the stage's concurrency, > 0.
+        todo: the batch's jobs not yet started (refills append to it).
+        run: the run (its budget and stop request).
+        blocked: the batch's shared quota that ran out, if any.
+        run_one: runs one job's handler and settles it.
+        refill: how to claim more, or ``None``.
+        take: adds claimed jobs to the batch (its contexts, the run's held jobs, ``todo``).
+    """
+
+    def __init__(self, concurrency: int, todo: deque[JobContext], run: RunState,
+                 blocked: list[QuotaExhausted],
+                 run_one: Callable[[JobContext], Awaitable[None]],
+                 refill: Refill | None, take: Callable[[list[Job]], None]) -> None:
+        self.concurrency = concurrency
+        self.todo = todo
+        self.run_state = run
+        self.blocked = blocked
+        self.run_one = run_one
+        self.refill = refill
+        self.take = take
+        self.live = 0  # workers started and not yet returned
+        self.ran = 0  # handler calls returned, and their seconds in all
+        self.ran_s = 0.0
+        self.changed = asyncio.Event()  # a worker returned
+        self.claiming: asyncio.Task[int] | None = None
+        self.group: asyncio.TaskGroup | None = None
+
+    async def run(self) -> None:
+        """Run the batch's jobs (and its refills') to the end.
+
+        Raises:
+            What a handler's settling raised (in an exception group, as the task group
+            raises it); the other workers are cancelled.
+        """
+        async with asyncio.TaskGroup() as group:
+            self.group = group
+            self._start_workers()
+            if self.refill is not None:
+                group.create_task(self._refiller(self.refill))
+
+    async def landed(self) -> None:
+        """Wait for a refill claim still in flight (the batch ended or was cancelled
+        meanwhile), so that its jobs join the batch and are handed back with its
+        leftovers rather than left locked until stale."""
+        if self.claiming is not None and not self.claiming.done():
+            await asyncio.wait({self.claiming})
+
+    def _start_workers(self) -> None:
+        assert self.group is not None
+        for _ in range(min(self.concurrency - self.live, len(self.todo))):
+            self.live += 1
+            self.group.create_task(self._worker())
+
+    async def _worker(self) -> None:
+        run = self.run_state
+        try:
+            # After the budget, or once the stage's quota is gone, jobs not yet
+            # started stay in `todo` and are handed back by the batch.
+            while self.todo and not run.out_of_time() and not self.blocked:
+                started = time.monotonic()
+                await self.run_one(self.todo.popleft())
+                self.ran += 1
+                self.ran_s += time.monotonic() - started
+        finally:
+            self.live -= 1
+            self.changed.set()
+
+    async def _refiller(self, refill: Refill) -> None:
+        run = self.run_state
+        half = max(1, self.concurrency // 2)
+        idle_since: float | None = None  # when a slot went free with `todo` empty
+        while True:
+            self.changed.clear()
+            if self.live == 0 or run.out_of_time() or self.blocked:
+                return
+            idle = self.concurrency - self.live
+            if not idle or self.todo:
+                idle_since = None
+                await self.changed.wait()
+                continue
+            now = time.monotonic()
+            if idle_since is None:
+                idle_since = now
+            if idle >= half or now - idle_since >= REFILL_WAIT:
+                n = self._refill_size(refill, idle)
+                self.claiming = asyncio.get_running_loop().create_task(
+                    self._claim(refill, n))
+                # Shielded: cancelling the batch must not drop a claim the database
+                # may have made; landed() waits for it.
+                got = await asyncio.shield(self.claiming)
+                if run.out_of_time() or self.blocked:
+                    return  # its jobs, if any, are in `todo`: the batch hands them back
+                self._start_workers()
+                if got < n:
+                    return  # the stage has no more work now
+                idle_since = None
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(),
+                                       idle_since + REFILL_WAIT - now)
+
+    def _refill_size(self, refill: Refill, idle: int) -> int:
+        """Jobs a refill asks for ``idle`` free slots (see :class:`Refill`)."""
+        per_slot = refill.size / self.concurrency
+        if self.ran and self.ran_s > 0:
+            per_slot = max(per_slot, BatchSize.FAST * self.ran / self.ran_s)
+        return min(refill.most, max(idle, round(idle * per_slot)))
+
+    async def _claim(self, refill: Refill, n: int) -> int:
+        """One refill claim of up to ``n`` jobs; its jobs join the batch as soon as it
+        returns, whoever still waits for it.
+
+        Returns:
+            How many jobs it claimed; 0 when it failed (logged).
+        """
+        try:
+            jobs = await refill.claim(n)
+        except Exception as exc:
+            log.warning("run %s: a refill claim failed, refilling stops for this batch:"
+                        " %s", self.run_state.id, exc)
+            return 0
+        self.take(jobs)
+        return len(jobs)

@@ -14,6 +14,11 @@ each batch:
 - halves, down to the stage's concurrency, when they took longer than ``SLOW`` seconds;
 - stays put otherwise (a short claim: the backlog is what it is).
 
+A batch whose free slots were refilled while it ran (docs/design.md, "Refill") ran more
+than one claim: it is judged by the time one claim of the current size took at its
+pace (its seconds times ``size`` over the jobs it ran), so a long run of refills at a
+fast pace grows the size as a fast batch does, and does not halve it for lasting long.
+
 So the next claim is sized to take at most about ``2 * FAST`` seconds at the pace just
 measured (as when it only doubled), a claim holds about a second of work beyond one
 round of handlers at most, and no-op or millisecond handlers on a deep backlog are
@@ -53,9 +58,14 @@ class BatchSize:
         """Adjust after one batch.
 
         Args:
-            claimed: jobs the claim returned (``size`` when the backlog filled it).
+            claimed: jobs the batch ran: its claim (``size`` when the backlog filled
+                it) plus what its refills claimed (docs/design.md, "Refill").
             handled_s: seconds from the batch's start to its last handler's end.
         """
+        # A refilled batch ran more than one claim: what is judged is the time one
+        # claim of `size` took at its pace (a batch of one claim: its own time).
+        if claimed > self.size:
+            handled_s *= self.size / claimed
         if handled_s > self.SLOW:
             self.size = max(self.floor, self.size // 2)
         elif claimed >= self.size and handled_s < self.FAST:

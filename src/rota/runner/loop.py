@@ -4,7 +4,9 @@ the time budget, the hard deadline, and why the run stopped.
 One :meth:`RunLoop.run` is one run: its row is started (:class:`.recording.RunRecorder`),
 maintenance and the schedules go first, then the loop claims one batch from the first
 stage that has work (and is not blocked by its quota), has it run
-(:class:`.batch.BatchRunner`), and starts again from the top, until there is no work,
+(:class:`.batch.BatchRunner`, which refills its free slots with more claims of its
+stage where that claim is the loop's next anyway: docs/design.md, "Refill"), and
+starts again from the top, until there is no work,
 the budget is spent, or only quota-blocked work is left. Its order is the run's
 correctness: a batch is claimed only after the previous completion was handed over;
 unstarted jobs go back before the end is recorded; nothing outlives the hard deadline.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -28,7 +31,7 @@ from ..queue import Queue
 from ..quota import SHARED_SCOPE, Quota, QuotaExhausted
 from ..schedule import Scheduler
 from . import rates
-from .batch import BatchRunner
+from .batch import BatchRunner, Refill
 from .batching import BatchSize
 from .completer import error_text
 from .context import RunState
@@ -262,15 +265,19 @@ class RunLoop:
                     raise
                 if not jobs:
                     continue
-                if (stage.prefetch and stage.quota is None and not stage.limits
-                        and all(s.type in run.skipped for s in self.stages[:i])):
+                claims_next = self._claims_next(run, i)
+                if stage.prefetch and claims_next:
                     run.prefetched = (stage.type, asyncio.get_running_loop().create_task(
                         self._claim(run, stage)))
+                refill = None
+                if stage.refill and claims_next and stage.batch_handler is None:
+                    refill = Refill(functools.partial(self._refill_claim, run, stage),
+                                    self.batch_size(stage), stage.batch or BatchSize.MAX)
                 started = time.monotonic()
-                outcome = await self.batches.run(run, stage, jobs)
+                outcome = await self.batches.run(run, stage, jobs, refill)
                 sizer = self.sizes.get(stage.type)
-                if sizer is not None:
-                    sizer.observe(len(jobs), time.monotonic() - started)
+                if sizer is not None:  # what the batch ran, refills included
+                    sizer.observe(outcome.claimed, time.monotonic() - started)
                 if outcome.completing is not None:
                     run.finishing = asyncio.get_running_loop().create_task(
                         self._complete_and_save(run, outcome.completing))
@@ -290,19 +297,48 @@ class RunLoop:
                             else "quota_reserve")
                 return "no_work"
 
+    def _claims_next(self, run: RunState, i: int) -> bool:
+        """Whether a claim of ``self.stages[i]`` while its batch runs is the claim the
+        loop would make next anyway, so making it early changes no order: no quota to
+        check before each claim, no rate limits to wait for, and every earlier stage
+        skipped for the run (earlier stages win). A prefetch and a refill are made only
+        then (docs/design.md, "The runner", "Refill")."""
+        stage = self.stages[i]
+        return (stage.quota is None and not stage.limits
+                and all(s.type in run.skipped for s in self.stages[:i]))
+
+    async def _refill_claim(self, run: RunState, stage: Stage, n: int) -> list[Job]:
+        """A refill claim for ``stage``'s running batch (docs/design.md, "Refill"): the
+        batch prefetched for the stage, when there is one (claimed for its next batch:
+        the free slots start it now rather than hold it), else a claim of at most ``n``
+        jobs (the batch sized it: :class:`~rota.runner.batch.Refill`).
+
+        Raises:
+            What the claim (or the prefetching claim) raised.
+        """
+        if run.prefetched is not None and run.prefetched[0] == stage.type:
+            task = run.prefetched[1]
+            run.prefetched = None
+            return await task
+        return await self._claim(run, stage, size=n)
+
     async def _complete_and_save(self, run: RunState, completing: Awaitable[None]) -> None:
         """A batch's completion, then the run's progress saved (the loop awaits it after
         its next claim, so that claim and this completion overlap)."""
         await completing
         await self.recorder.save_progress(run)
 
-    async def _claim(self, run: RunState, stage: Stage,
-                     room: int | None = None) -> list[Job]:
-        """Claim a batch of ``stage`` (at most ``room`` jobs: what its rate limits
-        let start soon); rows that cannot be read were given up by the claim and count
-        as failed here (docs/design.md, "Bad data belongs to its job")."""
+    async def _claim(self, run: RunState, stage: Stage, room: int | None = None, *,
+                     size: int | None = None) -> list[Job]:
+        """Claim a batch of ``stage``: ``size`` jobs (default its claim size,
+        :meth:`batch_size`), at most ``room`` (what its rate limits let start soon);
+        rows that cannot be read were given up by the claim and count as failed here
+        (docs/design.md, "Bad data belongs to its job")."""
         unreadable: list[UnreadableJob] = []
-        size = self.batch_size(stage) if room is None else min(self.batch_size(stage), room)
+        if size is None:
+            size = self.batch_size(stage)
+        if room is not None:
+            size = min(size, room)
         jobs = await self.queue.claim(stage.type, size, run_id=run.id,
                                       unreadable=unreadable)
         if unreadable:

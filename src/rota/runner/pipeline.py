@@ -228,10 +228,12 @@ class Pipeline:
         """Run the pipeline once, inside ``time_budget`` (docs/design.md, "The runner").
 
         The loop claims one batch from the first stage that has work (and is not
-        blocked by its quota), runs it with the stage's concurrency, then starts again
-        from the top. After the budget (or once ``stop`` is set) no batch is claimed;
-        jobs in flight finish within their handler timeout; claimed jobs not yet
-        started are handed back as they were (attempts and deferrals unchanged). No
+        blocked by its quota), runs it with the stage's concurrency (its free slots
+        refilled with more claims of its stage where that claim is the loop's next
+        anyway: docs/design.md, "Refill"), then starts again from the top. After
+        the budget (or once ``stop`` is set) no batch is claimed; jobs in flight
+        finish within their handler timeout; claimed jobs not yet started are handed
+        back as they were (attempts and deferrals unchanged). No
         database transaction is open while a handler runs. Every handler is cancelled
         by the run's hard deadline, the platform timeout less a reserve for settling,
         so the run ends before the platform timeout (docs/design.md, "Handler
