@@ -19,7 +19,11 @@ charging its cost (``Queue.complete(cost=)``). Each owner's share of the cost ch
 each ``--window``-second window (goal: its weight's share, 25 %, within +-10 % of it;
 Jain's index of the shares over the weights >= 0.95), while every owner still has work;
 then the same work drained by a FIFO claim (``FOR UPDATE SKIP LOCKED`` by age) on the
-same loop: rota's drain time against FIFO's (goal: at most 5 % longer).
+same loop: rota's drain time against FIFO's (goal: at most 5 % longer). Then the same
+work drained by rota's own runner (a ``Worker`` running one ``Stage`` of ``--slots``
+concurrency whose handler sleeps and charges its cost with ``ctx.charge``: refill on,
+docs/design.md "Refill"), with its shares per window and its drain time beside the
+others.
 
 Claim cost: at ``--size PENDING/GROUPS/OWNERS`` (default 100,000/2,000/200), the claim of
 25 by group and by owner beside the FIFO claim, each followed by completing its jobs and
@@ -142,19 +146,66 @@ async def mixed_costs(url: str, window: float, windows: int, slots: int,
           "an owner (" + ", ".join(f"{o} {round(per_owner / (c * unit)):,} jobs"
                                    for o, c in MIXED.items()) + ")")
     times = {}
-    for system in ("rota", "fifo"):
+    for system in ("rota", "fifo", "runner"):
         queue = await _fresh(url, fair_by="owner")
         try:
+            total = 0
             for owner, cost in MIXED.items():
-                await _load(queue, owner, "pro", 1, round(per_owner / (cost * unit)))
-            finished, elapsed = await _run_loop(url, queue, system, slots, unit)
+                n = round(per_owner / (cost * unit))
+                await _load(queue, owner, "pro", 1, n)
+                total += n
+            if system == "runner":
+                finished, elapsed = await run_pipeline(queue, total, slots, unit)
+            else:
+                finished, elapsed = await _run_loop(url, queue, system, slots, unit)
         finally:
             await queue.close()
         times[system] = elapsed
-        if system == "rota":
+        if system != "fifo":
+            print(f"  {'the slot loop' if system == 'rota' else 'rota runner'}:")
             _report_windows(finished, window)
     print(f"  drain: rota {times['rota']:.1f} s, FIFO {times['fifo']:.1f} s: "
-          f"{times['rota'] / times['fifo'] - 1:+.1%} (goal: at most +5 %)")
+          f"{times['rota'] / times['fifo'] - 1:+.1%} (goal: at most +5 %); rota's "
+          f"runner {times['runner']:.1f} s: {times['runner'] / times['fifo'] - 1:+.1%} "
+          f"against FIFO's slot loop")
+
+
+async def run_pipeline(queue: Queue, total: int, slots: int, unit: float, *,
+                       refill: bool = True) -> tuple[list[tuple[float, float, str, int]],
+                                                     float]:
+    """Drain the mixed-cost work with rota's runner: a ``Worker`` running one stage of
+    ``slots`` concurrency (``refill``: docs/design.md, "Refill") whose handler sleeps
+    its cost x ``unit`` seconds and charges its cost (``ctx.charge``). Returns (start,
+    finish, owner, cost) per job (seconds from the start) and the drain's seconds."""
+    from datetime import timedelta
+
+    from rota import JobContext, Pipeline, Stage, Worker
+
+    finished: list[tuple[float, float, str, int]] = []
+    stop = asyncio.Event()
+    start = time.monotonic()
+
+    async def handler(ctx: JobContext) -> None:
+        owner = ctx.job.payload["o"]
+        cost = MIXED[owner]
+        began = time.monotonic() - start
+        await asyncio.sleep(cost * unit)
+        ctx.charge(cost)
+        finished.append((began, time.monotonic() - start, owner, cost))
+        if len(finished) >= total:
+            stop.set()
+
+    pipeline = Pipeline(queue, [Stage("t", handler=handler, concurrency=slots,
+                                      refill=refill)])
+    worker = Worker(pipeline, maintain_every=None, idle_poll=timedelta(seconds=1))
+    await worker.run_forever(stop)
+    elapsed = time.monotonic() - start
+    async with queue.connection() as c:
+        cur = await c.execute(sql.SQL("SELECT count(*) FROM {}.jobs WHERE status = 'done'")
+                              .format(sql.Identifier(queue.schema)))
+        row = await cur.fetchone()
+    assert row is not None and row[0] == total, f"the runner drained {row} of {total}"
+    return finished, elapsed
 
 
 async def _run_loop(url: str, queue: Queue, system: str, slots: int,

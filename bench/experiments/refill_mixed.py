@@ -24,15 +24,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import time
-from datetime import timedelta
 
 import psycopg
 
-from rota import JobContext, Pipeline, Queue, Stage, Worker
+from rota import Queue
 
 from .. import server
-from ..owners import MIXED, _load, _run_loop
+from ..owners import MIXED, _load, _run_loop, run_pipeline
 
 SCHEMA = "bench_refill_mixed"
 
@@ -60,28 +58,7 @@ async def load(queue: Queue, per_owner: float, unit: float) -> int:
 async def drain_pipeline(queue: Queue, total: int, slots: int, unit: float,
                          refill: bool) -> float:
     """Drain with a ``Worker`` running one stage of ``slots`` concurrency; seconds."""
-    stop = asyncio.Event()
-    done = 0
-
-    async def handler(ctx: JobContext) -> None:
-        nonlocal done
-        cost = MIXED[ctx.job.payload["o"]]
-        await asyncio.sleep(cost * unit)
-        ctx.charge(cost)
-        done += 1
-        if done >= total:
-            stop.set()
-
-    pipeline = Pipeline(queue, [Stage("t", handler=handler, concurrency=slots,
-                                      refill=refill)])
-    worker = Worker(pipeline, maintain_every=None, idle_poll=timedelta(seconds=1))
-    start = time.monotonic()
-    await worker.run_forever(stop)
-    elapsed = time.monotonic() - start
-    async with queue.connection() as c:
-        cur = await c.execute(f"SELECT count(*) FROM {SCHEMA}.jobs WHERE status = 'done'")
-        row = await cur.fetchone()
-    assert row is not None and row[0] == total, f"drained {row} of {total}"
+    _, elapsed = await run_pipeline(queue, total, slots, unit, refill=refill)
     return elapsed
 
 
