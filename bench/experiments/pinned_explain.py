@@ -5,8 +5,10 @@ REPEATABLE READ transaction holding the horizon, then runs the claim of 25 under
 EXPLAIN (ANALYZE, BUFFERS) in a transaction it rolls back, before the pin and after it,
 and prints the plan nodes that read the most buffers.
 
-Usage: ``python -m bench.experiments.pinned_explain [seconds [pending groups]]`` (default
-60 s, 100,000 pending over 2,000 groups).
+Usage: ``python -m bench.experiments.pinned_explain [seconds [pending groups]] [--ms]``
+(default 60 s, 100,000 pending over 2,000 groups). ``--ms``: the nodes by time instead
+of buffers (each CTE and each scan: its total milliseconds over its loops, a CTE's
+including what it pulls from the CTEs it reads).
 """
 
 from __future__ import annotations
@@ -80,6 +82,27 @@ async def explain(queue: Queue, setting: str = "") -> Any:
         return row[0]
 
 
+def top_nodes_ms(plan: Any, n: int = 22) -> list[tuple[float, str]]:
+    """The CTEs and the scans of a plan by their time (ms, over all their loops; a
+    CTE's includes the CTEs it pulls rows from), largest first."""
+    out: list[tuple[float, str]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        ms = (node.get("Actual Total Time") or 0) * (node.get("Actual Loops") or 1)
+        if node.get("Subplan Name") or not node.get("Plans"):
+            what = " ".join(str(node.get(k, "")) for k in
+                            ("Node Type", "Index Name", "Relation Name", "CTE Name",
+                             "Subplan Name") if node.get(k))
+            buffers = node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+            out.append((round(ms, 2), f"{what} (loops {node.get('Actual Loops')}, rows "
+                                      f"{node.get('Actual Rows')}, buffers {buffers})"))
+        for c in node.get("Plans", []):
+            walk(c)
+
+    walk(plan[0]["Plan"])
+    return sorted(out, reverse=True)[:n]
+
+
 def top_nodes(plan: Any, n: int = 12) -> list[tuple[int, str]]:
     """Plan nodes by the shared buffers they read themselves (their children's taken
     away), largest first."""
@@ -100,7 +123,7 @@ def top_nodes(plan: Any, n: int = 12) -> list[tuple[int, str]]:
 
 
 async def main(url: str, seconds: float, pending: int = 100_000,
-               groups: int = 2_000) -> None:
+               groups: int = 2_000, by_ms: bool = False) -> None:
     await build(url, SCHEMA, pending=pending, groups=groups, done=pending // 5)
     rng = random.Random(11)
     async with (Queue(url, schema=SCHEMA) as queue,
@@ -135,14 +158,15 @@ async def main(url: str, seconds: float, pending: int = 100_000,
         root = plan[0]["Plan"]
         print(f"\n== {label}: {plan[0]['Execution Time']:.1f} ms, "
               f"{root['Shared Hit Blocks'] + root.get('Shared Read Blocks', 0)} buffers")
-        for b, node in top_nodes(plan):
+        for b, node in top_nodes_ms(plan) if by_ms else top_nodes(plan):
             print(f"{b:>8}  {node}")
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
 
 
 if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--ms"]
     asyncio.run(main(os.environ.get("DATABASE_URL",
                                     "postgresql://postgres@127.0.0.1:5432/test"),
-                     float(sys.argv[1]) if len(sys.argv) > 1 else 60.0,
-                     *(int(a) for a in sys.argv[2:4])))
+                     float(args[0]) if args else 60.0,
+                     *(int(a) for a in args[1:3]), by_ms="--ms" in sys.argv[1:]))
