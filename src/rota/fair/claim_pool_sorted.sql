@@ -5,18 +5,18 @@
 -- none of the old versions can go: their walk-index entries pile up at the front of the
 -- walk (the groups' old, smaller served counts), where the index walk reads each one and
 -- visits its row, and a seq scan per plan reads every page once per plan. This pass reads
--- each page once, gathers each plan's groups into arrays (`sorted_plans`, one row per
--- plan present) and keeps a plan's first groups by a bounded (top-N) sort of its own
--- arrays: no sort of every group (which at 10,000 groups cost more than the read), and
--- no rereading of the groups per plan (which grows with the plans). Its cost is a read
--- of the type's groups and a pass over their arrays, whatever the plans
--- (bench/RESULTS.md, section 14); the index walk avoids it when the horizon moves.
+-- each page once, keeps the live rows (`group_rows`), and takes a plan's first groups by
+-- a bounded (top-N) sort of those rows, a pass a plan present (`sorted_plans`): no sort
+-- of every group (which at 10,000 groups cost more than the read), and no rereading of
+-- fair_groups' versions per plan. Its cost is a read of the type's groups and a pass
+-- over their live rows a plan (bench/RESULTS.md, sections 14 and 24); the index walk
+-- avoids it when the horizon moves.
 -- The special groups' rows come from the same read (special_group_row_read.sql, which
 -- FairClaim.statement passes as claim_pool_special.sql's special_group_row).
 -- Needs:   CTEs clock, special, served_delta, edge_fix, running_old, stale_head (and
 --          stale, through groupless_head.sql); parameters type, probe_groups.
--- Defines: CTEs group_rows, sorted_plans, pool(group_id, head_lb, head_id, served_n,
---          served_lb, plan, active); includes claim_pool_special.sql.
+-- Defines: CTEs group_rows, sorted_plans(plan), pool(group_id, head_lb, head_id,
+--          served_n, served_lb, plan, active); includes claim_pool_special.sql.
 -- The one read of the type's rows (their live versions), for the walk and the special
 -- groups.
 group_rows AS MATERIALIZED (
@@ -25,29 +25,33 @@ group_rows AS MATERIALIZED (
     FROM {schema}.fair_groups f
     WHERE f.type = %(type)s
 ),
--- The same groups as the index walk: per plan present (group-less plan included), the
--- first probe_groups + 1 active groups with a valid head, ready now and not special, by
--- (served_n, head_lb, head_id). A plan's arrays keep its rows' order, element by element.
+-- The plans present, as the index walk's levels (fair_plans, and the group-less plan).
 sorted_plans AS (
-    SELECT f.plan, array_agg(f.group_id) AS group_ids, array_agg(f.served_n) AS served,
-           array_agg(f.head_lb) AS head_lbs, array_agg(f.head_id) AS head_ids
-    FROM group_rows f, clock c
-    WHERE f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
-      AND f.head_until > c.now
-      AND f.group_id NOT IN (SELECT s.group_id FROM special s)
-{cap_filter_group}
-    GROUP BY f.plan
+    SELECT p.plan FROM {schema}.fair_plans p WHERE p.type = %(type)s
+    UNION ALL
+    SELECT NULL
 ),
+-- The same groups as the index walk: per plan, the first probe_groups + 1 active groups
+-- with a valid head, ready now and not special, by (served_n, head_lb, head_id), each
+-- plan's by a bounded (top-N) sort of the pass's rows: one pass over the materialized
+-- live rows a plan, whose rows past the N kept are dropped at one comparison each.
+-- Gathering each plan's rows into arrays and sorting their unnest cost twice as much
+-- at 10,000 groups (bench/RESULTS.md, section 24).
 pool AS (
-    SELECT f.group_id, f.head_lb, f.head_id, f.served_n, f.served_n AS served_lb, p.plan,
+    SELECT w.group_id, w.head_lb, w.head_id, w.served_n, w.served_n AS served_lb, p.plan,
            true AS active
     FROM sorted_plans p
+    CROSS JOIN clock c
     CROSS JOIN LATERAL (
-        SELECT u.group_id, u.head_lb, u.head_id, u.served_n
-        FROM unnest(p.group_ids, p.served, p.head_lbs, p.head_ids)
-             AS u(group_id, served_n, head_lb, head_id)
-        ORDER BY u.served_n, u.head_lb, u.head_id
-        LIMIT %(probe_groups)s + 1) f
+        SELECT f.group_id, f.head_lb, f.head_id, f.served_n
+        FROM group_rows f
+        WHERE f.plan IS NOT DISTINCT FROM p.plan
+          AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
+          AND f.head_until > c.now
+          AND f.group_id NOT IN (SELECT s.group_id FROM special s)
+{cap_filter_group}
+        ORDER BY f.served_n, f.head_lb, f.head_id
+        LIMIT %(probe_groups)s + 1) w
     UNION ALL
     {claim_pool_special}
 )
