@@ -374,3 +374,78 @@ async def test_fast_handlers_are_not_claimed_one_at_a_time(
     assert len(seen) == len(set(seen)) == 400
     assert counts["filled"] <= counts["plain"] + 2, counts
     assert await queue.verify() == []
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
+async def test_refills_go_on_behind_slow_handlers_in_claims_no_larger_than_the_loops(
+        queue: Queue, aconn: AConn, monkeypatch: pytest.MonkeyPatch, prefetch: bool) -> None:
+    """Two handlers of an auto-sized stage block, 40 others return at once: every other
+    job starts before they are released, prefetch or not, and no claim asks for more
+    than the stage's claim size (4, its concurrency: no batch has ended to grow it).
+    Sized by the fast handlers' pace alone, a refill asked for 80 jobs; taking the
+    prefetched batch of 4 then read as a short claim and stopped refilling, so with
+    prefetch two slots ran 8 jobs while the rest sat idle."""
+    release = asyncio.Event()
+    starts: list[tuple[int, bool]] = []
+
+    async def handler(ctx: JobContext) -> None:
+        starts.append((ctx.job.payload["i"], release.is_set()))
+        if ctx.job.payload["i"] < 2:
+            await release.wait()
+
+    await enqueue_jobs(queue, "t", 42)
+    pipeline = Pipeline(queue, [Stage("t", handler=handler, concurrency=4,
+                                      prefetch=prefetch)])
+    claims = count_claims(pipeline, monkeypatch)
+    task = asyncio.create_task(pipeline.run())
+    assert await until(lambda: len(starts) == 42)
+    release.set()
+    result = await task
+    assert starts == [(i, False) for i in range(42)]
+    # The batch and its refills, 4 each (the last one short), then the loop's own
+    # claim, sized by the batch that ended (grown: its handlers were fast), finds none.
+    *batch, last = claims
+    assert [asked for _, asked, _ in batch] == [4] * len(batch)
+    assert [got for _, _, got in batch] == [4] * 10 + [2] and last[2] == 0
+    assert (result.stop_reason, result.jobs_done, result.summary) == ("no_work", 42, {})
+    assert await statuses(aconn, queue, "t") == [(i, "done", 1, 0) for i in range(42)]
+    assert await queue.verify() == []
+
+
+async def test_a_refilled_batch_saves_the_runs_progress_while_it_runs(
+        queue: Queue, aconn: AConn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refilled batch may last the whole run: its runs row's counters are saved as it
+    goes (every SAVE_EVERY_S), not only at its end. One handler blocks; once the other
+    30 jobs are done, the row says 30 done while that handler still runs (before, it
+    said 0 until the batch ended)."""
+    from rota.runner import recording
+
+    monkeypatch.setattr(recording, "SAVE_EVERY_S", 0.05)
+    release = asyncio.Event()
+
+    async def handler(ctx: JobContext) -> None:
+        if ctx.job.payload["i"] == 0:
+            await release.wait()
+
+    await enqueue_jobs(queue, "t", 31)
+    pipeline = Pipeline(queue, [Stage("t", handler=handler, concurrency=4)])
+    task = asyncio.create_task(pipeline.run())
+    saved: list[int] = []
+
+    async def jobs_done() -> int:
+        cur = await aconn.execute(sql.SQL("SELECT coalesce(max(jobs_done), -1) FROM {}")
+                                  .format(queue.table("runs")))
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (not saved or saved[-1] != 30):
+        saved.append(await jobs_done())
+        await asyncio.sleep(0.02)
+    assert saved[-1] == 30 and not task.done()
+    release.set()
+    result = await task
+    assert (result.stop_reason, result.jobs_done) == ("no_work", 31)
+    assert await jobs_done() == 31
+    assert await queue.verify() == []

@@ -24,7 +24,7 @@ from .. import tracing
 from ..job import Job
 from ..queue import Queue
 from ..quota import QuotaExhausted
-from . import rates
+from . import rates, recording
 from .batching import BatchSize
 from .completer import Completer
 from .context import JobContext, QuotaLookup, RateLookup, RunState
@@ -34,9 +34,11 @@ from .stage import Stage
 log = logging.getLogger("rota.runner")
 
 #: Seconds a refilling batch's free slot waits for half the slots to be free before it
-#: claims alone (docs/design.md, "The runner", "Refill"): about five times what a claim
-#: costs (2-4 ms), so a slot is never left idle long behind a slow handler and claims
-#: of one or two jobs come at most every 20 ms, never once per finished job.
+#: claims alone, and how long a handler must have run before the batch refills around
+#: it (docs/design.md, "The runner", "Refill"): about five times what a claim costs
+#: (2-4 ms), so a slot is never left idle long behind a slow handler, claims of one or
+#: two jobs come at most every 20 ms, never once per finished job, and a batch of fast
+#: handlers ends as it did (the loop's next claim, sized by BatchSize, follows).
 REFILL_WAIT = 0.02
 
 
@@ -55,18 +57,24 @@ class Refill:
             batch refills only when its own claim came back that full.
         most: the most jobs one claim of the stage may take (its fixed ``batch``, else
             :attr:`BatchSize.MAX`).
+        progress: saves the run's counters (:meth:`RunRecorder.save_progress`): a
+            refilled batch may last the whole run, so it saves them every
+            ``SAVE_EVERY_S`` while it runs rather than only at its end.
 
-    A refill asks for ``max(idle, round(idle * per_slot))`` jobs, at most ``most``:
-    ``per_slot`` is what one slot handles in one claim, ``size / concurrency``, or, when
-    more, what it handles in :attr:`BatchSize.FAST` seconds at the mean run time of the
-    batch's handlers so far (a claim's size is not observed until the batch ends, and a
-    refilled batch may last: fast handlers would otherwise be refilled a few jobs at a
-    time, a claim of 2 or 3 every few milliseconds).
+    A refill asks for ``max(idle, min(size, round(idle * per_slot)))`` jobs, at most
+    ``most``: ``per_slot`` is what one slot handles in one claim, ``size /
+    concurrency``, or, when more, what it handles in :attr:`BatchSize.FAST` seconds at
+    the mean run time of the batch's handlers so far; never more than the loop's own
+    claim would take, unless the idle slots need more. The mean only counts handlers
+    that returned, so with a few slow handlers among fast ones it says the work is
+    faster than it is: capped at ``size``, a refill holds no more than a batch of the
+    loop would.
     """
 
     claim: Callable[[int], Awaitable[list[Job]]]
     size: int
     most: int
+    progress: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -329,13 +337,14 @@ class _Slots:
     to hand back.
 
     With a :class:`Refill`, free slots are fed by more claims of the stage while slower
-    handlers still run (docs/design.md, "Refill"): once ``todo`` is empty and at least
-    half the slots are free, or one has been free for ``REFILL_WAIT`` seconds, one
-    claim (never two at once) of ``max(idle, round(idle * size / concurrency))`` jobs
-    (at most ``size``); new workers take its jobs. Refilling stops for good after the
+    handlers still run (docs/design.md, "Refill"): once ``todo`` is empty, a handler
+    has run for ``REFILL_WAIT`` seconds, and at least half the slots are free or one has
+    been free for ``REFILL_WAIT``, one claim (never two at once) sized as
+    :class:`Refill` says; new workers take its jobs. Refilling stops for good after the
     budget, once the stage is blocked, when a claim comes back short of what it asked
     (the stage has no more work now) or fails (logged: the loop's next claim meets it),
-    and when no handler runs any more (the batch ends; the loop claims next).
+    and when no handler runs any more (the batch ends; the loop claims next). The run's
+    progress is saved every ``SAVE_EVERY_S`` while the batch runs (``Refill.progress``).
 
     Args:
         concurrency: the stage's concurrency, > 0.
@@ -361,6 +370,10 @@ class _Slots:
         self.live = 0  # workers started and not yet returned
         self.ran = 0  # handler calls returned, and their seconds in all
         self.ran_s = 0.0
+        # When each running handler started (monotonic), by worker.
+        self.running: dict[int, float] = {}
+        self.refilling = False  # the refiller still runs
+        self.ended = asyncio.Event()  # no worker, and the refiller ended: the batch ends
         self.changed = asyncio.Event()  # a worker returned
         self.claiming: asyncio.Task[int] | None = None
         self.group: asyncio.TaskGroup | None = None
@@ -376,7 +389,10 @@ class _Slots:
             self.group = group
             self._start_workers()
             if self.refill is not None:
+                self.refilling = True
                 group.create_task(self._refiller(self.refill))
+                if self.refill.progress is not None:
+                    group.create_task(self._saver(self.refill.progress))
 
     async def landed(self) -> None:
         """Wait for a refill claim still in flight (the batch ended or was cancelled
@@ -393,19 +409,45 @@ class _Slots:
 
     async def _worker(self) -> None:
         run = self.run_state
+        me = id(asyncio.current_task())
         try:
             # After the budget, or once the stage's quota is gone, jobs not yet
             # started stay in `todo` and are handed back by the batch.
             while self.todo and not run.out_of_time() and not self.blocked:
-                started = time.monotonic()
-                await self.run_one(self.todo.popleft())
+                started = self.running[me] = time.monotonic()
+                try:
+                    await self.run_one(self.todo.popleft())
+                finally:
+                    del self.running[me]
                 self.ran += 1
                 self.ran_s += time.monotonic() - started
         finally:
             self.live -= 1
             self.changed.set()
+            self._maybe_ended()
+
+    def _maybe_ended(self) -> None:
+        if self.live == 0 and not self.refilling:
+            self.ended.set()
+
+    async def _saver(self, progress: Callable[[], Awaitable[None]]) -> None:
+        """Save the run's progress every ``SAVE_EVERY_S`` until the batch ends (no
+        worker left and the refiller done)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ended.wait(), recording.SAVE_EVERY_S)
+            if self.ended.is_set():
+                return
+            await progress()
 
     async def _refiller(self, refill: Refill) -> None:
+        try:
+            await self._refill(refill)
+        finally:
+            self.refilling = False
+            self._maybe_ended()
+
+    async def _refill(self, refill: Refill) -> None:
         run = self.run_state
         half = max(1, self.concurrency // 2)
         idle_since: float | None = None  # when a slot went free with `todo` empty
@@ -421,6 +463,13 @@ class _Slots:
             now = time.monotonic()
             if idle_since is None:
                 idle_since = now
+            # Only around a handler that has run a while: a batch of fast handlers
+            # ends as it did, and the loop's next claim (BatchSize) follows.
+            slowest = now - min(self.running.values(), default=now)
+            if slowest < REFILL_WAIT:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), REFILL_WAIT - slowest)
+                continue
             if idle >= half or now - idle_since >= REFILL_WAIT:
                 n = self._refill_size(refill, idle)
                 self.claiming = asyncio.get_running_loop().create_task(
@@ -444,7 +493,7 @@ class _Slots:
         per_slot = refill.size / self.concurrency
         if self.ran and self.ran_s > 0:
             per_slot = max(per_slot, BatchSize.FAST * self.ran / self.ran_s)
-        return min(refill.most, max(idle, round(idle * per_slot)))
+        return min(refill.most, max(idle, min(refill.size, round(idle * per_slot))))
 
     async def _claim(self, refill: Refill, n: int) -> int:
         """One refill claim of up to ``n`` jobs; its jobs join the batch as soon as it

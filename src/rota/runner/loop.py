@@ -272,7 +272,8 @@ class RunLoop:
                 refill = None
                 if stage.refill and claims_next and stage.batch_handler is None:
                     refill = Refill(functools.partial(self._refill_claim, run, stage),
-                                    self.batch_size(stage), stage.batch or BatchSize.MAX)
+                                    self.batch_size(stage), stage.batch or BatchSize.MAX,
+                                    functools.partial(self.recorder.save_progress, run))
                 started = time.monotonic()
                 outcome = await self.batches.run(run, stage, jobs, refill)
                 sizer = self.sizes.get(stage.type)
@@ -310,7 +311,7 @@ class RunLoop:
     async def _refill_claim(self, run: RunState, stage: Stage, n: int) -> list[Job]:
         """A refill claim for ``stage``'s running batch (docs/design.md, "Refill"): the
         batch prefetched for the stage, when there is one (claimed for its next batch:
-        the free slots start it now rather than hold it), else a claim of at most ``n``
+        the free slots start it now rather than hold it); else a claim of at most ``n``
         jobs (the batch sized it: :class:`~rota.runner.batch.Refill`).
 
         Raises:
@@ -319,6 +320,9 @@ class RunLoop:
         if run.prefetched is not None and run.prefetched[0] == stage.type:
             task = run.prefetched[1]
             run.prefetched = None
+            # Never short of what the slots asked: a refill asks at most the stage's
+            # claim size (Refill), what the prefetch claimed. Fewer: the stage had no
+            # more, and refilling stops.
             return await task
         return await self._claim(run, stage, size=n)
 
