@@ -4,7 +4,9 @@ completion of jobs whose handlers returned normally."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -234,29 +236,52 @@ async def test_after_a_deadlock_each_job_is_completed_with_its_value_and_cost(
                                                                   Decimal(1)]
 
 
-@pytest.mark.parametrize("results, costs, what", [
+@pytest.mark.parametrize("results, costs, refused", [
     ([{"a": 1}, {"a": 2}], None, "results"),
+    ([1, True], None, "results"),  # jsonb keeps true apart from 1
+    (["\u00e9", "e\u0301"], None, "results"),  # and does not normalize text
     (None, [1, 5], "costs"),
-    ([1, 1], [2, None], "costs"),
+    ([1, 1], [2, None], "costs"),  # no cost charges 1
+    # The same stored value twice: one completion.
+    ([{"a": 1, "b": 2}, {"b": 2, "a": 1}], None, None),
+    ([1, 1.0], None, None),
+    ([-0.0, 0.0], None, None),
+    ([Decimal("1.50"), 1.5], None, None),
+    (None, [1, None], None),
+    (None, [Decimal("3"), 3.0], None),
 ])
-async def test_a_job_listed_twice_under_one_claim_with_different_values_writes_nothing(
-    queue: Queue, aconn: Any, results: Any, costs: Any, what: str,
+async def test_a_job_listed_twice_under_one_claim_must_say_the_same_both_times(
+    queue: Queue, aconn: Any, results: Any, costs: Any, refused: str | None,
 ) -> None:
-    """Listed twice under one claim, a job is completed once: with two different results
-    (or costs) one of them would be dropped without a word, so the call is refused,
-    naming the job, and nothing is written; the same values twice are one completion."""
+    """Listed twice under one claim, a job is completed once: with two results (or
+    costs) the database would store differently, one would be dropped without a word,
+    so the call is refused, naming the job, and nothing is written. Two that it stores
+    alike (key order, 1 and 1.0, -0.0 and 0, no cost and a cost of 1) are one
+    completion."""
     await queue.enqueue_many([{"type": "t", "payload": {}} for _ in range(2)])
     job, other = await queue.claim("t", 2)
-    with pytest.raises(InvalidInput, match=rf"job {job.id} is listed twice under the "
-                                           rf"same claim with different {what}"):
-        await queue.complete_many([job, other, job], results=None if results is None
-                                  else [results[0], None, results[1]],
-                                  costs=None if costs is None
-                                  else [costs[0], None, costs[1]])
-    assert (await status(aconn, queue, job.id))[0] == "running"
-    assert (await status(aconn, queue, other.id))[0] == "running"
-    same = None if results is None else [results[0], None, results[0]]
-    assert await queue.complete_many([job, other, job], results=same) == [True] * 3
-    cur = await aconn.execute(sql.SQL("SELECT result, cost FROM {} WHERE id = %s")
-                              .format(queue.table("jobs")), [job.id])
-    assert await cur.fetchone() == (None if results is None else results[0], 1)
+    listed = dict(results=None if results is None else [results[0], None, results[1]],
+                  costs=None if costs is None else [costs[0], None, costs[1]])
+    if refused:
+        with pytest.raises(InvalidInput, match=rf"job {job.id} is listed twice under "
+                                               rf"the same claim with different {refused}"):
+            await queue.complete_many([job, other, job], **listed)
+        assert (await status(aconn, queue, job.id))[0] == "running"
+        assert (await status(aconn, queue, other.id))[0] == "running"
+        return
+    assert await queue.complete_many([job, other, job], **listed) == [True] * 3
+    cur = await aconn.execute(sql.SQL("SELECT result = %s::jsonb, cost FROM {} WHERE id = %s")
+                              .format(queue.table("jobs")),
+                              [None if results is None else json.dumps(float(results[0])
+                               if isinstance(results[0], Decimal) else results[0]),
+                               job.id])
+    assert await cur.fetchone() == (None if results is None else True,
+                                    Decimal(3) if costs and costs[0] == 3 else 1)
+
+
+async def test_a_job_never_claimed_listed_twice_is_not_refused(queue: Queue) -> None:
+    """A job with no claim is never written, so two different results for it are not
+    refused: its flags are False."""
+    job = await queue.enqueue("t", {})
+    assert job is not None
+    assert await queue.complete_many([job, job], results=[1, 2]) == [False, False]

@@ -158,3 +158,13 @@ async def test_an_application_groups_relation_has_no_group_caps(
     assert [r.max_running for r in await admin.list_groups(queue)] == [None]
     with pytest.raises(ConfigError):
         await queue.upsert_group("G", plan=None, max_running=1)
+
+
+@pytest.mark.parametrize("value", [None, "60", -1, float("nan"), float("inf"), True])
+async def test_a_bad_group_cap_recheck_is_one_clear_error(queue: Queue, value: Any) -> None:
+    """The recheck interval is seconds, 0 or more: anything else is refused where it is
+    set, and the interval stays as it was (a claim never meets it)."""
+    with pytest.raises(InvalidInput, match=r"^group_cap_recheck must be a number of "
+                                           r"seconds, 0 or more, got "):
+        queue.fair_claim.group_cap_recheck = value
+    assert queue.fair_claim.group_cap_recheck == 60.0

@@ -251,17 +251,19 @@ def require_row_id(value: object, name: str = "job_id") -> int:
     return value
 
 
-def positive_seconds(value: object, name: str) -> float:
-    """Return ``value`` as float seconds if it is a finite number > 0 (not a bool), at
-    most :data:`MAX_DURATION` (a larger interval would in effect turn off what it
-    paces).
+def positive_seconds(value: object, name: str, *, zero: bool = False) -> float:
+    """Return ``value`` as float seconds if it is a finite number > 0 (or >= 0 with
+    ``zero``; not a bool), at most :data:`MAX_DURATION` (a larger interval would in
+    effect turn off what it paces).
 
     Raises:
-        InvalidInput: not a number, not finite, not positive, or over 1000 years.
+        InvalidInput: not a number, not finite, not positive (negative with ``zero``),
+            or over 1000 years.
     """
     if (not isinstance(value, int | float) or isinstance(value, bool)
-            or not math.isfinite(value) or value <= 0):
-        raise InvalidInput(f"{name} must be a positive number of seconds, got {value!r}")
+            or not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
+        kind = "a number of seconds, 0 or more" if zero else "a positive number of seconds"
+        raise InvalidInput(f"{name} must be {kind}, got {value!r}")
     if value > MAX_DURATION.total_seconds():
         raise InvalidInput(f"{name} must be at most {MAX_DURATION.total_seconds():.0f} "
                            f"seconds (1000 years), got {value!r}")

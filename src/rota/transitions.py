@@ -13,6 +13,7 @@ statement is called through its typed function (:mod:`rota.statements`).
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
@@ -223,22 +224,25 @@ class Transitions:
                                f"{len(batch)} jobs")
         # By claim: a job listed twice under one claim must say the same both times (it
         # is completed once); listed under a lost claim and the one holding it, each
-        # listing keeps its own values (only the holder's are written).
+        # listing keeps its own values (only the holder's are written). "The same" is
+        # what the database would store: equal jsonb (key order, 1 and 1.0, -0.0 and 0
+        # alike) and equal charged cost (no cost charges 1). A job with no claim is
+        # never written, so never refused.
         cost_by_claim: dict[tuple[int, uuid.UUID | None], Decimal | None] = {}
         encoded_by_claim: dict[tuple[int, uuid.UUID | None], str | None] = {}
         value_by_claim: dict[tuple[int, uuid.UUID | None], Any] = {}
-        for j, v, c in zip(batch, values, charges, strict=True):
-            cost = None if c is None else job_cost(charge_units(c))
+        for j, v, charge in zip(batch, values, charges, strict=True):
+            cost = None if charge is None else job_cost(charge_units(charge))
             e = self._encoded_result(j, v)
             if isinstance(e, ResultError):
                 raise e
             key = (j.id, j.claim_token)
-            if key in encoded_by_claim and (encoded_by_claim[key], cost_by_claim[key]) \
-                    != (e, cost):
-                what = "results" if encoded_by_claim[key] != e else "costs"
-                raise InvalidInput(
-                    f"complete_many: job {j.id} is listed twice under the same claim "
-                    f"with different {what}; list it once (nothing was written)")
+            if key in encoded_by_claim and j.claim_token is not None:
+                was_cost = cost_by_claim[key]
+                if (was_cost or ONE) != (cost or ONE):
+                    raise _listed_twice(j.id, "costs")
+                if stored_json(encoded_by_claim[key]) != stored_json(e):
+                    raise _listed_twice(j.id, "results")
             cost_by_claim[key], encoded_by_claim[key], value_by_claim[key] = cost, e, v
         # Job rows are locked in id order, the one order of every statement that locks
         # several jobs. The served-count changes a completion makes are new fair_served
@@ -512,5 +516,35 @@ class Transitions:
         if not isinstance(job, Job):
             raise InvalidInput(f"expected a rota.Job, got {type(job).__name__}")
 
+
+
+#: What a completion with no cost charges (docs/design.md, "Cost").
+ONE = job_cost(1)
+
+
+def _listed_twice(job_id: int, what: str) -> InvalidInput:
+    return InvalidInput(
+        f"complete_many: job {job_id} is listed twice under the same claim with "
+        f"different {what}; list it once (nothing was written)")
+
+
+def stored_json(text: str | None) -> Any:
+    """A comparable form of a JSON text as jsonb stores it: objects by key, whatever
+    their order (the last of a repeated key, as jsonb keeps it), numbers by value (1,
+    1.0 and 1e0 alike, -0.0 as 0), and true, false and null apart from numbers.
+    ``None`` (no result) is its own form."""
+    if text is None:
+        return None
+    return _stored(json.loads(text, parse_float=Decimal, parse_int=Decimal))
+
+
+def _stored(value: Any) -> Any:
+    if isinstance(value, dict):
+        return ("object", frozenset((k, _stored(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("array", tuple(_stored(v) for v in value))
+    if isinstance(value, Decimal):
+        return ("number", value)
+    return (type(value).__name__, value)  # str, bool, None: equal only to their kind
 
 __all__ = ["Transitions"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from psycopg.rows import tuple_row
 
-from ..checks import positive_int
+from ..checks import positive_int, positive_seconds
 from ..job import Job
 from ..plans import Plans
 from ..store import AnyConn, RawStatement, Store, prelude
@@ -44,9 +44,6 @@ class FairClaim:
     # The smallest probe a claim starts from: groups and jobs per group (tests set it to
     # (1, 1) to drive every claim through the retries).
     probe_floor: tuple[int, int] | None = None
-    #: Seconds a queue that saw a capped group keeps to the capped statement before it
-    #: asks again whether any group is still capped (:attr:`group_capped`).
-    group_cap_recheck: float = 60.0
 
     def __init__(self, store: Store, upkeep: ClaimUpkeep) -> None:
         self.store = store
@@ -61,6 +58,22 @@ class FairClaim:
         # When the uncapped statement's guard (cap_guard_on.sql) last saw a capped group
         # of rota's own groups table (monotonic seconds; None: never or long ago).
         self._group_capped_at: float | None = None
+        self._group_cap_recheck = 60.0
+
+    @property
+    def group_cap_recheck(self) -> float:
+        """Seconds a queue that saw a capped group keeps to the capped statement before
+        it asks again whether any group is still capped (:attr:`group_capped`); 60 by
+        default, 0 to ask at every claim.
+
+        Raises:
+            InvalidInput: (when set) not a finite number of seconds, 0 or more.
+        """
+        return self._group_cap_recheck
+
+    @group_cap_recheck.setter
+    def group_cap_recheck(self, seconds: float) -> None:
+        self._group_cap_recheck = positive_seconds(seconds, "group_cap_recheck", zero=True)
 
     @property
     def group_capped(self) -> bool:
