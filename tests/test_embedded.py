@@ -301,3 +301,44 @@ def test_placed_binaries_are_links_when_readable_else_readable_copies(tmp_path: 
     assert stat.S_IMODE(os.stat(tmp_path / "secret2").st_mode) == 0o755
     assert (tmp_path / "secret2").read_text() == "b"
     assert stat.S_IMODE(os.stat(secret).st_mode) == 0o700
+
+
+@pytest.mark.parametrize("found", [True, False], ids=["in_sbin", "nowhere"])
+def test_the_server_user_is_made_with_useradd_from_sbin_under_a_trimmed_path(
+        monkeypatch: pytest.MonkeyPatch, found: bool) -> None:
+    """A service's or a test's environment may keep PATH to /usr/bin:/bin, without the
+    sbin directory useradd lives in: the user is still made (useradd found in sbin),
+    and where there is no useradd at all the error says so, where it was an uncaught
+    FileNotFoundError. (The user itself is not touched: the lookups are stood in for.)"""
+    import pwd
+    import types
+
+    from rota import embedded
+
+    made: list[list[str]] = []
+    entry = types.SimpleNamespace(pw_name=SERVER_USER)
+
+    def getpwnam(name: str) -> object:
+        if not made:
+            raise KeyError(name)
+        return entry
+
+    def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        made.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr(pwd, "getpwnam", getpwnam)
+    monkeypatch.setattr(embedded.subprocess, "run", run)
+    if not found:
+        monkeypatch.setattr(embedded.shutil, "which", lambda *a, **kw: None)
+        with pytest.raises(embedded._Refused, match=r"could not be created \(useradd was "
+                                                    r"not found\): create it"):
+            embedded._server_user()
+        assert made == []
+        return
+    assert embedded._server_user() is entry
+    assert made[0][0] == shutil.which("useradd", path="/usr/sbin:/sbin")
+    assert made[0][0].endswith("sbin/useradd") and made[0][1:] == [
+        "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
+        SERVER_USER]

@@ -437,15 +437,22 @@ def _server_user() -> pwd.struct_passwd:
         return pwd.getpwnam(SERVER_USER)
     except KeyError:
         pass
-    made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
-                           "--shell", "/usr/sbin/nologin", SERVER_USER],
-                          capture_output=True, text=True, check=False)
+    # useradd lives in an sbin directory, which a root shell has on its PATH but a
+    # service's or a test's trimmed environment may not.
+    useradd = shutil.which("useradd", path=os.pathsep.join(
+        [os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+    why = "useradd was not found"
+    if useradd is not None:
+        made = subprocess.run([useradd, "--system", "--user-group", "--no-create-home",
+                               "--shell", "/usr/sbin/nologin", SERVER_USER],
+                              capture_output=True, text=True, check=False)
+        why = made.stderr.strip() or f"useradd exited with {made.returncode}"
     try:
         return pwd.getpwnam(SERVER_USER)
     except KeyError:
         raise _Refused(
             f"rota runs as root, which PostgreSQL refuses, and the unprivileged user "
-            f"{SERVER_USER!r} to run it as could not be created ({made.stderr.strip()}): "
+            f"{SERVER_USER!r} to run it as could not be created ({why}): "
             f"create it, run as another user, or set DATABASE_URL") from None
 
 
