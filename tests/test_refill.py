@@ -43,6 +43,18 @@ def count_claims(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch,
     return claims
 
 
+def blocking(release: asyncio.Event, starts: list[tuple[int, bool]], blocked: int = 1
+             ) -> Callable[[JobContext], Awaitable[None]]:
+    """A handler that records (job's i, whether ``release`` was set) as each job starts,
+    and whose jobs i < ``blocked`` wait for ``release``."""
+    async def handler(ctx: JobContext) -> None:
+        starts.append((ctx.job.payload["i"], release.is_set()))
+        if ctx.job.payload["i"] < blocked:
+            await release.wait()
+
+    return handler
+
+
 async def until(check: Callable[[], bool], seconds: float = 5.0) -> bool:
     """Wait (in short steps) until ``check()`` holds; whether it did within ``seconds``."""
     deadline = time.monotonic() + seconds
@@ -61,20 +73,18 @@ async def statuses(aconn: AConn, queue: Queue, job_type: str) -> list[tuple[Any,
     return await cur.fetchall()
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
 async def test_free_slots_run_more_jobs_while_a_slow_handler_still_runs(
-        queue: Queue, aconn: AConn, monkeypatch: pytest.MonkeyPatch) -> None:
+        queue: Queue, aconn: AConn, monkeypatch: pytest.MonkeyPatch, prefetch: bool) -> None:
     """One handler of a batch of 4 blocks; the others return at once: the stage's
-    other jobs are claimed and run on the free slots before it is released."""
+    other jobs are claimed and run on the free slots before it is released. With
+    prefetch, the batch claimed ahead for the stage feeds the free slots first: no
+    second claim runs beside it, and nothing prefetched is left to hand back."""
     release = asyncio.Event()
     starts: list[tuple[int, bool]] = []  # (job's i, whether job 0 was released by then)
-
-    async def handler(ctx: JobContext) -> None:
-        starts.append((ctx.job.payload["i"], release.is_set()))
-        if ctx.job.payload["i"] == 0:
-            await release.wait()
-
     await enqueue_jobs(queue, "t", 9)
-    pipeline = Pipeline(queue, [Stage("t", 4, 4, handler)])
+    pipeline = Pipeline(queue, [Stage("t", 4, 4, blocking(release, starts),
+                                      prefetch=prefetch)])
     claims = count_claims(pipeline, monkeypatch)
     task = asyncio.create_task(pipeline.run())
     await until(lambda: len(starts) == 9)
@@ -82,39 +92,11 @@ async def test_free_slots_run_more_jobs_while_a_slow_handler_still_runs(
     result = await task
     assert starts == [(i, False) for i in range(9)]
     # The batch of 4, then for the three free slots (of handlers that return at once)
-    # claims of the stage's batch, 4; the second comes back short: no more refills.
-    # The loop's own claim finds nothing.
+    # claims of the stage's batch, 4 (with prefetch the first is the prefetched batch);
+    # the second comes back short: no more refills. The loop's own claim finds nothing.
     assert claims == [("t", 4, 4), ("t", 4, 4), ("t", 4, 1), ("t", 4, 0)]
     assert (result.stop_reason, result.jobs_done, result.jobs_failed,
             result.jobs_deferred, result.summary) == ("no_work", 9, 0, 0, {})
-    assert await statuses(aconn, queue, "t") == [(i, "done", 1, 0) for i in range(9)]
-    assert await queue.verify() == []
-
-
-async def test_a_prefetched_batch_is_the_first_refill(
-        queue: Queue, aconn: AConn, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With prefetch, the batch claimed ahead for the stage feeds the free slots first:
-    no second claim runs beside it, and nothing prefetched is left to hand back."""
-    release = asyncio.Event()
-    starts: list[tuple[int, bool]] = []
-
-    async def handler(ctx: JobContext) -> None:
-        starts.append((ctx.job.payload["i"], release.is_set()))
-        if ctx.job.payload["i"] == 0:
-            await release.wait()
-
-    await enqueue_jobs(queue, "t", 9)
-    pipeline = Pipeline(queue, [Stage("t", 4, 4, handler, prefetch=True)])
-    claims = count_claims(pipeline, monkeypatch)
-    task = asyncio.create_task(pipeline.run())
-    await until(lambda: len(starts) == 9)
-    release.set()
-    result = await task
-    assert starts == [(i, False) for i in range(9)]
-    # The batch, its prefetch (taken by the first refill), a refill that comes back
-    # short, then the loop's own claim, which finds nothing.
-    assert claims == [("t", 4, 4), ("t", 4, 4), ("t", 4, 1), ("t", 4, 0)]
-    assert (result.stop_reason, result.jobs_done, result.summary) == ("no_work", 9, {})
     assert await statuses(aconn, queue, "t") == [(i, "done", 1, 0) for i in range(9)]
     assert await queue.verify() == []
 
@@ -123,12 +105,8 @@ async def test_without_refill_the_batch_waits_for_its_slowest_handler(
         queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
     """Stage(refill=False): the batch runs to its end before the next claim."""
     release = asyncio.Event()
-    starts: list[tuple[int, bool]] = []
-
-    async def handler(ctx: JobContext) -> None:
-        starts.append((ctx.job.payload["i"], release.is_set()))
-        if ctx.job.payload["i"] == 0:
-            await release.wait()
+    starts: list[tuple[int, bool]] = []  # (job's i, whether job 0 was released by then)
+    handler = blocking(release, starts)
 
     await enqueue_jobs(queue, "t", 6)
     pipeline = Pipeline(queue, [Stage("t", 4, 4, handler, refill=False)])
@@ -151,12 +129,8 @@ async def test_refill_stops_at_the_budgets_end_and_hands_back_what_it_claimed(
     go back as they were (pending, attempts and deferrals unchanged), and nothing more
     is claimed while the blocked handler goes on."""
     release = asyncio.Event()
-    started: list[int] = []
-
-    async def handler(ctx: JobContext) -> None:
-        started.append(ctx.job.payload["i"])
-        if ctx.job.payload["i"] == 0:
-            await release.wait()
+    starts: list[tuple[int, bool]] = []
+    handler = blocking(release, starts)
 
     async def after(n: int) -> None:
         if n == 2:  # the refill claim: it returns past the budget's end
@@ -171,7 +145,7 @@ async def test_refill_stops_at_the_budgets_end_and_hands_back_what_it_claimed(
     assert not task.done()
     release.set()
     result = await task
-    assert started == [0, 1, 2, 3]
+    assert starts == [(i, False) for i in range(4)]
     assert claims == [("t", 4, 4), ("t", 4, 4)]
     assert (result.stop_reason, result.jobs_done, result.jobs_failed,
             result.jobs_deferred, result.summary) == ("time_budget", 4, 0, 0,
@@ -262,12 +236,8 @@ async def test_a_row_a_refill_cannot_read_counts_failed_as_in_the_loops_claim(
     "Bad data belongs to its job"): failed, counted ``unreadable``; the others run."""
     caplog.set_level(logging.CRITICAL, logger="rota.queue")
     release = asyncio.Event()
-    started: list[int] = []
-
-    async def handler(ctx: JobContext) -> None:
-        started.append(ctx.job.payload["i"])
-        if ctx.job.payload["i"] == 0:
-            await release.wait()
+    starts: list[tuple[int, bool]] = []
+    handler = blocking(release, starts)
 
     await enqueue_jobs(queue, "t", 4)
     poison = await insert_raw(aconn, queue, "t", POISON["long-number"][0])
@@ -276,10 +246,10 @@ async def test_a_row_a_refill_cannot_read_counts_failed_as_in_the_loops_claim(
     pipeline = Pipeline(queue, [Stage("t", 4, 4, handler)])
     claims = count_claims(pipeline, monkeypatch)
     task = asyncio.create_task(pipeline.run())
-    assert await until(lambda: len(started) == 6)  # before job 0 is released
+    assert await until(lambda: len(starts) == 6)  # before job 0 is released
     release.set()
     result = await task
-    assert started == [0, 1, 2, 3, 4, 5]
+    assert starts == [(i, False) for i in range(6)]
     assert claims == [("t", 4, 4), ("t", 4, 2), ("t", 4, 0)]
     assert (result.stop_reason, result.jobs_done, result.jobs_failed, result.summary) == \
         ("no_work", 6, 1, {"unreadable": 1})
@@ -387,11 +357,7 @@ async def test_refills_go_on_behind_slow_handlers_in_claims_no_larger_than_the_l
     prefetch two slots ran 8 jobs while the rest sat idle."""
     release = asyncio.Event()
     starts: list[tuple[int, bool]] = []
-
-    async def handler(ctx: JobContext) -> None:
-        starts.append((ctx.job.payload["i"], release.is_set()))
-        if ctx.job.payload["i"] < 2:
-            await release.wait()
+    handler = blocking(release, starts, blocked=2)
 
     await enqueue_jobs(queue, "t", 42)
     pipeline = Pipeline(queue, [Stage("t", handler=handler, concurrency=4,
