@@ -415,3 +415,26 @@ async def test_a_refilled_batch_saves_the_runs_progress_while_it_runs(
     assert (result.stop_reason, result.jobs_done) == ("no_work", 31)
     assert await jobs_done() == 31
     assert await queue.verify() == []
+
+
+async def test_handlers_all_slower_than_the_wait_are_not_refilled_a_few_at_a_time(
+        queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every handler takes 20-35 ms, as on a machine so loaded that none finishes
+    within the refill's 20 ms: none is slow against the others (4 times their mean), so
+    the batches end as they would without refill and the loop's claims grow: as many
+    claims as without refill, one more at most. With the 20 ms alone (STRAGGLER 0) each
+    batch was refilled four jobs at a time: 12 claims against 5."""
+    async def handler(ctx: JobContext) -> None:
+        await asyncio.sleep(0.02 + ctx.job.payload["i"] % 4 * 0.005)
+
+    counts = {}
+    for t, refill in (("plain", False), ("filled", True)):
+        await enqueue_jobs(queue, t, 40)
+        pipeline = Pipeline(queue, [Stage(t, concurrency=4, handler=handler,
+                                          refill=refill)])
+        claims = count_claims(pipeline, monkeypatch)
+        result = await pipeline.run()
+        assert (result.stop_reason, result.jobs_done) == ("no_work", 40)
+        counts[t] = len(claims)
+    assert counts["filled"] <= counts["plain"] + 1, counts
+    assert await queue.verify() == []

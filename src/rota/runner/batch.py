@@ -41,6 +41,10 @@ log = logging.getLogger("rota.runner")
 #: handlers ends as it did (the loop's next claim, sized by BatchSize, follows).
 REFILL_WAIT = 0.02
 
+#: A handler is slow enough for the batch to refill around it once it has run this many
+#: times the mean run time of the batch's handlers that returned (and REFILL_WAIT).
+STRAGGLER = 4
+
 
 @dataclass(frozen=True)
 class Refill:
@@ -338,7 +342,8 @@ class _Slots:
 
     With a :class:`Refill`, free slots are fed by more claims of the stage while slower
     handlers still run (docs/design.md, "Refill"): once ``todo`` is empty, a handler
-    has run for ``REFILL_WAIT`` seconds, and at least half the slots are free or one has
+    has run for ``REFILL_WAIT`` seconds and ``STRAGGLER`` times the mean run time of the
+    batch's handlers that returned, and at least half the slots are free or one has
     been free for ``REFILL_WAIT``, one claim (never two at once) sized as
     :class:`Refill` says; new workers take its jobs. Refilling stops for good after the
     budget, once the stage is blocked, when a claim comes back short of what it asked
@@ -463,12 +468,15 @@ class _Slots:
             now = time.monotonic()
             if idle_since is None:
                 idle_since = now
-            # Only around a handler that has run a while: a batch of fast handlers
-            # ends as it did, and the loop's next claim (BatchSize) follows.
+            # Only around a handler that has run a while, and longer than the batch's
+            # handlers take: a batch of fast handlers ends as it did, and the loop's
+            # next claim (BatchSize) follows, also on a machine so loaded that every
+            # handler takes 20 ms.
             slowest = now - min(self.running.values(), default=now)
-            if slowest < REFILL_WAIT:
+            wait = max(REFILL_WAIT, STRAGGLER * self.ran_s / self.ran if self.ran else 0)
+            if slowest < wait:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.changed.wait(), REFILL_WAIT - slowest)
+                    await asyncio.wait_for(self.changed.wait(), wait - slowest)
                 continue
             if idle >= half or now - idle_since >= REFILL_WAIT:
                 n = self._refill_size(refill, idle)
