@@ -569,8 +569,8 @@ class Queue:
         Raises:
             ResultError: a value cannot be stored; nothing was written.
             InvalidInput: ``results`` or ``costs`` does not have one value per job, or
-                a job is listed twice under one claim with different results or costs;
-                nothing was written.
+                a job is listed twice under one claim with results or costs the
+                database would store differently; nothing was written.
             InvalidCharge: a cost is not a positive number within the limit; nothing
                 was written.
         """

@@ -202,8 +202,8 @@ class Transitions:
             ResultError: a value cannot be stored; the message names its job and
                 nothing was written (fail that job, complete the others).
             InvalidInput: ``results`` or ``costs`` does not have one value per job, or
-                a job is listed twice under one claim with different results or
-                costs; nothing was written.
+                a job is listed twice under one claim with results or costs the
+                database would store differently; nothing was written.
             InvalidCharge: a cost is not a positive number within the limit; nothing
                 was written.
         """
@@ -228,22 +228,21 @@ class Transitions:
         # what the database would store: equal jsonb (key order, 1 and 1.0, -0.0 and 0
         # alike) and equal charged cost (no cost charges 1). A job with no claim is
         # never written, so never refused.
-        cost_by_claim: dict[tuple[int, uuid.UUID | None], Decimal | None] = {}
-        encoded_by_claim: dict[tuple[int, uuid.UUID | None], str | None] = {}
-        value_by_claim: dict[tuple[int, uuid.UUID | None], Any] = {}
+        # (id, claim) -> (charged cost or None, encoded result, result as given)
+        listed: dict[tuple[int, uuid.UUID | None], tuple[Decimal | None, str | None, Any]] = {}
         for j, v, charge in zip(batch, values, charges, strict=True):
             cost = None if charge is None else job_cost(charge_units(charge))
             e = self._encoded_result(j, v)
             if isinstance(e, ResultError):
                 raise e
             key = (j.id, j.claim_token)
-            if key in encoded_by_claim and j.claim_token is not None:
-                was_cost = cost_by_claim[key]
+            if key in listed and j.claim_token is not None:
+                was_cost, was_e, _ = listed[key]
                 if (was_cost or ONE) != (cost or ONE):
                     raise _listed_twice(j.id, "costs")
-                if stored_json(encoded_by_claim[key]) != stored_json(e):
+                if _stored_json(was_e) != _stored_json(e):
                     raise _listed_twice(j.id, "results")
-            cost_by_claim[key], encoded_by_claim[key], value_by_claim[key] = cost, e, v
+            listed[key] = (cost, e, v)
         # Job rows are locked in id order, the one order of every statement that locks
         # several jobs. The served-count changes a completion makes are new fair_served
         # rows of its own (the delta rule, fair/bookkeeping.sql), so two batches never
@@ -257,9 +256,9 @@ class Transitions:
                 done = await sql.complete_many(
                     self.store, ids=[j.id for j in fenced],
                     claim_tokens=[j.claim_token for j in fenced],
-                    results=[encoded_by_claim[j.id, j.claim_token] for j in fenced],
+                    results=[listed[j.id, j.claim_token][1] for j in fenced],
                     started_ats=[j.locked_at for j in fenced],
-                    costs=[cost_by_claim[j.id, j.claim_token] for j in fenced],
+                    costs=[listed[j.id, j.claim_token][0] for j in fenced],
                     offset=self.settings.clock_offset, schema_name=self.settings.schema,
                     conn=c)
                 rest = [j for j in fenced if (j.id, j.claim_token) not in done]
@@ -278,8 +277,8 @@ class Transitions:
             done = {(j.id, j.claim_token) for j in fenced if j.claim_token is not None
                     # The value as given: complete encodes it (the encoded text
                     # given again would be stored as a JSON string).
-                    if await self.complete(j, result=value_by_claim[j.id, j.claim_token],
-                                           cost=cost_by_claim[j.id, j.claim_token])}
+                    if await self.complete(j, result=listed[j.id, j.claim_token][2],
+                                           cost=listed[j.id, j.claim_token][0])}
         return [j.claim_token is not None and (j.id, j.claim_token) in done for j in batch]
 
     async def fail(self, job: Job, error: BaseException | str, *, give_up: bool = False,
@@ -517,7 +516,6 @@ class Transitions:
             raise InvalidInput(f"expected a rota.Job, got {type(job).__name__}")
 
 
-
 #: What a completion with no cost charges (docs/design.md, "Cost").
 ONE = job_cost(1)
 
@@ -528,7 +526,7 @@ def _listed_twice(job_id: int, what: str) -> InvalidInput:
         f"different {what}; list it once (nothing was written)")
 
 
-def stored_json(text: str | None) -> Any:
+def _stored_json(text: str | None) -> Any:
     """A comparable form of a JSON text as jsonb stores it: objects by key, whatever
     their order (the last of a repeated key, as jsonb keeps it), numbers by value (1,
     1.0 and 1e0 alike, -0.0 as 0), and true, false and null apart from numbers.

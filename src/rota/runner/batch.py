@@ -59,17 +59,15 @@ class Refill:
             prefetched for the stage first.
         size: the stage's current claim size in jobs (:meth:`RunLoop.batch_size`): the
             batch refills only when its own claim came back that full.
-        most: the most jobs one claim of the stage may take (its fixed ``batch``, else
-            :attr:`BatchSize.MAX`).
         progress: saves the run's counters (:meth:`RunRecorder.save_progress`): a
             refilled batch may last the whole run, so it saves them every
             ``SAVE_EVERY_S`` while it runs rather than only at its end.
 
-    A refill asks for ``max(idle, min(size, round(idle * per_slot)))`` jobs, at most
-    ``most``: ``per_slot`` is what one slot handles in one claim, ``size /
-    concurrency``, or, when more, what it handles in :attr:`BatchSize.FAST` seconds at
-    the mean run time of the batch's handlers so far; never more than the loop's own
-    claim would take, unless the idle slots need more. The mean only counts handlers
+    A refill asks for ``min(size, max(idle, round(idle * per_slot)))`` jobs:
+    ``per_slot`` is what one slot handles in one claim, ``size / concurrency``, or, when
+    more, what it handles in :attr:`BatchSize.FAST` seconds at the mean run time of the
+    batch's handlers so far; never more than the loop's own claim would take (the
+    stage's fixed ``batch``, else at most :attr:`BatchSize.MAX`). The mean only counts handlers
     that returned, so with a few slow handlers among fast ones it says the work is
     faster than it is: capped at ``size``, a refill holds no more than a batch of the
     loop would.
@@ -77,7 +75,6 @@ class Refill:
 
     claim: Callable[[int], Awaitable[list[Job]]]
     size: int
-    most: int
     progress: Callable[[], Awaitable[None]] | None = None
 
 
@@ -501,7 +498,7 @@ class _Slots:
         per_slot = refill.size / self.concurrency
         if self.ran and self.ran_s > 0:
             per_slot = max(per_slot, BatchSize.FAST * self.ran / self.ran_s)
-        return min(refill.most, max(idle, min(refill.size, round(idle * per_slot))))
+        return min(refill.size, max(idle, round(idle * per_slot)))
 
     async def _claim(self, refill: Refill, n: int) -> int:
         """One refill claim of up to ``n`` jobs; its jobs join the batch as soon as it

@@ -272,7 +272,7 @@ class RunLoop:
                 refill = None
                 if stage.refill and claims_next and stage.batch_handler is None:
                     refill = Refill(functools.partial(self._refill_claim, run, stage),
-                                    self.batch_size(stage), stage.batch or BatchSize.MAX,
+                                    self.batch_size(stage),
                                     functools.partial(self.recorder.save_progress, run))
                 started = time.monotonic()
                 outcome = await self.batches.run(run, stage, jobs, refill)

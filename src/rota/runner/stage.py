@@ -101,12 +101,14 @@ class Stage:
             held, while another worker could run it.
         refill: while a batch runs, feed its free slots with more claims of this stage
             instead of waiting for its slowest handler (default on; docs/design.md,
-            "Refill"): once the batch's jobs have all started and half its slots are
-            free (or one has been free for 20 ms), one claim for them, sized by the
-            stage's claim size and the batch's pace. Only for a ``handler`` with
+            "Refill"): once the batch's jobs have all started, one handler has run 20 ms
+            and 4 times the batch's mean, and half its slots are free (or one has been
+            free for 20 ms), one claim for them, no larger than the loop's own claim of
+            the stage. Only for a ``handler`` with
             ``concurrency`` > 1 whose claim came back full, and only where that claim
-            is the loop's next anyway (as ``prefetch``: the first stage not skipped in
-            the run, no ``quota``, no ``rate_limits``); never after the budget, nor
+            is the loop's next anyway (as ``prefetch``: the pipeline's first stage, or
+            one whose earlier stages are all quota-skipped; no ``quota``, no
+            ``rate_limits``); never after the budget, nor
             once a claim comes back short. Work of 50 ms and 5 s jobs, 20 s at full
             use of 16 slots: 22.0 s refilled, 26.3 s without
             (``bench/experiments/refill_mixed.py``). Turn it off to run each claim to
