@@ -860,9 +860,24 @@ $$;
 -- and does not hold the mark back; one that wrote and stays open does. Returns the
 -- number of groups folded.
 CREATE FUNCTION {schema}.fair_fold(p_type text, p_now timestamptz) RETURNS integer
-LANGUAGE plpgsql AS $$
+-- Its plans do not depend on the statistics (a table never analyzed has none): its
+-- statements reach fair_groups' and fair_owners' rows by key or ctid, never reading a
+-- table whole, and read a group's jobs in jobs_pending_idx's order from the bound,
+-- never sorting all of them (bench/RESULTS.md, section 25). No JIT: a sort or scan that
+-- has no other way keeps the cost the settings add, which would compile every plan.
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off AS $$
 DECLARE
     gs text[];
+    heads timestamptz[];
+    head_ids bigint[];
+    untils timestamptz[];
+    tids tid[];
+    lgs text[];
+    lkeys text[];
+    lunits text[];
+    want text[];
+    empties tid[];
+    otids tid[];
     missing text[];
     marked text[];
     ukeys text[];
@@ -888,50 +903,67 @@ BEGIN
     SELECT array_agg(DISTINCT l.group_id) INTO marked
     FROM {schema}.fair_owner_changes l WHERE l.type = p_type AND l.xid >= mark;
     had_rows := gs IS NOT NULL OR marked IS NOT NULL;
-    IF gs IS NOT NULL THEN
+    -- Locked, each group's row (its latest version: ctid, owner, and head bound as it
+    -- stands, where from its jobs are read below): the groups with deltas and up to 100
+    -- whose bound ran out; then the groups with deltas and no row (dropped when empty),
+    -- made and locked the same way (fair_insert_groups makes only the rows missing, not
+    -- those a writer holds, which are left for the next fold). Every row of fair_groups
+    -- the fold touches is reached by its key or by the ctid read here (rows it holds
+    -- locked, so no one else makes a new version of them), each looked up once, never by
+    -- a scan of the table: without statistics the planner read it whole, every version
+    -- a long transaction keeps included (bench/RESULTS.md, section 25).
+    SELECT array_agg(w.group_id) INTO want
+    FROM (SELECT x.group_id FROM unnest(gs) AS x(group_id)
+          UNION
+          SELECT e.group_id FROM (
+              SELECT e.group_id FROM {schema}.fair_groups e
+              WHERE e.type = p_type AND e.head_until <= p_now
+                AND e.head_until < 'infinity'
+              ORDER BY e.head_until LIMIT 100) e) w;
+    FOR pass IN 1..2 LOOP
+        SELECT lgs || array_agg(fg.group_id), heads || array_agg(fg.head_lb),
+               head_ids || array_agg(fg.head_id), untils || array_agg(fg.head_until),
+               tids || array_agg(fg.tid), lkeys || array_agg(fg.plan_key),
+               lunits || array_agg(fg.unit)
+        INTO lgs, heads, head_ids, untils, tids, lkeys, lunits
+        FROM unnest(want) AS w(group_id)
+        CROSS JOIN LATERAL (
+            SELECT f.group_id, f.ctid AS tid, f.plan_key, f.unit, f.head_lb, f.head_id,
+                   f.head_until
+            FROM {schema}.fair_groups f
+            WHERE f.type = p_type AND f.group_id = w.group_id
+            FOR UPDATE SKIP LOCKED) fg;
+        EXIT WHEN pass = 2 OR gs IS NULL;
         SELECT array_agg(x.group_id ORDER BY x.group_id) INTO missing
         FROM unnest(gs) AS x(group_id)
-        WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_groups g
-                          WHERE g.type = p_type AND g.group_id = x.group_id);
-        IF missing IS NOT NULL THEN
-            PERFORM {schema}.fair_insert_groups(
-                array_fill(p_type, ARRAY[cardinality(missing)]), missing,
-                array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]),
-                array_fill(0::bigint, ARRAY[cardinality(missing)]),
-                array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]), NULL);
-        END IF;
-    END IF;
-    SELECT array_agg(l.group_id) INTO gs FROM (
-        SELECT fg.group_id FROM {schema}.fair_groups fg
-        JOIN (SELECT x.group_id FROM unnest(gs) AS x(group_id)
-              UNION
-              SELECT e.group_id FROM (
-                  SELECT e.group_id FROM {schema}.fair_groups e
-                  WHERE e.type = p_type AND e.head_until <= p_now
-                    AND e.head_until < 'infinity'
-                  ORDER BY e.head_until LIMIT 100) e) w ON w.group_id = fg.group_id
-        WHERE fg.type = p_type
-        ORDER BY fg.group_id
-        FOR UPDATE OF fg SKIP LOCKED
-    ) l;
+        WHERE x.group_id <> ALL (coalesce(lgs, ARRAY[]::text[]));
+        EXIT WHEN missing IS NULL;
+        PERFORM {schema}.fair_insert_groups(
+            array_fill(p_type, ARRAY[cardinality(missing)]), missing,
+            array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]),
+            array_fill(0::bigint, ARRAY[cardinality(missing)]),
+            array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]), NULL);
+        want := missing;
+    END LOOP;
+    gs := lgs;
     IF gs IS NULL AND marked IS NULL THEN
         RETURN 0;
     END IF;
     -- The owners to compute again: those of the groups to fold and of the changed groups
-    -- (as they are now), and those the changes name; their rows made when missing (only
-    -- a fold writes them, one fold of a type at a time: nothing waits here).
+    -- (as they are now), and those the changes name.
     SELECT array_agg(x.plan_key), array_agg(x.unit) INTO ukeys, uunits FROM (
         SELECT DISTINCT u.plan_key, u.unit FROM (
-            SELECT fg.plan_key, fg.unit FROM {schema}.fair_groups fg
-            WHERE fg.type = p_type AND fg.group_id = ANY (gs || marked)
+            SELECT l.plan_key, l.unit FROM unnest(lkeys, lunits) AS l(plan_key, unit)
+            UNION ALL
+            SELECT fg.plan_key, fg.unit FROM unnest(marked) AS x(group_id)
+            CROSS JOIN LATERAL (
+                SELECT f.plan_key, f.unit FROM {schema}.fair_groups f
+                WHERE f.type = p_type AND f.group_id = x.group_id
+                OFFSET 0) fg  -- a lookup by key each (not pulled up into a join)
             UNION ALL
             SELECT c.plan_key, c.unit FROM {schema}.fair_owner_changes c
             WHERE c.type = p_type AND c.xid >= mark) u
         ORDER BY u.plan_key, u.unit) x;
-    INSERT INTO {schema}.fair_owners (type, plan_key, unit, plan)
-    SELECT p_type, u.k, u.u, CASE WHEN u.k = '' THEN NULL ELSE substr(u.k, 3) END
-    FROM unnest(ukeys, uunits) AS u(k, u)
-    ON CONFLICT DO NOTHING;
     IF gs IS NOT NULL THEN
         -- A new statement: its snapshot sees every writer that finished before the locks.
         WITH moved AS (
@@ -946,31 +978,54 @@ BEGIN
         sums AS (
             SELECT mv.group_id, sum(mv.n) AS n FROM moved mv GROUP BY mv.group_id
         ),
+        -- Each group's jobs are read from its head bound on wherever the bound holds
+        -- (the head invariant): for its ready jobs while head_until is after now, for all
+        -- its pending jobs while head_until is 'infinity'. So the scans start past the
+        -- index entries of the jobs claimed before the last fold, which a long
+        -- transaction keeps from vacuum. With a ready job found, ready_lb is '-infinity',
+        -- a bound of every run_after that says what the exact minimum would (due now),
+        -- without a scan of jobs_pending_ready_idx from its start: jobs enqueued in one
+        -- statement share run_after, so their entries share a posting list, which no
+        -- scan marks dead until vacuum empties it (bench/RESULTS.md, section 25).
         b0 AS (
-            SELECT g.group_id,
+            SELECT g.group_id, g.tid,
                    coalesce(sm.n, 0) AS n,
-                   (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
-                      AND j.group_id = g.group_id AND j.status = 'pending') AS ready,
+                   CASE WHEN rh.created_at IS NOT NULL THEN '-infinity'::timestamptz
+                        WHEN ah.created_at IS NULL THEN NULL
+                        ELSE (SELECT min(j.run_after) FROM {schema}.jobs j
+                              WHERE j.type = p_type AND j.group_id = g.group_id
+                                AND j.status = 'pending') END AS ready,
                    rh.created_at AS ready_head, rh.id AS ready_id,
                    ah.created_at AS any_head, ah.id AS any_id,
                    (SELECT min(j.run_after) FROM {schema}.jobs j WHERE j.type = p_type
                       AND j.group_id = g.group_id AND j.status = 'pending'
                       AND j.run_after > p_now) AS next_due
-            FROM unnest(gs) AS g(group_id)
+            FROM unnest(gs, heads, head_ids, untils, tids)
+                 AS g(group_id, head_lb, head_id, head_until, tid)
             LEFT JOIN sums sm ON sm.group_id = g.group_id
-            -- The first ready job among the 200 oldest: read in index order, the scan
-            -- stops at it (rather than taking the min over all 200).
+            -- The first ready job among the 200 oldest from the bound: read in index
+            -- order, the scan stops at it (rather than taking the min over all 200).
             LEFT JOIN LATERAL (
                 SELECT o.created_at, o.id FROM (
                     SELECT j.created_at, j.id, j.run_after FROM {schema}.jobs j
                     WHERE j.type = p_type AND j.group_id = g.group_id
                       AND j.status = 'pending'
+                      AND (j.created_at, j.id)
+                          >= (CASE WHEN g.head_until > p_now THEN g.head_lb
+                                   ELSE '-infinity' END,
+                              CASE WHEN g.head_until > p_now THEN g.head_id ELSE 0 END)
                     ORDER BY j.created_at, j.id LIMIT 200) o
                 WHERE o.run_after <= p_now
                 ORDER BY o.created_at, o.id LIMIT 1) rh ON true
+            -- Without one, the first pending job.
             LEFT JOIN LATERAL (
                 SELECT j.created_at, j.id FROM {schema}.jobs j
-                WHERE j.type = p_type AND j.group_id = g.group_id AND j.status = 'pending'
+                WHERE rh.created_at IS NULL
+                  AND j.type = p_type AND j.group_id = g.group_id AND j.status = 'pending'
+                  AND (j.created_at, j.id)
+                      >= (CASE WHEN g.head_until = 'infinity' THEN g.head_lb
+                               ELSE '-infinity' END,
+                          CASE WHEN g.head_until = 'infinity' THEN g.head_id ELSE 0 END)
                 ORDER BY j.created_at, j.id LIMIT 1) ah ON true
         ),
         upd AS (
@@ -982,20 +1037,20 @@ BEGIN
                                   ELSE coalesce(b.next_due, 'infinity') END,
                 ready_lb = coalesce(b.ready, 'infinity')
             FROM b0 b
-            WHERE fg.type = p_type AND fg.group_id = b.group_id
-            RETURNING fg.plan_key, fg.unit, b.n
+            WHERE fg.ctid = ANY (tids) AND fg.ctid = b.tid
+            RETURNING fg.ctid AS tid, fg.plan_key, fg.unit, b.n,
+                      fg.served_n = 0 AND fg.ready_lb = 'infinity' AS empty
         )
-        -- What each owner's groups gained, for its row below.
+        -- What each owner's groups gained, for its row below; the rows left with nothing
+        -- to say (no pending job, no served count), their new versions.
         SELECT (SELECT count(*) FROM upd)::int, array_agg(x.plan_key), array_agg(x.unit),
-               array_agg(x.n)
-        INTO folded, fkeys, funits, fns
+               array_agg(x.n), (SELECT array_agg(u.tid) FROM upd u WHERE u.empty)
+        INTO folded, fkeys, funits, fns, empties
         FROM (SELECT u.plan_key, u.unit, sum(u.n) AS n FROM upd u
               GROUP BY u.plan_key, u.unit) x;
-        -- Drop rows with nothing left to say (no pending job, no served count).
-        DELETE FROM {schema}.fair_groups fg
-        USING unnest(gs) AS x(group_id)
-        WHERE fg.type = p_type AND fg.group_id = x.group_id
-          AND fg.served_n = 0 AND fg.ready_lb = 'infinity';
+        IF empties IS NOT NULL THEN
+            DELETE FROM {schema}.fair_groups fg WHERE fg.ctid = ANY (empties);
+        END IF;
     END IF;
     IF ukeys IS NOT NULL THEN
         -- The owners' rows: their served counts moved on by what their groups gained
@@ -1028,26 +1083,44 @@ BEGIN
                     FILTER (WHERE fg.active AND fg.head_lb < 'infinity'))[1] AS b_head_id,
                    min(fg.ready_lb) FILTER (WHERE fg.active) AS ready
             FROM unnest(ukeys, uunits) AS u(k, u)
-            LEFT JOIN {schema}.fair_groups fg
-              ON fg.type = p_type AND fg.plan_key = u.k AND fg.unit = u.u
+            LEFT JOIN LATERAL (
+                SELECT f.served_n, f.head_lb, f.head_id, f.ready_lb, f.active
+                FROM {schema}.fair_groups f
+                WHERE f.type = p_type AND f.plan_key = u.k AND f.unit = u.u
+                OFFSET 0) fg ON true
             GROUP BY u.k, u.u
+        ),
+        -- Each owner's row, made when missing (only a fold writes them, one fold of a
+        -- type at a time: nothing waits here), in one statement: each row's key is looked
+        -- up once (a long transaction keeps every version of it from vacuum).
+        upo AS (
+            INSERT INTO {schema}.fair_owners AS o (type, plan_key, unit, plan, served_n,
+                                                   b_served, b_head_lb, b_head_id,
+                                                   ready_lb)
+            SELECT p_type, a.plan_key, a.unit,
+                   CASE WHEN a.plan_key = '' THEN NULL ELSE substr(a.plan_key, 3) END,
+                   coalesce(mv.n, 0), coalesce(a.b_served, 0),
+                   coalesce(a.b_head_lb, 'infinity'), coalesce(a.b_head_id, 0),
+                   coalesce(a.ready, 'infinity')
+            FROM agg a
+            LEFT JOIN moved mv ON mv.k = a.plan_key AND mv.u = a.unit
+            ON CONFLICT (type, plan_key, unit) DO UPDATE
+            SET served_n = o.served_n + excluded.served_n,
+                b_served = excluded.b_served,
+                b_head_lb = excluded.b_head_lb,
+                b_head_id = excluded.b_head_id,
+                ready_lb = excluded.ready_lb
+            RETURNING o.ctid AS tid, o.served_n
         )
-        UPDATE {schema}.fair_owners o
-        SET served_n = o.served_n + coalesce(mv.n, 0),
-            b_served = coalesce(a.b_served, 0),
-            b_head_lb = coalesce(a.b_head_lb, 'infinity'),
-            b_head_id = coalesce(a.b_head_id, 0),
-            ready_lb = coalesce(a.ready, 'infinity')
-        FROM agg a
-        LEFT JOIN moved mv ON mv.k = a.plan_key AND mv.u = a.unit
-        WHERE o.type = p_type AND o.plan_key = a.plan_key AND o.unit = a.unit;
+        SELECT array_agg(x.tid) INTO otids FROM upo x WHERE x.served_n = 0;
         -- Owners with no group and nothing served left.
-        DELETE FROM {schema}.fair_owners o
-        USING unnest(ukeys, uunits) AS u(k, u)
-        WHERE o.type = p_type AND o.plan_key = u.k AND o.unit = u.u AND o.served_n = 0
-          AND NOT EXISTS (SELECT 1 FROM {schema}.fair_groups fg
-                          WHERE fg.type = p_type AND fg.plan_key = u.k
-                            AND fg.unit = u.u);
+        IF otids IS NOT NULL THEN
+            DELETE FROM {schema}.fair_owners o
+            WHERE o.ctid = ANY (otids)
+              AND NOT EXISTS (SELECT 1 FROM {schema}.fair_groups fg
+                              WHERE fg.type = p_type AND fg.plan_key = o.plan_key
+                                AND fg.unit = o.unit);
+        END IF;
     END IF;
     -- The expected cost of the type's running jobs, from its latest done jobs
     -- (jobs_done_idx read backwards), when this fold moved something.

@@ -1,0 +1,128 @@
+"""What the fold reads (src/rota/fair/bookkeeping.sql, fair_fold; docs/fast-claim.md,
+"The upkeep"): the rows of fair_groups and fair_owners it folds by their keys or ctids,
+never the tables whole, whatever the planner's statistics; and a group's jobs from the
+group's head bound on, so that the entries of the jobs claimed before the last fold,
+which a long transaction keeps from vacuum, are not read again at every fold."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from rota import Queue
+
+from .test_fair_contract import run
+
+
+@pytest.fixture
+def queue(queue: Queue) -> Queue:
+    """The queue with its upkeep run only by the test: a claim notes its type instead of
+    starting the background loop, so each fold below is the test's own."""
+    queue.upkeep.request = queue.upkeep._seen.add  # type: ignore[method-assign]
+    return queue
+
+
+async def fold_counting(database_url: str, queue: Queue, counts: str,
+                        *params: Any) -> tuple[Any, ...]:
+    """One fold of type t in a transaction of its own, then ``counts`` (a query of the
+    transaction's statistics, {s}: the schema) in the same transaction, on a new
+    connection (a backend's counts not yet sent to the statistics, at most once a
+    second, add up across its transactions). Returns the fold's result, then the
+    counts."""
+    async with await psycopg.AsyncConnection.connect(database_url) as c:
+        folded = await run(c, queue, "SELECT {s}.fair_fold('t', now())")
+        rows = await run(c, queue, counts, *params)
+        await c.commit()
+    return folded[0] + rows[0]
+
+
+async def test_the_fold_reaches_rows_by_key_not_by_reading_the_tables(
+        queue: Queue, aconn: Any, database_url: str) -> None:
+    # 400 groups, each with a row and an owner row; a claim of 40 touches 40 of them.
+    await run(aconn, queue, "INSERT INTO {s}.groups (group_id)"
+              " SELECT 'g' || lpad(i::text, 3, '0') FROM generate_series(0, 399) i")
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": f"g{i:03}"}
+                              for i in range(400) for _ in range(2)])
+    await run(aconn, queue, "SELECT {s}.fair_fold('t', now())")  # the owners' rows made
+    jobs = await queue.claim("t", 40)
+    assert len({j.group_id for j in jobs}) == 40
+    # Statistics as a busy server has them: the tables analyzed (a planner that knows
+    # fair_groups is 400 rows on a few pages read it whole with a seq scan and joined it
+    # to the 40 groups, each version a long transaction keeps included).
+    await run(aconn, queue, "ANALYZE {s}.fair_groups")
+    await run(aconn, queue, "ANALYZE {s}.fair_owners")
+    table = ("(SELECT {} FROM pg_stat_xact_user_tables"
+             " WHERE schemaname = %s AND relname = '{}')")
+    counts = await fold_counting(
+        database_url, queue,
+        "SELECT " + ", ".join(table.format(c, t).replace("{", "{{").replace("}", "}}")
+                              for c, t in [("seq_scan", "fair_groups"),
+                                           ("seq_scan", "fair_owners"),
+                                           ("n_tup_upd", "fair_groups"),
+                                           ("n_tup_upd", "fair_owners"),
+                                           ("n_tup_ins", "fair_owners"),
+                                           ("n_tup_hot_upd", "fair_owners")]),
+        *[queue.schema] * 6)
+    # The 40 groups folded and their 40 owners' rows moved on, each row reached by its
+    # key or ctid: neither table read whole.
+    assert counts == (40, 0, 0, 40, 40, 0, 0)
+
+
+async def test_the_fold_reads_a_groups_jobs_from_its_head_bound(
+        queue: Queue, aconn: Any, database_url: str) -> None:
+    await queue.upsert_group("g", plan=None)
+    # 320 jobs of one group in one statement: one run_after, so their entries of
+    # jobs_pending_ready_idx share posting lists, which no scan marks dead while a
+    # transaction that saw them is open.
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "g"}
+                              for _ in range(320)])
+    await run(aconn, queue, "SELECT {s}.fair_fold('t', now())")
+    reads = ("SELECT pg_stat_get_xact_tuples_returned(%s::regclass)"
+             "     + pg_stat_get_xact_tuples_returned(%s::regclass)")
+    names = [f'"{queue.schema}".jobs_pending_idx', f'"{queue.schema}".jobs_pending_ready_idx']
+    async with await psycopg.AsyncConnection.connect(database_url) as pin:
+        # A long transaction holds the horizon: nothing the claims below leave is dead
+        # to every snapshot, so index scans return every entry they pass.
+        await pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await pin.execute("SELECT count(*) FROM pg_class")
+        for _ in range(30):  # claimed and done ten at a time, a fold after each
+            await queue.complete_many(await queue.claim("t", 10))
+            await run(aconn, queue, "SELECT {s}.fair_fold('t', now())")
+        await queue.complete_many(await queue.claim("t", 10))
+        # The last fold reads from the bound the one before set (the 301st job): the 10
+        # jobs claimed since and the first one left, 11 entries. Reading from the start
+        # of the group, as it did, it passed all 310 jobs claimed (three scans, 951).
+        assert await fold_counting(database_url, queue, reads, *names) == (1, 11)
+        await pin.execute("ROLLBACK")
+    left = await run(aconn, queue, "SELECT min(id), count(*) FROM {s}.jobs"
+                     " WHERE status = 'pending'")
+    assert left[0][1] == 10
+    rows = await run(aconn, queue, "SELECT head_id, ready_lb::text, head_until::text"
+                     " FROM {s}.fair_groups WHERE group_id = 'g'")
+    # The bound is the first job left; ready_lb '-infinity' (a job is due now).
+    assert rows == [(left[0][0], "-infinity", "infinity")]
+    assert [j.id for j in await queue.claim("t", 1)] == [left[0][0]]
+
+
+async def test_a_job_deferred_before_the_bound_is_read_once_the_bound_runs_out(
+        queue: Queue, aconn: Any) -> None:
+    await queue.upsert_group("g", plan=None)
+    # g's first job is deferred an hour, its second is due now: the fold's bound is the
+    # second job until the first comes due (head_until), then reads from the start.
+    now = (await run(aconn, queue, "SELECT now()"))[0][0]
+    first = await queue.enqueue("t", {"n": 1}, group_id="g",
+                                run_after=now + timedelta(hours=1))
+    second = await queue.enqueue("t", {"n": 2}, group_id="g")
+    await queue.upkeep.run_once()
+    rows = await run(aconn, queue, "SELECT head_id, head_until = %s FROM {s}.fair_groups"
+                     " WHERE group_id = 'g'", first.run_after)
+    assert rows == [(second.id, True)]
+    queue.clock_offset = timedelta(hours=1, seconds=1)
+    await run(aconn, queue, "SELECT {s}.fair_fold('t', now() + interval '3601 s')")
+    rows = await run(aconn, queue, "SELECT head_id, head_until::text FROM {s}.fair_groups"
+                     " WHERE group_id = 'g'")
+    assert rows == [(first.id, "infinity")]
+    assert [j.id for j in await queue.claim("t", 2)] == [first.id, second.id]
