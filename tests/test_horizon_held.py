@@ -189,3 +189,36 @@ async def test_after_the_release_the_claim_walks_the_index_though_the_pin_grew_f
     assert fair_groups_reads(await generic_plan(queue, database_url, 25)) <= {
         "fair_groups_walk_idx", "fair_groups_expiry_idx", "fair_groups_group_idx"}
     await claim_equals_oracle(queue, database_url, "t", 25)
+
+
+async def test_the_round_that_finds_the_horizon_moving_vacuums_at_once(
+        queue: Queue, database_url: str, aconn: psycopg.AsyncConnection[Any]) -> None:
+    """What the pin kept from vacuum is dead once the horizon moves: the upkeep's round
+    that finds it moving vacuums the bookkeeping then, not up to vacuum_every later,
+    while the claim walks the index entries the pin left (bench/RESULTS.md, section 25)."""
+    queue.upkeep.config = UpkeepConfig(horizon_every=1e-6, held_after=1.0,
+                                       vacuum_every=3600.0)
+    await queue.upsert_group("a", plan="pro")
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "a"}] * 4)
+
+    async def vacuums() -> int:
+        cur = await aconn.execute(
+            "SELECT vacuum_count FROM pg_stat_user_tables"
+            " WHERE schemaname = %s AND relname = 'fair_groups'", [queue.schema])
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert await horizon_moves(queue)
+    before = await vacuums()
+    async with await psycopg.AsyncConnection.connect(database_url) as holder:
+        await holder.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        await holder.execute("SELECT pg_current_xact_id()")  # an xid and a snapshot
+        await queue.complete_many(await queue.claim("t", 2))
+        await asyncio.sleep(1.2)
+        assert await look(queue)
+        assert await vacuums() == before  # vacuum_every is an hour away
+        await holder.rollback()
+    assert await horizon_moves(queue)
+    assert await vacuums() == before + 1
+    assert await queue.verify() == []
