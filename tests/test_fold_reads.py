@@ -116,6 +116,7 @@ async def test_a_job_deferred_before_the_bound_is_read_once_the_bound_runs_out(
     first = await queue.enqueue("t", {"n": 1}, group_id="g",
                                 run_after=now + timedelta(hours=1))
     second = await queue.enqueue("t", {"n": 2}, group_id="g")
+    assert first is not None and second is not None
     await queue.upkeep.run_once()
     rows = await run(aconn, queue, "SELECT head_id, head_until = %s FROM {s}.fair_groups"
                      " WHERE group_id = 'g'", first.run_after)
