@@ -274,6 +274,46 @@ async def test_upkeep_vacuums_the_bookkeeping_tables(
     assert await recount(aconn, schema) == []
 
 
+async def test_a_long_vacuum_does_not_hold_the_folds_back(queue: Queue, aconn: Any,
+                                                          schema: str) -> None:
+    """The upkeep's VACUUM runs beside its rounds: vacuuming what a long pin kept can
+    take longer than claims can go without a fold (bench/RESULTS.md, section 25)."""
+    queue.upkeep.config = UpkeepConfig(vacuum_every=1e-6)
+    started, release = asyncio.Event(), asyncio.Event()
+    vacuums = []
+
+    async def slow_vacuum() -> int:  # a VACUUM that takes as long as the test says
+        vacuums.append(1)
+        started.set()
+        await release.wait()
+        return 1
+
+    queue.upkeep._vacuum = slow_vacuum  # type: ignore[method-assign]
+    await queue.upsert_group("a", plan="free")
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "a"}] * 6)
+    await queue.complete_many(await queue.claim("t", 2))
+    await asyncio.wait_for(started.wait(), 5)
+    await queue.complete_many(await queue.claim("t", 2))  # while the VACUUM runs
+    # The rounds still run: the deltas of both claims and their completions are folded.
+    queue.upkeep.request("t")
+
+    async def unfolded() -> int:
+        cur = await aconn.execute(sql.SQL("SELECT count(*) FROM {}.fair_served")
+                                  .format(sql.Identifier(schema)))
+        row = await cur.fetchone()
+        return int(row[0])
+
+    for _ in range(50):
+        if await unfolded() == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert await unfolded() == 0
+    assert vacuums == [1]  # one VACUUM at a time
+    release.set()
+    await queue.run_upkeep()  # waits for the VACUUM too
+    assert await recount(aconn, schema) == []
+
+
 async def test_a_role_that_does_not_own_the_bookkeeping_never_tries_to_vacuum_it(
     make_queue: Any, aconn: Any, database_url: str, schema: str,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture

@@ -202,6 +202,7 @@ async def test_the_round_that_finds_the_horizon_moving_vacuums_at_once(
     await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "a"}] * 4)
 
     async def vacuums() -> int:
+        await aconn.execute("SELECT pg_stat_clear_snapshot()")
         cur = await aconn.execute(
             "SELECT vacuum_count FROM pg_stat_user_tables"
             " WHERE schemaname = %s AND relname = 'fair_groups'", [queue.schema])
@@ -220,5 +221,9 @@ async def test_the_round_that_finds_the_horizon_moving_vacuums_at_once(
         assert await vacuums() == before  # vacuum_every is an hour away
         await holder.rollback()
     assert await horizon_moves(queue)
+    for _ in range(50):  # beside the rounds, done within a moment
+        if await vacuums() > before:
+            break
+        await asyncio.sleep(0.1)
     assert await vacuums() == before + 1
     assert await queue.verify() == []

@@ -103,6 +103,7 @@ class ClaimUpkeep:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self._vacuuming: asyncio.Task[int] | None = None  # a VACUUM beside the rounds
         self._new_events()
 
     def _new_events(self) -> None:
@@ -119,6 +120,7 @@ class ClaimUpkeep:
         if self._loop is not loop:
             self._loop = loop
             self._task = None
+            self._vacuuming = None
             self._new_events()
             if self._due:
                 self._idle.clear()
@@ -139,17 +141,22 @@ class ClaimUpkeep:
             self._wake.set()
             try:
                 await self._task
+                if self._vacuuming is not None:
+                    await self._vacuuming
             finally:
                 self._stopping = False
                 self._task = None
+                self._vacuuming = None
 
     def abandon(self) -> None:
         """Cancel the background loop without waiting for it (a queue closing while
         the database does not answer: docs/operations.md, "Network partitions and
         timeouts")."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        for task in (self._task, self._vacuuming):
+            if task is not None and not task.done():
+                task.cancel()
         self._task = None
+        self._vacuuming = None
 
     def request(self, job_type: str) -> None:
         """Ask for a round for ``job_type`` (a claim of that type just ran). A queue
@@ -165,9 +172,14 @@ class ClaimUpkeep:
         self._wake.set()
 
     async def settle(self) -> None:
-        """Run the rounds that are due now and wait for them (tests, shutdown)."""
-        if not self._bind() or not self._due:
-            return
+        """Run the rounds that are due now and wait for them, and for a VACUUM under way
+        beside them (tests, shutdown)."""
+        if self._bind() and self._due:
+            await self._settle_rounds()
+        if self._vacuuming is not None:
+            await asyncio.shield(self._vacuuming)
+
+    async def _settle_rounds(self) -> None:
         assert self._task is not None
         self._hurry.set()
         self._wake.set()
@@ -220,7 +232,7 @@ class ClaimUpkeep:
                 except Exception:  # best effort: the claim is exact without it
                     log.exception("claim upkeep for %r failed", job_type)
             await self._maybe_look_at_horizon()
-            await self._maybe_vacuum()
+            self._vacuum_aside()
 
     async def _round(self, job_type: str, *, force_advance: bool = False) -> dict[str, int]:
         now = self._upkept[job_type] = time.monotonic()
@@ -262,6 +274,19 @@ class ClaimUpkeep:
                      f"held ({age:.1f} s)" if held else "moving again",
                      "in one sorted pass" if held else "through the walk index")
         self.horizon_held = held
+
+    def _vacuum_aside(self) -> None:
+        """Every ``config.vacuum_every`` (and at once when the horizon moves again):
+        a VACUUM as a task of its own, beside the rounds, one at a time. Vacuuming what
+        a long pin kept (a million versions, six indexes) takes longer than the claims
+        can go without a fold: run in the loop, it held the folds back, and the claims'
+        unfolded groups piled up (bench/RESULTS.md, section 25)."""
+        if self._vacuuming is not None and not self._vacuuming.done():
+            return
+        if time.monotonic() - self._vacuumed < self.config.vacuum_every:
+            return
+        self._vacuumed = time.monotonic()
+        self._vacuuming = asyncio.get_running_loop().create_task(self._vacuum())
 
     async def _maybe_vacuum(self, *, force: bool = False) -> int:
         now = time.monotonic()
