@@ -134,19 +134,23 @@ class ClaimUpkeep:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        """Run the rounds still due, then stop the loop."""
-        await self.settle()
+        """Run the rounds still due, then stop the loop; a VACUUM still running is
+        cancelled (it only frees space, and the next one does it)."""
+        if self._bind() and self._due:
+            await self._settle_rounds()
         if self._bind() and self._task is not None:
             self._stopping = True
             self._wake.set()
             try:
                 await self._task
-                if self._vacuuming is not None:
-                    await self._vacuuming
             finally:
                 self._stopping = False
                 self._task = None
-                self._vacuuming = None
+        vacuuming, self._vacuuming = self._vacuuming, None
+        if vacuuming is not None and not vacuuming.done():
+            vacuuming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await vacuuming
 
     def abandon(self) -> None:
         """Cancel the background loop without waiting for it (a queue closing while
@@ -177,7 +181,7 @@ class ClaimUpkeep:
         if self._bind() and self._due:
             await self._settle_rounds()
         if self._vacuuming is not None:
-            await asyncio.shield(self._vacuuming)
+            await asyncio.wait({self._vacuuming})  # done, failed or cancelled alike
 
     async def _settle_rounds(self) -> None:
         assert self._task is not None
@@ -201,6 +205,8 @@ class ClaimUpkeep:
             counts = await self._round(job_type, force_advance=True)
             totals["folded"] += counts["folded"]
             totals["advanced"] += counts["advanced"]
+        if self._vacuuming is not None:  # one VACUUM at a time
+            await asyncio.wait({self._vacuuming})
         totals["vacuumed"] = await self._maybe_vacuum(force=True)
         return totals
 
@@ -285,8 +291,18 @@ class ClaimUpkeep:
             return
         if time.monotonic() - self._vacuumed < self.config.vacuum_every:
             return
-        self._vacuumed = time.monotonic()
-        self._vacuuming = asyncio.get_running_loop().create_task(self._vacuum())
+        self._vacuumed = started = time.monotonic()
+
+        async def vacuum() -> int:
+            try:
+                return await self._vacuum()
+            finally:
+                # The next one vacuum_every after this one ends, not after it started
+                # (unless the horizon moved meanwhile, which asks for one at once).
+                if self._vacuumed == started:
+                    self._vacuumed = time.monotonic()
+
+        self._vacuuming = asyncio.get_running_loop().create_task(vacuum())
 
     async def _maybe_vacuum(self, *, force: bool = False) -> int:
         now = time.monotonic()

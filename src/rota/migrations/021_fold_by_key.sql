@@ -1,6 +1,6 @@
 -- The fold reads what it folds by key (docs/fast-claim.md, "The upkeep"; bench/RESULTS.md,
 -- section 25). fair_fold reaches each row of fair_groups and fair_owners it folds by its
--- key or by the ctid it read when it locked the row, once, never by reading either table
+-- key or by the ctid it read when it locked the row, never by reading either table
 -- whole: on tables whose statistics are few or missing its plans read them whole, every
 -- row version a long transaction keeps from vacuum included, several times a fold. Its
 -- settings keep its plans off seq scans and sorts whatever the statistics (and JIT off,
@@ -26,10 +26,8 @@ DECLARE
     head_ids bigint[];
     untils timestamptz[];
     tids tid[];
-    lgs text[];
     lkeys text[];
     lunits text[];
-    want text[];
     empties tid[];
     otids tid[];
     missing text[];
@@ -57,49 +55,47 @@ BEGIN
     SELECT array_agg(DISTINCT l.group_id) INTO marked
     FROM {schema}.fair_owner_changes l WHERE l.type = p_type AND l.xid >= mark;
     had_rows := gs IS NOT NULL OR marked IS NOT NULL;
-    -- Locked, each group's row (its latest version: ctid, owner, and head bound as it
-    -- stands, where from its jobs are read below): the groups with deltas and up to 100
-    -- whose bound ran out; then the groups with deltas and no row (dropped when empty),
-    -- made and locked the same way (fair_insert_groups makes only the rows missing, not
-    -- those a writer holds, which are left for the next fold). Every row of fair_groups
-    -- the fold touches is reached by its key or by the ctid read here (rows it holds
-    -- locked, so no one else makes a new version of them), each looked up once, never by
-    -- a scan of the table: without statistics the planner read it whole, every version
-    -- a long transaction keeps included (bench/RESULTS.md, section 25).
-    SELECT array_agg(w.group_id) INTO want
+    -- Groups with deltas and no row (dropped when empty, or never made): made first,
+    -- before the fold holds any row lock (fair_insert_groups may wait for a writer's
+    -- insert of the same row, or its lock on the group; a writer may wait for a row the
+    -- fold holds: made after the locks, the two could deadlock).
+    IF gs IS NOT NULL THEN
+        SELECT array_agg(x.group_id ORDER BY x.group_id) INTO missing
+        FROM unnest(gs) AS x(group_id)
+        WHERE NOT EXISTS (SELECT 1 FROM {schema}.fair_groups g
+                          WHERE g.type = p_type AND g.group_id = x.group_id);
+        IF missing IS NOT NULL THEN
+            PERFORM {schema}.fair_insert_groups(
+                array_fill(p_type, ARRAY[cardinality(missing)]), missing,
+                array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]),
+                array_fill(0::bigint, ARRAY[cardinality(missing)]),
+                array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]), NULL);
+        END IF;
+    END IF;
+    -- Locked, never waiting, each group's row (its latest version: ctid, owner, and head
+    -- bound as it stands, where from its jobs are read below): the groups with deltas
+    -- and up to 100 whose bound ran out. Every row of fair_groups the fold touches is
+    -- reached by its key or by the ctid read here (rows it holds locked, so no one else
+    -- makes a new version of them), never by a scan of the table: without statistics
+    -- the planner read it whole, every version a long transaction keeps included
+    -- (bench/RESULTS.md, section 25).
+    SELECT array_agg(fg.group_id), array_agg(fg.head_lb), array_agg(fg.head_id),
+           array_agg(fg.head_until), array_agg(fg.tid), array_agg(fg.plan_key),
+           array_agg(fg.unit)
+    INTO gs, heads, head_ids, untils, tids, lkeys, lunits
     FROM (SELECT x.group_id FROM unnest(gs) AS x(group_id)
           UNION
           SELECT e.group_id FROM (
               SELECT e.group_id FROM {schema}.fair_groups e
               WHERE e.type = p_type AND e.head_until <= p_now
                 AND e.head_until < 'infinity'
-              ORDER BY e.head_until LIMIT 100) e) w;
-    FOR pass IN 1..2 LOOP
-        SELECT lgs || array_agg(fg.group_id), heads || array_agg(fg.head_lb),
-               head_ids || array_agg(fg.head_id), untils || array_agg(fg.head_until),
-               tids || array_agg(fg.tid), lkeys || array_agg(fg.plan_key),
-               lunits || array_agg(fg.unit)
-        INTO lgs, heads, head_ids, untils, tids, lkeys, lunits
-        FROM unnest(want) AS w(group_id)
-        CROSS JOIN LATERAL (
-            SELECT f.group_id, f.ctid AS tid, f.plan_key, f.unit, f.head_lb, f.head_id,
-                   f.head_until
-            FROM {schema}.fair_groups f
-            WHERE f.type = p_type AND f.group_id = w.group_id
-            FOR UPDATE SKIP LOCKED) fg;
-        EXIT WHEN pass = 2 OR gs IS NULL;
-        SELECT array_agg(x.group_id ORDER BY x.group_id) INTO missing
-        FROM unnest(gs) AS x(group_id)
-        WHERE x.group_id <> ALL (coalesce(lgs, ARRAY[]::text[]));
-        EXIT WHEN missing IS NULL;
-        PERFORM {schema}.fair_insert_groups(
-            array_fill(p_type, ARRAY[cardinality(missing)]), missing,
-            array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]),
-            array_fill(0::bigint, ARRAY[cardinality(missing)]),
-            array_fill('infinity'::timestamptz, ARRAY[cardinality(missing)]), NULL);
-        want := missing;
-    END LOOP;
-    gs := lgs;
+              ORDER BY e.head_until LIMIT 100) e) w
+    CROSS JOIN LATERAL (
+        SELECT f.group_id, f.ctid AS tid, f.plan_key, f.unit, f.head_lb, f.head_id,
+               f.head_until
+        FROM {schema}.fair_groups f
+        WHERE f.type = p_type AND f.group_id = w.group_id
+        FOR UPDATE SKIP LOCKED) fg;
     IF gs IS NULL AND marked IS NULL THEN
         RETURN 0;
     END IF;
