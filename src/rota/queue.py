@@ -485,8 +485,9 @@ class Queue:
 
     async def run_upkeep(self) -> None:
         """Run the claim's upkeep that is due now (its fold and horizon rounds,
-        docs/fast-claim.md) and wait for it to finish (tests, shutdown). Not to be
-        confused with settling a job (complete, fail, defer, release)."""
+        docs/fast-claim.md) and wait for it to finish, and for a VACUUM of the
+        bookkeeping under way beside it (tests, shutdown). Not to be confused with
+        settling a job (complete, fail, defer, release)."""
         await self.upkeep.settle()
 
     async def verify(self) -> list[Violation]:
