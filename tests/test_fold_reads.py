@@ -66,12 +66,10 @@ async def test_the_fold_reaches_rows_by_key_not_by_reading_the_tables(
              " WHERE schemaname = %s AND relname = '{}')")
     counts = await fold_counting(
         database_url, queue,
-        "SELECT " + ", ".join(table.format(c, t).replace("{", "{{").replace("}", "}}")
-                              for c, t in [("seq_scan", "fair_groups"),
-                                           ("seq_scan", "fair_owners"),
-                                           ("n_tup_upd", "fair_groups"),
-                                           ("n_tup_upd", "fair_owners"),
-                                           ("n_tup_ins", "fair_owners")]),
+        "SELECT " + ", ".join(table.format(c, t) for c, t in [
+            ("seq_scan", "fair_groups"), ("seq_scan", "fair_owners"),
+            ("n_tup_upd", "fair_groups"), ("n_tup_upd", "fair_owners"),
+            ("n_tup_ins", "fair_owners")]),
         *[queue.schema] * 5)
     # The 40 groups folded and their owners' rows moved on (40 when no change was left),
     # each row reached by its key or ctid: neither table read whole.
