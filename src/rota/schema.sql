@@ -104,7 +104,13 @@ CREATE TABLE {schema}.jobs (
     -- runs, its type's expected cost (set by the claim, fair_costs); once done, what its
     -- handler charged (1 when it charged nothing). Pending and failed jobs count nothing.
     cost             numeric NOT NULL DEFAULT 1
-                       CONSTRAINT jobs_cost_check CHECK (cost > 0 AND cost <= 1000000000)
+                       CONSTRAINT jobs_cost_check CHECK (cost > 0 AND cost <= 1000000000),
+    -- The slot a running job holds (docs/design.md, "Caps"): the plan and owner ('o:' ||
+    -- owner_id, or 'g:' || group_id) whose cap it counts against, as the capped claim
+    -- that took it saw them; null when the claim that took it had no caps. A hint the
+    -- capped claim checks against the job's group (cap_prelude_on.sql), never trusts.
+    slot_plan        text,
+    slot_owner       text
 );
 
 -- Every enqueue, claim and completion inserts an entry into each index whose predicate
@@ -137,6 +143,10 @@ CREATE INDEX jobs_reclaimable_idx ON {schema}.jobs (type, locked_at)
 -- and the claim's owners at their cap, cap_prelude_on.sql; docs/design.md, "Caps").
 CREATE INDEX jobs_running_group_idx ON {schema}.jobs (group_id, locked_at)
     WHERE status = 'running';
+-- Running jobs of capped plans by plan: the capped claim's owners at their cap
+-- (cap_prelude_on.sql), as many entries as jobs of capped plans run at once.
+CREATE INDEX jobs_running_slot_idx ON {schema}.jobs (slot_plan, locked_at)
+    WHERE status = 'running' AND slot_plan IS NOT NULL;
 -- Done jobs by type and finish time: the claim's exact correction between the served
 -- window's edge and its start, and the edge moves (fair_advance), which count each
 -- job's cost (docs/design.md, "Cost"), read from the index like the rest.

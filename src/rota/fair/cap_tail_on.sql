@@ -29,7 +29,9 @@
 --          gbound); parameter candidates.
 -- Defines: CTEs cap_groups, cap_units, group_units, cand_g, cand0, cand (ordered's
 --          columns, renumbered),
---          unread_open(priority, v, fair, created_at, id, need).
+--          unread_open(priority, v, fair, created_at, id, need), cap_slots(id, plan,
+--          owner): the slot each candidate of a capped owner would hold (jobs.slot_plan
+--          and slot_owner, which cap_prelude_on.sql counts).
 cap_groups AS MATERIALIZED (
     SELECT g.group_id::text AS group_id, 'p:' || g.plan::text AS plan_key,
            CASE WHEN g.owner_id IS NULL THEN 'g:' || g.group_id::text
@@ -118,4 +120,8 @@ unread_open AS (
                WHERE k.group_id = gu.group_id
                  AND (-k.priority, k.v, k.fair, k.created_at, k.id)
                      < (-u.priority, u.v, u.fair, u.created_at, u.id)) < gu.allowance)
+),
+cap_slots AS (
+    SELECT k.id, substr(k.plan_key, 3) AS plan, k.unit AS owner
+    FROM cand k WHERE k.unit IS NOT NULL
 ),
