@@ -207,3 +207,26 @@ def test_list_shows_running_against_the_owners_cap(rota: Rota) -> None:
     lines = rota("groups", "list", "--app", app).stdout.splitlines()
     assert any("│ x1 " in line and "1 (owner 2/2)" in line for line in lines), lines
     assert any("│ y " in line and "1 (owner" not in line for line in lines), lines
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """A rich table's body rows as their cells, stripped."""
+    return [[c.strip() for c in line.split("│")[1:-1]]
+            for line in text.splitlines() if line.count("│") > 2]
+
+
+def test_every_listing_marks_a_missing_plan_and_owner_with_the_same_dash(
+        rota: Rota) -> None:
+    """`rota jobs` said "(no owner)" and `rota depth` "(none)" where `rota groups list`
+    said "—" for a group without a plan: one mark everywhere now."""
+    rota("groups", "set", "bare")
+    rota("enqueue", "echo", "{}", "--group", "bare")
+    rota("enqueue", "echo", "{}")  # no group, so no plan either
+    # A compact table: cells one space apart, none of these with a space in it.
+    jobs = [line.split() for line in rota("jobs").stdout.splitlines()
+            if line.split()[:1] in (["1"], ["2"])]
+    assert [(r[0], r[2], r[3]) for r in jobs] == [("2", "—", "—"), ("1", "bare", "—")]
+    groups = table_rows(rota("groups", "list").stdout)
+    assert [r[:3] for r in groups] == [["bare", "—", "—"]]
+    depth = table_rows(rota("depth").stdout)
+    assert [r[:2] for r in depth] == [["echo", "—"], ["total", ""]]

@@ -16,12 +16,12 @@ from ..cost import format_units
 from .app import open_queue
 from .errors import RotaGroup
 from .options import json_option, make_target, target_options, wants_json
-from .output import add_row, console, emit_json, safe_text
+from .output import ABSENT, add_row, console, emit_json, plan_label, safe_text
 
 
 def _describe(row: admin.GroupRow) -> str:
-    return (f"owner {row.owner_id if row.owner_id is not None else '—'}, "
-            f"plan {row.plan if row.plan is not None else '— (ranked as the middle plan)'}, "
+    plan = row.plan if row.plan is not None else f"{ABSENT} (ranked as the middle plan)"
+    return (f"owner {row.owner_id if row.owner_id is not None else ABSENT}, plan {plan}, "
             f"{'active' if row.active else 'paused'}"
             + (f", max running {row.max_running}" if row.max_running is not None else ""))
 
@@ -142,15 +142,13 @@ def groups_list(database_url: str | None, schema: str | None, app_spec: str | No
             table.add_column(col, overflow="fold", justify="right"
                              if col in ("served", "running") else "left")
         for r in rows:
-            plan = ("—" if r.plan is None else
-                    f"{plans[r.plan].name} ({r.plan})" if r.plan in plans else
-                    f"{r.plan} (unknown)")
             limit_ = cap(r.plan)
             running = (f"{r.running:,}" if r.max_running is None else
                        f"{r.running:,}/{r.max_running:,}")
             if limit_ is not None:
                 running += f" (owner {r.owner_running:,}/{limit_:,})"
-            add_row(table, r.group_id, r.owner_id or "—", plan,
+            add_row(table, r.group_id, ABSENT if r.owner_id is None else r.owner_id,
+                    plan_label(plans, r.plan, with_id=True),
                     "active" if r.active else "paused", format_units(r.served), running)
         console().print(table)
     if more and rows:

@@ -22,6 +22,7 @@ from .output import (
     compact_table,
     console,
     emit_json,
+    plan_label,
     short,
     summary_text,
     utc_time,
@@ -186,7 +187,7 @@ def depth(database_url: str | None, schema: str | None, app_spec: str | None,
                 "oldest due"):
         table.add_column(col, justify="left" if col in ("stage", "plan") else "right")
     for r in rows:
-        add_row(table, r.type, names[r.plan] or "(none)", r.priority, r.due, r.scheduled,
+        add_row(table, r.type, plan_label(plans, r.plan), r.priority, r.due, r.scheduled,
                 r.paused, r.running, age(r.oldest_due_age))
     totals = [sum(getattr(r, key) for r in rows)
               for key in ("due", "scheduled", "paused", "running")]

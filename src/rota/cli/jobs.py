@@ -18,14 +18,23 @@ from rich.table import Table
 from .. import admin
 from ..errors import first_line
 from ..job import Job, too_deep
-from ..plans import Plans
 from ..queue import Queue
 from ..results import JobResult, as_dict
 from ..runner.source import pipeline_queue
 from .app import Target, load_pipeline, open_queue
 from .errors import CliConfigError, RotaGroup
 from .options import json_option, make_target, target_options, wants_json
-from .output import add_row, compact_table, console, emit_json, safe_text, short, utc_time
+from .output import (
+    ABSENT,
+    add_row,
+    compact_table,
+    console,
+    emit_json,
+    plan_label,
+    safe_text,
+    short,
+    utc_time,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -201,12 +210,6 @@ def _plan_of(page: admin.JobPage, job: Job) -> str | None:
     return None if job.group_id is None else page.group_plans.get(job.group_id)
 
 
-def _plan_name(plans: Plans, plan_id: str | None, group_id: str | None) -> str:
-    if plan_id is None:
-        return "—" if group_id is None else "(no owner)"
-    return plans[plan_id].name if plan_id in plans else f"{plan_id} (unknown)"
-
-
 def _next_page(page: admin.JobPage, as_json: bool) -> None:
     """Say how to get the next page: on stderr under --json, so stdout stays JSON."""
     if page.next_before_id is not None:
@@ -255,8 +258,8 @@ def jobs(ctx: click.Context, database_url: str | None, schema: str | None,
         table.add_column(col, overflow="fold", justify="right" if col in (
             "id", "attempts", "deferrals") else "left")
     for j in page.jobs:
-        add_row(table, j.id, j.type, j.group_id or "—",
-                _plan_name(plans, _plan_of(page, j), j.group_id), j.status,
+        add_row(table, j.id, j.type, j.group_id or ABSENT,
+                plan_label(plans, _plan_of(page, j)), j.status,
                 f"{j.attempts}/{j.max_attempts}", j.deferrals, utc_time(j.run_after))
     _print_jobs(table, page, 8, [(j.id, short(j.last_error)) for j in page.jobs])
     _next_page(page, as_json)
@@ -306,7 +309,7 @@ def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | No
         table.add_column(col, overflow="fold", justify="right" if col in (
             "id", "attempts") else "left")
     for j in page.jobs:
-        add_row(table, j.id, j.type, j.group_id or "—", f"{j.attempts}/{j.max_attempts}",
+        add_row(table, j.id, j.type, j.group_id or ABSENT, f"{j.attempts}/{j.max_attempts}",
                 utc_time(j.finished_at), hook_state(j))
     _print_jobs(table, page, 6, [(j.id, j.last_error or "") for j in page.jobs])
     _next_page(page, as_json)
@@ -344,7 +347,7 @@ def jobs_show(database_url: str | None, schema: str | None, app_spec: str | None
     table.add_column("field")
     table.add_column("value", overflow="fold")
     for name, value in [
-            ("type", j.type), ("group", j.group_id or "—"), ("status", j.status),
+            ("type", j.type), ("group", j.group_id or ABSENT), ("status", j.status),
             ("attempts", f"{j.attempts}/{j.max_attempts}"), ("deferrals", j.deferrals),
             ("enqueued (UTC)", utc_time(j.created_at)),
             ("run after (UTC)", utc_time(j.run_after)),

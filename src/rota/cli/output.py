@@ -31,6 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..admin import summary_items
+from ..plans import Plans
 from ..redact import RedactSecrets
 
 T = TypeVar("T")
@@ -124,11 +125,38 @@ def emit_json(data: Any) -> None:
 
 # -- values in tables -------------------------------------------------------------------------
 
+#: What every listing shows for a value that is not there: a job without a group, a
+#: group without an owner or a plan, an instant that has not come. One mark, so
+#: `rota jobs` and `rota groups list` say "no plan" alike.
+ABSENT = "—"
+
+
+def plan_label(plans: Plans, plan_id: str | None, *, with_id: bool = False) -> str:
+    """A plan for a listing.
+
+    Args:
+        plans: the queue's plans (the app's, else rota's default plans).
+        plan_id: the plan id, ``None`` for none (a job without a group, a group without
+            a plan).
+        with_id: follow a known plan's name with its id, ``pro (p2)``.
+
+    Returns:
+        The plan's name (and id); ``ID (unknown)`` for an id ``plans`` does not hold;
+        :data:`ABSENT` for no plan.
+    """
+    if plan_id is None:
+        return ABSENT
+    if plan_id not in plans:
+        return f"{plan_id} (unknown)"
+    name = plans[plan_id].name
+    return f"{name} ({plan_id})" if with_id else name
+
+
 
 def utc_time(value: datetime | None) -> str:
     """An instant for a table, in UTC to the second; ``—`` for none."""
     if value is None:
-        return "—"
+        return ABSENT
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -143,7 +171,7 @@ def short(text: str | None, width: int = 60) -> str:
 def age(duration: timedelta | None) -> str:
     """A duration for a table: ``42s``, ``17m``, ``5h``, ``3d``; ``—`` for none."""
     if duration is None:
-        return "—"
+        return ABSENT
     seconds = max(duration.total_seconds(), 0.0)
     for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
         if seconds >= 2 * size:
