@@ -9,6 +9,8 @@ from pathlib import Path
 
 import psycopg
 
+from rota.cli import cli
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -75,3 +77,15 @@ def test_readme_embedded_server_example_runs(tmp_path: Path) -> None:
                                                           "TMPDIR": "/tmp"})
     assert out.returncode == 0, out.stderr
     assert out.stdout == "True True\nFalse\n"
+
+
+def test_readme_says_a_queue_in_another_schema_needs_it_on_every_command() -> None:
+    """The sentence where the README introduces the CLI, with the names the CLI reads
+    (the schema option's flag and environment variable)."""
+    [option] = [p for p in cli.commands["jobs"].params if p.name == "schema"]
+    assert (option.opts, option.envvar) == (["--schema"], "ROTA_SCHEMA")
+    section = README.read_text().split("## Running it\n", 1)[1].split("\n|", 1)[0]
+    assert " ".join(section.split()) == (
+        "Every `rota` command works on the schema `rota` unless told otherwise: for a "
+        "queue in another schema (`Queue(url, schema=\"billing\")`), give every command, "
+        "`rota migrate` included, `ROTA_SCHEMA=billing` or `--schema billing`.")
