@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import psycopg
 import pytest
 
 from rota import (
@@ -17,6 +18,7 @@ from rota import (
     Plan,
     Plans,
     Queue,
+    SyncQueue,
     UnknownGroup,
     UnknownJobType,
     UnknownPlan,
@@ -108,9 +110,41 @@ async def test_unknown_group_is_refused(queue: Queue, aconn: Any) -> None:
     with pytest.raises(UnknownGroup, match="unknown group 'typo'"):
         await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "known"},
                                   {"type": "t", "payload": {}, "group_id": "typo"}])
-    with pytest.raises(UnknownGroup, match=r"^unknown groups 'a', 'b': create it first"):
+    with pytest.raises(UnknownGroup, match=r"^item 0: unknown group 'b' \(unknown groups "
+                                           r"in the batch: 'a', 'b'\): create it first"):
         await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": g}
                                   for g in ("b", "known", "a")])
+    assert await count(aconn, queue) == 0
+
+
+async def test_an_unknown_group_in_a_batch_names_its_item_and_group(
+        queue: Queue, aconn: Any) -> None:
+    """As every other bad item of a batch is named (`item 1: ...`, from 0): the first
+    item whose group is unknown, and its group id, on the async and the sync path; ids
+    with quotes, backslashes and ", " in them read back exactly."""
+    await queue.upsert_group("known", plan="free")
+    tail = ("create it first (a row of the groups relation; queue.upsert_group in Python) "
+            "or enqueue without a group")
+    batches = [
+        (["known", "nope"], f"item 1: unknown group 'nope': {tail}"),
+        ([None, "known", "it's", "it's"], f"item 2: unknown group 'it''s': {tail}"),
+        (["known", "a', 'known", "back\\slash"],
+         "item 1: unknown group 'a'', ''known' (unknown groups in the batch: "
+         f"'a'', ''known', E'back\\\\slash'): {tail}"),
+        ([f"g{n}" for n in range(7)],
+         "item 0: unknown group 'g0' (unknown groups in the batch: 'g0', 'g1', 'g2', 'g3', "
+         f"'g4' …): {tail}"),
+    ]
+    sync = SyncQueue(schema=queue.schema)
+    for groups, message in batches:
+        items = [{"type": "t", "payload": {}, "group_id": g} for g in groups]
+        with pytest.raises(UnknownGroup) as raised:
+            await queue.enqueue_many(items)
+        assert str(raised.value) == message
+        with psycopg.connect(aconn.info.dsn, autocommit=True) as c, \
+                pytest.raises(UnknownGroup) as raised:
+            sync.enqueue_many(c, items)
+        assert str(raised.value) == message
     assert await count(aconn, queue) == 0
 
 

@@ -14,6 +14,7 @@ the queue.
 from __future__ import annotations
 
 import functools
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -233,6 +234,54 @@ def enqueue_error(problem: Mapping[str, Any]) -> InvalidInput:
     return InvalidInput(message)
 
 
+#: The group ids of ``enqueue_jobs``' unknown-group message, as PostgreSQL's
+#: ``quote_literal`` writes them: ``'a'``, ``'it''s'``, ``E'back\\slash'``.
+_QUOTED = re.compile(r"(E?)'((?:[^']|'')*)'")
+
+
+def batch_error(problem: Mapping[str, Any], group_ids: Sequence[str | None]) -> InvalidInput:
+    """The exception for what ``enqueue_jobs`` refused in a batch, naming the item as
+    every other per-item problem does (``item 3: ...``, counted from 0, the database
+    names the item of a broken rule itself): for unknown groups, which the database
+    names without their items, the first item whose group is one of them, and its group
+    id (the other unknown groups of the batch follow in parentheses).
+
+    Args:
+        problem: the database's problem (``{sqlstate, column, message}``).
+        group_ids: the batch's group ids, one per item, in the order given.
+
+    Returns:
+        :func:`enqueue_error`'s exception, an :class:`UnknownGroup` naming the item
+        (``item 1: unknown group 'nope': create it first ...``) when the message's
+        groups can be read.
+    """
+    error = enqueue_error(problem)
+    message = str(error)
+    head = re.match(r"unknown groups? ", message)
+    if not isinstance(error, UnknownGroup) or head is None:
+        return error
+    # The listed ids, read back exactly (an id may hold quotes or ", "), then what
+    # follows the list: ": create it first ...", after " …" when more were left out.
+    quoted: dict[str, str] = {}
+    at = head.end()
+    while (token := _QUOTED.match(message, at)) is not None:
+        text = token.group(2).replace("''", "'")
+        quoted[text.replace("\\\\", "\\") if token.group(1) else text] = token.group(0)
+        at = token.end()
+        if not message.startswith(", ", at):
+            break
+        at += 2
+    listed, tail = message[head.end():at], message[at:]
+    more = " …" if tail.startswith(" …") else ""  # more than the five listed
+    tail = tail.removeprefix(more)
+    others = (f" (unknown groups in the batch: {listed}{more})"
+              if len(quoted) > 1 or more else "")
+    for i, group_id in enumerate(group_ids):
+        if group_id is not None and group_id in quoted:
+            return UnknownGroup(f"item {i}: unknown group {quoted[group_id]}{others}{tail}")
+    return error
+
+
 async def enqueue(store: Store, settings: QueueSettings, tracer: tracing.Tracer,
                   ready: Ready, type: str, payload: Any, *,
                   group_id: str | uuid.UUID | None = None, dedupe_key: str | None = None,
@@ -279,7 +328,8 @@ async def enqueue_many(store: Store, settings: QueueSettings, tracer: tracing.Tr
 
     Raises:
         InvalidInput and subclasses: naming the first bad item; nothing written.
-        UnknownGroup: some group ids are unknown; nothing written.
+        UnknownGroup: some group ids are unknown, naming the first item with one and
+            its group id (:func:`batch_error`); nothing written.
     """
     params = enqueue_many_params(settings, items)
     if not params["types"]:
@@ -295,11 +345,11 @@ async def enqueue_many(store: Store, settings: QueueSettings, tracer: tracing.Tr
         # on a caller's connection, the caller's transaction holds it.
         created, problem = await sql.enqueue_many(store, **params, conn=conn)
         if problem is not None:
-            raise enqueue_error(problem)
+            raise batch_error(problem, params["group_ids"])
         sending.sent([], int(created))
     return int(created)
 
 
-__all__ = ["Enqueued", "Ready", "enqueue", "enqueue_error", "enqueue_many",
+__all__ = ["Enqueued", "Ready", "batch_error", "enqueue", "enqueue_error", "enqueue_many",
            "enqueue_many_params", "enqueue_params", "enqueue_settings", "enqueued_job",
            "enqueued_row"]

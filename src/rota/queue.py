@@ -387,7 +387,9 @@ class Queue:
 
         Raises:
             InvalidInput and subclasses: naming the first bad item; nothing written.
-            UnknownGroup: some group ids are unknown; nothing written.
+            UnknownGroup: some group ids are unknown: names the first item with one,
+                and its group id (``item 1: unknown group 'nope': create it first
+                ...``); nothing written.
         """
         return await _enqueue.enqueue_many(self.store, self.settings, self.tracer,
                                            self.open, items, conn=conn)

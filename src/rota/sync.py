@@ -13,7 +13,13 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from . import tracing
-from .enqueue import enqueue_error, enqueue_many_params, enqueue_params, enqueued_job, enqueued_row
+from .enqueue import (
+    batch_error,
+    enqueue_many_params,
+    enqueue_params,
+    enqueued_job,
+    enqueued_row,
+)
 from .job import Job
 from .results import DEFAULT_POLL_EVERY, JobResult, sync_result, sync_wait
 from .settings import QueueSettings
@@ -111,7 +117,7 @@ class SyncQueue:
             assert row is not None
             created, problem = row
             if problem is not None:
-                raise enqueue_error(problem)
+                raise batch_error(problem, params["group_ids"])
             sending.sent([], int(created))
         return int(created)
 
