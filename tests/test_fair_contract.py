@@ -91,8 +91,9 @@ async def test_a_served_count_off_by_some_is_named_with_both_counts(
     await run(aconn, queue, "UPDATE {s}.fair_groups SET served_n = served_n + 5"
               " WHERE group_id = 'g1'")
     # Its owner's row (g1 has none: its own) no longer sums its groups' rows either.
-    assert await queue.verify() == [Violation("t", "g1", "served", "2", "7"),
-                                    Violation("t", "g:g1 'p:pro'", "owner_served", "7", "2")]
+    assert await queue.verify() == [
+        Violation("t", "g1", "served", "2", "7"),
+        Violation("t", "g:g1 'p:pro'", "owner_served", "7", "2", "p:pro", "g:g1")]
 
 
 @pytest.mark.damages_bookkeeping
@@ -234,7 +235,7 @@ async def test_an_owner_row_whose_served_count_is_not_its_groups_sum_is_named(
     await run(aconn, queue, "UPDATE {s}.fair_owners SET served_n = served_n + 3"
               " WHERE unit = 'g:g1'")
     assert await queue.verify() == [
-        Violation("t", "g:g1 'p:pro'", "owner_served", "2", "5")]
+        Violation("t", "g:g1 'p:pro'", "owner_served", "2", "5", "p:pro", "g:g1")]
 
 
 async def test_an_owner_bound_above_a_group_or_no_owner_row_is_named(
@@ -253,10 +254,11 @@ async def test_an_owner_bound_above_a_group_or_no_owner_row_is_named(
                 f"ready_lb <= {ready}")
     await run(aconn, queue, "UPDATE {s}.fair_owners SET b_served = 9 WHERE unit = 'g:g2'")
     assert await queue.verify() == [Violation(
-        "t", "g2", "owner_bound", expected, f"(9, {head_lb}, {head_id}), ready_lb {ready}")]
+        "t", "g2", "owner_bound", expected, f"(9, {head_lb}, {head_id}), ready_lb {ready}",
+        "p:free", "g:g2")]
     await run(aconn, queue, "DELETE FROM {s}.fair_owners WHERE unit = 'g:g2'")
     assert await queue.verify() == [Violation("t", "g2", "owner_bound", expected,
-                                              "no owner row")]
+                                              "no owner row", "p:free", "g:g2")]
     # Recorded in fair_owner_changes since the fold (as a writer that lowered it
     # would): the claim takes it as special, and the owner's row need not hold it.
     await run(aconn, queue, "INSERT INTO {s}.fair_owner_changes (type, group_id, plan_key,"
@@ -272,7 +274,8 @@ async def test_an_owner_change_below_the_fold_mark_is_named(
     await run(aconn, queue, "INSERT INTO {s}.fair_owner_changes (type, group_id, plan_key,"
               " unit, xid) VALUES ('t', 'g2', 'p:free', 'g:g2', '1')")
     assert await queue.verify() == [Violation(
-        "t", "g2", "changes_mark", f"rows at or above mark {mark}", "1 below it, from xid 1")]
+        "t", "g2", "changes_mark", f"rows at or above mark {mark}", "1 below it, from xid 1",
+        "p:free", "g:g2")]
 
 
 @pytest.mark.damages_bookkeeping
@@ -290,7 +293,7 @@ async def test_an_owner_change_moving_a_served_count_is_counted_with_the_row(
     await run(aconn, queue, "INSERT INTO {s}.fair_owner_changes (type, group_id, plan_key,"
               " unit, n) VALUES ('t', 'g2', 'p:free', 'g:g2', 4)")
     assert await queue.verify() == [
-        Violation("t", "g:g2 'p:free'", "owner_served", "0", "4")]
+        Violation("t", "g:g2 'p:free'", "owner_served", "0", "4", "p:free", "g:g2")]
 
 
 # -- rota verify ------------------------------------------------------------------------
@@ -318,22 +321,52 @@ async def test_rota_verify_exits_0_when_exact_and_1_naming_each_violation(
     rows = [line.split("│")[1:-1] for line in broken.stdout.splitlines() if "│" in line]
     assert "violations (3)" in broken.stdout
     assert [[c.strip() for c in r] for r in rows] == [
-        ["t", "g1", "served", "2", "7"],
-        ["t", "g2", "active", "true", "false"],
-        ["t", "g:g1 'p:pro'", "owner_served", "7", "2"]]
+        ["t", "g1", "—", "served", "2", "7"],
+        ["t", "g2", "—", "active", "true", "false"],
+        ["t", "—", "unit g:g1, plan pro", "owner_served", "7", "2"]]
     as_json = await rota("--json")
     assert as_json.exit_code == 1
     assert json.loads(as_json.stdout) == {"violations": [
-        {"type": "t", "group_id": "g1", "invariant": "served", "expected": "2", "found": "7"},
+        {"type": "t", "group_id": "g1", "invariant": "served", "expected": "2", "found": "7",
+         "plan_key": None, "unit": None},
         {"type": "t", "group_id": "g2", "invariant": "active", "expected": "true",
-         "found": "false"},
+         "found": "false", "plan_key": None, "unit": None},
         {"type": "t", "group_id": "g:g1 'p:pro'", "invariant": "owner_served",
-         "expected": "7", "found": "2"}]}
+         "expected": "7", "found": "2", "plan_key": "p:pro", "unit": "g:g1"}]}
     repaired = await rota("--repair", "--json")
     assert repaired.exit_code == 0
     assert json.loads(repaired.stdout) == {
         "violations": [],
         "repaired": {"found": json.loads(as_json.stdout)["violations"], "groups": 3}}
+
+
+@pytest.mark.damages_bookkeeping
+async def test_rota_verify_names_the_owner_type_and_fault_of_each_owner_violation(
+        queue: Queue, aconn: Any, database_url: str) -> None:
+    """A broken owner's row is named as a group's is: type, owner (its unit and plan),
+    invariant, expected, found; `rota verify` used to print only the owner's keys
+    packed into the group column, and an owner_bound or changes_mark line named no
+    owner at all."""
+    await scenario(queue, aconn)
+    [(mark,)] = await run(aconn, queue, "SELECT max(upto)::text FROM {s}.fair_fold_mark")
+    await run(aconn, queue, "UPDATE {s}.fair_owners SET served_n = served_n + 3"
+              " WHERE unit = 'g:g1'")
+    await run(aconn, queue, "INSERT INTO {s}.fair_owner_changes (type, group_id, plan_key,"
+              " unit, xid) VALUES ('t', 'g2', 'p:free', 'g:g2', '1')")
+    env = {"DATABASE_URL": database_url, "ROTA_SCHEMA": queue.schema, "COLUMNS": "250"}
+    result = await asyncio.to_thread(CliRunner().invoke, cli, ["verify"], env=env,
+                                     catch_exceptions=False)
+    assert result.exit_code == 1
+    rows = [[c.strip() for c in line.split("│")[1:-1]]
+            for line in result.stdout.splitlines() if "│" in line]
+    assert sorted(rows) == [
+        ["t", "g2", "unit g:g2, plan free", "changes_mark", f"rows at or above mark {mark}",
+         "1 below it, from xid 1"],
+        ["t", "—", "unit g:g1, plan pro", "owner_served", "2", "5"]]
+    assert sorted(str(v) for v in await queue.verify()) == [
+        f"type 't' group 'g2' owner 'g:g2' plan 'p:free': changes_mark expected rows at or "
+        f"above mark {mark}, found 1 below it, from xid 1",
+        "type 't' owner 'g:g1' plan 'p:pro': owner_served expected 2, found 5"]
 
 
 @pytest.mark.damages_bookkeeping
@@ -384,8 +417,9 @@ async def test_ctrl_c_during_a_repair_exits_130_and_rebuilds_nothing(
         assert (repair.returncode, out, err) == (130, "", "error: interrupted\n")
         await holder.rollback()
     # The rebuild was rolled back with its connection: the damage is still there.
-    assert await queue.verify() == [Violation("t", "g1", "served", "2", "7"),
-                                    Violation("t", "g:g1 'p:pro'", "owner_served", "7", "2")]
+    assert await queue.verify() == [
+        Violation("t", "g1", "served", "2", "7"),
+        Violation("t", "g:g1 'p:pro'", "owner_served", "7", "2", "p:pro", "g:g1")]
 
 
 # -- the rebuild --------------------------------------------------------------------------

@@ -3,7 +3,8 @@ invariant of docs/fast-claim.md, "The contract", in one read-only statement, saf
 live queue), and with ``--repair`` rebuild it from the jobs table in one transaction.
 
 Exit codes: 0 the bookkeeping is exact (after the repair, with ``--repair``); 1 it
-broke an invariant (each violation printed: type, group, invariant, expected, found).
+broke an invariant (each violation printed: type, group, owner, invariant, expected,
+found; the owner, its unit and plan, for the owners' invariants).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rich.table import Table
 from ..fair import RepairReport, Violation
 from .app import open_queue
 from .options import json_option, make_target, target_options
-from .output import add_row, console, emit_json, with_progress
+from .output import ABSENT, add_row, console, emit_json, with_progress
 
 
 @click.command()
@@ -55,13 +56,24 @@ def verify(database_url: str | None, schema: str | None, app_spec: str | None,
         sys.exit(1)
 
 
+def _owner(v: Violation) -> str:
+    """The owner's row an owner's invariant concerns, ``unit g:g1, plan pro`` (its unit
+    as the bookkeeping keys it, docs/fast-claim.md, "The owner level"); ``—`` for a
+    group's invariant."""
+    if v.unit is None:
+        return ABSENT
+    plan = v.plan_key.removeprefix("p:") if v.plan_key else ABSENT
+    return f"unit {v.unit}, plan {plan}"
+
+
 def _print(violations: list[Violation], title: str) -> None:
     if not violations:
         click.echo(f"{title}: none")
         return
     table = Table(title=f"{title} ({len(violations)})")
-    for col in ("type", "group", "invariant", "expected", "found"):
+    for col in ("type", "group", "owner", "invariant", "expected", "found"):
         table.add_column(col, overflow="fold")
     for v in violations:
-        add_row(table, v.type, v.group_id, v.invariant, v.expected, v.found)
+        add_row(table, v.type, ABSENT if v.group is None else v.group, _owner(v),
+                v.invariant, v.expected, v.found)
     console().print(table)

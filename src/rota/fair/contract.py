@@ -24,15 +24,24 @@ REPAIR_ATTEMPTS = 3
 
 @dataclass(frozen=True)
 class Violation:
-    """One broken invariant of the claim's bookkeeping, for one group.
+    """One broken invariant of the claim's bookkeeping, for one group or one owner's row.
 
     Attributes:
         type: the job type.
-        group_id: the group.
-        invariant: ``served``, ``row``, ``ready_lb``, ``head``, ``plan``, ``active`` or
-            ``fair_plans`` or ``mark`` (``verify.sql`` states each).
+        group_id: the group; for ``owner_served``, which concerns an owner's row rather
+            than one group, the owner's unit and plan key as text (``g:g1 'p:pro'``).
+        invariant: ``served``, ``row``, ``ready_lb``, ``head``, ``plan``, ``active``,
+            ``fair_plans``, ``mark`` or ``owner_id`` (a group's bookkeeping), or
+            ``owner_served``, ``owner_bound`` or ``changes_mark`` (an owner's)
+            (``verify.sql`` states each).
         expected: the value the jobs say it should have, as text (timestamps in UTC).
         found: the value kept, as text.
+        plan_key: for an owner's invariant, the plan key of the owner's row
+            (``p:PLAN``, ``''`` for no plan; docs/fast-claim.md, "The owner level");
+            ``None`` for a group's.
+        unit: for an owner's invariant, the owner's unit (``o:OWNER``, ``g:GROUP`` for a
+            group without an owner, ``-`` for the jobs without a group); ``None`` for a
+            group's.
     """
 
     type: str
@@ -40,13 +49,28 @@ class Violation:
     invariant: str
     expected: str
     found: str
+    plan_key: str | None = None
+    unit: str | None = None
+
+    @property
+    def group(self) -> str | None:
+        """The group the violation concerns; ``None`` for ``owner_served``, which
+        concerns an owner's row (its ``group_id`` names the owner instead)."""
+        return None if self.invariant == "owner_served" else self.group_id
 
     def __str__(self) -> str:
-        return (f"type {self.type!r} group {self.group_id!r}: {self.invariant} "
+        """``type 't' group 'g1': served expected 2, found 7``; an owner's invariant
+        names the owner's row, ``type 't' owner 'g:g1' plan 'p:pro': owner_served
+        expected 7, found 2`` (and the group, when one is concerned)."""
+        group = f" group {self.group!r}" if self.group is not None else ""
+        owner = (f" owner {self.unit!r} plan {self.plan_key!r}"
+                 if self.unit is not None else "")
+        return (f"type {self.type!r}{group}{owner}: {self.invariant} "
                 f"expected {self.expected}, found {self.found}")
 
-    def as_dict(self) -> dict[str, str]:
-        """The fields as a dict (``rota verify --json``)."""
+    def as_dict(self) -> dict[str, str | None]:
+        """The fields as a dict (``rota verify --json``): ``plan_key`` and ``unit`` are
+        ``None`` for a group's invariant."""
         return asdict(self)
 
 

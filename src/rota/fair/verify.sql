@@ -3,7 +3,9 @@
 -- statement (one snapshot, so a live queue can be checked without stopping it: every
 -- writer keeps jobs and the bookkeeping equal within its own transaction). One row per
 -- violation: the group, the invariant broken, the value the jobs say it should have
--- (expected) and the value kept (found). No row: the bookkeeping is exact.
+-- (expected) and the value kept (found), and for the owners' invariants (owner_served,
+-- owner_bound, changes_mark) the owner's row they concern, by plan_key and unit (NULL
+-- for the others). No row: the bookkeeping is exact.
 --
 --   served      served_n + the group's fair_served deltas at or above the type's fold
 --               mark (those the claim reads) = its running jobs plus its
@@ -83,19 +85,20 @@ kept AS (
 violations AS (
     SELECT coalesce(c.type, k.type) AS type, coalesce(c.group_id, k.group_id) AS group_id,
            'served' AS invariant,
-           coalesce(c.served, 0)::text AS expected, coalesce(k.served, 0)::text AS found
+           coalesce(c.served, 0)::text AS expected, coalesce(k.served, 0)::text AS found,
+           NULL::text AS plan_key, NULL::text AS unit
     FROM counted c
     FULL JOIN kept k ON k.type = c.type AND k.group_id = c.group_id
     WHERE coalesce(c.served, 0) <> coalesce(k.served, 0)
     UNION ALL
     SELECT c.type, c.group_id, 'row',
-           'a fair_groups row (' || c.pending || ' pending jobs)', 'none'
+           'a fair_groups row (' || c.pending || ' pending jobs)', 'none', NULL, NULL
     FROM counted c
     WHERE c.pending > 0
       AND NOT EXISTS (SELECT 1 FROM {schema}.fair_groups fg
                       WHERE fg.type = c.type AND fg.group_id = c.group_id)
     UNION ALL
-    SELECT c.type, c.group_id, 'ready_lb', '<= ' || c.ready, fg.ready_lb::text
+    SELECT c.type, c.group_id, 'ready_lb', '<= ' || c.ready, fg.ready_lb::text, NULL, NULL
     FROM counted c
     JOIN {schema}.fair_groups fg ON fg.type = c.type AND fg.group_id = c.group_id
     WHERE c.pending > 0 AND fg.ready_lb > c.ready
@@ -103,46 +106,50 @@ violations AS (
     (SELECT DISTINCT ON (fg.type, fg.group_id) fg.type, fg.group_id, 'head',
             '(head_lb, head_id) <= (' || j.created_at || ', ' || j.id
             || ') or head_until <= ' || j.run_after,
-            '(' || fg.head_lb || ', ' || fg.head_id || '), head_until ' || fg.head_until
+            '(' || fg.head_lb || ', ' || fg.head_id || '), head_until ' || fg.head_until,
+            NULL, NULL
      FROM {schema}.fair_groups fg
      JOIN {schema}.jobs j
        ON j.type = fg.type AND j.group_id = fg.group_id AND j.status = 'pending'
      WHERE (j.created_at, j.id) < (fg.head_lb, fg.head_id) AND j.run_after < fg.head_until
      ORDER BY fg.type, fg.group_id, j.created_at, j.id)
     UNION ALL
-    SELECT fg.type, fg.group_id, 'plan', quote_nullable(g.plan), quote_nullable(fg.plan)
+    SELECT fg.type, fg.group_id, 'plan', quote_nullable(g.plan), quote_nullable(fg.plan),
+           NULL, NULL
     FROM {schema}.fair_groups fg
     LEFT JOIN {schema}.groups g ON g.group_id = fg.group_id
     WHERE fg.plan IS DISTINCT FROM g.plan
     UNION ALL
-    SELECT fg.type, fg.group_id, 'active', coalesce(g.active, true)::text, fg.active::text
+    SELECT fg.type, fg.group_id, 'active', coalesce(g.active, true)::text, fg.active::text,
+           NULL, NULL
     FROM {schema}.fair_groups fg
     LEFT JOIN {schema}.groups g ON g.group_id = fg.group_id
     WHERE fg.active IS DISTINCT FROM coalesce(g.active, true)
     UNION ALL
     SELECT fg.type, fg.group_id, 'fair_plans',
-           'plan ' || quote_literal(fg.plan) || ' listed', 'not listed'
+           'plan ' || quote_literal(fg.plan) || ' listed', 'not listed', NULL, NULL
     FROM {schema}.fair_groups fg
     WHERE fg.plan IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM {schema}.fair_plans p
                       WHERE p.type = fg.type AND p.plan = fg.plan)
     UNION ALL
     SELECT fs.type, fs.group_id, 'mark', 'deltas at or above mark ' || m.upto,
-           count(*) || ' below it, from xid ' || min(fs.xid)
+           count(*) || ' below it, from xid ' || min(fs.xid), NULL, NULL
     FROM {schema}.fair_served fs
     JOIN marks m ON m.type = fs.type
     WHERE fs.xid < m.upto
     GROUP BY fs.type, fs.group_id, m.upto
     UNION ALL
     SELECT fg.type, fg.group_id, 'owner_id', quote_nullable(g.owner_id),
-           quote_nullable(fg.owner_id)
+           quote_nullable(fg.owner_id), NULL, NULL
     FROM {schema}.fair_groups fg
     LEFT JOIN {schema}.groups g ON g.group_id = fg.group_id
     WHERE fg.owner_id IS DISTINCT FROM g.owner_id
     UNION ALL
     SELECT coalesce(o.type, s.type), coalesce(o.unit, s.unit) || ' ' || quote_literal(
                coalesce(o.plan_key, s.plan_key)), 'owner_served',
-           coalesce(s.served, 0)::text, coalesce(o.served, 0)::text
+           coalesce(s.served, 0)::text, coalesce(o.served, 0)::text,
+           coalesce(o.plan_key, s.plan_key), coalesce(o.unit, s.unit)
     FROM (SELECT k.type, k.plan_key, k.unit, sum(k.n) AS served
           FROM (SELECT fo.type, fo.plan_key, fo.unit, fo.served_n AS n
                 FROM {schema}.fair_owners fo
@@ -161,7 +168,8 @@ violations AS (
            '(b_served, b_head_lb, b_head_id) <= (' || fg.served_n || ', ' || fg.head_lb
            || ', ' || fg.head_id || ') and ready_lb <= ' || fg.ready_lb,
            coalesce('(' || o.b_served || ', ' || o.b_head_lb || ', ' || o.b_head_id
-                    || '), ready_lb ' || o.ready_lb, 'no owner row')
+                    || '), ready_lb ' || o.ready_lb, 'no owner row'),
+           ow.plan_key, ow.unit
     FROM {schema}.fair_groups fg
     JOIN owned ow ON ow.type = fg.type AND ow.group_id = fg.group_id
     LEFT JOIN marks m ON m.type = fg.type
@@ -176,12 +184,12 @@ violations AS (
            OR o.ready_lb > fg.ready_lb)
     UNION ALL
     SELECT fc.type, fc.group_id, 'changes_mark', 'rows at or above mark ' || m.upto,
-           count(*) || ' below it, from xid ' || min(fc.xid)
+           count(*) || ' below it, from xid ' || min(fc.xid), fc.plan_key, fc.unit
     FROM {schema}.fair_owner_changes fc
     JOIN marks m ON m.type = fc.type
     WHERE fc.xid < m.upto
-    GROUP BY fc.type, fc.group_id, m.upto
+    GROUP BY fc.type, fc.group_id, m.upto, fc.plan_key, fc.unit
 )
-SELECT v.type, v.group_id, v.invariant, v.expected, v.found
+SELECT v.type, v.group_id, v.invariant, v.expected, v.found, v.plan_key, v.unit
 FROM violations v
-ORDER BY v.type, v.group_id, v.invariant
+ORDER BY v.type, v.group_id, v.invariant, v.plan_key, v.unit
