@@ -183,7 +183,7 @@ def test_bad_flag_values_exit_2(rota: Rota, args: list[str], message: str) -> No
 
 @pytest.mark.parametrize("args, starts", [
     (["enqueue", "echo", "{}", "--group", "nope"], "error: unknown group 'nope'"),
-    (["enqueue", "echo", '{"x": NaN}'], "error: payload['x'] is nan"),
+    (["enqueue", "echo", '{"x": NaN}'], "error: PAYLOAD_JSON['x'] is nan"),
     (["enqueue", "other", "{}", "--app", APP], "error: unknown job type 'other'"),
     (["run"], "error: no app: pass --app module:attribute or set ROTA_APP"),
     (["run", "--app", "tests.cli_app"], "error: app 'tests.cli_app' must look like"),
@@ -835,7 +835,7 @@ def test_an_app_module_with_a_syntax_error_is_one_line(rota: Rota, write_app: An
 def test_a_deeply_nested_payload_is_refused_in_one_line(rota: Rota) -> None:
     deep = "[" * 5000 + "]" * 5000
     result = rota("enqueue", "echo", deep, ok=False)
-    one_line_error(result, "error: payload is nested deeper than 256 levels")
+    one_line_error(result, "error: PAYLOAD_JSON is nested deeper than 256 levels")
     assert rota.sql("SELECT count(*) FROM {s}.jobs") == [(0,)]
 
 

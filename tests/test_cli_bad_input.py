@@ -4,13 +4,16 @@ on stderr, exit code 2, nothing on stdout, and nothing written."""
 
 from __future__ import annotations
 
+import click
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from rota import InvalidInput, Queue, admin
 from rota.cli import cli
+from rota.cli.errors import RotaCommand, RotaGroup, as_given
 
 APP = "tests.cli_app:build_pipeline"
 
@@ -44,24 +47,24 @@ def migrated(database_url: str, schema: str) -> tuple[str, str]:
 
 @pytest.mark.parametrize(("args", "starts"), [
     (["enqueue", "echo", '{"s": "a\\u0000b"}'],
-     "error: payload['s'] contains a NUL character (\\u0000), which PostgreSQL jsonb"),
-    (["enqueue", "echo", '{"s": "\\ud800"}'], "error: payload['s'] contains a lone surrogate"),
-    (["enqueue", "echo", '{"s": Infinity}'], "error: payload['s'] is inf"),
+     "error: PAYLOAD_JSON['s'] contains a NUL character (\\u0000), which PostgreSQL jsonb"),
+    (["enqueue", "echo", '{"s": "\\ud800"}'], "error: PAYLOAD_JSON['s'] contains a lone surrogate"),
+    (["enqueue", "echo", '{"s": Infinity}'], "error: PAYLOAD_JSON['s'] is inf"),
     (["enqueue", "echo", '{"s": -1e99999}'],
-     "error: payload['s'] is a Decimal with 100000 digits before the point; at most 4300"),
+     "error: PAYLOAD_JSON['s'] is a Decimal with 100000 digits before the point; at most 4300"),
 
     (["enqueue", "echo", '{"s": "' + "x" * (1024 * 1024) + '"}'],
-     "error: payload is 1048585 bytes, larger than the maximum 1048576"),
+     "error: PAYLOAD_JSON is 1048585 bytes, larger than the maximum 1048576"),
     (["enqueue", "echo", "{}", "--run-after", "9999-12-31T23:00:00+00:00"],
-     "error: run_after=9999-12-31T23:00:00+00:00 is out of range"),
+     "error: --run-after=9999-12-31T23:00:00+00:00 is out of range"),
     (["enqueue", "echo", "{}", "--run-after", "0001-01-01T00:00:00+00:00"],
-     "error: run_after=0001-01-01T00:00:00+00:00 is out of range"),
+     "error: --run-after=0001-01-01T00:00:00+00:00 is out of range"),
     (["enqueue", "echo", "{}", "--max-attempts", str(2**31)],
-     "error: max_attempts must be at most 2147483647"),
-    (["enqueue", "", "{}"], "error: job type must be a non-empty string"),
-    (["enqueue", "echo", "{}", "--dedupe-key", ""], "error: dedupe_key must be a non-empty"),
-    (["enqueue", "echo", "{}", "--group", ""], "error: group_id must be a non-empty string"),
-    (["jobs", "--schema", "x; drop table jobs"], "error: schema 'x; drop table jobs' is not"),
+     "error: --max-attempts must be at most 2147483647"),
+    (["enqueue", "", "{}"], "error: TYPE must be a non-empty string"),
+    (["enqueue", "echo", "{}", "--dedupe-key", ""], "error: --dedupe-key must be a non-empty"),
+    (["enqueue", "echo", "{}", "--group", ""], "error: --group must be a non-empty string"),
+    (["jobs", "--schema", "x; drop table jobs"], "error: --schema 'x; drop table jobs' is not"),
 ], ids=["nul", "surrogate", "infinity", "huge-exponent", "oversize", "year-9999",
         "year-1", "max-attempts-overflow", "empty-type", "empty-dedupe-key", "empty-group",
         "schema-injection"])
@@ -90,7 +93,8 @@ def test_a_bad_schema_from_the_environment_is_refused_the_same_way(
     migrated: tuple[str, str]
 ) -> None:
     url, _ = migrated
-    one_line_error(rota(url, "1bad", "jobs"), "error: schema '1bad' is not a valid identifier")
+    one_line_error(rota(url, "1bad", "jobs"),
+                   "error: ROTA_SCHEMA '1bad' is not a valid identifier")
 
 
 def test_a_bad_connection_option_is_one_line_exit_2(database_url: str, schema: str) -> None:
@@ -132,3 +136,91 @@ def test_an_empty_option_is_refused_not_taken_for_the_default(
     option = args[args.index("") - 1]
     one_line_error(result, f"error: {option} is empty: give a value, or leave the option "
                            f"out for the default")
+
+
+BIG_ID = str(2**63)
+IDENTIFIER_RULE = "(letters, digits and _, not starting with a digit, 1 to 63 characters)"
+
+
+@pytest.mark.parametrize(("args", "env", "error"), [
+    (["groups", "set", "g", "--max-running", "0"], {},
+     "--max-running must be none or an int of at least 1, got 0"),
+    (["groups", "set", ""], {}, "GROUP must be a non-empty string, got ''"),
+    (["groups", "set", "g", "--owner", ""], {}, "--owner must be a non-empty string, got ''"),
+    (["groups", "list", "--after", ""], {}, "--after must be a non-empty string, got ''"),
+    (["enqueue", "", "{}"], {}, "TYPE must be a non-empty string, got ''"),
+    (["enqueue", "echo", "{}", "--group", ""], {},
+     "--group must be a non-empty string, got ''"),
+    (["enqueue", "echo", "{}", "--run-after", "9999-12-31T23:00:00+00:00"], {},
+     "--run-after=9999-12-31T23:00:00+00:00 is out of range: due times must lie between "
+     "0001-01-02 and 9999-12-30 (UTC)"),
+    (["enqueue", "echo", "[" * 300 + "]" * 300], {},
+     "PAYLOAD_JSON is nested deeper than 256 levels (or contains itself), more than can be "
+     "read back"),
+    (["jobs", "--type", ""], {}, "--type must be a non-empty string, got ''"),
+    (["jobs", "failed", "--group", ""], {}, "--group must be a non-empty string, got ''"),
+    (["jobs", "--id", BIG_ID], {},
+     f"--id must be an int between 1 and {2**63 - 1}, got {BIG_ID}"),
+    (["jobs", "--before", BIG_ID], {},
+     f"--before must be an int between 1 and {2**63 - 1}, got {BIG_ID}"),
+    (["jobs", "retry", BIG_ID], {}, f"ID must be an int between 1 and {2**63 - 1}, got {BIG_ID}"),
+    (["limits", "--name", ""], {}, "--name must be a non-empty string, got ''"),
+    (["jobs", "--schema", "1bad", "failed"], {"ROTA_SCHEMA": None},
+     f"--schema '1bad' is not a valid identifier {IDENTIFIER_RULE}"),
+    (["depth"], {"ROTA_SCHEMA": "1bad"},
+     f"ROTA_SCHEMA '1bad' is not a valid identifier {IDENTIFIER_RULE}"),
+], ids=["max-running", "group-argument", "owner", "after", "type-argument", "group-option",
+        "run-after", "payload", "type-option", "failed-group", "id-option", "before",
+        "id-argument", "limit-name", "schema-of-the-group", "schema-from-env"])
+def test_what_the_api_refuses_is_said_in_the_command_line_s_terms(
+    migrated: tuple[str, str], args: list[str], env: dict[str, str | None], error: str
+) -> None:
+    """The API's messages name Python's arguments (``max_running must be None or an
+    int``, ``group_id must be a non-empty string``): the CLI says the option or argument
+    as it was given (``--max-running``, ``GROUP``, ``ROTA_SCHEMA``) and ``none`` for
+    ``None``. Still one line, exit 2, nothing written."""
+    url, schema = migrated
+    result = rota(url, schema, *args, **env)
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {error}\n")
+    assert job_count(url, schema) == 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute(sql.SQL("SELECT count(*) FROM {}.groups")
+                            .format(sql.Identifier(schema))).fetchone() == (0,)
+
+
+async def test_the_api_keeps_python_s_terms(queue: Queue) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        await admin.set_group(queue, "g", max_running=0)
+    assert (str(raised.value), raised.value.argument) == (
+        "max_running must be None or an int of at least 1, got 0", "max_running")
+    with pytest.raises(InvalidInput) as raised:
+        await queue.enqueue("t", {}, group_id="")
+    assert (str(raised.value), raised.value.argument) == (
+        "group_id must be a non-empty string, got ''", "group_id")
+
+
+def test_only_python_s_none_is_spelled_none() -> None:
+    """A value given as None (quoted in the message) stays as it was given."""
+    command = cli.commands["groups"].commands["set"]  # type: ignore[attr-defined]
+    [param] = [p for p in command.params if p.name == "max_running"]
+    exc = InvalidInput("max_running must be None, not 'None' or \"None\"",
+                       argument="max_running")
+    assert as_given(exc, click.Context(command), param) == (
+        "--max-running must be none, not 'None' or \"None\"")
+
+
+def test_every_command_says_the_api_s_refusals_in_its_own_terms() -> None:
+    """Every command is a RotaCommand (or a RotaGroup, whose commands are), so a command
+    added later rewords the API's errors too."""
+    def commands(group: click.Group) -> list[click.Command]:
+        found: list[click.Command] = []
+        for command in group.commands.values():
+            found.append(command)
+            if isinstance(command, click.Group):
+                found += commands(command)
+        return found
+
+    everything = commands(cli)
+    assert len(everything) > 20
+    assert [c.name for c in everything
+            if not isinstance(c, RotaCommand | RotaGroup)] == []

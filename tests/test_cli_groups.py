@@ -114,7 +114,8 @@ def test_max_running_is_set_kept_shown_and_cleared(rota: Rota) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--max-running", "0"], "max_running must be None or an int of at least 1"),
+    (["--max-running", "0"], "error: --max-running must be none or an int of at least 1, "
+                             "got 0\n"),
     (["--max-running", "two"], "is not a whole number or 'none'"),
     (["--plan", "platinum"], "error: unknown plan 'platinum'"),
     (["--plan", "pro", "--no-plan"], "error: --plan and --no-plan contradict each other"),

@@ -88,15 +88,16 @@ def test_a_refused_schema_is_refused_everywhere_it_can_be_given(
     runner = CliRunner()
     # An empty --schema or ROTA_SCHEMA means "not given" (the default, rota), as an empty
     # environment variable usually does.
-    for args, env in ((["schema", "--schema", name], {}),
-                      (["migrate"], {"ROTA_SCHEMA": name}),
-                      (["jobs"], {"ROTA_SCHEMA": name})) if name else ():
+    # Said as it was given: the option, or the environment variable.
+    for args, env, spelled in ((["schema", "--schema", name], {}, "--schema"),
+                             (["migrate"], {"ROTA_SCHEMA": name}, "ROTA_SCHEMA"),
+                             (["jobs"], {"ROTA_SCHEMA": name}, "ROTA_SCHEMA")) if name else ():
         result = runner.invoke(cli, args, env={"DATABASE_URL": database_url, "ROTA_APP": None,
                                                **env})
         assert result.exit_code == 2, (args, result.output)
         assert result.stdout == ""
         [line] = result.stderr.splitlines()
-        assert line.startswith(f"error: {rule}"), line
+        assert line.startswith(f"error: {spelled}{rule.removeprefix('schema')}"), line
     with psycopg.connect(database_url, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s",
                             [name.replace("\x00", "")]).fetchone() == (0,)

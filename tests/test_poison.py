@@ -76,7 +76,7 @@ def test_the_issue_payloads_are_refused_at_enqueue_and_nothing_is_written(
     975 exited 2 with the row already committed. Both now exit 2, nothing written."""
     result = rota_cli(database_url, migrated, "enqueue", "echo", nested(depth))
     assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr == (f"error: payload is nested deeper than {MAX_PAYLOAD_DEPTH} "
+    assert result.stderr == (f"error: PAYLOAD_JSON is nested deeper than {MAX_PAYLOAD_DEPTH} "
                              "levels (or contains itself), more than can be read back\n")
     with psycopg.connect(database_url) as conn:
         n = conn.execute(sql.SQL("SELECT count(*) FROM {}.jobs")

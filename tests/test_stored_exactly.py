@@ -88,7 +88,7 @@ async def test_numbers_that_cannot_be_stored_exactly_are_refused_saying_why(
     result = await asyncio.to_thread(cli_enqueue, database_url, queue.schema, "t",
                                      f'{{"n": {number}}}')
     assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr.startswith(f"error: payload['n'] is {message}"), result.stderr
+    assert result.stderr.startswith(f"error: PAYLOAD_JSON['n'] is {message}"), result.stderr
     with pytest.raises(PayloadError, match=message):
         await queue.enqueue("t", {"n": Decimal(number)})
     assert await count(aconn, queue) == 0

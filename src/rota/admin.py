@@ -205,12 +205,12 @@ async def upsert_group(
     if plan is not None:
         queue.plans[plan]
     if not isinstance(active, bool):
-        raise InvalidInput("active must be a bool")
+        raise InvalidInput("active must be a bool", argument="active")
     if max_running is not None and (not isinstance(max_running, int)
                                     or isinstance(max_running, bool)
                                     or not 1 <= max_running <= 2**31 - 1):
         raise InvalidInput(f"max_running must be None or an int of at least 1, "
-                           f"got {max_running!r}")
+                           f"got {max_running!r}", argument="max_running")
     async with queue.connection(conn) as c:
         await sql.upsert_group(queue.store, group_id=gid, owner_id=owner, plan=plan,
                                active=active, max_running=max_running, conn=c)
@@ -251,7 +251,8 @@ async def list_jobs(
             that is not a positive int, or a limit outside 1 to ``MAX_LIST_LIMIT``.
     """
     if status is not None and status not in JOB_STATUSES:
-        raise InvalidInput(f"status must be one of {', '.join(JOB_STATUSES)}; got {status!r}")
+        raise InvalidInput(f"status must be one of {', '.join(JOB_STATUSES)}; got {status!r}",
+                           argument="status")
     checked_type = require_text(type, "type", allow_none=True)
     checked_group = require_text(group_id, "group_id", allow_none=True)
     checked_id = None if job_id is None else require_row_id(job_id, "job_id")
@@ -472,9 +473,11 @@ def _savepoint(conn: AnyConn) -> AbstractAsyncContextManager[Any]:
 
 def _limit(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"limit must be an int, got {type(value).__name__}")
+        raise InvalidInput(f"limit must be an int, got {type(value).__name__}",
+                           argument="limit")
     if not 1 <= value <= MAX_LIST_LIMIT:
-        raise InvalidInput(f"limit must be between 1 and {MAX_LIST_LIMIT}, got {value}")
+        raise InvalidInput(f"limit must be between 1 and {MAX_LIST_LIMIT}, got {value}",
+                           argument="limit")
     return value
 
 

@@ -1,6 +1,8 @@
 """Checks every value passes before rota writes it or acts on it: times, durations,
 short names, integers and error text. One definition each, used by the queue, the
-runner, the settings and the CLI (docs/design.md, "Bad input")."""
+runner, the settings and the CLI (docs/design.md, "Bad input"). Each error's message
+begins with the ``name`` given, which it carries as its ``argument``
+(:class:`rota.InvalidInput`)."""
 
 from __future__ import annotations
 
@@ -34,12 +36,12 @@ def require_aware(value: datetime, name: str) -> datetime:
         InvalidInput: not a datetime at all.
     """
     if not isinstance(value, datetime):
-        raise InvalidInput(f"{name} must be a datetime, got {type(value).__name__}")
+        raise InvalidInput(f"{name} must be a datetime, got {type(value).__name__}",
+                           argument=name)
     if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
         raise NaiveDatetimeError(
             f"{name}={value.isoformat()} has no time zone; pass an aware datetime "
-            f"(for example datetime.now(timezone.utc))"
-        )
+            f"(for example datetime.now(timezone.utc))", argument=name)
     return value
 
 
@@ -57,7 +59,7 @@ def require_due_time(value: datetime, name: str) -> datetime:
     if not EARLIEST_DUE <= value <= LATEST_DUE:
         raise InvalidInput(
             f"{name}={value.isoformat()} is out of range: due times must lie between "
-            f"{EARLIEST_DUE.date()} and {LATEST_DUE.date()} (UTC)")
+            f"{EARLIEST_DUE.date()} and {LATEST_DUE.date()} (UTC)", argument=name)
     return value
 
 
@@ -69,12 +71,13 @@ def require_duration(value: timedelta, name: str, *, positive: bool = True) -> t
         InvalidInput: not a timedelta, not positive when it must be, or too long.
     """
     if not isinstance(value, timedelta):
-        raise InvalidInput(f"{name} must be a datetime.timedelta, got {type(value).__name__}")
+        raise InvalidInput(f"{name} must be a datetime.timedelta, got {type(value).__name__}",
+                           argument=name)
     if positive and value <= timedelta(0):
-        raise InvalidInput(f"{name} must be positive, got {value}")
+        raise InvalidInput(f"{name} must be positive, got {value}", argument=name)
     if abs(value) > MAX_DURATION:
         raise InvalidInput(f"{name} must be at most {MAX_DURATION.days} days either way "
-                           f"(1000 years), got {value}")
+                           f"(1000 years), got {value}", argument=name)
     return value
 
 
@@ -89,10 +92,11 @@ def require_duration_or_seconds(value: object, name: str) -> timedelta:
     """
     if isinstance(value, int | float) and not isinstance(value, bool):
         if not math.isfinite(value) or value <= 0:
-            raise InvalidInput(f"{name} must be a positive number of seconds, got {value!r}")
+            raise InvalidInput(f"{name} must be a positive number of seconds, got {value!r}",
+                               argument=name)
         if value > MAX_DURATION.total_seconds():
             raise InvalidInput(f"{name} must be at most {MAX_DURATION.days} days either way "
-                               f"(1000 years), got {value!r} seconds")
+                               f"(1000 years), got {value!r} seconds", argument=name)
         value = timedelta(seconds=value)
     return require_duration(value, name)  # type: ignore[arg-type]
 
@@ -120,17 +124,18 @@ def require_text(value: object, name: str, *, allow_none: bool = False) -> str |
     if isinstance(value, uuid.UUID):
         return str(value)
     if not isinstance(value, str) or not value:
-        raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
+        raise InvalidInput(f"{name} must be a non-empty string, got {value!r}", argument=name)
     if "\x00" in value:
-        raise InvalidInput(f"{name} {value!r} contains a NUL character")
+        raise InvalidInput(f"{name} {value!r} contains a NUL character", argument=name)
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidInput(f"{name} {value!r} contains a lone surrogate, which is not "
-                           f"UTF-8 text") from None
+                           f"UTF-8 text", argument=name) from None
     if size > MAX_NAME_BYTES:
         raise InvalidInput(f"{name} is {size} bytes long in UTF-8 ({len(value)} "
-                           f"characters); at most {MAX_NAME_BYTES} bytes are allowed")
+                           f"characters); at most {MAX_NAME_BYTES} bytes are allowed",
+                           argument=name)
     return value
 
 
@@ -143,12 +148,12 @@ def require_zone(value: object, name: str) -> ZoneInfo:
         InvalidInput: not a non-empty string, or no such zone in the tz database.
     """
     if not isinstance(value, str) or not value:
-        raise InvalidInput(f"{name} must be a time zone name, got {value!r}")
+        raise InvalidInput(f"{name} must be a time zone name, got {value!r}", argument=name)
     try:
         return ZoneInfo(value)
     except (ZoneInfoNotFoundError, ValueError):
         raise InvalidInput(f"{name}: unknown time zone {value!r} (use an IANA name such as "
-                           f"'Europe/Paris' or 'UTC')") from None
+                           f"'Europe/Paris' or 'UTC')", argument=name) from None
 
 
 def sendable_text(value: object, name: str, *, allow_none: bool = False) -> str | None:
@@ -166,14 +171,14 @@ def sendable_text(value: object, name: str, *, allow_none: bool = False) -> str 
     if isinstance(value, uuid.UUID):
         return str(value)
     if not isinstance(value, str):
-        raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
+        raise InvalidInput(f"{name} must be a non-empty string, got {value!r}", argument=name)
     if "\x00" in value:
-        raise InvalidInput(f"{name} {value!r} contains a NUL character")
+        raise InvalidInput(f"{name} {value!r} contains a NUL character", argument=name)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidInput(f"{name} {value!r} contains a lone surrogate, which is not "
-                           f"UTF-8 text") from None
+                           f"UTF-8 text", argument=name) from None
     return value
 
 
@@ -186,9 +191,9 @@ def sendable_int(value: object, name: str) -> int:
         InvalidInput: not an int, or outside the 32-bit range.
     """
     if not isinstance(value, int) or isinstance(value, bool) or value < -INT_MAX - 1:
-        raise InvalidInput(f"{name} must be an int >= 1, got {value!r}")
+        raise InvalidInput(f"{name} must be an int >= 1, got {value!r}", argument=name)
     if value > INT_MAX:
-        raise InvalidInput(f"{name} must be at most {INT_MAX}, got {value!r}")
+        raise InvalidInput(f"{name} must be at most {INT_MAX}, got {value!r}", argument=name)
     return value
 
 
@@ -226,9 +231,9 @@ def positive_int(value: object, name: str, minimum: int = 1) -> int:
         InvalidInput: not an int, or out of that range (the message names ``name``).
     """
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InvalidInput(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise InvalidInput(f"{name} must be an int >= {minimum}, got {value!r}", argument=name)
     if value > INT_MAX:
-        raise InvalidInput(f"{name} must be at most {INT_MAX}, got {value!r}")
+        raise InvalidInput(f"{name} must be at most {INT_MAX}, got {value!r}", argument=name)
     return value
 
 
@@ -247,7 +252,7 @@ def require_row_id(value: object, name: str = "job_id") -> int:
     """
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ROW_ID:
         raise InvalidInput(f"{name} must be an int between 1 and {MAX_ROW_ID}, "
-                           f"got {value!r}")
+                           f"got {value!r}", argument=name)
     return value
 
 
@@ -263,8 +268,8 @@ def positive_seconds(value: object, name: str, *, zero: bool = False) -> float:
     if (not isinstance(value, int | float) or isinstance(value, bool)
             or not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
         kind = "a number of seconds, 0 or more" if zero else "a positive number of seconds"
-        raise InvalidInput(f"{name} must be {kind}, got {value!r}")
+        raise InvalidInput(f"{name} must be {kind}, got {value!r}", argument=name)
     if value > MAX_DURATION.total_seconds():
         raise InvalidInput(f"{name} must be at most {MAX_DURATION.total_seconds():.0f} "
-                           f"seconds (1000 years), got {value!r}")
+                           f"seconds (1000 years), got {value!r}", argument=name)
     return float(value)

@@ -49,15 +49,17 @@ def identifier(name: object, what: str = "schema", *, qualified: bool = False
             names ``what``, shows the name and says which rule.
     """
     if not isinstance(name, str):
-        raise InvalidInput(f"{what} must be a string, got {type(name).__name__}")
+        raise InvalidInput(f"{what} must be a string, got {type(name).__name__}",
+                           argument=what)
     parts = name.split(".") if qualified else [name]
     rule = ("letters, digits and _, not starting with a digit, 1 to 63 characters"
             + (", optionally schema-qualified with one dot" if qualified else ""))
     if len(parts) > 2 or not all(_NAME.fullmatch(p) for p in parts):
-        raise InvalidInput(f"{what} {name!r} is not a valid identifier ({rule})")
+        raise InvalidInput(f"{what} {name!r} is not a valid identifier ({rule})",
+                           argument=what)
     if any(p[:3].lower() == "pg_" for p in parts):
         raise InvalidInput(f"{what} {name!r} is not a valid identifier: names starting with pg_ "
-                           "are reserved by PostgreSQL")
+                           "are reserved by PostgreSQL", argument=what)
     return sql.Identifier(*parts)
 
 

@@ -223,15 +223,20 @@ def enqueued_job(row: Enqueued | None) -> Job | None:
 def enqueue_error(problem: Mapping[str, Any]) -> InvalidInput:
     """The exception for what the database's ``enqueue_jobs`` found wrong with the input
     (``{sqlstate, column, message}``; the SQL entry points raise the same SQLSTATE and
-    message, docs/enqueue-from-sql.md, "Errors")."""
+    message, docs/enqueue-from-sql.md, "Errors"), its ``argument`` the column when the
+    message begins with it (``job type`` for ``type``)."""
     sqlstate, message = problem.get("sqlstate"), str(problem.get("message"))
     if sqlstate == "23503":
         return UnknownGroup(message)
     if sqlstate == "42704":
         return UnknownJobType(message)
-    if problem.get("column") == "payload":
-        return PayloadError(message)
-    return InvalidInput(message)
+    # The argument the message begins with, as Python's own checks name it.
+    column = str(problem.get("column"))
+    name = "job type" if column == "type" else column
+    argument = name if message.startswith(name) else None
+    if column == "payload":
+        return PayloadError(message, argument=argument)
+    return InvalidInput(message, argument=argument)
 
 
 #: The group ids of ``enqueue_jobs``' unknown-group message, as PostgreSQL's

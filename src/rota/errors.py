@@ -14,12 +14,31 @@ class RotaError(Exception):
 
 
 class InvalidInput(RotaError, ValueError):
-    """An argument was wrong; the message says which and why. Nothing was written."""
+    """An argument was wrong; the message says which and why. Nothing was written.
+
+    Attributes:
+        argument: the argument the message is about, as the message begins by naming it
+            (``group_id``, ``job type``, ``run_after``), or ``None`` when it begins
+            otherwise. A caller that spells its arguments its own way (the CLI:
+            ``--group``, ``TYPE``) rewords that beginning; the message itself speaks
+            Python's terms.
+    """
+
+    def __init__(self, *args: object, argument: str | None = None) -> None:
+        super().__init__(*args)
+        self.argument = argument
 
 
 class PayloadError(InvalidInput):
     """A job payload cannot be stored: not JSON-serializable, NaN/Infinity, a NUL
-    character, a lone surrogate, or larger than the queue's ``max_payload_bytes``."""
+    character, a lone surrogate, or larger than the queue's ``max_payload_bytes``.
+    Its ``argument`` is ``payload`` when the message begins with it (``payload['s']
+    contains a NUL character``), unless given."""
+
+    def __init__(self, *args: object, argument: str | None = None) -> None:
+        if argument is None and args and str(args[0]).startswith("payload"):
+            argument = "payload"
+        super().__init__(*args, argument=argument)
 
 
 class NaiveDatetimeError(InvalidInput):

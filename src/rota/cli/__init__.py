@@ -33,7 +33,9 @@ dedupe key too long for its index); 130 SIGINT (Ctrl-C) stopped a one-shot comma
 (``error: interrupted``; ``rota run``, ``worker``, ``serve`` and ``dashboard`` take a
 first signal as a stop request instead, see :mod:`.run`). Each is one line on stderr:
 ``error: database unreachable: …`` when no connection could be made or it was lost,
-``error: database error: …`` for any other error the database reported.
+``error: database error: …`` for any other error the database reported. A value the
+library refuses is named as the user gave it (``--group``, ``GROUP``, ``ROTA_SCHEMA``;
+``none`` for Python's ``None``): :func:`.errors.in_cli_terms`.
 
 Text that comes from the database or the app (job types, errors, plan names…) is shown
 literally: never read as rich markup, and control characters are printed escaped

@@ -3,10 +3,12 @@ codes in :mod:`rota.cli`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
 import psycopg
+from click.core import ParameterSource
 from psycopg_pool import PoolTimeout
 
 from .. import errors as rota_errors
@@ -88,6 +90,105 @@ def as_cli_error(exc: Exception) -> CliError | None:
     return None
 
 
+#: The arguments the API names otherwise than the CLI's parameters that take them
+#: (``rota enqueue TYPE``, ``rota jobs --type``, ``rota limits --name``); every other
+#: CLI parameter is named as the API's argument it is passed to (``group_id``,
+#: ``max_running``, ``schema``…).
+CLI_PARAMETER_OF = {"job type": "job_type", "type": "job_type", "rate limit name": "name"}
+
+#: Python's ``None`` outside quoted text (a value as given, ``'None'``, stays as it is).
+_PYTHON_NONE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\bNone\b")
+
+
+def _spelled(ctx: click.Context, param: click.Parameter) -> str:
+    """How the user gave ``param``: its environment variable when it came from there
+    (``ROTA_SCHEMA``), else the option (its long form, ``--max-running``) or the
+    argument's metavar (``GROUP``)."""
+    assert param.name is not None
+    if ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT and param.envvar:
+        return param.envvar if isinstance(param.envvar, str) else param.envvar[0]
+    if isinstance(param, click.Argument):
+        return param.human_readable_name
+    return next((o for o in param.opts if o.startswith("--")), param.opts[0])
+
+
+def in_cli_terms(exc: rota_errors.InvalidInput, ctx: click.Context) -> str | None:
+    """The message of ``exc`` as the command line would say it: the argument it begins
+    with (:attr:`rota.InvalidInput.argument`) spelled as the user gave it, ``--group``,
+    ``GROUP`` or ``ROTA_SCHEMA`` for ``group_id`` or ``schema``, and Python's ``None``
+    as the CLI writes it, ``none`` (``--max-running none``).
+
+    Args:
+        exc: what the API raised for a value the command passed it.
+        ctx: the command's context; its parents' parameters count too (``rota jobs
+            --schema X failed``), the innermost one the user gave first.
+
+    Returns:
+        The reworded message; ``None`` when the message names no argument, or one no
+        parameter of the command took from the user (a value from the app, say): then
+        the API's message stands.
+    """
+    message = first_line(exc)
+    argument = exc.argument
+    if argument is None or not message.startswith(argument):
+        return None
+    name = CLI_PARAMETER_OF.get(argument, argument)
+    given: tuple[click.Context, click.Parameter] | None = None
+    at: click.Context | None = ctx
+    while at is not None and given is None:
+        for param in at.command.params:
+            if param.name == name and at.params.get(name) is not None:
+                given = at, param
+        at = at.parent
+    if given is None:
+        return None
+    return as_given(exc, *given)
+
+
+def as_given(exc: rota_errors.InvalidInput, ctx: click.Context,
+             param: click.Parameter) -> str:
+    """The message of ``exc``, about the value ``param`` took, in the command line's
+    terms (see :func:`in_cli_terms`); for a parameter's own callback, which runs before
+    the command (``rota enqueue``'s PAYLOAD_JSON, read as the queue would read it).
+
+    Returns:
+        The message, its argument spelled as the user gave ``param`` and ``None`` as
+        ``none``; the message as it is when it does not begin with its argument.
+    """
+    message = first_line(exc)
+    argument = exc.argument
+    if argument is None or not message.startswith(argument):
+        return message
+    rest = _PYTHON_NONE.sub(lambda m: "none" if m.group(0) == "None" else m.group(0),
+                            message[len(argument):])
+    return _spelled(ctx, param) + rest
+
+
+def _in_cli_terms_error(exc: Exception, ctx: click.Context) -> CliError | None:
+    """``exc`` reworded by :func:`in_cli_terms` as a usage error (exit 2), or ``None``."""
+    if not isinstance(exc, rota_errors.InvalidInput):
+        return None
+    message = in_cli_terms(exc, ctx)
+    return None if message is None else CliConfigError(message)
+
+
+class RotaCommand(click.Command):
+    """A ``rota`` command: what the API refuses of the values it was given is said in
+    the command line's terms (:func:`in_cli_terms`), exit 2, nothing written. Every
+    command of ``rota`` is one (or a :class:`RotaGroup`)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; an :class:`rota.InvalidInput` naming one of its parameters
+        becomes a :class:`CliConfigError` in its terms (others go on to the group)."""
+        try:
+            return super().invoke(ctx)
+        except rota_errors.InvalidInput as exc:
+            translated = _in_cli_terms_error(exc, ctx)
+            if translated is None:
+                raise
+            raise translated from None
+
+
 def is_database_error(exc: Exception) -> bool:
     """Whether ``exc`` came from the database or the pool (and is reported as such)."""
     return isinstance(exc, psycopg.Error | PoolTimeout)
@@ -108,8 +209,12 @@ class CliUsageError(click.UsageError):
 
 
 class RotaGroup(click.Group):
-    """A click group that turns rota and database errors into :class:`CliError`, and
-    click's usage errors into one line (:class:`CliUsageError`)."""
+    """A click group that turns rota and database errors into :class:`CliError` (what
+    the API refuses of its own parameters' values in the command line's terms, as
+    :class:`RotaCommand` does), and click's usage errors into one line
+    (:class:`CliUsageError`). Its subcommands are :class:`RotaCommand`."""
+
+    command_class = RotaCommand
 
     def make_context(self, info_name: str | None, args: list[str],
                      parent: click.Context | None = None, **extra: Any) -> click.Context:
@@ -131,7 +236,7 @@ class RotaGroup(click.Group):
             # the bookkeeping, a migration and each statement are one transaction).
             raise CliInterrupted() from None
         except Exception as exc:
-            translated = as_cli_error(exc)
+            translated = _in_cli_terms_error(exc, ctx) or as_cli_error(exc)
             if translated is None:
                 raise
             raise translated from None

@@ -14,6 +14,7 @@ from rich.table import Table
 from .. import admin, db
 from ..runner.source import pipeline_queue
 from .app import CONNECT_TIMEOUT, load_pipeline, open_queue
+from .errors import RotaCommand
 from .options import json_option, make_target, target_command, target_options
 from .output import (
     add_row,
@@ -62,7 +63,7 @@ def migrate(database_url: str | None, schema: str | None, app_spec: str | None,
         click.echo(f"applied {applied}" if applied else "up to date")
 
 
-@click.command()
+@click.command(cls=RotaCommand)
 @click.option("--schema", envvar="ROTA_SCHEMA", default="rota",
               help="Schema of rota's tables [env ROTA_SCHEMA; when neither is given: rota].")
 def schema(schema: str) -> None:
@@ -70,7 +71,7 @@ def schema(schema: str) -> None:
     click.echo(db.schema_sql(schema), nl=False)
 
 
-@click.command()
+@click.command(cls=RotaCommand)
 @target_options
 @click.option("--limit", "-n", type=click.IntRange(1, admin.MAX_LIST_LIMIT), default=20,
               show_default=True)

@@ -22,7 +22,7 @@ from ..queue import Queue
 from ..results import JobResult, as_dict
 from ..runner.source import pipeline_queue
 from .app import Target, load_pipeline, open_queue
-from .errors import CliConfigError, RotaGroup
+from .errors import CliConfigError, RotaCommand, RotaGroup, as_given
 from .options import json_option, make_target, target_options, wants_json
 from .output import (
     ABSENT,
@@ -94,13 +94,13 @@ def _parse_payload(ctx: click.Context, param: click.Parameter, value: str) -> An
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not valid JSON: {exc}") from None
     except RecursionError:  # deeper than the queue would accept: say it as it does
-        raise too_deep() from None
+        raise CliConfigError(as_given(too_deep(), ctx, param)) from None
     except ValueError as exc:  # an integer past Python's 4,300-digit conversion limit
         reason = first_line(exc).split(";")[0]  # not Python's advice to raise the limit
         raise click.BadParameter(f"cannot read the JSON: {reason}") from None
 
 
-@click.command()
+@click.command(cls=RotaCommand)
 @target_options
 @click.argument("job_type", metavar="TYPE")
 @click.argument("payload", metavar="PAYLOAD_JSON", callback=_parse_payload)

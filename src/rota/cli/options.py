@@ -11,7 +11,7 @@ import click
 
 from ..settings import FAIR_BY
 from .app import Target
-from .errors import CliConfigError
+from .errors import CliConfigError, RotaCommand
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,7 +60,7 @@ def json_option(f: F) -> F:
 def target_command(f: Callable[..., Any]) -> click.Command:
     """A command on the target that can print JSON: ``f`` with :func:`target_options`
     and :func:`json_option`, named after it."""
-    return click.command()(target_options(json_option(f)))
+    return click.command(cls=RotaCommand)(target_options(json_option(f)))
 
 
 def _parent_params() -> dict[str, Any]:

@@ -27,7 +27,7 @@ from .app import (
     resolve_budget,
     run_async,
 )
-from .errors import CliConfigError
+from .errors import CliConfigError, RotaCommand
 from .listening import listen_socket, warn_short_secret
 from .options import POSITIVE_SECONDS, json_option, make_target, target_options
 from .output import (
@@ -151,7 +151,7 @@ def stop_arg(pipeline: Any, stop: asyncio.Event) -> dict[str, Any]:
     return {}
 
 
-@click.command()
+@click.command(cls=RotaCommand)
 @target_options
 @click.option("--budget", type=POSITIVE_SECONDS, default=None, metavar="SECONDS",
               help=BUDGET_HELP)
@@ -205,7 +205,7 @@ def run(database_url: str | None, schema: str | None, app_spec: str | None,
         sys.exit(1)
 
 
-@click.command()
+@click.command(cls=RotaCommand)
 @target_options
 @click.option("--budget", type=POSITIVE_SECONDS, default=None, metavar="SECONDS",
               help=BUDGET_HELP)
@@ -282,7 +282,7 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
     click.echo("worker stopped", err=True)
 
 
-@click.command()
+@click.command(cls=RotaCommand)
 @target_options
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)

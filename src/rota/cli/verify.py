@@ -17,11 +17,12 @@ from rich.table import Table
 
 from ..fair import RepairReport, Violation
 from .app import open_queue
+from .errors import RotaCommand
 from .options import json_option, make_target, target_options
 from .output import ABSENT, add_row, console, emit_json, with_progress
 
 
-@click.command()
+@click.command(cls=RotaCommand)
 @target_options
 @click.option("--repair", is_flag=True,
               help="Rebuild the bookkeeping from the jobs table in one transaction "
