@@ -100,6 +100,11 @@ CLI_PARAMETER_OF = {"job type": "job_type", "type": "job_type", "rate limit name
 _PYTHON_NONE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\bNone\b")
 
 
+#: Where a parameter's value came from when the user gave it (not its default).
+_FROM_THE_USER = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT,
+                  ParameterSource.PROMPT)
+
+
 def _spelled(ctx: click.Context, param: click.Parameter) -> str:
     """How the user gave ``param``: its environment variable when it came from there
     (``ROTA_SCHEMA``), else the option (its long form, ``--max-running``) or the
@@ -125,8 +130,9 @@ def in_cli_terms(exc: rota_errors.InvalidInput, ctx: click.Context) -> str | Non
 
     Returns:
         The reworded message; ``None`` when the message names no argument, or one no
-        parameter of the command took from the user (a value from the app, say): then
-        the API's message stands.
+        parameter of the command took from the user, on the command line or from the
+        environment (a default, or a value from the app): then the API's message
+        stands.
     """
     message = first_line(exc)
     argument = exc.argument
@@ -137,7 +143,7 @@ def in_cli_terms(exc: rota_errors.InvalidInput, ctx: click.Context) -> str | Non
     at: click.Context | None = ctx
     while at is not None and given is None:
         for param in at.command.params:
-            if param.name == name and at.params.get(name) is not None:
+            if param.name == name and at.get_parameter_source(name) in _FROM_THE_USER:
                 given = at, param
         at = at.parent
     if given is None:
