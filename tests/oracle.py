@@ -183,7 +183,11 @@ async def insert_rows(conn: Any, schema: str, groups: list[tuple[Any, ...]],
     """Insert a property test's generated groups (``g0``…, each ``(plan, active)``,
     ``(plan, active, owner_id)`` or ``(plan, active, owner_id, max_running)``) and jobs,
     with times as offsets in seconds from ``now`` (an SQL expression: the queue's
-    clock)."""
+    clock). A running job holds the slot its ``slot`` says (docs/fast-claim.md, "Caps"):
+    ``"claimed"`` (the default) its group's plan and owner, as a capped claim writes
+    them; ``"none"`` no slot, as the uncapped claim leaves it; ``"moved"`` another
+    owner's of the same plan (o0's, or o1's for o0's group), as after its group moved:
+    the claim must be exact with each."""
     s = sql.Identifier(schema)
     for i, (plan, active, *rest) in enumerate(groups):  # (plan, active[, owner[, cap]])
         owner, cap = (*rest, None, None)[:2]
@@ -195,15 +199,23 @@ async def insert_rows(conn: Any, schema: str, groups: list[tuple[Any, ...]],
         running, done = j["status"] == "running", j["status"] in ("done", "failed")
         await conn.execute(sql.SQL(
             "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts, max_attempts,"
-            " run_after, locked_at, created_at, finished_at, claim_token, cost) VALUES"
-            " (%(type)s, %(group)s, '{{}}', %(status)s, %(attempts)s, 3,"
+            " run_after, locked_at, created_at, finished_at, claim_token, cost, slot_plan,"
+            " slot_owner) SELECT"
+            " %(type)s, %(group)s, '{{}}', %(status)s, %(attempts)s, 3,"
             " {now} + make_interval(secs => %(run_after)s),"
             " CASE WHEN %(running)s THEN {now} + make_interval(secs => %(locked)s) END,"
             " {now} + make_interval(secs => %(created)s),"
             " CASE WHEN %(done)s THEN {now} + make_interval(secs => %(finished)s) END,"
-            " CASE WHEN %(running)s THEN gen_random_uuid() END, %(cost)s::numeric)"
+            " CASE WHEN %(running)s THEN gen_random_uuid() END, %(cost)s::numeric,"
+            " CASE WHEN %(running)s AND %(slot)s <> 'none' THEN g.plan END,"
+            " CASE WHEN NOT %(running)s OR %(slot)s = 'none' OR g.plan IS NULL THEN NULL"
+            "      WHEN %(slot)s = 'moved' THEN CASE WHEN g.owner_id = 'o0' THEN 'o:o1'"
+            "                                          ELSE 'o:o0' END"
+            "      WHEN g.owner_id IS NULL THEN 'g:' || g.group_id ELSE 'o:' || g.owner_id END"
+            " FROM (SELECT 1) one LEFT JOIN {s}.groups g ON g.group_id = %(group)s"
         ).format(s=s, now=now), {
             **j, "running": running, "done": done, "cost": j.get("cost", "1"),
+            "slot": j.get("slot", "claimed"),
             "group": None if j["group"] is None else f"g{j['group']}",
             "attempts": j["attempts"] if j["status"] != "pending" else min(j["attempts"], 2),
         })

@@ -77,3 +77,18 @@ async def test_a_slot_whose_group_moved_counts_for_no_owner_and_the_cap_holds(
     [(pending,)] = await run(aconn, queue, "SELECT count(*) FROM {s}.jobs"
                              " WHERE group_id = 'f1' AND status = 'pending'")
     assert pending == 2
+
+
+async def test_a_slot_left_by_a_moved_group_never_keeps_its_old_owner_out(
+        make_queue: Any, aconn: Any) -> None:
+    """F1 (Free, capped at 1) runs one job of f1, then f1 moves to F2: the job's slot
+    still says F1, but F1 has nothing running now, so the claim takes F1's other group's
+    job first (Free ranks first). Trusted, the slot would leave F1 out as at its cap and
+    the claim would take Pro's jobs instead."""
+    queue = await _setup(make_queue)
+    await queue.upsert_group("f1b", plan="free", owner_id="F1")
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "f1b"}] * 2)
+    await queue.upsert_group("f1", plan="free", owner_id="F2")
+    jobs = await queue.claim("t", 3)
+    assert [j.group_id for j in jobs][:1] == ["f1b"]
+    assert sorted((j.group_id or "")[0] for j in jobs) == ["f", "p", "p"]

@@ -40,6 +40,9 @@ job_st = st.fixed_dictionaries({
     # What a running or done job counts (docs/design.md, "Cost"): mostly 1, as when
     # nothing is charged, so served counts still tie often.
     "cost": st.sampled_from(["1", "1", "1", "0.5", "2.25", "10", "0.000001"]),
+    # The slot a running job holds (tests/oracle.py, insert_rows): mostly what a capped
+    # claim writes, sometimes none or a moved group's.
+    "slot": st.sampled_from(["claimed", "claimed", "none", "moved"]),
 })
 
 

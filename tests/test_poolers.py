@@ -50,8 +50,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def bouncers(database_url: str) -> Iterator[dict[str, PgBouncer]]:
     """One PgBouncer per pool mode for the module (each starts in milliseconds)."""
-    if database_url.startswith("postgresql://") is False and "host=/" in database_url:
-        pytest.skip("PgBouncer needs the server on TCP")
     made = {mode: PgBouncer(database_url, pool_mode=mode)
             for mode in ("transaction", "session", "statement")}
     try:
@@ -64,6 +62,13 @@ def bouncers(database_url: str) -> Iterator[dict[str, PgBouncer]]:
 @pytest.fixture(params=["transaction", "session"])
 def bouncer(request: pytest.FixtureRequest, bouncers: dict[str, PgBouncer]) -> PgBouncer:
     return bouncers[request.param]
+
+
+def _another_database(database_url: str) -> tuple[str, str]:
+    """The test server's database and another one on the same server: ``postgres``, or
+    ``template1`` where the tests run in ``postgres`` (the embedded server)."""
+    name = psycopg.conninfo.conninfo_to_dict(database_url)["dbname"]
+    return str(name), "template1" if name == "postgres" else "postgres"
 
 
 @pytest.fixture
@@ -265,10 +270,10 @@ async def test_a_listen_url_elsewhere_is_one_line(
                 await conn.close()
 
     assert await problem(database_url) is None
-    other = psycopg.conninfo.make_conninfo(database_url, dbname="postgres")
-    name = psycopg.conninfo.conninfo_to_dict(database_url)["dbname"]
+    name, elsewhere = _another_database(database_url)
+    other = psycopg.conninfo.make_conninfo(database_url, dbname=elsewhere)
     assert await problem(other) == (
-        f"listen_url connects to database 'postgres', the queue to {name!r}: "
+        f"listen_url connects to database {elsewhere!r}, the queue to {name!r}: "
         "notifications of the queue's database do not reach it")
     # A pooler that drops startup options takes the connection; notifications do not
     # pass it.
@@ -422,14 +427,14 @@ def test_rota_worker_refuses_a_listen_url_on_another_database(
 ) -> None:
     CliRunner().invoke(cli, ["migrate"], env={"DATABASE_URL": database_url,
                                               "ROTA_SCHEMA": schema})
-    other = psycopg.conninfo.make_conninfo(database_url, dbname="postgres")
-    name = psycopg.conninfo.conninfo_to_dict(database_url)["dbname"]
+    name, elsewhere = _another_database(database_url)
+    other = psycopg.conninfo.make_conninfo(database_url, dbname=elsewhere)
     proc = worker_process(transaction_bouncer.url(), schema, "--listen-url", other)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 2
     # The pooler found (an INFO line), then the one error line.
     assert err.splitlines()[-1] == (
-        f"error: listen_url connects to database 'postgres', the queue to {name!r}: "
+        f"error: listen_url connects to database {elsewhere!r}, the queue to {name!r}: "
         "notifications of the queue's database do not reach it")
     assert [line for line in err.splitlines() if "error" in line] == err.splitlines()[-1:]
 

@@ -50,12 +50,15 @@ class PgBouncer:
         pool_mode: ``transaction``, ``session`` or ``statement``.
         pool_size: server connections per database and user.
         extra: more ``[pgbouncer]`` settings (``ignore_startup_parameters``, say).
-        user: the system user PgBouncer runs as when this process is root.
+        user: the system user PgBouncer runs as when this process is root; by default
+            the owner of the server's socket directory when the server is reached by a
+            Unix socket (the embedded server's own user: only it may enter that
+            directory), else ``postgres``.
     """
 
     def __init__(self, database_url: str, *, pool_mode: PoolMode = "transaction",
                  pool_size: int = 20, extra: dict[str, str] | None = None,
-                 user: str = "postgres") -> None:
+                 user: str | None = None) -> None:
         params = conninfo_to_dict(database_url)
         host = str(params.get("host") or "127.0.0.1").split(",")[0]
         port = str(params.get("port") or 5432).split(",")[0]
@@ -89,6 +92,9 @@ class PgBouncer:
         (self.dir / "users.txt").write_text('"postgres" ""\n"root" ""\n')
         command = [PGBOUNCER, str(self.dir / "pgbouncer.ini")]
         if os.geteuid() == 0:
+            if user is None:
+                user = (pwd.getpwuid(os.stat(host).st_uid).pw_name if host.startswith("/")
+                        else "postgres")
             owner = pwd.getpwnam(user)
             for path in (self.dir, *self.dir.iterdir()):
                 os.chown(path, owner.pw_uid, owner.pw_gid)
