@@ -92,14 +92,19 @@ job_cost AS MATERIALIZED (
 -- Running jobs are in the served counts (fair_served, folded into served_n) whatever
 -- their lock's age; those locked before the window start are not served and are taken
 -- away here (jobs_running_idx range: none unless a job has been running
--- longer than the window).
+-- longer than the window). Read in that index's order (locked_at within the type), so
+-- the plan reads the range, not every running job: aggregated straight by group_id, it
+-- read the whole of jobs_running_group_idx (every running job of every type) for the
+-- order it gives (bench/RESULTS.md, section 26).
 running_old AS (
-    SELECT r.group_id, sum(r.cost) AS n
-    FROM {schema}.jobs r
-    WHERE r.type = %(type)s AND r.status = 'running'
-      AND r.locked_at < (SELECT c.ws FROM clock c)
-      AND r.group_id IS NOT NULL
-    GROUP BY r.group_id
+    SELECT x.group_id, sum(x.cost) AS n
+    FROM (SELECT r.group_id, r.cost
+          FROM {schema}.jobs r
+          WHERE r.type = %(type)s AND r.status = 'running'
+            AND r.locked_at < (SELECT c.ws FROM clock c)
+            AND r.group_id IS NOT NULL
+          ORDER BY r.locked_at) x
+    GROUP BY x.group_id
 ),
 -- fair_served counts done jobs finished at or after the edge; between the edge and the
 -- window start they are counted here exactly (jobs_done_idx range; fair_advance keeps
