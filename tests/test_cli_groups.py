@@ -9,7 +9,9 @@ import json
 from typing import Any
 
 import pytest
+from psycopg import sql
 
+from rota import Queue, UnknownPlan, admin
 from tests.test_cli import APP, Rota, one_line_error
 from tests.test_cli import write_app as write_app  # a fixture, asked for by name
 
@@ -187,6 +189,37 @@ def test_a_bad_fair_by_is_refused_before_anything_runs(rota: Rota) -> None:
     result = rota("groups", "list", ok=False, ROTA_FAIR_BY="customer")
     assert result.exit_code == 2
     assert "'customer' is not one of 'group', 'owner'" in result.stderr
+
+
+def test_set_keeps_a_stored_plan_the_queue_does_not_know(rota: Rota) -> None:
+    """Without --app only rota's default plans are known: a group whose stored plan is
+    another (since removed, or the app's) was refused by every `groups set`, though
+    --plan was not given. Only what is given is checked; the plan stays as it is."""
+    rota.sql("INSERT INTO {s}.groups (group_id, plan) VALUES ('legacy', 'oldplan')")
+    assert rota("groups", "set", "legacy", "--paused").stdout == (
+        "updated group 'legacy': owner —, plan oldplan, paused\n")
+    assert rota("groups", "set", "legacy", "--owner", "o1", "--max-running", "3").stdout == (
+        "updated group 'legacy': owner o1, plan oldplan, paused, max running 3\n")
+    assert rota.json("groups", "set", "legacy", "--no-owner", "--active") == {
+        "group_id": "legacy", "owner_id": None, "plan": "oldplan", "active": True,
+        "max_running": 3, "created": False}
+    assert groups_table(rota) == [("legacy", None, "oldplan", True)]
+    # A plan given is still checked: the queue's plans do not have it.
+    result = rota("groups", "set", "legacy", "--plan", "oldplan", "--paused", ok=False)
+    assert (result.exit_code, result.stderr) == (
+        2, "error: unknown plan 'oldplan'; known plans: free, standard, pro\n")
+    assert groups_table(rota) == [("legacy", None, "oldplan", True)]
+
+
+async def test_set_group_checks_only_what_is_given(queue: Queue) -> None:
+    await queue.upsert_group("g", plan="pro", max_running=2)
+    async with queue.connection() as conn:
+        await conn.execute(sql.SQL("UPDATE {}.groups SET plan = 'gone'")
+                           .format(sql.Identifier(queue.schema)))
+    row, created = await admin.set_group(queue, "g", active=False)
+    assert (row.plan, row.active, row.max_running, created) == ("gone", False, 2, False)
+    with pytest.raises(UnknownPlan):
+        await admin.set_group(queue, "g", plan="gone")
 
 
 def test_list_shows_running_against_the_owners_cap(rota: Rota) -> None:

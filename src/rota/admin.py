@@ -14,7 +14,7 @@ plus the queue's ``clock_offset``); durations are ``timedelta``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -25,7 +25,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from . import statements as sql
-from .checks import require_aware, require_row_id, require_text
+from .checks import INT_MAX, require_aware, require_row_id, require_text
 from .db import migrations
 from .errors import ConfigError, InvalidInput, InvalidTransition, JobNotFound, UnreadableJob
 from .job import Job, JobStatus, no_give_up_hook
@@ -61,6 +61,10 @@ class AdminQueue(Protocol):
 MAX_LIST_LIMIT = 1000
 
 JOB_STATUSES: tuple[str, ...] = get_args(JobStatus)
+
+#: The largest cap of a group's own running jobs (``max_running``): what the groups
+#: table's integer column holds (its check asks only for more than 0).
+MAX_GROUP_RUNNING = INT_MAX
 
 _ZERO_UUID = uuid.UUID(int=0)  # sorts before every run id: "before this instant" only
 
@@ -194,26 +198,50 @@ async def upsert_group(
         InvalidInput: ``max_running`` is not ``None`` or an int of at least 1.
         ConfigError: the queue reads groups from an application relation instead.
     """
+    gid = require_text(group_id, "group_id")
+    assert gid is not None
+    await _write_group(queue, gid, owner_id=_checked_owner(owner_id),
+                       plan=_checked_plan(queue, plan), active=_checked_active(active),
+                       max_running=_checked_max_running(max_running), conn=conn)
+
+
+def _checked_owner(owner_id: str | uuid.UUID | None) -> str | None:
+    return require_text(owner_id, "owner_id", allow_none=True)
+
+
+def _checked_plan(queue: AdminQueue, plan: str | None) -> str | None:
+    if plan is not None:
+        queue.plans[plan]
+    return plan
+
+
+def _checked_active(active: bool) -> bool:
+    if not isinstance(active, bool):
+        raise InvalidInput("active must be a bool", argument="active")
+    return active
+
+
+def _checked_max_running(max_running: int | None) -> int | None:
+    if max_running is not None and (not isinstance(max_running, int)
+                                    or isinstance(max_running, bool)
+                                    or not 1 <= max_running <= MAX_GROUP_RUNNING):
+        raise InvalidInput(f"max_running must be None or an int of at least 1, "
+                           f"got {max_running!r}", argument="max_running")
+    return max_running
+
+
+async def _write_group(queue: AdminQueue, group_id: str, *, owner_id: str | None,
+                       plan: str | None, active: bool, max_running: int | None,
+                       conn: AnyConn | None) -> None:
+    """Write a group's row as given (checked by the caller)."""
     if queue.external_groups:
         raise ConfigError(
             "this queue reads groups from the application's relation "
             f"{queue.store.groups_ident.as_string(None)}; change plan and status there"
         )
-    gid = require_text(group_id, "group_id")
-    assert gid is not None
-    owner = require_text(owner_id, "owner_id", allow_none=True)
-    if plan is not None:
-        queue.plans[plan]
-    if not isinstance(active, bool):
-        raise InvalidInput("active must be a bool", argument="active")
-    if max_running is not None and (not isinstance(max_running, int)
-                                    or isinstance(max_running, bool)
-                                    or not 1 <= max_running <= 2**31 - 1):
-        raise InvalidInput(f"max_running must be None or an int of at least 1, "
-                           f"got {max_running!r}", argument="max_running")
     async with queue.connection(conn) as c:
-        await sql.upsert_group(queue.store, group_id=gid, owner_id=owner, plan=plan,
-                               active=active, max_running=max_running, conn=c)
+        await sql.upsert_group(queue.store, group_id=group_id, owner_id=owner_id,
+                               plan=plan, active=active, max_running=max_running, conn=c)
 
 
 async def list_jobs(
@@ -516,24 +544,28 @@ class GroupRow:
 KEEP: Any = object()
 
 
-class GroupsQueue(AdminQueue, Protocol):
-    """What :func:`set_group` uses besides :class:`AdminQueue`: whether groups are the
-    application's, and the queue's own upsert (its checks: plan, text)."""
+#: A new group's fields that :func:`set_group` is not given.
+_NEW_GROUP: dict[str, Any] = {"owner_id": None, "plan": None, "active": True,
+                              "max_running": None}
 
-    @property
-    def external_groups(self) -> bool: ...
-    async def upsert_group(self, group_id: str, *, plan: str | None, active: bool = True,
-                           owner_id: str | None = None, max_running: int | None = None,
-                           conn: AnyConn | None = None) -> None: ...
+#: :func:`set_group`'s check of each field given (the queue's plans for ``plan``).
+_SET_GROUP_CHECKS: dict[str, Callable[[AdminQueue, Any], Any]] = {
+    "owner_id": lambda _, v: _checked_owner(v),
+    "plan": _checked_plan,
+    "active": lambda _, v: _checked_active(v),
+    "max_running": lambda _, v: _checked_max_running(v),
+}
 
 
-async def set_group(queue: GroupsQueue, group_id: str, *, owner_id: str | None = KEEP,
+async def set_group(queue: AdminQueue, group_id: str, *, owner_id: str | None = KEEP,
                     plan: str | None = KEEP, active: bool = KEEP,
                     max_running: int | None = KEEP) -> tuple[GroupRow, bool]:
     """Create a group, or change the fields given of an existing one (the others stay):
     one transaction, the row locked while it is read and written. A new group gets
     ``plan=None``, ``owner_id=None``, ``active=True`` and ``max_running=None`` for what
-    is left out.
+    is left out. Only the values given are checked: a group whose stored plan is not
+    among the queue's plans (one since removed, or another app's) can still be paused,
+    given an owner or a cap, its plan kept as it is.
 
     Args:
         group_id: the group's id.
@@ -544,26 +576,25 @@ async def set_group(queue: GroupsQueue, group_id: str, *, owner_id: str | None =
         The group as written, and whether it was created.
 
     Raises:
-        UnknownPlan: ``plan`` is not in the queue's plans.
+        UnknownPlan: ``plan`` (given) is not in the queue's plans.
         ConfigError: the queue reads groups from an application relation.
         InvalidInput: an id that is not text, or a bad ``max_running``.
     """
     gid = require_text(group_id, "group_id")
     assert gid is not None
+    given = {"owner_id": owner_id, "plan": plan, "active": active,
+             "max_running": max_running}
+    # Only what is given is checked: a plan kept is written back as it is, known to
+    # this queue's plans or not (the claim ranks an unknown plan id as the lowest).
+    changes = {name: _SET_GROUP_CHECKS[name](queue, value)
+               for name, value in given.items() if value is not KEEP}
     async with queue.connection() as c, c.transaction():
         old = None
         if not queue.external_groups:
             old = await sql.group_get(queue.store, group_id=gid, conn=c)
-        row = GroupRow(
-            group_id=gid,
-            owner_id=owner_id if owner_id is not KEEP else (old or {}).get("owner_id"),
-            plan=plan if plan is not KEEP else (old or {}).get("plan"),
-            active=active if active is not KEEP else (old or {}).get("active", True),
-            max_running=(max_running if max_running is not KEEP
-                         else (old or {}).get("max_running")))
-        await queue.upsert_group(row.group_id, plan=row.plan, active=row.active,
-                                 owner_id=row.owner_id, max_running=row.max_running,
-                                 conn=c)
+        row = GroupRow(**{**_NEW_GROUP, **(old or {}), **changes, "group_id": gid})
+        await _write_group(queue, gid, owner_id=row.owner_id, plan=row.plan,
+                           active=row.active, max_running=row.max_running, conn=c)
     return row, old is None
 
 
