@@ -199,6 +199,26 @@ async def test_the_api_keeps_python_s_terms(queue: Queue) -> None:
         "group_id must be a non-empty string, got ''", "group_id")
 
 
+def test_an_unknown_group_says_how_to_create_it(migrated: tuple[str, str]) -> None:
+    """The API's hint (queue.upsert_group in Python) said as the command line's: the
+    option, and the command that creates the group (with the --schema given)."""
+    url, schema = migrated
+    result = rota(url, schema, "enqueue", "echo", "{}", "--group", "nosuch")
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", (
+        "error: unknown group 'nosuch' (--group): create it first (rota groups set nosuch) "
+        "or enqueue without --group\n"))
+    result = rota(url, "", "enqueue", "echo", "{}", "--group", "-it's", "--schema", schema,
+                  ROTA_SCHEMA=None)
+    assert result.stderr == (
+        f"error: unknown group \"-it's\" (--group): create it first (rota groups set "
+        f"--schema {schema} -- '-it'\"'\"'s') or enqueue without --group\n")
+    assert job_count(url, schema) == 0
+    # As said: the group is created, then the job is enqueued in it.
+    assert rota(url, schema, "groups", "set", "nosuch").exit_code == 0
+    assert rota(url, schema, "enqueue", "echo", "{}", "--group", "nosuch").exit_code == 0
+    assert job_count(url, schema) == 1
+
+
 def test_only_python_s_none_is_spelled_none() -> None:
     """A value given as None (quoted in the message) stays as it was given."""
     command = cli.commands["groups"].commands["set"]  # type: ignore[attr-defined]

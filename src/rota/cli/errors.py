@@ -116,6 +116,19 @@ def _spelled(ctx: click.Context, param: click.Parameter) -> str:
         return param.human_readable_name
     return next((o for o in param.opts if o.startswith("--")), param.opts[0])
 
+def given_as(ctx: click.Context | None, name: str) -> str | None:
+    """How the user gave the parameter called ``name`` (``app_spec``): ``--app``, or
+    ``ROTA_APP`` when it came from the environment; the innermost context that took it
+    from the user counts (``rota jobs --app X failed``). ``None``: not given (a
+    default, or no such parameter)."""
+    at = ctx
+    while at is not None:
+        for param in at.command.params:
+            if param.name == name and at.get_parameter_source(name) in _FROM_THE_USER:
+                return _spelled(at, param)
+        at = at.parent
+    return None
+
 
 def in_cli_terms(exc: rota_errors.InvalidInput, ctx: click.Context) -> str | None:
     """The message of ``exc`` as the command line would say it: the argument it begins

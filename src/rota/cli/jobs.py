@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -16,13 +17,13 @@ import click
 from rich.table import Table
 
 from .. import admin
-from ..errors import first_line
+from ..errors import UnknownGroup, first_line
 from ..job import Job, too_deep
 from ..queue import Queue
 from ..results import JobResult, as_dict
 from ..runner.source import pipeline_queue
 from .app import Target, load_pipeline, open_queue
-from .errors import CliConfigError, RotaCommand, RotaGroup, as_given
+from .errors import CliConfigError, RotaCommand, RotaGroup, as_given, given_as
 from .options import json_option, make_target, target_options, wants_json
 from .output import (
     ABSENT,
@@ -126,9 +127,12 @@ def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
                 _, pipeline = await load_pipeline(target, queue)
                 check_app_type(target, queue, pipeline, job_type)
                 queue = pipeline_queue(pipeline, queue)
-            return await queue.enqueue(job_type, payload, group_id=group_id,
-                                       dedupe_key=dedupe_key, run_after=run_after,
-                                       max_attempts=max_attempts)
+            try:
+                return await queue.enqueue(job_type, payload, group_id=group_id,
+                                           dedupe_key=dedupe_key, run_after=run_after,
+                                           max_attempts=max_attempts)
+            except UnknownGroup:
+                raise unknown_group(queue, group_id) from None
 
     job = asyncio.run(go())
     if as_json:
@@ -139,6 +143,25 @@ def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
     else:
         click.echo(safe_text(
             f"enqueued job {job.id} ({job.type}), due {utc_time(job.run_after)} UTC"))
+
+
+def unknown_group(queue: Queue, group_id: str | None) -> CliConfigError:
+    """``--group`` names no group: how to create it from the command line (``rota
+    groups set GROUP``), or where, when the queue reads the application's groups
+    relation (which ``rota groups set`` does not write)."""
+    if queue.external_groups:
+        how = f"a row of the groups relation {queue.store.groups_ident.as_string(None)}"
+    else:
+        # The same --schema, when it was given on the command line (from the
+        # environment it is there for the next command too).
+        ctx = click.get_current_context(silent=True)
+        schema = (f" --schema {shlex.quote(queue.schema)}"
+                  if given_as(ctx, "schema") == "--schema" else "")
+        gid = str(group_id)
+        how = (f"rota groups set{schema} {'-- ' if gid.startswith('-') else ''}"
+               f"{shlex.quote(gid)}")
+    return CliConfigError(f"unknown group {group_id!r} (--group): create it first "
+                          f"({how}) or enqueue without --group")
 
 
 def check_app_type(target: Target, queue: Queue, pipeline: Any, job_type: str) -> None:
