@@ -186,12 +186,13 @@ def test_bad_flag_values_exit_2(rota: Rota, args: list[str], message: str) -> No
     (["enqueue", "echo", '{"x": NaN}'], "error: PAYLOAD_JSON['x'] is nan"),
     (["enqueue", "other", "{}", "--app", APP], "error: unknown job type 'other'"),
     (["run"], "error: no app: pass --app module:attribute or set ROTA_APP"),
-    (["run", "--app", "tests.cli_app"], "error: app 'tests.cli_app' must look like"),
+    (["run", "--app", "tests.cli_app"], "error: --app 'tests.cli_app' must look like"),
     (["run", "--app", "tests.nope:build"], "error: cannot import app module 'tests.nope'"),
     (["run", "--app", "tests.cli_app:nope"], "error: app module 'tests.cli_app' has no"),
-    (["run", "--app", "tests.cli_app:TEST_PLANS"], "error: app 'tests.cli_app:TEST_PLANS' is"),
+    (["run", "--app", "tests.cli_app:TEST_PLANS"],
+     "error: --app 'tests.cli_app:TEST_PLANS' is"),
     (["run", "--app", "tests.cli_app:not_callable_app"],
-     "error: app 'tests.cli_app:not_callable_app' must take one argument, the Queue"),
+     "error: --app 'tests.cli_app:not_callable_app' must take one argument, the Queue"),
 ])
 def test_bad_input_is_one_line_and_exit_2(rota: Rota, args: list[str], starts: str) -> None:
     one_line_error(rota(*args, ok=False), starts)
@@ -283,7 +284,7 @@ def test_migrate_with_an_app_publishes_its_stage_types_for_sql(rota: Rota) -> No
     assert rota.sql("SELECT {s}.enqueue('echo', '{{}}')") == [(2,)]
     result = rota("enqueue", "nosuchtype", "{}", "--app", app, ok=False)
     assert (result.exit_code, result.stderr) == (2, (
-        "error: unknown job type 'nosuchtype': app 'tests.cli_app:build_stages_only' runs "
+        "error: unknown job type 'nosuchtype': --app 'tests.cli_app:build_stages_only' runs "
         "the stage types echo, boom (without --app/ROTA_APP any type may be enqueued)\n"))
     # The app's queue declares types: those are published with the stage types.
     rota("migrate", "--app", APP)
@@ -1009,7 +1010,7 @@ def test_enqueue_refuses_a_type_the_app_never_runs(rota: Rota, write_app: Any,
     result = rota("enqueue", "nosuchtype", "{}", *args, ok=False, **env)
     one_line_error(result, "")
     assert result.stderr == (
-        f"error: unknown job type 'nosuchtype': app {app!r} runs the stage types send, "
+        f"error: unknown job type 'nosuchtype': {how} {app!r} runs the stage types send, "
         "fetch (without --app/ROTA_APP any type may be enqueued)\n")
     assert rota.sql("SELECT count(*) FROM {s}.jobs") == [(0,)]
     assert rota.json("enqueue", "send", "{}", *args, **env)["id"] == 1
@@ -1140,7 +1141,7 @@ def test_enqueue_with_an_app_takes_a_type_only_its_queue_declares(
     assert rota.json("enqueue", "mail", "{}", "--app", app)["id"] == 1
     result = rota("enqueue", "nosuchtype", "{}", "--app", app, ok=False)
     assert (result.exit_code, result.stderr) == (2, (
-        f"error: unknown job type 'nosuchtype': app {app!r} runs the stage types send, "
+        f"error: unknown job type 'nosuchtype': --app {app!r} runs the stage types send, "
         "fetch; the queue also declares mail (without --app/ROTA_APP any type may be "
         "enqueued)\n"))
 

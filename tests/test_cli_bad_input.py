@@ -219,6 +219,22 @@ def test_an_unknown_group_says_how_to_create_it(migrated: tuple[str, str]) -> No
     assert job_count(url, schema) == 1
 
 
+@pytest.mark.parametrize(("args", "env", "named"), [
+    (["depth"], {"ROTA_APP": "bad"}, "ROTA_APP"),
+    (["depth", "--app", "bad"], {}, "--app"),
+    (["jobs", "--app", "bad", "failed"], {}, "--app"),
+], ids=["environment", "option", "option-of-the-group"])
+def test_a_bad_app_is_named_as_it_was_given(
+    migrated: tuple[str, str], args: list[str], env: dict[str, str], named: str
+) -> None:
+    """ROTA_APP=bad said "app 'bad' must look like …", not where 'bad' came from."""
+    url, schema = migrated
+    result = rota(url, schema, *args, **env)
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", (
+        f"error: {named} 'bad' must look like module:attribute (for example "
+        "myapp.jobs:build_pipeline)\n"))
+
+
 def test_only_python_s_none_is_spelled_none() -> None:
     """A value given as None (quoted in the message) stays as it was given."""
     command = cli.commands["groups"].commands["set"]  # type: ignore[attr-defined]

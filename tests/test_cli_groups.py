@@ -9,9 +9,11 @@ import json
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from psycopg import sql
 
 from rota import Queue, UnknownPlan, admin
+from rota.cli import cli
 from tests.test_cli import APP, Rota, one_line_error
 from tests.test_cli import write_app as write_app  # a fixture, asked for by name
 
@@ -189,6 +191,21 @@ def test_a_bad_fair_by_is_refused_before_anything_runs(rota: Rota) -> None:
     result = rota("groups", "list", ok=False, ROTA_FAIR_BY="customer")
     assert result.exit_code == 2
     assert "'customer' is not one of 'group', 'owner'" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "env", "named"), [
+    ([], {"ROTA_FAIR_BY": "bogus"}, "ROTA_FAIR_BY"),
+    (["--fair-by", "bogus"], {}, "--fair-by"),
+    (["--fair-by", "bogus"], {"ROTA_FAIR_BY": "group"}, "--fair-by"),
+], ids=["environment", "option", "option-over-environment"])
+def test_a_bad_fair_by_is_named_as_it_was_given(
+        rota: Rota, args: list[str], env: dict[str, str], named: str) -> None:
+    """ROTA_FAIR_BY=bogus was reported as --fair-by, which the user never typed."""
+    result = CliRunner().invoke(cli, ["groups", *args, "list"], prog_name="rota",
+                                env={**rota.env, **env})
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", (
+        f"error: Invalid value for '{named}': 'bogus' is not one of 'group', 'owner'. "
+        "(see 'rota groups --help')\n"))
 
 
 def test_set_keeps_a_stored_plan_the_queue_does_not_know(rota: Rota) -> None:

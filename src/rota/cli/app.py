@@ -65,8 +65,13 @@ def run_async(main: Coroutine[Any, Any, T], *, grace: float = LEFTOVER_GRACE) ->
             loop.close()
 
 
-def load_app(spec: str) -> Callable[..., Any]:
+def load_app(spec: str, given_as: str = "app") -> Callable[..., Any]:
     """Import an app given as ``module:attribute`` (the attribute may be dotted).
+
+    Args:
+        spec: ``module:attribute``.
+        given_as: how the messages name it: ``--app``, ``ROTA_APP`` (where the user
+            gave it), or ``app``.
 
     Returns:
         The callable named (``build(queue) -> Pipeline | factory``).
@@ -77,7 +82,7 @@ def load_app(spec: str) -> Callable[..., Any]:
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name.strip() or not attr.strip():
-        raise CliConfigError(f"app {spec!r} must look like module:attribute "
+        raise CliConfigError(f"{given_as} {spec!r} must look like module:attribute "
                              "(for example myapp.jobs:build_pipeline)")
     cwd = os.getcwd()
     if cwd not in sys.path:
@@ -97,13 +102,13 @@ def load_app(spec: str) -> Callable[..., Any]:
             raise CliConfigError(f"app module {module_name!r} has no attribute {attr!r}") from None
         except Exception as exc:  # a module-level __getattr__ that raised
             raise CliConfigError(
-                f"app {spec!r}: {first_line(exc, with_type=True)}") from None
+                f"{given_as} {spec!r}: {first_line(exc, with_type=True)}") from None
     if inspect.isclass(obj):
-        raise CliConfigError(f"app {spec!r} is a class: it must be a function that takes a "
+        raise CliConfigError(f"{given_as} {spec!r} is a class: it must be a function that takes a "
                              "Queue and returns the pipeline")
     if not callable(obj):
-        raise CliConfigError(f"app {spec!r} is not callable: it must take a Queue and return "
-                             "the pipeline")
+        raise CliConfigError(f"{given_as} {spec!r} is not callable: it must take a Queue "
+                             "and return the pipeline")
     try:
         signature = inspect.signature(obj)
     except (TypeError, ValueError):  # no signature to check (some builtins)
@@ -111,14 +116,15 @@ def load_app(spec: str) -> Callable[..., Any]:
     try:
         signature.bind(object())
     except TypeError:
-        raise CliConfigError(f"app {spec!r} must take one argument, the Queue; its "
+        raise CliConfigError(f"{given_as} {spec!r} must take one argument, the Queue; its "
                              f"signature is {signature}") from None
     return obj  # type: ignore[no-any-return]
 
 
-def app_error(spec: str | None, exc: Exception) -> CliConfigError:
+def app_error(target: Target, exc: Exception) -> CliConfigError:
     """The one-line error for an app (or its factory) that raised."""
-    return CliConfigError(f"app {spec!r} failed: {first_line(exc, with_type=True)}")
+    return CliConfigError(f"{target.app_given_as} {target.app_spec!r} failed: "
+                          f"{first_line(exc, with_type=True)}")
 
 
 #: The keyword arguments rota.Queue takes besides the connection (its QueueSettings).
@@ -138,11 +144,13 @@ class Target:
     fair_by: str | None = None  # --fair-by / ROTA_FAIR_BY, over the app's setting
     #: ``--listen-url`` (``rota worker``); else ``ROTA_LISTEN_URL``.
     listen_url: str | None = field(default=None, repr=False)
+    #: How messages name the app: ``--app`` or ``ROTA_APP``, as the user gave it.
+    app_given_as: str = "app"
 
     @property
     def app(self) -> Callable[..., Any] | None:
         if self._app is None and self.app_spec:
-            self._app = load_app(self.app_spec)
+            self._app = load_app(self.app_spec, self.app_given_as)
         return self._app
 
     def require_app(self) -> Callable[..., Any]:
@@ -170,7 +178,7 @@ class Target:
                 raw = raw()
             except Exception as exc:
                 raise CliConfigError(
-                    f"app {self.app_spec!r}: queue_settings() failed: "
+                    f"{self.app_given_as} {self.app_spec!r}: queue_settings() failed: "
                     f"{first_line(exc, with_type=True)}") from None
         if raw is not None and not isinstance(raw, Mapping):
             raise CliConfigError("the app's queue_settings must be a mapping of Queue settings")
@@ -180,8 +188,8 @@ class Target:
                 close = difflib.get_close_matches(str(key), QUEUE_SETTING_NAMES, n=1)
                 hint = (f"did you mean {close[0]!r}?" if close else
                         f"the settings are {', '.join(sorted(QUEUE_SETTING_NAMES))}")
-                raise CliConfigError(f"app {self.app_spec!r}: queue_settings has unknown key "
-                                     f"{key!r} ({hint})")
+                raise CliConfigError(f"{self.app_given_as} {self.app_spec!r}: "
+                                     f"queue_settings has unknown key {key!r} ({hint})")
         settings["schema"] = self.schema or settings.get("schema") or "rota"
         if self.fair_by is not None:
             settings["fair_by"] = self.fair_by
@@ -269,7 +277,7 @@ async def build_pipeline(target: Target, queue: Queue) -> Any:
     except Exception as exc:
         if is_database_error(exc):
             raise
-        raise app_error(target.app_spec, exc) from None
+        raise app_error(target, exc) from None
     return made
 
 
@@ -285,7 +293,7 @@ async def load_pipeline(target: Target, queue: Queue) -> tuple[Any, Any]:
     except Exception as exc:
         if is_database_error(exc):
             raise
-        raise app_error(target.app_spec, exc) from None
+        raise app_error(target, exc) from None
 
 
 def resolve_budget(pipeline: Any, budget: float | None) -> float:

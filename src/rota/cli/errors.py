@@ -105,16 +105,18 @@ _FROM_THE_USER = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT,
                   ParameterSource.PROMPT)
 
 
-def _spelled(ctx: click.Context, param: click.Parameter) -> str:
+def _spelled(ctx: click.Context | None, param: click.Parameter) -> str:
     """How the user gave ``param``: its environment variable when it came from there
     (``ROTA_SCHEMA``), else the option (its long form, ``--max-running``) or the
     argument's metavar (``GROUP``)."""
     assert param.name is not None
-    if ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT and param.envvar:
+    if (ctx is not None and param.envvar
+            and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT):
         return param.envvar if isinstance(param.envvar, str) else param.envvar[0]
     if isinstance(param, click.Argument):
         return param.human_readable_name
     return next((o for o in param.opts if o.startswith("--")), param.opts[0])
+
 
 def given_as(ctx: click.Context | None, name: str) -> str | None:
     """How the user gave the parameter called ``name`` (``app_spec``): ``--app``, or
@@ -191,6 +193,19 @@ def _in_cli_terms_error(exc: Exception, ctx: click.Context) -> CliError | None:
     return None if message is None else CliConfigError(message)
 
 
+def usage_message(error: click.UsageError) -> str:
+    """click's usage error as the command says it: a refused value (click's ``Invalid
+    value for …``) naming its environment variable when it came from there
+    (``'ROTA_FAIR_BY'``, not ``'--fair-by'``); anything else as click says it."""
+    if isinstance(error, click.BadParameter) and error.param is not None \
+            and error.param.name is not None and error.param_hint is None:
+        spelled = _spelled(error.ctx, error.param)
+        if spelled == error.param.envvar or (error.param.envvar is not None
+                                             and spelled in error.param.envvar):
+            return f"Invalid value for '{spelled}': {error.message}"
+    return error.format_message()
+
+
 class RotaCommand(click.Command):
     """A ``rota`` command: what the API refuses of the values it was given is said in
     the command line's terms (:func:`in_cli_terms`), exit 2, nothing written. Every
@@ -219,7 +234,7 @@ class CliUsageError(click.UsageError):
     exit 2, instead of click's usage, hint, blank line and ``Error:`` line."""
 
     def __init__(self, error: click.UsageError) -> None:
-        super().__init__(error.format_message(), error.ctx)
+        super().__init__(usage_message(error), error.ctx)
 
     def show(self, file: Any = None) -> None:
         message = " ".join(self.message.split())

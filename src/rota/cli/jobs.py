@@ -179,9 +179,9 @@ def check_app_type(target: Target, queue: Queue, pipeline: Any, job_type: str) -
     extra = sorted(set(queue.types or ()) - set(stage_types))
     declared = f"; the queue also declares {', '.join(extra)}" if extra else ""
     raise CliConfigError(
-        f"unknown job type {job_type!r}: app {target.app_spec!r} runs the stage types "
-        f"{', '.join(stage_types)}{declared} (without --app/ROTA_APP any type may be "
-        "enqueued)")
+        f"unknown job type {job_type!r}: {target.app_given_as} {target.app_spec!r} runs "
+        f"the stage types {', '.join(stage_types)}{declared} (without --app/ROTA_APP any "
+        "type may be enqueued)")
 
 
 # -- jobs: list ---------------------------------------------------------------------------------

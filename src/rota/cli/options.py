@@ -11,7 +11,7 @@ import click
 
 from ..settings import FAIR_BY
 from .app import Target
-from .errors import CliConfigError, RotaCommand
+from .errors import CliConfigError, RotaCommand, given_as
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -88,7 +88,8 @@ def make_target(database_url: str | None, schema: str | None,
                          for mine, theirs in given.values())
     ctx = click.get_current_context(silent=True)
     fair_by = ctx.meta.get(FAIR_BY_KEY) if ctx is not None else None
-    return Target(url, schema_, app, fair_by=fair_by)
+    return Target(url, schema_, app, fair_by=fair_by,
+                  app_given_as=given_as(ctx, "app_spec") or "app")
 
 
 def wants_json(as_json: bool) -> bool:

@@ -30,7 +30,7 @@ def schedules(database_url: str | None, schema: str | None, app_spec: str | None
             _, pipeline = await load_pipeline(target, queue)
             scheduler = getattr(pipeline, "scheduler", None)
             if not isinstance(scheduler, Scheduler):
-                raise CliConfigError(f"app {target.app_spec!r} did not return a "
+                raise CliConfigError(f"{target.app_given_as} {target.app_spec!r} did not return a "
                                      "rota.Pipeline: it has no schedules to list")
             return await scheduler.status()
 
