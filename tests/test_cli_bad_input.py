@@ -60,7 +60,8 @@ def migrated(database_url: str, schema: str) -> tuple[str, str]:
     (["enqueue", "echo", "{}", "--run-after", "0001-01-01T00:00:00+00:00"],
      "error: --run-after=0001-01-01T00:00:00+00:00 is out of range"),
     (["enqueue", "echo", "{}", "--max-attempts", str(2**31)],
-     "error: --max-attempts must be at most 2147483647"),
+     "error: --max-attempts must be a whole number from 1 to 2,147,483,647, got "
+     "2147483648"),
     (["enqueue", "", "{}"], "error: TYPE must be a non-empty string"),
     (["enqueue", "echo", "{}", "--dedupe-key", ""], "error: --dedupe-key must be a non-empty"),
     (["enqueue", "echo", "{}", "--group", ""], "error: --group must be a non-empty string"),
@@ -143,8 +144,6 @@ IDENTIFIER_RULE = "(letters, digits and _, not starting with a digit, 1 to 63 ch
 
 
 @pytest.mark.parametrize(("args", "env", "error"), [
-    (["groups", "set", "g", "--max-running", "0"], {},
-     "--max-running must be none or an int of at least 1, got 0"),
     (["groups", "set", ""], {}, "GROUP must be a non-empty string, got ''"),
     (["groups", "set", "g", "--owner", ""], {}, "--owner must be a non-empty string, got ''"),
     (["groups", "list", "--after", ""], {}, "--after must be a non-empty string, got ''"),
@@ -159,19 +158,14 @@ IDENTIFIER_RULE = "(letters, digits and _, not starting with a digit, 1 to 63 ch
      "read back"),
     (["jobs", "--type", ""], {}, "--type must be a non-empty string, got ''"),
     (["jobs", "failed", "--group", ""], {}, "--group must be a non-empty string, got ''"),
-    (["jobs", "--id", BIG_ID], {},
-     f"--id must be an int between 1 and {2**63 - 1}, got {BIG_ID}"),
-    (["jobs", "--before", BIG_ID], {},
-     f"--before must be an int between 1 and {2**63 - 1}, got {BIG_ID}"),
-    (["jobs", "retry", BIG_ID], {}, f"ID must be an int between 1 and {2**63 - 1}, got {BIG_ID}"),
     (["limits", "--name", ""], {}, "--name must be a non-empty string, got ''"),
     (["jobs", "--schema", "1bad", "failed"], {"ROTA_SCHEMA": None},
      f"--schema '1bad' is not a valid identifier {IDENTIFIER_RULE}"),
     (["depth"], {"ROTA_SCHEMA": "1bad"},
      f"ROTA_SCHEMA '1bad' is not a valid identifier {IDENTIFIER_RULE}"),
-], ids=["max-running", "group-argument", "owner", "after", "type-argument", "group-option",
-        "run-after", "payload", "type-option", "failed-group", "id-option", "before",
-        "id-argument", "limit-name", "schema-of-the-group", "schema-from-env"])
+], ids=["group-argument", "owner", "after", "type-argument", "group-option",
+        "run-after", "payload", "type-option", "failed-group", "limit-name",
+        "schema-of-the-group", "schema-from-env"])
 def test_what_the_api_refuses_is_said_in_the_command_line_s_terms(
     migrated: tuple[str, str], args: list[str], env: dict[str, str | None], error: str
 ) -> None:
@@ -192,11 +186,65 @@ async def test_the_api_keeps_python_s_terms(queue: Queue) -> None:
     with pytest.raises(InvalidInput) as raised:
         await admin.set_group(queue, "g", max_running=0)
     assert (str(raised.value), raised.value.argument) == (
-        "max_running must be None or an int of at least 1, got 0", "max_running")
+        "max_running must be None or an int from 1 to 2,147,483,647, got 0", "max_running")
     with pytest.raises(InvalidInput) as raised:
         await queue.enqueue("t", {}, group_id="")
     assert (str(raised.value), raised.value.argument) == (
         "group_id must be a non-empty string, got ''", "group_id")
+
+
+BIG = "9,223,372,036,854,775,807"
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["runs", "-n", "0"], "--limit must be a whole number from 1 to 1,000, got 0"),
+    (["jobs", "--limit", "1001"], "--limit must be a whole number from 1 to 1,000, got 1001"),
+    (["limits", "-n", "0"], "--limit must be a whole number from 1 to 10,000, got 0"),
+    (["jobs", "show", "abc"], f"ID must be a whole number from 1 to {BIG}, got 'abc'"),
+    (["jobs", "show", "0"], f"ID must be a whole number from 1 to {BIG}, got 0"),
+    (["jobs", "retry", BIG_ID], f"ID must be a whole number from 1 to {BIG}, got {BIG_ID}"),
+    (["jobs", "--id", BIG_ID], f"--id must be a whole number from 1 to {BIG}, got {BIG_ID}"),
+    (["jobs", "--before", "0"], f"--before must be a whole number from 1 to {BIG}, got 0"),
+    (["enqueue", "echo", "{}", "--max-attempts", "0"],
+     "--max-attempts must be a whole number from 1 to 2,147,483,647, got 0"),
+    (["enqueue", "echo", "{}", "--max-attempts", "3000000000"],
+     "--max-attempts must be a whole number from 1 to 2,147,483,647, got 3000000000"),
+    (["enqueue", "echo", "{}", "--max-attempts", "2.5"],
+     "--max-attempts must be a whole number from 1 to 2,147,483,647, got '2.5'"),
+    (["groups", "set", "g", "--max-running", "0"],
+     "--max-running must be none or a whole number from 1 to 2,147,483,647, got 0"),
+    (["groups", "set", "g", "--max-running", "2147483648"],
+     "--max-running must be none or a whole number from 1 to 2,147,483,647, got 2147483648"),
+    (["serve", "--port", "70000"], "--port must be a whole number from 0 to 65,535, got 70000"),
+], ids=["runs-limit", "jobs-limit", "limits-limit", "id-not-a-number", "id-zero",
+        "id-too-big", "id-option", "before", "max-attempts-zero", "max-attempts-too-big",
+        "max-attempts-fraction", "max-running-zero", "max-running-too-big", "port"])
+def test_whole_numbers_are_refused_in_one_wording(
+    migrated: tuple[str, str], args: list[str], error: str
+) -> None:
+    """click said "0 is not in the range 1<=x<=1000" or "'abc' is not a valid integer
+    range" and the API "must be at most 2147483647" for the same kind of value: every
+    integer option or argument now says its range as a whole number, named as given
+    (still a usage error, naming the command's help)."""
+    url, schema = migrated
+    result = CliRunner().invoke(cli, args, prog_name="rota", env={
+        "DATABASE_URL": url, "ROTA_SCHEMA": schema, "ROTA_APP": None})
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr.startswith(f"error: {error} (see 'rota "), result.stderr
+    assert result.stderr.endswith(" --help')\n") and result.stderr.count("\n") == 1
+    assert job_count(url, schema) == 0
+
+
+@pytest.mark.parametrize("args", [["jobs", "show", "-1"], ["jobs", "retry", "-5"],
+                                  ["jobs", "cancel", "1", "-2"]])
+def test_a_negative_id_is_refused_as_an_id(migrated: tuple[str, str], args: list[str]) -> None:
+    """`rota jobs show -1` said "No such option '-1'"."""
+    url, schema = migrated
+    result = CliRunner().invoke(cli, args, prog_name="rota", env={
+        "DATABASE_URL": url, "ROTA_SCHEMA": schema, "ROTA_APP": None})
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", (
+        f"error: ID must be a whole number from 1 to {BIG}, got {args[-1]} "
+        f"(see 'rota jobs {args[1]} --help')\n"))
 
 
 def test_an_unknown_group_says_how_to_create_it(migrated: tuple[str, str]) -> None:
@@ -233,6 +281,15 @@ def test_a_bad_app_is_named_as_it_was_given(
     assert (result.exit_code, result.stdout, result.stderr) == (2, "", (
         f"error: {named} 'bad' must look like module:attribute (for example "
         "myapp.jobs:build_pipeline)\n"))
+
+
+def test_the_api_s_int_is_said_as_a_whole_number() -> None:
+    command = cli.commands["groups"].commands["set"]  # type: ignore[attr-defined]
+    [param] = [p for p in command.params if p.name == "max_running"]
+    exc = InvalidInput("max_running must be None or an int from 1 to 9, got 'an int'",
+                       argument="max_running")
+    assert as_given(exc, click.Context(command), param) == (
+        "--max-running must be none or a whole number from 1 to 9, got 'an int'")
 
 
 def test_only_python_s_none_is_spelled_none() -> None:

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from psycopg import sql
 
-from rota import Queue, UnknownPlan, admin
+from rota import InvalidInput, Queue, UnknownPlan, admin
 from rota.cli import cli
 from tests.test_cli import APP, Rota, one_line_error
 from tests.test_cli import write_app as write_app  # a fixture, asked for by name
@@ -118,9 +118,10 @@ def test_max_running_is_set_kept_shown_and_cleared(rota: Rota) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--max-running", "0"], "error: --max-running must be none or an int of at least 1, "
-                             "got 0\n"),
-    (["--max-running", "two"], "is not a whole number or 'none'"),
+    (["--max-running", "0"], "error: --max-running must be none or a whole number from 1 "
+                             "to 2,147,483,647, got 0 ("),
+    (["--max-running", "two"], "error: --max-running must be none or a whole number from "
+                               "1 to 2,147,483,647, got 'two' ("),
     (["--plan", "platinum"], "error: unknown plan 'platinum'"),
     (["--plan", "pro", "--no-plan"], "error: --plan and --no-plan contradict each other"),
     (["--owner", "u", "--no-owner"], "error: --owner and --no-owner contradict each other"),
@@ -237,6 +238,24 @@ async def test_set_group_checks_only_what_is_given(queue: Queue) -> None:
     assert (row.plan, row.active, row.max_running, created) == ("gone", False, 2, False)
     with pytest.raises(UnknownPlan):
         await admin.set_group(queue, "g", plan="gone")
+    with pytest.raises(InvalidInput, match=r"^max_running must be None or an int from 1 to "
+                                           r"2,147,483,647, got 2147483648$"):
+        await admin.set_group(queue, "g", max_running=2**31)
+
+
+@pytest.mark.parametrize(("value", "written"), [("2147483647", 2**31 - 1), ("1", 1)])
+def test_max_running_takes_every_cap_the_table_holds(
+        rota: Rota, value: str, written: int) -> None:
+    """The groups table's max_running is an integer checked only for more than 0: every
+    such cap can be set, and the message for one out of range says the range."""
+    rota("groups", "set", "g", "--max-running", value)
+    assert rota.sql("SELECT max_running FROM {s}.groups") == [(written,)]
+    result = CliRunner().invoke(cli, ["groups", "set", "g", "--max-running", "2147483648"],
+                                prog_name="rota", env=rota.env)
+    assert (result.exit_code, result.stderr) == (2, (
+        "error: --max-running must be none or a whole number from 1 to 2,147,483,647, got "
+        "2147483648 (see 'rota groups set --help')\n"))
+    assert rota.sql("SELECT max_running FROM {s}.groups") == [(written,)]
 
 
 def test_list_shows_running_against_the_owners_cap(rota: Rota) -> None:

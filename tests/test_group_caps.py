@@ -132,9 +132,11 @@ async def test_eight_concurrent_claims_never_pass_a_group_cap_of_two(
 async def test_a_bad_max_running_is_invalid_input_and_writes_nothing(
         queue: Queue, value: Any) -> None:
     await queue.upsert_group("g", plan="free", max_running=2)
-    with pytest.raises(InvalidInput, match=r"^max_running must be None or an int of at "):
+    with pytest.raises(InvalidInput, match=r"^max_running must be None or an int from 1 to "
+                       r"2,147,483,647, got "):
         await queue.upsert_group("g", plan="pro", max_running=value)
-    with pytest.raises(InvalidInput, match=r"^max_running must be None or an int of at "):
+    with pytest.raises(InvalidInput, match=r"^max_running must be None or an int from 1 to "
+                       r"2,147,483,647, got "):
         await queue.upsert_group("new", plan="pro", max_running=value)
     groups = await admin.list_groups(queue)
     assert [(r.group_id, r.plan, r.max_running) for r in groups] == [("g", "free", 2)]

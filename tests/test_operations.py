@@ -136,4 +136,4 @@ async def test_listings_are_capped_at_1000(queue: Queue, database_url: str) -> N
                  ["jobs", "failed", "--limit", "1000000"], ["runs", "-n", "1000000"]):
         result = await asyncio.to_thread(run, *args)
         assert result.exit_code == 2, args
-        assert "1000000 is not in the range 1<=x<=1000" in result.stderr
+        assert "--limit must be a whole number from 1 to 1,000, got 1000000" in result.stderr

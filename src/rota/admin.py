@@ -195,7 +195,8 @@ async def upsert_group(
 
     Raises:
         UnknownPlan: ``plan`` is not in the queue's plans.
-        InvalidInput: ``max_running`` is not ``None`` or an int of at least 1.
+        InvalidInput: ``max_running`` is not ``None`` or an int from 1 to
+            :data:`MAX_GROUP_RUNNING`.
         ConfigError: the queue reads groups from an application relation instead.
     """
     gid = require_text(group_id, "group_id")
@@ -225,8 +226,9 @@ def _checked_max_running(max_running: int | None) -> int | None:
     if max_running is not None and (not isinstance(max_running, int)
                                     or isinstance(max_running, bool)
                                     or not 1 <= max_running <= MAX_GROUP_RUNNING):
-        raise InvalidInput(f"max_running must be None or an int of at least 1, "
-                           f"got {max_running!r}", argument="max_running")
+        raise InvalidInput(f"max_running must be None or an int from 1 to "
+                           f"{MAX_GROUP_RUNNING:,}, got {max_running!r}",
+                           argument="max_running")
     return max_running
 
 

@@ -14,14 +14,14 @@ from ..queue import Queue
 from .app import CONNECT_TIMEOUT, build_pipeline, require_migrated
 from .errors import CliConfigError, RotaCommand
 from .listening import listen_socket, warn_short_secret
-from .options import make_target, target_options
+from .options import WholeNumber, make_target, target_options
 from .serving import serve_until_signal
 
 
 @click.command("dashboard", cls=RotaCommand)
 @target_options
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--port", type=WholeNumber(0, 65535), default=8080, show_default=True)
 @click.option("--read-only", is_flag=True,
               help="No Retry or Cancel (the only way to serve without a secret, and "
                    "then only on a loopback address).")

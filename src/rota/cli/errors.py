@@ -96,8 +96,13 @@ def as_cli_error(exc: Exception) -> CliError | None:
 #: ``max_running``, ``schema``…).
 CLI_PARAMETER_OF = {"job type": "job_type", "type": "job_type", "rate limit name": "name"}
 
-#: Python's ``None`` outside quoted text (a value as given, ``'None'``, stays as it is).
-_PYTHON_NONE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\bNone\b")
+#: Python's ``None`` and ``an int`` outside quoted text (a value as given, ``'None'``,
+#: stays as it is).
+_PYTHON_TERMS = re.compile(
+    r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\bNone\b|\ban int\b")
+
+#: Python's terms as the CLI says them (``--max-running none``, a whole number).
+_CLI_TERMS = {"None": "none", "an int": "a whole number"}
 
 
 #: Where a parameter's value came from when the user gave it (not its default).
@@ -136,7 +141,8 @@ def in_cli_terms(exc: rota_errors.InvalidInput, ctx: click.Context) -> str | Non
     """The message of ``exc`` as the command line would say it: the argument it begins
     with (:attr:`rota.InvalidInput.argument`) spelled as the user gave it, ``--group``,
     ``GROUP`` or ``ROTA_SCHEMA`` for ``group_id`` or ``schema``, and Python's ``None``
-    as the CLI writes it, ``none`` (``--max-running none``).
+    and ``an int`` as the CLI writes them, ``none`` (``--max-running none``) and ``a
+    whole number``.
 
     Args:
         exc: what the API raised for a value the command passed it.
@@ -173,15 +179,16 @@ def as_given(exc: rota_errors.InvalidInput, ctx: click.Context,
     the command (``rota enqueue``'s PAYLOAD_JSON, read as the queue would read it).
 
     Returns:
-        The message, its argument spelled as the user gave ``param`` and ``None`` as
-        ``none``; the message as it is when it does not begin with its argument.
+        The message, its argument spelled as the user gave ``param``, ``None`` as
+        ``none`` and ``an int`` as ``a whole number``; the message as it is when it
+        does not begin with its argument.
     """
     message = first_line(exc)
     argument = exc.argument
     if argument is None or not message.startswith(argument):
         return message
-    rest = _PYTHON_NONE.sub(lambda m: "none" if m.group(0) == "None" else m.group(0),
-                            message[len(argument):])
+    rest = _PYTHON_TERMS.sub(lambda m: _CLI_TERMS.get(m.group(0), m.group(0)),
+                             message[len(argument):])
     return _spelled(ctx, param) + rest
 
 
@@ -193,23 +200,56 @@ def _in_cli_terms_error(exc: Exception, ctx: click.Context) -> CliError | None:
     return None if message is None else CliConfigError(message)
 
 
+class ValueRefused(click.BadParameter):
+    """A value one of rota's parameter types refuses, its message reading on from the
+    parameter's name (``must be a whole number from 1 to 1,000, got 0``): said with the
+    parameter as the user gave it, ``--limit must be …``, ``ID must be …`` or
+    ``ROTA_X must be …`` (:func:`usage_message`), as :func:`in_cli_terms` says what the
+    API refuses."""
+
+
 def usage_message(error: click.UsageError) -> str:
-    """click's usage error as the command says it: a refused value (click's ``Invalid
-    value for …``) naming its environment variable when it came from there
-    (``'ROTA_FAIR_BY'``, not ``'--fair-by'``); anything else as click says it."""
+    """click's usage error as the command says it: a value one of rota's types refused
+    (:class:`ValueRefused`) after the parameter as the user gave it; another refused
+    value (click's ``Invalid value for …``) naming its environment variable when it
+    came from there (``'ROTA_FAIR_BY'``, not ``'--fair-by'``); anything else as click
+    says it."""
     if isinstance(error, click.BadParameter) and error.param is not None \
             and error.param.name is not None and error.param_hint is None:
         spelled = _spelled(error.ctx, error.param)
+        if isinstance(error, ValueRefused):
+            return f"{spelled} {error.message}"
         if spelled == error.param.envvar or (error.param.envvar is not None
                                              and spelled in error.param.envvar):
             return f"Invalid value for '{spelled}': {error.message}"
     return error.format_message()
 
 
+#: A negative whole number, which click's parser takes for an option (``-1``).
+_NEGATIVE_NUMBER = re.compile(r"-[0-9]+")
+
+
 class RotaCommand(click.Command):
     """A ``rota`` command: what the API refuses of the values it was given is said in
     the command line's terms (:func:`in_cli_terms`), exit 2, nothing written. Every
     command of ``rota`` is one (or a :class:`RotaGroup`)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Parse the command line; a negative number where the command takes a number
+        as an argument (``rota jobs show -1``) is refused as that argument's value, not
+        as an unknown option ``-1``."""
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            if _NEGATIVE_NUMBER.fullmatch(exc.option_name):
+                for param in self.params:
+                    if isinstance(param, click.Argument) and not isinstance(
+                            param.type, click.types.StringParamType):
+                        # Its type refuses it in its own words (or takes it: then
+                        # the option stands, as click would have it).
+                        param.type.convert(exc.option_name, param, ctx)
+                        break
+            raise
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; an :class:`rota.InvalidInput` naming one of its parameters

@@ -9,13 +9,14 @@ import dataclasses
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.table import Table
 
 from .. import admin
 from ..cost import format_units
 from .app import open_queue
 from .errors import RotaGroup
-from .options import json_option, make_target, target_options, wants_json
+from .options import WholeNumber, json_option, make_target, target_options, wants_json
 from .output import ABSENT, add_row, console, emit_json, plan_label, safe_text
 
 
@@ -26,15 +27,8 @@ def _describe(row: admin.GroupRow) -> str:
             + (f", max running {row.max_running}" if row.max_running is not None else ""))
 
 
-def _max_running(value: str) -> int | None:
-    """``--max-running``: a whole number (the group's cap), or ``none`` to clear it."""
-    if value.strip().lower() == "none":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a whole number or 'none'",
-                                 param_hint="--max-running") from None
+#: ``--max-running``: a group's cap, or ``none`` to clear it.
+GROUP_CAP = WholeNumber(1, admin.MAX_GROUP_RUNNING, none=True)
 
 
 @click.group(cls=RotaGroup)
@@ -59,14 +53,14 @@ def groups(database_url: str | None, schema: str | None, app_spec: str | None,
 @click.option("--no-plan", is_flag=True, help="Clear the plan (ranked as the middle plan).")
 @click.option("--active", is_flag=True, help="Claim the group's jobs.")
 @click.option("--paused", is_flag=True, help="Pause the group: its jobs are not claimed.")
-@click.option("--max-running", "max_running", metavar="N|none",
+@click.option("--max-running", "max_running", type=GROUP_CAP, metavar="N|none",
               help="At most N of the group's jobs (every type) running at once, across "
               "every worker (docs/design.md, \"Caps\"); none clears the cap. Rota's own "
               "groups table only.")
 @json_option
 def groups_set(database_url: str | None, schema: str | None, app_spec: str | None,
                group_id: str, owner_id: str | None, no_owner: bool, plan: str | None,
-               no_plan: bool, active: bool, paused: bool, max_running: str | None,
+               no_plan: bool, active: bool, paused: bool, max_running: int | None,
                as_json: bool) -> None:
     """Create group GROUP, or change what is given of an existing one (the rest stays;
     a new group has no owner and no plan and is active unless told otherwise).
@@ -85,8 +79,10 @@ def groups_set(database_url: str | None, schema: str | None, app_spec: str | Non
         changes["plan"] = plan
     if active or paused:
         changes["active"] = active
-    if max_running is not None:
-        changes["max_running"] = _max_running(max_running)
+    # None is both `none` and no --max-running: where it came from tells.
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("max_running") is not ParameterSource.DEFAULT:
+        changes["max_running"] = max_running
 
     async def go() -> tuple[admin.GroupRow, bool]:
         async with open_queue(target) as queue:
@@ -105,7 +101,7 @@ def groups_set(database_url: str | None, schema: str | None, app_spec: str | Non
 
 @groups.command("list")
 @target_options
-@click.option("--limit", type=click.IntRange(1, admin.MAX_LIST_LIMIT), default=50,
+@click.option("--limit", type=WholeNumber(1, admin.MAX_LIST_LIMIT), default=50,
               show_default=True, help="The most groups shown.")
 @click.option("--after", metavar="GROUP", help="Only groups whose id sorts after GROUP: "
               "the cursor of the next page, which a page prints when there is one.")

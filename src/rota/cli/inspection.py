@@ -15,7 +15,7 @@ from .. import admin, db
 from ..runner.source import pipeline_queue
 from .app import CONNECT_TIMEOUT, load_pipeline, open_queue
 from .errors import RotaCommand
-from .options import json_option, make_target, target_command, target_options
+from .options import WholeNumber, json_option, make_target, target_command, target_options
 from .output import (
     add_row,
     age,
@@ -73,7 +73,7 @@ def schema(schema: str) -> None:
 
 @click.command(cls=RotaCommand)
 @target_options
-@click.option("--limit", "-n", type=click.IntRange(1, admin.MAX_LIST_LIMIT), default=20,
+@click.option("--limit", "-n", type=WholeNumber(1, admin.MAX_LIST_LIMIT), default=20,
               show_default=True)
 @json_option
 def runs(database_url: str | None, schema: str | None, app_spec: str | None,

@@ -17,6 +17,7 @@ import click
 from rich.table import Table
 
 from .. import admin
+from ..checks import INT_MAX, MAX_ROW_ID
 from ..errors import UnknownGroup, first_line
 from ..job import Job, too_deep
 from ..queue import Queue
@@ -24,7 +25,7 @@ from ..results import JobResult, as_dict
 from ..runner.source import pipeline_queue
 from .app import Target, load_pipeline, open_queue
 from .errors import CliConfigError, RotaCommand, RotaGroup, as_given, given_as
-from .options import json_option, make_target, target_options, wants_json
+from .options import WholeNumber, json_option, make_target, target_options, wants_json
 from .output import (
     ABSENT,
     add_row,
@@ -38,6 +39,9 @@ from .output import (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: A job's id (``jobs.id`` is a bigint).
+JOB_ID = WholeNumber(1, MAX_ROW_ID)
 
 #: The most a payload file or stdin is read (the queue refuses payloads over its
 #: ``max_payload_bytes``, 1 MiB by default, anyway; this bounds the memory first).
@@ -109,7 +113,7 @@ def _parse_payload(ctx: click.Context, param: click.Parameter, value: str) -> An
 @click.option("--dedupe-key", help="Skip if an open job has this key.")
 @click.option("--run-after", callback=_parse_run_after, metavar="ISO8601",
               help="When it becomes due, with a time zone (default now).")
-@click.option("--max-attempts", type=click.IntRange(min=1), help="Override the default.")
+@click.option("--max-attempts", type=WholeNumber(1, INT_MAX), help="Override the default.")
 @json_option
 def enqueue(database_url: str | None, schema: str | None, app_spec: str | None,
             job_type: str, payload: Any, group_id: str | None, dedupe_key: str | None,
@@ -240,10 +244,10 @@ def _next_page(page: admin.JobPage, as_json: bool) -> None:
 
 
 def _filters(f: F) -> F:
-    f = click.option("--before", "before_id", type=click.IntRange(min=1), metavar="ID",
+    f = click.option("--before", "before_id", type=JOB_ID, metavar="ID",
                      help="Only jobs older than job ID: the cursor of the next page, "
                           "which a page prints when there is one.")(f)
-    f = click.option("--limit", type=click.IntRange(1, admin.MAX_LIST_LIMIT), default=50,
+    f = click.option("--limit", type=WholeNumber(1, admin.MAX_LIST_LIMIT), default=50,
                      show_default=True, help="The most jobs shown.")(f)
     f = click.option("--group", "group_id", help="Only this group.")(f)
     f = click.option("--type", "job_type", help="Only this job type.")(f)
@@ -254,7 +258,7 @@ def _filters(f: F) -> F:
 @target_options
 @click.option("--status", type=click.Choice(admin.JOB_STATUSES),
               help="Only jobs with this status.")
-@click.option("--id", "job_id", type=click.IntRange(min=1), metavar="ID",
+@click.option("--id", "job_id", type=JOB_ID, metavar="ID",
               help="Only the job with this id.")
 @_filters
 @json_option
@@ -344,7 +348,7 @@ def jobs_failed(database_url: str | None, schema: str | None, app_spec: str | No
 def _job_command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
     """``rota jobs NAME ID``: a command on one job, with the target options and ``--json``."""
     def decorate(f: Callable[..., Any]) -> click.Command:
-        f = click.argument("job_id", type=click.IntRange(min=1), metavar="ID")(json_option(f))
+        f = click.argument("job_id", type=JOB_ID, metavar="ID")(json_option(f))
         return jobs.command(name)(target_options(f))
     return decorate
 

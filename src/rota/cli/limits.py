@@ -11,14 +11,14 @@ import click
 from ..rates import RateState, rate_states
 from .app import open_queue
 from .errors import RotaCommand
-from .options import json_option, make_target, target_options
+from .options import WholeNumber, json_option, make_target, target_options
 from .output import add_row, cell, compact_table, console, emit_json
 
 
 @click.command(cls=RotaCommand)
 @target_options
 @click.option("--name", default=None, help="Only this limit's buckets.")
-@click.option("--limit", "-n", type=click.IntRange(1, 10_000), default=1000,
+@click.option("--limit", "-n", type=WholeNumber(1, 10_000), default=1000,
               show_default=True, help="At most this many buckets.")
 @json_option
 def limits(database_url: str | None, schema: str | None, app_spec: str | None,

@@ -1,17 +1,19 @@
 """Options every command shares (``--database-url``, ``--schema``, ``--app``,
-``--json``) and the ``seconds`` flag type."""
+``--json``) and the ``seconds`` and whole number flag types."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
+from ..checks import cut_text
 from ..settings import FAIR_BY
 from .app import Target
-from .errors import CliConfigError, RotaCommand, given_as
+from .errors import CliConfigError, RotaCommand, ValueRefused, given_as
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -121,3 +123,56 @@ class Seconds(click.ParamType):  # type: ignore[type-arg]
 
 
 POSITIVE_SECONDS = Seconds()
+
+
+#: A whole number as typed: digits, a sign allowed (``-1`` is refused by its range,
+#: not taken for something else); no ``1_000``, ``1e3`` or ``0x10``.
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+
+
+class WholeNumber(click.ParamType):  # type: ignore[type-arg]
+    """A whole number from ``minimum`` to ``maximum`` (an id, a limit, a count, a
+    port), refused in rota's words with the parameter as it was given: ``--limit must
+    be a whole number from 1 to 1,000, got 0``, ``ID must be … got 'abc'`` (not
+    click's ``0 is not in the range 1<=x<=1000`` or ``'abc' is not a valid integer
+    range``).
+
+    Args:
+        minimum, maximum: the range, both included.
+        none: ``none`` is accepted too (converted to ``None``: clears a setting), and
+            said so in the message.
+    """
+
+    name = "integer"
+
+    def __init__(self, minimum: int, maximum: int, *, none: bool = False) -> None:
+        self.minimum, self.maximum, self.none = minimum, maximum, none
+
+    @property
+    def expected(self) -> str:
+        """What the parameter must be (``must be a whole number from 1 to 1,000``)."""
+        return (f"must be {'none or ' if self.none else ''}a whole number from "
+                f"{self.minimum:,} to {self.maximum:,}")
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | None:
+        if isinstance(value, int) and not isinstance(value, bool):  # a default
+            number: int | None = value
+        else:
+            text = str(value).strip()
+            if self.none and text.lower() == "none":
+                return None
+            # At most 30 digits are read: more is out of range (and Python reads no
+            # more than 4,300).
+            number = (int(text) if _WHOLE_NUMBER.fullmatch(text) and len(text) <= 30
+                      else None)
+            if number is None and not _WHOLE_NUMBER.fullmatch(text):
+                raise ValueRefused(f"{self.expected}, got {cut_text(str(value), 40)!r}",
+                                   ctx, param)
+        if number is None or not self.minimum <= number <= self.maximum:
+            raise ValueRefused(f"{self.expected}, got {cut_text(str(value).strip(), 40)}",
+                               ctx, param)
+        return number
+
+    def __repr__(self) -> str:
+        return f"WholeNumber({self.minimum}, {self.maximum})"

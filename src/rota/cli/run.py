@@ -29,7 +29,7 @@ from .app import (
 )
 from .errors import CliConfigError, RotaCommand
 from .listening import listen_socket, warn_short_secret
-from .options import POSITIVE_SECONDS, json_option, make_target, target_options
+from .options import POSITIVE_SECONDS, WholeNumber, json_option, make_target, target_options
 from .output import (
     add_row,
     console,
@@ -285,7 +285,7 @@ def worker(database_url: str | None, schema: str | None, app_spec: str | None,
 @click.command(cls=RotaCommand)
 @target_options
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--port", type=WholeNumber(0, 65535), default=8000, show_default=True)
 @click.option("--budget", type=POSITIVE_SECONDS, default=None, metavar="SECONDS",
               help=BUDGET_HELP)
 @click.option("--metrics", is_flag=True, help="Also serve GET /metrics (Prometheus; "
