@@ -199,6 +199,7 @@ async def upsert_group(
             :data:`MAX_GROUP_RUNNING`.
         ConfigError: the queue reads groups from an application relation instead.
     """
+    _require_own_groups(queue)
     gid = require_text(group_id, "group_id")
     assert gid is not None
     await _write_group(queue, gid, owner_id=_checked_owner(owner_id),
@@ -232,15 +233,19 @@ def _checked_max_running(max_running: int | None) -> int | None:
     return max_running
 
 
-async def _write_group(queue: AdminQueue, group_id: str, *, owner_id: str | None,
-                       plan: str | None, active: bool, max_running: int | None,
-                       conn: AnyConn | None) -> None:
-    """Write a group's row as given (checked by the caller)."""
+def _require_own_groups(queue: AdminQueue) -> None:
     if queue.external_groups:
         raise ConfigError(
             "this queue reads groups from the application's relation "
             f"{queue.store.groups_ident.as_string(None)}; change plan and status there"
         )
+
+
+async def _write_group(queue: AdminQueue, group_id: str, *, owner_id: str | None,
+                       plan: str | None, active: bool, max_running: int | None,
+                       conn: AnyConn | None) -> None:
+    """Write a group's row of rota's own groups table as given (checked by the
+    caller)."""
     async with queue.connection(conn) as c:
         await sql.upsert_group(queue.store, group_id=group_id, owner_id=owner_id,
                                plan=plan, active=active, max_running=max_running, conn=c)
@@ -582,6 +587,7 @@ async def set_group(queue: AdminQueue, group_id: str, *, owner_id: str | None = 
         ConfigError: the queue reads groups from an application relation.
         InvalidInput: an id that is not text, or a bad ``max_running``.
     """
+    _require_own_groups(queue)
     gid = require_text(group_id, "group_id")
     assert gid is not None
     given = {"owner_id": owner_id, "plan": plan, "active": active,
@@ -591,9 +597,7 @@ async def set_group(queue: AdminQueue, group_id: str, *, owner_id: str | None = 
     changes = {name: _SET_GROUP_CHECKS[name](queue, value)
                for name, value in given.items() if value is not KEEP}
     async with queue.connection() as c, c.transaction():
-        old = None
-        if not queue.external_groups:
-            old = await sql.group_get(queue.store, group_id=gid, conn=c)
+        old = await sql.group_get(queue.store, group_id=gid, conn=c)
         row = GroupRow(**{**_NEW_GROUP, **(old or {}), **changes, "group_id": gid})
         await _write_group(queue, gid, owner_id=row.owner_id, plan=row.plan,
                            active=row.active, max_running=row.max_running, conn=c)
