@@ -218,8 +218,10 @@ CREATE TABLE {schema}.fair_caps (
 -- (locked at or after p_stale_before) among its groups p_groups, as last committed:
 -- VOLATILE, so the count reads a snapshot taken after the lock, which sees every claim
 -- of another claimer that held it. Returns NULL when another transaction holds the
--- owner (the caller takes none of its jobs). jobs_running_group_idx makes the count a
--- probe per group.
+-- owner (the caller takes none of its jobs). The count is a probe of
+-- jobs_running_group_idx per group, each group once: asked as one `= ANY` over the
+-- groups, a plan made without statistics read every running job of every type
+-- through jobs_running_idx instead.
 CREATE FUNCTION {schema}.fair_cap_lock(p_plan_key text, p_unit text, p_groups text[],
                                        p_stale_before timestamptz) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
@@ -232,9 +234,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    RETURN (SELECT count(*) FROM {schema}.jobs j
-            WHERE j.group_id = ANY (p_groups) AND j.status = 'running'
-              AND j.locked_at >= p_stale_before);
+    RETURN (SELECT count(*)
+            FROM (SELECT DISTINCT u.group_id FROM unnest(p_groups) AS u(group_id)) g
+            CROSS JOIN LATERAL (
+                SELECT 1 FROM {schema}.jobs j
+                WHERE j.group_id = g.group_id AND j.status = 'running'
+                  AND j.locked_at >= p_stale_before) x);
 END
 $$;
 
