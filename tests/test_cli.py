@@ -743,14 +743,15 @@ def test_long_running_modes_refuse_an_unmigrated_schema(
     out = start()
     assert (out.returncode, out.stdout) == (2, ""), out.stderr
     [line] = out.stderr.splitlines()
+    # The command it suggests names the same app (the schema came from the environment).
     assert line.startswith("error: rota's tables are missing") and line.endswith(
-        "run `rota migrate`"), line
+        f"run `rota migrate --app {APP}`"), line
     r = Rota(database_url, schema)
     r("migrate")
     r.sql("DELETE FROM {s}.rota_migrations WHERE version = 1")
     out = start()
     assert (out.returncode, out.stderr) == (
-        2, f"error: schema '{schema}' lacks migrations [1]: run `rota migrate`\n")
+        2, f"error: schema '{schema}' lacks migrations [1]: run `rota migrate --app {APP}`\n")
 
 
 def test_run_that_ends_in_error_exits_1(rota: Rota, write_app: Any) -> None:

@@ -267,6 +267,24 @@ def test_an_unknown_group_says_how_to_create_it(migrated: tuple[str, str]) -> No
     assert job_count(url, schema) == 1
 
 
+def test_a_suggested_command_acts_on_the_same_queue(migrated: tuple[str, str]) -> None:
+    """A command the CLI suggests repeats the --app and --schema given on the command
+    line: `rota groups set nosuch` without the --app that named the queue went to
+    another schema, and `run rota migrate` without --schema migrated schema rota."""
+    url, schema = migrated
+    result = rota(url, schema, "enqueue", "--app", APP, "echo", "{}", "--group", "nosuch")
+    assert (result.exit_code, result.stderr) == (2, (
+        "error: unknown group 'nosuch' (--group): create it first (rota groups set --app "
+        f"{APP} nosuch) or enqueue without --group\n"))
+    result = rota(url, "", "jobs", "--schema", f"{schema}_none", ROTA_SCHEMA=None)
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", (
+        f"error: rota's tables are missing (relation \"{schema}_none.jobs\" does not "
+        f"exist): run `rota migrate --schema {schema}_none`\n"))
+    # From the environment, the next command has it too: nothing repeated.
+    result = rota(url, f"{schema}_none", "jobs")
+    assert result.stderr.endswith(": run `rota migrate`\n"), result.stderr
+
+
 @pytest.mark.parametrize(("args", "env", "named"), [
     (["depth"], {"ROTA_APP": "bad"}, "ROTA_APP"),
     (["depth", "--app", "bad"], {}, "--app"),

@@ -24,7 +24,7 @@ from ..plans import DEFAULT_PLANS, Plans
 from ..queue import AnyConn, Queue
 from ..runner.source import check_time_budget, resolve_pipeline
 from ..settings import DEFAULT_PLATFORM_TIMEOUT, QueueSettings, default_time_budget
-from .errors import CliConfigError, is_database_error
+from .errors import CliConfigError, is_database_error, same_queue
 
 #: Seconds the CLI waits for a database connection before calling it unreachable.
 CONNECT_TIMEOUT = 10
@@ -358,4 +358,4 @@ async def require_migrated(queue: Queue, conn: AnyConn | None = None) -> None:
     missing = await admin.missing_migrations(queue, conn=conn)
     if missing:
         raise CliConfigError(f"schema {queue.schema!r} lacks migrations {missing}: "
-                             "run `rota migrate`")
+                             f"run `rota migrate{same_queue()}`")

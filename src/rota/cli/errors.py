@@ -4,6 +4,7 @@ codes in :mod:`rota.cli`)."""
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 import click
@@ -60,9 +61,33 @@ class CliInterrupted(CliError):
 _INPUT_SQLSTATE_CLASSES = ("22", "54")
 
 
-def as_cli_error(exc: Exception) -> CliError | None:
+def same_queue(ctx: click.Context | None = None) -> str:
+    """The options a suggested command needs to act on the same queue as this one: each
+    of ``--app`` and ``--schema`` given on this command line, as ``" --app X --schema
+    Y"`` (shell-quoted; ``""`` when neither was). Values from the environment reach the
+    next command by themselves; ``--database-url`` is never repeated (it may hold a
+    password).
+
+    Args:
+        ctx: the command's context; by default the current one (none: ``""``).
+    """
+    ctx = ctx if ctx is not None else click.get_current_context(silent=True)
+    parts = []
+    for name, flag in (("app_spec", "--app"), ("schema", "--schema")):
+        at = ctx
+        while at is not None:
+            if (name in at.params and at.params[name] is not None
+                    and at.get_parameter_source(name) == ParameterSource.COMMANDLINE):
+                parts.append(f" {flag} {shlex.quote(str(at.params[name]))}")
+                break
+            at = at.parent
+    return "".join(parts)
+
+
+def as_cli_error(exc: Exception, ctx: click.Context | None = None) -> CliError | None:
     """Translate the exceptions a command can meet into one-line CLI errors (``None``:
-    not one of them, let it raise)."""
+    not one of them, let it raise); ``ctx``, the command's context (by default the
+    current one), for the options a suggested command repeats (:func:`same_queue`)."""
     # The action's outcome (a job that cannot be retried, say): exit 1.
     if isinstance(exc, rota_errors.JobNotFound | rota_errors.InvalidTransition):
         return CliError(first_line(exc))
@@ -72,7 +97,8 @@ def as_cli_error(exc: Exception) -> CliError | None:
         return CliConfigError(first_line(exc))
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
         return CliConfigError(
-            f"rota's tables are missing ({first_line(exc)}): run `rota migrate`")
+            f"rota's tables are missing ({first_line(exc)}): run `rota migrate"
+            f"{same_queue(ctx)}`")
     refused = refusal(exc)
     if refused is not None:  # a FATAL no retry mends: said at once, not as unreachable
         return CliConfigError(f"the database refused the connection: {refused}")
@@ -253,7 +279,8 @@ class RotaCommand(click.Command):
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; an :class:`rota.InvalidInput` naming one of its parameters
-        becomes a :class:`CliConfigError` in its terms (others go on to the group)."""
+        becomes a :class:`CliConfigError` in its terms, and missing tables the error
+        that suggests `rota migrate` for the same queue (others go on to the group)."""
         try:
             return super().invoke(ctx)
         except rota_errors.InvalidInput as exc:
@@ -261,6 +288,10 @@ class RotaCommand(click.Command):
             if translated is None:
                 raise
             raise translated from None
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
+            # Here, where the command's own options are known: the `rota migrate` it
+            # suggests names the same queue (same_queue).
+            raise as_cli_error(exc, ctx) or exc from None
 
 
 def is_database_error(exc: Exception) -> bool:
@@ -310,7 +341,7 @@ class RotaGroup(click.Group):
             # the bookkeeping, a migration and each statement are one transaction).
             raise CliInterrupted() from None
         except Exception as exc:
-            translated = _in_cli_terms_error(exc, ctx) or as_cli_error(exc)
+            translated = _in_cli_terms_error(exc, ctx) or as_cli_error(exc, ctx)
             if translated is None:
                 raise
             raise translated from None

@@ -24,7 +24,7 @@ from ..queue import Queue
 from ..results import JobResult, as_dict
 from ..runner.source import pipeline_queue
 from .app import Target, load_pipeline, open_queue
-from .errors import CliConfigError, RotaCommand, RotaGroup, as_given, given_as
+from .errors import CliConfigError, RotaCommand, RotaGroup, as_given, same_queue
 from .options import WholeNumber, json_option, make_target, target_options, wants_json
 from .output import (
     ABSENT,
@@ -156,13 +156,10 @@ def unknown_group(queue: Queue, group_id: str | None) -> CliConfigError:
     if queue.external_groups:
         how = f"a row of the groups relation {queue.store.groups_ident.as_string(None)}"
     else:
-        # The same --schema, when it was given on the command line (from the
-        # environment it is there for the next command too).
-        ctx = click.get_current_context(silent=True)
-        schema = (f" --schema {shlex.quote(queue.schema)}"
-                  if given_as(ctx, "schema") == "--schema" else "")
+        # The same --app and --schema, when given on the command line (from the
+        # environment they are there for the next command too).
         gid = str(group_id)
-        how = (f"rota groups set{schema} {'-- ' if gid.startswith('-') else ''}"
+        how = (f"rota groups set{same_queue()} {'-- ' if gid.startswith('-') else ''}"
                f"{shlex.quote(gid)}")
     return CliConfigError(f"unknown group {group_id!r} (--group): create it first "
                           f"({how}) or enqueue without --group")
