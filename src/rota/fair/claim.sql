@@ -66,8 +66,9 @@
 -- Defines: CTEs clock, plan_priority, running_old, edge_fix, served_delta, stale,
 --          stale_head, special (read by the pool); the pool's CTEs; the order's CTEs
 --          (ending in ordered and unread); then cand and cap_slots (the cap_tail
---          fragment), kth, blocked, locked, last_locked, blocked_after, claimed. Returns the claimed jobs' columns, claim_order and
---          retry (one row with retry set, and nothing claimed, when the proof failed).
+--          fragment), kth, blocked, locked, last_locked, blocked_after, claimed.
+--          Returns the claimed jobs' columns, claim_order and retry (one row with
+--          retry set, and nothing claimed, when the proof failed).
 WITH clock AS (
     SELECT now() + %(offset)s::interval AS now,
            now() + %(offset)s::interval - %(served_window)s::interval AS ws,
