@@ -74,13 +74,9 @@ def same_queue(ctx: click.Context | None = None) -> str:
     ctx = ctx if ctx is not None else click.get_current_context(silent=True)
     parts = []
     for name, flag in (("app_spec", "--app"), ("schema", "--schema")):
-        at = ctx
-        while at is not None:
-            if (name in at.params and at.params[name] is not None
-                    and at.get_parameter_source(name) == ParameterSource.COMMANDLINE):
-                parts.append(f" {flag} {shlex.quote(str(at.params[name]))}")
-                break
-            at = at.parent
+        given = _taken(ctx, name, (ParameterSource.COMMANDLINE,))
+        if given is not None:
+            parts.append(f" {flag} {shlex.quote(str(given[0].params[name]))}")
     return "".join(parts)
 
 
@@ -149,18 +145,28 @@ def _spelled(ctx: click.Context | None, param: click.Parameter) -> str:
     return next((o for o in param.opts if o.startswith("--")), param.opts[0])
 
 
+def _taken(ctx: click.Context | None, name: str,
+           sources: tuple[ParameterSource, ...] = _FROM_THE_USER,
+           ) -> tuple[click.Context, click.Parameter] | None:
+    """The innermost context whose parameter called ``name`` took its value from one of
+    ``sources`` (``rota jobs --app X failed``: the group's), with that parameter;
+    ``None`` when none did (a default, or no such parameter)."""
+    at = ctx
+    while at is not None:
+        for param in at.command.params:
+            if param.name == name and at.get_parameter_source(name) in sources:
+                return at, param
+        at = at.parent
+    return None
+
+
 def given_as(ctx: click.Context | None, name: str) -> str | None:
     """How the user gave the parameter called ``name`` (``app_spec``): ``--app``, or
     ``ROTA_APP`` when it came from the environment; the innermost context that took it
     from the user counts (``rota jobs --app X failed``). ``None``: not given (a
     default, or no such parameter)."""
-    at = ctx
-    while at is not None:
-        for param in at.command.params:
-            if param.name == name and at.get_parameter_source(name) in _FROM_THE_USER:
-                return _spelled(at, param)
-        at = at.parent
-    return None
+    given = _taken(ctx, name)
+    return None if given is None else _spelled(*given)
 
 
 def in_cli_terms(exc: rota_errors.InvalidInput, ctx: click.Context) -> str | None:
@@ -185,17 +191,8 @@ def in_cli_terms(exc: rota_errors.InvalidInput, ctx: click.Context) -> str | Non
     argument = exc.argument
     if argument is None or not message.startswith(argument):
         return None
-    name = CLI_PARAMETER_OF.get(argument, argument)
-    given: tuple[click.Context, click.Parameter] | None = None
-    at: click.Context | None = ctx
-    while at is not None and given is None:
-        for param in at.command.params:
-            if param.name == name and at.get_parameter_source(name) in _FROM_THE_USER:
-                given = at, param
-        at = at.parent
-    if given is None:
-        return None
-    return as_given(exc, *given)
+    given = _taken(ctx, CLI_PARAMETER_OF.get(argument, argument))
+    return None if given is None else as_given(exc, *given)
 
 
 def as_given(exc: rota_errors.InvalidInput, ctx: click.Context,

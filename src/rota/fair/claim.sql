@@ -250,8 +250,8 @@ claimed AS (
         -- While it runs the job counts its type's expected cost (docs/design.md, "Cost").
         cost = (SELECT jc.e FROM job_cost jc),
         -- The slot it holds of a capped owner, or none (cap_slots: the cap_tail fragment).
-        slot_plan = (SELECT cs.plan FROM cap_slots cs WHERE cs.id = u.id),
-        slot_owner = (SELECT cs.owner FROM cap_slots cs WHERE cs.id = u.id)
+        (slot_plan, slot_owner) = (SELECT cs.plan, cs.owner FROM cap_slots cs
+                                   WHERE cs.id = u.id)
     WHERE u.id = ANY (ARRAY(SELECT l.id FROM locked l))
       AND NOT EXISTS (SELECT 1 FROM blocked_after)
     RETURNING u.*
