@@ -32,10 +32,17 @@ special_best AS (
     FROM pool p
     ORDER BY p.plan_key, p.unit, p.served_lb, p.head_lb, p.head_id
 ),
+-- The plan levels of the type's owners, each with its plan's priority (as units ranks
+-- them below).
 owner_levels AS (
-    SELECT 'p:' || p.plan AS plan_key FROM {schema}.fair_plans p WHERE p.type = %(type)s
-    UNION ALL
-    SELECT ''
+    SELECT l.plan_key,
+           CASE WHEN l.plan_key = '' THEN %(middle_priority)s::int
+                ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority
+    FROM (SELECT 'p:' || p.plan AS plan_key, p.plan FROM {schema}.fair_plans p
+          WHERE p.type = %(type)s
+          UNION ALL
+          SELECT '', NULL) l
+    LEFT JOIN plan_priority pp ON pp.plan = l.plan
 ),
 units AS (
     SELECT u.*,
@@ -44,20 +51,29 @@ units AS (
            CASE WHEN u.unit = '-' OR u.plan IS NULL THEN %(middle_weight)s::int
                 ELSE coalesce(pp.weight, %(lowest_weight)s::int) END AS weight
     FROM (
-        -- Per plan, the first probe_groups + 1 other owners by their row's key.
-        SELECT o.plan, o.plan_key, o.unit, o.served_n AS unit_served, o.b_served AS served,
-               o.b_head_lb AS head_lb, o.b_head_id AS head_id
-        FROM owner_levels l
-        CROSS JOIN clock c
-        CROSS JOIN LATERAL (
-            SELECT o.* FROM {schema}.fair_owners o
-            WHERE o.type = %(type)s AND o.plan_key = l.plan_key
-              AND o.b_head_lb < 'infinity' AND o.ready_lb <= c.now
-              AND (o.plan_key, o.unit) NOT IN (SELECT su.plan_key, su.unit
-                                              FROM special_units su)
+        -- Per plan, the first probe_groups + 1 other owners by their row's key, plan
+        -- levels read by priority, highest first, and only until probe_groups + 1 owners
+        -- are read (with the rest of their priority: plans of one priority interleave by
+        -- weight): an owner of a lower priority ranks after all of them, so it is neither
+        -- probed nor the bound (bench/RESULTS.md, section 27). The levels are sorted
+        -- before the lateral, so the limit stops the walk.
+        SELECT o.plan, o.plan_key, o.unit, o.unit_served, o.served, o.head_lb, o.head_id
+        FROM (
+            SELECT l.priority, o.plan, o.plan_key, o.unit, o.served_n AS unit_served,
+                   o.b_served AS served, o.b_head_lb AS head_lb, o.b_head_id AS head_id
+            FROM (SELECT * FROM owner_levels ORDER BY priority DESC) l
+            CROSS JOIN clock c
+            CROSS JOIN LATERAL (
+                SELECT o.* FROM {schema}.fair_owners o
+                WHERE o.type = %(type)s AND o.plan_key = l.plan_key
+                  AND o.b_head_lb < 'infinity' AND o.ready_lb <= c.now
+                  AND (o.plan_key, o.unit) NOT IN (SELECT su.plan_key, su.unit
+                                                  FROM special_units su)
 {cap_filter_owner}
-            ORDER BY o.served_n, o.b_served, o.b_head_lb, o.b_head_id
-            LIMIT %(probe_groups)s + 1) o
+                ORDER BY o.served_n, o.b_served, o.b_head_lb, o.b_head_id
+                LIMIT %(probe_groups)s + 1) o
+            ORDER BY l.priority DESC
+            FETCH FIRST (%(probe_groups)s + 1) ROWS WITH TIES) o
         UNION ALL
         -- The special owners, exactly.
         SELECT su.plan, su.plan_key, su.unit, coalesce(o.served_n, 0) + su.adj,
