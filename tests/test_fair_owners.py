@@ -84,40 +84,46 @@ async def test_plans_of_one_priority_share_by_weight_and_free_is_never_starved(
     assert [Counter(order[i:i + 10])["f"] for i in range(0, 500, 10)] == [2] * 50
 
 
-@pytest.mark.parametrize("plans, read, claimed", [
-    # Pro alone at the top priority: the walk reads Pro's level, the first
-    # probe_groups + 1 of its owners (a claim of 5 probes 7 owners: 8 rows), and the
-    # first row of the next level, which ends the priority's ties: 9, where it read 8
-    # from each of the three plans' levels (24).
+@pytest.mark.parametrize("plans, levels, claimed", [
+    # Pro alone at the top priority: the walk reads Pro's level only.
     (Plans([Plan("free", "Free", 0), Plan("standard", "Standard", 1),
-            Plan("pro", "Pro", 2)]), 9, {"pro"}),
+            Plan("pro", "Pro", 2)]), 1, {"pro"}),
     # Pro and Standard share the top priority by weight: both levels are read (their
-    # owners interleave by served / weight), and Free's first row: 17 (24 before).
+    # owners interleave by served / weight), Free's is not.
     (Plans([Plan("free", "Free", 0), Plan("standard", "Standard", 2, weight=1),
-            Plan("pro", "Pro", 2, weight=4)]), 17, {"pro", "standard"}),
+            Plan("pro", "Pro", 2, weight=4)]), 2, {"pro", "standard"}),
 ])
 async def test_the_owner_walk_reads_no_owner_of_a_priority_it_cannot_reach(
-        make_queue: Any, database_url: str, plans: Plans, read: int,
+        make_queue: Any, database_url: str, plans: Plans, levels: int,
         claimed: set[str]) -> None:
-    """20 owners on each plan, one group of 3 jobs each, folded: a claim of 5 by owner
-    reads the owners' rows (fair_owners_walk_idx) of the top priority's plans only."""
+    """20 owners on each plan, one group of 3 jobs each: a claim of 5 by owner reads, of
+    the owners' rows (fair_owners_walk_idx), the first probe_groups + 1 (14) of each
+    plan at the top priority, and the first row of the next level, which ends the
+    priority's ties: 15 and 29, where it read 14 of each of the three plans' levels
+    (42)."""
     queue: Queue = await make_queue(plans=plans, fair_by="owner")
     for plan in ("free", "standard", "pro"):
         for i in range(20):
             await queue.upsert_group(f"{plan}{i}", plan=plan, owner_id=f"{plan}-{i}")
             await queue.enqueue_many([{"type": "t", "payload": {"g": plan},
                                        "group_id": f"{plan}{i}"}] * 3)
-    await queue.claim("t", 1)  # the type's first claim: its upkeep folds what is new
-    await queue.upkeep.run_once()
+    # Rebuilt from the jobs: no change or delta left unfolded, so no owner is special
+    # and the walk reads the owners' rows alone.
+    await queue.repair_bookkeeping()
+    fair = queue.fair_claim
+    probe_groups = fair._start(("t", "owner"), 5)[0]
+    assert probe_groups == 13  # the floor: limit + 8
+    retries = fair.retries.get("t", 0)
     async with await psycopg.AsyncConnection.connect(database_url) as c:
         jobs = await queue.claim("t", 5, conn=c)
         cur = await c.execute("SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
                               [f"{queue.schema}.fair_owners_walk_idx"])
         [(n,)] = await cur.fetchall()
         await c.commit()
+    assert fair.retries.get("t", 0) == retries  # one statement: its reads alone
     assert {j.payload["g"] for j in jobs} <= claimed
     assert len({j.group_id for j in jobs}) == 5
-    assert n == read
+    assert n == {1: 15, 2: 29}[levels]
 
 
 async def test_weights_change_at_the_next_claim(make_queue: Any) -> None:

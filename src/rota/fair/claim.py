@@ -267,15 +267,15 @@ class FairClaim:
         """The smallest probe: groups (owners, by owner), jobs per group, and groups per
         owner (by owner only). By owner, a batch of ``limit`` takes about one job from
         each of as many owners while their served counts tie, so it starts from
-        ``limit + 2`` owners, one group each and one job a group (with the next one, its
-        bound): each probed owner costs an index scan of its groups and each probed
-        group one of its jobs, and the claim's own sizing (the owners' shares, the
-        groups' water level) reads more where the order will take more
-        (bench/RESULTS.md, sections 16 and 27)."""
+        ``limit + 8`` owners (fewer made owners tied on their served counts need a
+        wider walk again and again), one group each and one job a group (with the next
+        one, its bound): each probed group costs an index scan of its jobs, and the
+        claim's own sizing (the owners' shares, the groups' water level) reads more
+        where the order will take more (bench/RESULTS.md, sections 16 and 27)."""
         if self.probe_floor:
             return (*self.probe_floor, 1)
         if fair_by == "owner":
-            return (limit + 2, 1, 1)
+            return (limit + 8, 1, 1)
         return (limit * 2 + 8, 2, 2)
 
     def _start(self, key: tuple[str, str], limit: int) -> tuple[int, int, int]:
