@@ -89,6 +89,11 @@ async def finish(c: psycopg.AsyncConnection[Any], s: sql.Identifier, job_type: s
     bulk load's counts, as a running queue keeps them; then compact what the bulk load
     churned and analyze."""
     await c.execute(sql.SQL(FIFO_INDEX).format(schema=s))
+    # The type's edge row, as its first completion makes it (jobs loaded as done made
+    # none), then the edge moved to the window start.
+    await c.execute(sql.SQL(
+        "INSERT INTO {s}.fair_edge (type, edge) VALUES (%(t)s, '-infinity')"
+        " ON CONFLICT DO NOTHING").format(s=s), {"t": job_type})
     await c.execute(sql.SQL(
         "SELECT {s}.fair_advance(%(t)s, now() - interval '1 day'),"
         " {s}.fair_fold(%(t)s, now())").format(s=s), {"t": job_type})

@@ -808,18 +808,21 @@ CREATE TRIGGER jobs_fair_delete
 -- Move a type's edge to p_target (either direction), recording the change as deltas in
 -- fair_served (folded later like any other). Locks the type's edge row FOR UPDATE SKIP
 -- LOCKED: when a counting writer holds it (FOR SHARE, fair_lock_edges), it does nothing
--- and returns false (the claim stays exact, its correction is just wider). Each
--- statement of a volatile plpgsql function reads a fresh snapshot, so once the row is
--- locked every done job that any counting writer decided on is visible. Only done jobs
--- can sit between two edges: running jobs are counted as finishing at 'infinity'.
+-- and returns false (the claim stays exact, its correction is just wider). A type
+-- without a row gets none here, and nothing moves: its first counting writer makes it
+-- (fair_lock_edges). Making it here waited for that writer's uncommitted insert of the
+-- row, while the upkeep's fold, in the same statement, held the rows of the groups it
+-- folds (FOR UPDATE), which the writer's next enqueue into one of them (FOR KEY SHARE)
+-- waited for: a deadlock (tests/test_fair_lock_order.py). Each statement of a volatile
+-- plpgsql function reads a fresh snapshot, so once the row is locked every done job
+-- that any counting writer decided on is visible. Only done jobs can sit between two
+-- edges: running jobs are counted as finishing at 'infinity'.
 CREATE FUNCTION {schema}.fair_advance(p_type text, p_target timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     old_edge timestamptz;
 BEGIN
-    INSERT INTO {schema}.fair_edge (type, edge) VALUES (p_type, '-infinity')
-    ON CONFLICT (type) DO NOTHING;
     SELECT e.edge INTO old_edge FROM {schema}.fair_edge e WHERE e.type = p_type
     FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
