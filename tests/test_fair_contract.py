@@ -455,6 +455,34 @@ async def test_repair_rebuilds_every_kind_of_damage_and_the_claim_stays_the_orac
     await claim_equals_oracle(queue, database_url, "t", 4)
 
 
+async def test_repair_makes_a_missing_edge_row_and_the_upkeep_moves_it(
+        make_queue: Any, aconn: Any) -> None:
+    """Bookkeeping restored from a backup older than the type's first completion: its
+    done jobs are there, its fair_edge row is not. The upkeep never makes one
+    (fair_advance: it would wait for a first completion's uncommitted insert while its
+    fold holds group rows), so the repair does, at '-infinity' as a first completion
+    would; the next upkeep round moves it past the done jobs, and the claim's edge
+    correction stops reading them. Without the row, a type whose later jobs have no
+    group (their completions lock no edge) kept it missing for good."""
+    queue: Queue = await make_queue()
+    await queue.upsert_group("g", plan="pro", owner_id="A")
+    await queue.enqueue_many([{"type": "t", "payload": {"i": i}, "group_id": "g"}
+                              for i in range(3)])
+    for job in await queue.claim("t", 3):
+        assert await queue.complete(job)  # the type's first completion makes its row
+    await run(aconn, queue, "DELETE FROM {s}.fair_edge WHERE type = 't'")
+    await queue.repair_bookkeeping()
+    assert await run(aconn, queue, "SELECT edge::text FROM {s}.fair_edge") == [("-infinity",)]
+    queue.clock_offset = timedelta(days=2)  # the done jobs before the window start
+    await queue.enqueue("t", {"groupless": True})
+    [job] = await queue.claim("t", 1)
+    assert await queue.complete(job)
+    await queue.upkeep.run_once()
+    assert await run(aconn, queue, "SELECT e.edge > max(j.finished_at) FROM {s}.fair_edge e,"
+                     " {s}.jobs j WHERE j.group_id = 'g' GROUP BY e.edge") == [(True,)]
+    assert await queue.verify() == []
+
+
 async def test_repair_on_a_live_queue_keeps_claims_exact(
         make_queue: Any, aconn: Any, database_url: str) -> None:
     """Three workers, each with its own queue (pool), claim, complete, fail and defer

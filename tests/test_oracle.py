@@ -186,6 +186,38 @@ def test_claim_matches_the_naive_query_with_owners_and_the_smallest_probe(
                        fold_after=fold_after, expected=expected))
 
 
+# Plans whose levels the owner walk reads by priority and stops (docs/fast-claim.md,
+# "The owner level", step 2): three priorities; a gap where groups without a plan rank
+# at a priority of their own, one plan capped; two plans tied at the lowest priority.
+DISTINCT = Plans([Plan("free", "Free", 0), Plan("standard", "Standard", 1, weight=2),
+                  Plan("pro", "Pro", 2, weight=3)])
+GAP = Plans([Plan("free", "Free", 0), Plan("x", "X", 1),
+             Plan("standard", "Standard", 2, weight=2, max_running=2),
+             Plan("pro", "Pro", 3, weight=3)])
+TIED = Plans([Plan("free", "Free", 0, weight=5), Plan("standard", "Standard", 0, weight=2),
+              Plan("pro", "Pro", 4, weight=3)])
+
+
+@given(groups=st.lists(owned_group_st, min_size=6, max_size=6),
+       jobs=st.lists(owned_job_st, max_size=40), limit=st.integers(1, 12),
+       offset_s=st.sampled_from((0, 3600, 90_000)),
+       plans=st.sampled_from([DISTINCT, GAP, TIED]),
+       probe_floor=st.sampled_from([None, (1, 1), (2, 1), (3, 2)]),
+       fold_after=st.one_of(st.none(), st.integers(0, 40)))
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_claim_matches_the_naive_query_with_owners_over_plans_of_many_priorities(
+    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
+    jobs: list[dict[str, Any]], limit: int, offset_s: int, plans: Plans,
+    probe_floor: tuple[int, int] | None, fold_after: int | None,
+) -> None:
+    """The owner walk stops at the levels it can reach, whatever the probe, the plans'
+    priorities and weights, a cap, and the owners left special (not folded)."""
+    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
+                       plans=plans, fair_by="owner", probe_floor=probe_floor,
+                       fold_after=fold_after))
+
+
 CAPPED = Plans([Plan("free", "Free", 0, max_running=1),
                 Plan("standard", "Standard", 1, weight=2, max_running=2),
                 Plan("pro", "Pro", 1, weight=3)])

@@ -10,7 +10,12 @@
 --              ready: the oldest pending job, valid forever; none pending: 'infinity';
 --   plan, active, owner_id  copied from rota's groups table (no row: none, true, none);
 -- then one fair_owners row per owner (its groups' served_n summed, its bounds the
--- smallest of its active groups'), and the plans present added to fair_plans. Returns the number of rows written.
+-- smallest of its active groups'), the plans present added to fair_plans, and the edge
+-- row ('-infinity', as a first completion makes it) of a type with done jobs and none
+-- (bookkeeping restored from a backup older than the type's first completion): the
+-- upkeep moves an edge only where its row exists (fair_advance), and without one every
+-- claim's edge correction reads all the type's done jobs before the window start.
+-- Returns the number of rows written.
 -- Needs: parameter offset.
 WITH clock AS (SELECT now() + %(offset)s::interval AS now),
 counted AS (
@@ -20,7 +25,8 @@ counted AS (
                                             AND j.finished_at
                                                 >= coalesce(e.edge, '-infinity'))), 0)
              AS served,
-           min(j.run_after) FILTER (WHERE j.status = 'pending') AS ready
+           min(j.run_after) FILTER (WHERE j.status = 'pending') AS ready,
+           bool_or(j.status = 'done') AS any_done
     FROM {schema}.jobs j
     LEFT JOIN {schema}.fair_edge e ON e.type = j.type
     WHERE j.group_id IS NOT NULL AND j.status IN ('pending', 'running', 'done')
@@ -79,6 +85,11 @@ owners AS (
 plans AS (
     INSERT INTO {schema}.fair_plans (type, plan)
     SELECT DISTINCT r.type, r.plan FROM rows r WHERE r.plan IS NOT NULL
+    ON CONFLICT DO NOTHING
+),
+edges AS (
+    INSERT INTO {schema}.fair_edge (type, edge)
+    SELECT DISTINCT c.type, '-infinity'::timestamptz FROM counted c WHERE c.any_done
     ON CONFLICT DO NOTHING
 )
 SELECT count(*) FROM rows
