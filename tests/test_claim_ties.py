@@ -63,12 +63,16 @@ async def test_ties_in_served_counts_and_heads_with_one_claim_per_group(
 ) -> None:
     # Every group served once, every head tied: the walk orders by (served, head, id).
     queue: Queue = await make_queue()
+    # Rounds of upkeep only where the test runs them: a background round still folding
+    # when the last claim reads would leave it heads older than the fold's (a retry of
+    # timing, not of ties: seen once under load).
+    queue.upkeep.request = queue.upkeep._seen.add  # type: ignore[method-assign]
     await _load(queue, groups=60, per_group=4, plans=("standard",))
     for _ in range(3):
         first = await queue.claim("t", 60)
         assert len({j.group_id for j in first}) == 60
         assert all(await queue.complete_many(first))
-        await queue.run_upkeep()
+        await queue.upkeep.run_once()
     await claim_equals_oracle(queue, database_url, "t", 25)
     await queue.claim("t", 25)
     assert queue.fair_claim.retries.get("t", 0) == 0
