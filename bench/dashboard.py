@@ -32,6 +32,8 @@ from rota import Queue, Quota
 from rota.db import migrate
 from rota.web.dashboard import dashboard_app
 
+from .scale import fold_bulk_load
+
 SCHEMA = "bench_dashboard"
 PLANS = ("free", "standard", "pro")
 TYPES = ("search", "enrich", "score", "draft")
@@ -119,12 +121,7 @@ async def build(url: str, schema: str = SCHEMA, size: int = 1_000_000, *,
             if n or statement in (_RUNS, _USAGE):
                 await c.execute(sql.SQL(statement).format(s=s), {**params, "n": n})
         for t in TYPES:  # fold the bulk load's counts, as a running queue keeps them
-            # (the edge row first, as a type's first completion makes it)
-            await c.execute(sql.SQL("INSERT INTO {s}.fair_edge (type, edge) VALUES"
-                                    " (%(t)s, '-infinity') ON CONFLICT DO NOTHING")
-                            .format(s=s), {"t": t})
-            await c.execute(sql.SQL("SELECT {s}.fair_advance(%(t)s, now() - interval '1 day'),"
-                                    " {s}.fair_fold(%(t)s, now())").format(s=s), {"t": t})
+            await fold_bulk_load(c, s, t)
         for t in ("jobs", "runs", "groups", "quota_usage", "fair_groups", "fair_served"):
             await c.execute(sql.SQL("VACUUM ANALYZE {}.{}").format(s, sql.Identifier(t)))
 

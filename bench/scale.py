@@ -84,19 +84,25 @@ async def add_jobs(c: psycopg.AsyncConnection[Any], s: sql.Identifier, n: int,
         " FROM generate_series(1, %(n)s) i").format(s=s), {**params, "n": n})
 
 
-async def finish(c: psycopg.AsyncConnection[Any], s: sql.Identifier, job_type: str) -> None:
-    """Add the FIFO claim's index, move the served window's edge to now and fold the
-    bulk load's counts, as a running queue keeps them; then compact what the bulk load
-    churned and analyze."""
-    await c.execute(sql.SQL(FIFO_INDEX).format(schema=s))
-    # The type's edge row, as its first completion makes it (jobs loaded as done made
-    # none), then the edge moved to the window start.
+async def fold_bulk_load(c: psycopg.AsyncConnection[Any], s: sql.Identifier,
+                         job_type: str) -> None:
+    """Keep the counts of jobs loaded straight into ``jobs`` as a running queue keeps
+    them: the type's edge row, as its first completion makes it (jobs loaded as done
+    made none), the edge moved to the window start (a day ago), and the counts folded."""
     await c.execute(sql.SQL(
         "INSERT INTO {s}.fair_edge (type, edge) VALUES (%(t)s, '-infinity')"
         " ON CONFLICT DO NOTHING").format(s=s), {"t": job_type})
     await c.execute(sql.SQL(
         "SELECT {s}.fair_advance(%(t)s, now() - interval '1 day'),"
         " {s}.fair_fold(%(t)s, now())").format(s=s), {"t": job_type})
+
+
+async def finish(c: psycopg.AsyncConnection[Any], s: sql.Identifier, job_type: str) -> None:
+    """Add the FIFO claim's index, move the served window's edge to now and fold the
+    bulk load's counts, as a running queue keeps them; then compact what the bulk load
+    churned and analyze."""
+    await c.execute(sql.SQL(FIFO_INDEX).format(schema=s))
+    await fold_bulk_load(c, s, job_type)
     await c.execute(sql.SQL("VACUUM FULL {}.fair_served").format(s))
     for t in ("jobs", "fair_groups", "fair_served", "groups"):
         await c.execute(sql.SQL("VACUUM ANALYZE {}.{}").format(s, sql.Identifier(t)))
