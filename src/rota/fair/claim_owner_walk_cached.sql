@@ -85,14 +85,18 @@ units AS (
             WHERE x.type = %(type)s AND x.plan_key = su.plan_key AND x.unit = su.unit
             OFFSET 0) o ON true
         LEFT JOIN special_best sb ON sb.plan_key = su.plan_key AND sb.unit = su.unit
+        -- The smaller of the row's bound (when it has one) and the best special group's
+        -- key (when there is one); an owner with neither has nothing claimable.
         CROSS JOIN LATERAL (
-            SELECT y.served, y.head_lb, y.head_id FROM (VALUES
-                (CASE WHEN o.b_head_lb < 'infinity' THEN o.b_served END,
-                 CASE WHEN o.b_head_lb < 'infinity' THEN o.b_head_lb END,
-                 CASE WHEN o.b_head_lb < 'infinity' THEN o.b_head_id END),
-                (sb.served_lb, sb.head_lb, sb.head_id)) y(served, head_lb, head_id)
-            WHERE y.head_lb IS NOT NULL
-            ORDER BY y.served, y.head_lb, y.head_id LIMIT 1) b
+            SELECT o.b_head_lb < 'infinity'
+                   AND (sb.head_lb IS NULL
+                        OR (o.b_served, o.b_head_lb, o.b_head_id)
+                           <= (sb.served_lb, sb.head_lb, sb.head_id)) AS own) r
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN r.own THEN o.b_served ELSE sb.served_lb END AS served,
+                   CASE WHEN r.own THEN o.b_head_lb ELSE sb.head_lb END AS head_lb,
+                   CASE WHEN r.own THEN o.b_head_id ELSE sb.head_id END AS head_id) b
+        WHERE o.b_head_lb < 'infinity' OR sb.head_lb IS NOT NULL
         UNION ALL
         -- The group-less jobs, one owner of their own (served 0, the middle plan).
         SELECT NULL, '', '-', 0, 0, h.head, h.head_id

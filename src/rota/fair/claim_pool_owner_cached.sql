@@ -25,25 +25,33 @@ ospecial AS (
     UNION
     SELECT ch.group_id FROM changes ch
 ),
--- Rows fetched one by one (LATERAL … OFFSET 0, as claim_pool_special.sql does).
+-- Rows fetched one by one (LATERAL … OFFSET 0, as claim_pool_special.sql does). A group
+-- with a fair_groups row has its plan, active and owner from the row's copy (kept in the
+-- transaction of every change to the groups table, fair_copy_group); only a group
+-- without one (its jobs all done or running) is looked up in the groups table: one
+-- index read a special group instead of two.
 special_rows AS (
     SELECT s.group_id, coalesce(f.served_n, 0) AS served_n,
            coalesce(f.served_n, 0) + coalesce(dd.n, 0) + coalesce(ef.n, 0)
              - coalesce(ro.n, 0) AS served,
            coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0) AS adj,
-           g.plan, coalesce(g.active, true) AS active,
-           CASE WHEN g.owner_id IS NULL THEN 'g:' || s.group_id
+           CASE WHEN f.group_id IS NOT NULL THEN f.plan ELSE g.plan END AS plan,
+           CASE WHEN f.group_id IS NOT NULL THEN f.active ELSE coalesce(g.active, true) END AS active,
+           CASE WHEN f.group_id IS NOT NULL THEN f.unit
+                WHEN g.owner_id IS NULL THEN 'g:' || s.group_id
                 ELSE 'o:' || g.owner_id END AS unit,
-           coalesce('p:' || g.plan, '') AS plan_key,
+           CASE WHEN f.group_id IS NOT NULL THEN f.plan_key ELSE coalesce('p:' || g.plan, '') END
+             AS plan_key,
            f.head_lb, f.head_id, f.head_until, f.ready_lb
     FROM ospecial s
     LEFT JOIN LATERAL (
-        SELECT x.head_lb, x.head_id, x.head_until, x.ready_lb, x.served_n
+        SELECT x.head_lb, x.head_id, x.head_until, x.ready_lb, x.served_n, x.plan,
+               x.active, x.unit, x.plan_key, x.group_id
         FROM {schema}.fair_groups x
         WHERE x.type = %(type)s AND x.group_id = s.group_id OFFSET 0) f ON true
     LEFT JOIN LATERAL (
         SELECT x.plan, x.active, x.owner_id FROM {groups} x
-        WHERE x.group_id = s.group_id OFFSET 0) g ON true
+        WHERE f.group_id IS NULL AND x.group_id = s.group_id OFFSET 0) g ON true
     LEFT JOIN served_delta dd ON dd.group_id = s.group_id
     LEFT JOIN edge_fix ef ON ef.group_id = s.group_id
     LEFT JOIN running_old ro ON ro.group_id = s.group_id

@@ -4,8 +4,10 @@
 -- fair_groups, (bench/RESULTS.md, "Planner notes")). The index walk's pool uses it; the
 -- sorted pass takes the row from its one read instead (special_group_row_read.sql).
 -- Needs:   alias s (a special row: group_id); parameter type.
--- Defines: alias fg(head_lb, head_id, head_until, ready_lb, served_n).
+-- Defines: alias fg(head_lb, head_id, head_until, ready_lb, served_n, group_id, plan,
+--          active).
     LEFT JOIN LATERAL (
-        SELECT f.head_lb, f.head_id, f.head_until, f.ready_lb, f.served_n
+        SELECT f.head_lb, f.head_id, f.head_until, f.ready_lb, f.served_n, f.group_id,
+               f.plan, f.active
         FROM {schema}.fair_groups f
         WHERE f.type = %(type)s AND f.group_id = s.group_id OFFSET 0) fg ON true

@@ -6,5 +6,6 @@
 -- flat out, 60 s into a pin, the special groups' 100 lookups read 4,630 buffers (46 a
 -- group), about half the claim's (bench/RESULTS.md, section 17).
 -- Needs:   alias s (a special row: group_id); CTE group_rows.
--- Defines: alias fg(head_lb, head_id, head_until, ready_lb, served_n).
+-- Defines: alias fg(head_lb, head_id, head_until, ready_lb, served_n, group_id, plan,
+--          active).
     LEFT JOIN group_rows fg ON fg.group_id = s.group_id
