@@ -25,13 +25,14 @@ concurrency whose handler sleeps and charges its cost with ``ctx.charge``: refil
 docs/design.md "Refill"), with its shares per window and its drain time beside the
 others.
 
-Claim cost: at ``--size PENDING/GROUPS/OWNERS`` (default 100,000/2,000/200), the claim of
-25 by group and by owner beside the FIFO claim, each followed by completing its jobs and
-enqueueing as many (bench/claim_latency.py's churn), medians of ``--reps``. With
-``--costs``: the done jobs cost 1 or 100 (half each) and every completion charges 1 or
-100 (docs/design.md, "Cost"); with ``--caps``: the Free plan caps its owners at 2
-running (``Plan.max_running``) and 400 jobs are left running, so some owners are at
-their cap (docs/design.md, "Caps"); ``--costs-caps``: both.
+Claim cost: at ``--size PENDING/GROUPS/OWNERS`` (default 100,000/2,000/200), the claim
+of 25 by group and by owner beside the FIFO claim (the reference of the ratios; in every
+other round it returns the claimed rows whole, as rota's claim does: "fifo rows"), each
+followed by completing its jobs and enqueueing as many (bench/claim_latency.py's churn),
+medians of ``--reps``. With ``--costs``: the done jobs cost 1 or 100 (half each) and
+every completion charges 1 or 100 (docs/design.md, "Cost"); with ``--caps``: the Free
+plan caps its owners at 2 running (``Plan.max_running``) and 400 jobs are left running,
+so some owners are at their cap (docs/design.md, "Caps"); ``--costs-caps``: both.
 
     python -m bench.owners [--size 1000000/10000/1000] [--reps 100] [--skip-claim]
                            [--costs] [--caps] [--costs-caps]
@@ -296,7 +297,11 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
                        Plan(PLANS[2], "Pro", 2)])
     settings: dict[str, Any] = {"plans": plans} if plans else {}
     seq = [0]
-    results: dict[str, list[float]] = {"group": [], "owner": [], "fifo": []}
+    # The FIFO turn alternates: its claim returning the ids (the reference of every
+    # ratio, as in earlier sections) and returning the claimed rows, as rota's claim and
+    # a worker's do ("fifo rows": what the transfer of 25 jobs' columns adds).
+    results: dict[str, list[float]] = {"group": [], "owner": [], "fifo": [],
+                                       "fifo rows": []}
     queues = {fb: Queue(url, schema=SCHEMA, fair_by=fb, **settings)
               for fb in ("group", "owner")}
     for q in queues.values():
@@ -306,13 +311,18 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
     try:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
             fifo = fifo_claim(queues["group"])
+            fifo_rows = fifo_claim(queues["group"], rows=True)
             for i in range(reps + 5):
                 for name in ("group", "owner", "fifo"):  # turns on the same data
                     t = time.perf_counter()
                     if name == "fifo":  # only the claim is timed, as for rota's
-                        cur = await c.execute(fifo, {"type": "t", "limit": 25})
+                        rows = i % 2 == 1
+                        cur = await c.execute(fifo_rows if rows else fifo,
+                                              {"type": "t", "limit": 25})
                         ids = [r[0] for r in await cur.fetchall()]
                         dt = time.perf_counter() - t
+                        if rows:
+                            name = "fifo rows"
                         await c.execute(f"UPDATE {SCHEMA}.jobs SET status = 'done', "
                                         "finished_at = now() WHERE id = ANY(%s)", [ids])
                         n = len(ids)
@@ -333,17 +343,18 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
         for q in queues.values():
             await q.close()
     fifo_p50 = statistics.median(results["fifo"])
+    rows_p50 = statistics.median(results["fifo rows"])
     print(f"\nclaim of 25 at {pending:,} pending / {groups:,} groups / {owners:,} owners"
           f"{', costs on' if costs else ''}{', caps on' if caps else ''}, "
-          f"p50 of {reps} (ms)")
+          f"p50 of {reps} (ms; the FIFO claim's two forms {reps // 2} each)")
     for name, times in results.items():
         p50 = statistics.median(times)
         extra = ""
         if name in queues:  # the claims that read more than their first probe
             fc = queues[name].fair_claim
-            extra = (f"  retries {fc.retries.get('t', 0)}, probe now "
-                     f"{fc._probe.get(('t', name))}")
-        print(f"  {name:6} {p50:8.2f}  {p50 / fifo_p50:6.1f}x FIFO{extra}")
+            extra = (f"  ({p50 / rows_p50:.1f}x FIFO rows)  retries "
+                     f"{fc.retries.get('t', 0)}, probe now {fc._probe.get(('t', name))}")
+        print(f"  {name:9} {p50:8.2f}  {p50 / fifo_p50:6.1f}x FIFO{extra}")
 
 
 async def main() -> None:

@@ -156,8 +156,11 @@ def literal_claim(queue: Queue) -> sql.Composed:
     return sql.SQL(LITERAL_CLAIM).format(select=select, schema=sql.Identifier(queue.schema))
 
 
-def fifo_claim(queue: Queue) -> sql.Composed:
-    return sql.SQL(FIFO_CLAIM).format(schema=sql.Identifier(queue.schema))
+def fifo_claim(queue: Queue, rows: bool = False) -> sql.Composed:
+    """The FIFO reference claim on ``queue``'s jobs table; ``rows``: returning the
+    claimed rows whole (what a worker needs), not only their ids."""
+    text = FIFO_CLAIM.replace("RETURNING u.id", "RETURNING u.*") if rows else FIFO_CLAIM
+    return sql.SQL(text).format(schema=sql.Identifier(queue.schema))
 
 
 def literal_params(queue: Queue, job_type: str, limit: int) -> dict[str, Any]:
