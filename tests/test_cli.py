@@ -1157,3 +1157,13 @@ def test_a_one_character_secret_is_warned_about_in_the_singular(
     assert capsys.readouterr().err == (
         "warning: CRON_SECRET is 1 character long; use at least 16 (for example: python -c "
         "'import secrets; print(secrets.token_urlsafe(32))')\n")
+
+
+def test_python_dash_m_rota_is_the_rota_command() -> None:
+    # `python -m rota` runs the same command as the console script and `python -m rota.cli`.
+    runs = [subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                           text=True, timeout=60, cwd=ROOT)
+            for module in ("rota", "rota.cli")]
+    assert [r.returncode for r in runs] == [0, 0]
+    assert runs[0].stdout == runs[1].stdout
+    assert runs[0].stdout.startswith("Usage: rota [OPTIONS] COMMAND [ARGS]...")
