@@ -302,3 +302,44 @@ async def test_a_summary_the_row_refuses_still_records_the_end(
                                       "FROM {} WHERE id = %s").format(queue.table("runs")),
                               [result.run_id])
     assert await cur.fetchone() == ("no_work", True, {"summary_unstorable": 1})
+
+
+async def test_a_poison_row_given_up_by_a_claim_then_cut_off_still_counts(
+    queue: Queue, aconn: AConn, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """The claim gives a poison row up (committed), then its next statement gets no
+    answer (here: the record of a reclaimed job's lost attempt, held in pg_sleep) until
+    the run's hard deadline cuts the loop. The row was failed by this run, so the run's
+    summary counts it: it was lost with the cut claim (a multi-host chaos run counted 3
+    unreadable jobs of 5 failed, two of them by a run cut off from the database)."""
+    caplog.set_level(logging.CRITICAL, logger="rota")
+    from rota import transitions
+
+    async def no_answer(self: transitions.Transitions, jobs: list[Job],
+                        conn: AConn | None) -> None:
+        async with self.connect(conn) as c:
+            await c.execute("SELECT pg_sleep(60)")
+
+    monkeypatch.setattr(transitions.Transitions, "_record_lost_attempts", no_answer)
+    poison = await insert_raw(aconn, queue, "t", POISON["deep-payload"][0])
+    retried = await queue.enqueue("t", {"n": 1})
+    assert retried is not None
+    await aconn.execute(sql.SQL("UPDATE {} SET attempts = 1 WHERE id = %s")
+                        .format(queue.table("jobs")), [retried.id])
+
+    async def handler(ctx: JobContext) -> None:
+        pass
+
+    # A platform timeout of 4 s: the hard deadline is 3 s in, the cut a quarter of the
+    # 1 s settle reserve after it.
+    result = await Pipeline(queue, [Stage("t", 10, 1, handler)],
+                            platform_timeout=timedelta(seconds=4)).run(
+        time_budget=timedelta(seconds=3))
+    assert (result.stop_reason, result.jobs_failed, result.summary.get("unreadable")) == (
+        "error", 1, 1)
+    assert result.error is not None and "RunOverran" in result.error
+    assert (await job_row(aconn, queue, poison))["status"] == "failed"
+    cur = await aconn.execute(sql.SQL("SELECT summary->'unreadable' FROM {} WHERE id = %s")
+                              .format(queue.table("runs")), [result.run_id])
+    assert await cur.fetchone() == (1,)

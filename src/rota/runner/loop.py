@@ -343,11 +343,15 @@ class RunLoop:
             size = self.batch_size(stage)
         if room is not None:
             size = min(size, room)
-        jobs = await self.queue.claim(stage.type, size, run_id=run.id,
-                                      unreadable=unreadable)
-        if unreadable:
-            Settler(self.queue, run).unreadable(len(unreadable))
-        return jobs
+        try:
+            return await self.queue.claim(stage.type, size, run_id=run.id,
+                                          unreadable=unreadable)
+        finally:
+            # Each row in the list was given up (committed) before the claim went on: it
+            # counts even when the claim is then cut or fails (a run cut off from the
+            # database at its hard deadline lost the count of rows it had failed).
+            if unreadable:
+                Settler(self.queue, run).unreadable(len(unreadable))
 
     async def _release_prefetched(self, run: RunState) -> None:
         """Hand back a prefetched batch the run ends without starting.
