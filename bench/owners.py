@@ -316,7 +316,7 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
                 for name in ("group", "owner", "fifo"):  # turns on the same data
                     t = time.perf_counter()
                     if name == "fifo":  # only the claim is timed, as for rota's
-                        rows = i % 2 == 1
+                        rows = i % 2 == 0  # the first timed turn (i = 5) the ids' form
                         cur = await c.execute(fifo_rows if rows else fifo,
                                               {"type": "t", "limit": 25})
                         ids = [r[0] for r in await cur.fetchall()]
@@ -343,17 +343,21 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
         for q in queues.values():
             await q.close()
     fifo_p50 = statistics.median(results["fifo"])
-    rows_p50 = statistics.median(results["fifo rows"])
+    rows_p50 = statistics.median(results["fifo rows"]) if results["fifo rows"] else None
     print(f"\nclaim of 25 at {pending:,} pending / {groups:,} groups / {owners:,} owners"
           f"{', costs on' if costs else ''}{', caps on' if caps else ''}, "
-          f"p50 of {reps} (ms; the FIFO claim's two forms {reps // 2} each)")
+          f"p50 of {reps} (ms; the FIFO claim's two forms {len(results['fifo'])} and "
+          f"{len(results['fifo rows'])})")
     for name, times in results.items():
+        if not times:
+            continue
         p50 = statistics.median(times)
         extra = ""
         if name in queues:  # the claims that read more than their first probe
             fc = queues[name].fair_claim
-            extra = (f"  ({p50 / rows_p50:.1f}x FIFO rows)  retries "
-                     f"{fc.retries.get('t', 0)}, probe now {fc._probe.get(('t', name))}")
+            extra = (f"  ({p50 / rows_p50:.1f}x FIFO rows)" if rows_p50 else "") + (
+                f"  retries {fc.retries.get('t', 0)}, probe now "
+                f"{fc._probe.get(('t', name))}")
         print(f"  {name:9} {p50:8.2f}  {p50 / fifo_p50:6.1f}x FIFO{extra}")
 
 

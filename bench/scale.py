@@ -159,6 +159,7 @@ def literal_claim(queue: Queue) -> sql.Composed:
 def fifo_claim(queue: Queue, rows: bool = False) -> sql.Composed:
     """The FIFO reference claim on ``queue``'s jobs table; ``rows``: returning the
     claimed rows whole (what a worker needs), not only their ids."""
+    assert FIFO_CLAIM.count("RETURNING u.id") == 1
     text = FIFO_CLAIM.replace("RETURNING u.id", "RETURNING u.*") if rows else FIFO_CLAIM
     return sql.SQL(text).format(schema=sql.Identifier(queue.schema))
 

@@ -28,8 +28,8 @@ ospecial AS (
 -- Rows fetched one by one (LATERAL … OFFSET 0, as claim_pool_special.sql does). A group
 -- with a fair_groups row has its plan, active and owner from the row's copy (kept in the
 -- transaction of every change to the groups table, fair_copy_group); only a group
--- without one (its jobs all done or running) is looked up in the groups table: one
--- index read a special group instead of two.
+-- without one (the fold drops the row of a group with no pending job and nothing
+-- served) is looked up in the groups table: one index read a special group, not two.
 special_rows AS (
     SELECT s.group_id, coalesce(f.served_n, 0) AS served_n,
            coalesce(f.served_n, 0) + coalesce(dd.n, 0) + coalesce(ef.n, 0)

@@ -338,20 +338,12 @@ class RunLoop:
         :meth:`batch_size`), at most ``room`` (what its rate limits let start soon);
         rows that cannot be read were given up by the claim and count as failed here
         (docs/design.md, "Bad data belongs to its job")."""
-        unreadable: list[UnreadableJob] = []
         if size is None:
             size = self.batch_size(stage)
         if room is not None:
             size = min(size, room)
-        try:
-            return await self.queue.claim(stage.type, size, run_id=run.id,
-                                          unreadable=unreadable)
-        finally:
-            # Each row in the list was given up (committed) before the claim went on: it
-            # counts even when the claim is then cut or fails (a run cut off from the
-            # database at its hard deadline lost the count of rows it had failed).
-            if unreadable:
-                Settler(self.queue, run).unreadable(len(unreadable))
+        return await self.queue.claim(stage.type, size, run_id=run.id,
+                                      unreadable=_CountedUnreadable(Settler(self.queue, run)))
 
     async def _release_prefetched(self, run: RunState) -> None:
         """Hand back a prefetched batch the run ends without starting.
@@ -397,6 +389,23 @@ class RunLoop:
 def handler_slots(stage: Stage) -> int:
     """Handler calls of ``stage`` that may hold a connection at once."""
     return 1 if stage.batch_handler is not None else stage.concurrency
+
+
+class _CountedUnreadable(list[UnreadableJob]):
+    """The list a claim puts each row it gave up in (:meth:`rota.Queue.claim`'s
+    ``unreadable``), counting it in the run as it is put there: the give-up has
+    committed by then, so it counts even when the claim goes no further (cut at the
+    run's hard deadline, or a prefetch or refill claim the run stopped waiting for,
+    while its database did not answer: counted when the claim returned, such rows were
+    failed by the run and missing from its summary)."""
+
+    def __init__(self, settler: Settler) -> None:
+        super().__init__()
+        self._settler = settler
+
+    def append(self, item: UnreadableJob) -> None:
+        super().append(item)
+        self._settler.unreadable(1)
 
 
 __all__ = ["RunLoop", "RunOverran", "handler_slots"]
