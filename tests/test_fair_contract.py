@@ -645,3 +645,28 @@ def test_the_fixture_used_after_concurrency_tests_fails_on_a_violation(
                      .format(sql.Identifier(migrated)))
         rows = conn.execute(Statements(migrated).sql("fair/verify")).fetchall()
     assert [Violation(*r) for r in rows] == [Violation("t", "gx", damage, "0", "4")]
+
+
+async def test_a_truncate_of_the_groups_table_makes_every_copy_a_missing_groups(
+        queue: Queue, aconn: Any, database_url: str) -> None:
+    """TRUNCATE fires no row trigger: the copies of plan, active and owner stayed as they
+    were, and the claim (its walk and its special groups) ranked the groups by them
+    (rota verify named each). Now every group is as a missing one: no plan, active, no
+    owner, by owner as by group."""
+    await scenario(queue, aconn)
+    await queue.upsert_group("g2", plan="free", owner_id="acme", active=False)
+    assert await queue.verify() == []
+    await run(aconn, queue, "TRUNCATE {s}.groups")
+    assert await run(aconn, queue, "SELECT group_id, plan, active, owner_id"
+                     " FROM {s}.fair_groups ORDER BY group_id") == [
+        ("g1", None, True, None), ("g2", None, True, None), ("g3", None, True, None)]
+    assert await queue.verify() == []
+    await claim_equals_oracle(queue, database_url, "t", 4)
+    await queue.upkeep.run_once()
+    assert await queue.verify() == []
+    by_owner = Queue(database_url, schema=queue.schema, fair_by="owner")
+    await by_owner.open()
+    try:
+        await claim_equals_oracle(by_owner, database_url, "t", 4)
+    finally:
+        await by_owner.close()

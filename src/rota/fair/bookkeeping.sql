@@ -351,6 +351,23 @@ CREATE TRIGGER groups_fair_changed
     AFTER INSERT OR UPDATE OR DELETE ON {schema}.groups
     FOR EACH ROW EXECUTE FUNCTION {schema}.fair_groups_changed();
 
+-- TRUNCATE fires no row trigger: every group is gone, so each copy becomes a missing
+-- group's (no plan, active, no owner), group by group as a delete would make it.
+CREATE FUNCTION {schema}.fair_groups_truncated() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {schema}.fair_copy_group(g.group_id, NULL, true, NULL)
+    FROM (SELECT DISTINCT f.group_id FROM {schema}.fair_groups f
+          WHERE f.plan IS NOT NULL OR NOT f.active OR f.owner_id IS NOT NULL
+          ORDER BY f.group_id) g;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER groups_fair_truncated
+    AFTER TRUNCATE ON {schema}.groups
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.fair_groups_truncated();
+
 -- Insert missing fair_groups rows (bounds and served count as given), copying plan,
 -- active and owner from rota's groups table under FOR SHARE of those rows (and recording
 -- each new row in fair_owner_changes), so a concurrent plan
