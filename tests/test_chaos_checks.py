@@ -128,3 +128,22 @@ def test_a_hand_back_its_run_did_not_count_leaves_the_repeat_unexplained() -> No
     done = {**released(T0 + 2 * MS), "new_status": "done", "released": False}
     assert explain_repeat(effect_of(), [done], {"t1": ran("done")},
                           {"r1": run_row(cut_by_run=1)}, {}) is None
+
+
+def test_an_effect_its_backend_wrote_just_after_the_worker_was_killed_is_explained() -> None:
+    """The short chaos run, seed 46940: w4's effect at 05:02:23.872407, its SIGKILL's
+    moment (taken once it was dead) at 05:02:23.869373. Nothing writes as w4 after its
+    death but a statement it had sent: the kill explains the repeat. Before, only a kill
+    at or after the effect did, and this repeat was called unexplained."""
+    effect = {**effect_of(), "worker": "w4"}
+    running = {"old_status": "running", "new_status": "running", "at": T0 + 5821 * MS,
+               "released": False, "deferred": False, "last_error": None}
+    why = explain_repeat(effect, [running], {}, {}, {"chaos-w4": T0 - 3 * MS})
+    assert why == ("killed: w4 was SIGKILLed with the effect's statement in flight "
+                   "(written 0:00:00.003000 after the kill), before the completion landed")
+    # A kill after the effect explains it as before.
+    assert explain_repeat(effect, [running], {}, {}, {"chaos-w4": T0 + MS}) == (
+        "killed: w4 was SIGKILLed mid-handler, after the effect and before the completion "
+        "landed")
+    # Another worker's kill explains nothing.
+    assert explain_repeat(effect, [running], {}, {}, {"chaos-w3": T0 - 3 * MS}) is None

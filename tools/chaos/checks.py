@@ -23,7 +23,8 @@ from .workload import STAGES, AnyConn
 
 @dataclass
 class Kill:
-    """One SIGKILL: the worker, its pid, and a moment after its death."""
+    """One SIGKILL: the worker, its pid, and a moment after its death (later than
+    anything the worker did; its backend may still run a statement it had sent)."""
 
     worker: str
     pid: int
@@ -627,6 +628,14 @@ def explain_repeat(effect: dict[str, Any], after: list[dict[str, Any]],
         where = "mid-handler" if h is None or h["ended_at"] is None else \
             "after its handler returned"
         return (f"killed: {effect['worker']} was SIGKILLed {where}, after the effect and "
+                f"before the completion landed")
+    if app in killed_at:
+        # Written after the moment taken once the worker was dead: nothing else writes
+        # as that worker (a respawn has a name of its own), so its backend ran a
+        # statement the worker had sent before it died (the server's clock, busy, a few
+        # ms after the kill).
+        return (f"killed: {effect['worker']} was SIGKILLed with the effect's statement "
+                f"in flight (written {effect['at'] - killed_at[app]} after the kill), "
                 f"before the completion landed")
     if nxt is not None and nxt["new_status"] == "running" and cut_at is not None:
         cut = cut_at(app, nxt["at"])
