@@ -36,12 +36,13 @@ special_rows AS (
              - coalesce(ro.n, 0) AS served,
            coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0) AS adj,
            CASE WHEN f.group_id IS NOT NULL THEN f.plan ELSE g.plan END AS plan,
-           CASE WHEN f.group_id IS NOT NULL THEN f.active ELSE coalesce(g.active, true) END AS active,
+           CASE WHEN f.group_id IS NOT NULL THEN f.active
+                ELSE coalesce(g.active, true) END AS active,
            CASE WHEN f.group_id IS NOT NULL THEN f.unit
                 WHEN g.owner_id IS NULL THEN 'g:' || s.group_id
                 ELSE 'o:' || g.owner_id END AS unit,
-           CASE WHEN f.group_id IS NOT NULL THEN f.plan_key ELSE coalesce('p:' || g.plan, '') END
-             AS plan_key,
+           CASE WHEN f.group_id IS NOT NULL THEN f.plan_key
+                ELSE coalesce('p:' || g.plan, '') END AS plan_key,
            f.head_lb, f.head_id, f.head_until, f.ready_lb
     FROM ospecial s
     LEFT JOIN LATERAL (
