@@ -121,7 +121,9 @@ unread_open AS (
                  AND (-k.priority, k.v, k.fair, k.created_at, k.id)
                      < (-u.priority, u.v, u.fair, u.created_at, u.id)) < gu.allowance)
 ),
-cap_slots AS (
+-- Materialized: the update reads it once per claimed row, and it holds only the capped
+-- owners' candidates, where cand holds them all.
+cap_slots AS MATERIALIZED (
     SELECT k.id, substr(k.plan_key, 3) AS plan, k.unit AS owner
     FROM cand k WHERE k.unit IS NOT NULL
 ),

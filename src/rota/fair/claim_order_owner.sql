@@ -126,9 +126,11 @@ unread AS (
     FROM cuts ct
     CROSS JOIN job_cost jc
     JOIN unit_walk uw ON uw.plan IS NOT DISTINCT FROM ct.plan AND uw.unit = ct.unit
-    LEFT JOIN LATERAL (
-        SELECT count(*) AS before FROM valid v
-        WHERE v.plan IS NOT DISTINCT FROM ct.plan AND v.unit = ct.unit) n ON true
+    -- Each owner's jobs read before its cut, counted in one pass over valid (a count
+    -- per cut rescanned valid once per probed owner: bench/RESULTS.md, section 29).
+    LEFT JOIN (SELECT v.plan, v.unit, count(*) AS before FROM valid v
+               GROUP BY v.plan, v.unit) n
+      ON n.plan IS NOT DISTINCT FROM ct.plan AND n.unit = ct.unit
     UNION ALL
     SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id, false
     FROM ordered o WHERE o.ord = %(candidates)s + 1

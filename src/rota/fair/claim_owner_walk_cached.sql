@@ -128,11 +128,16 @@ walk AS (
              ORDER BY f.served_n, f.head_lb, f.head_id
              LIMIT uw.spread + 1)
             UNION ALL
-            SELECT p.group_id, p.head_lb, p.head_id, p.served_lb FROM pool p
-            WHERE p.plan_key = uw.plan_key AND p.unit = uw.unit
-            UNION ALL
             SELECT NULL, h.head, h.head_id, 0 FROM {groupless_head} h WHERE uw.unit = '-'
         ) g
+        WHERE uw.urank <= %(probe_groups)s
+        UNION ALL
+        -- The probed owners' special groups, joined once (not a scan of the pool per
+        -- owner: bench/RESULTS.md, section 29).
+        SELECT p.group_id, p.head_lb, p.head_id, p.served_lb, uw.plan, uw.plan_key,
+               uw.unit, uw.unit_served, uw.priority, uw.weight, uw.share, uw.spread
+        FROM unit_sized uw
+        JOIN pool p ON p.plan_key = uw.plan_key AND p.unit = uw.unit
         WHERE uw.urank <= %(probe_groups)s
     ) x
 )
