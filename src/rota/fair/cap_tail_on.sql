@@ -24,14 +24,19 @@
 --   groups (owners) not probed, and the first job read past the candidates ('cand'),
 --   which bounds every job read after it, whoever's (its own owner's used allowance
 --   says nothing of theirs).
--- Needs:   CTEs clock, cap_plans (cap_prelude_on.sql), ordered(..., group_id, ...),
---          unread(..., bgroup: the group of the job a bound belongs to, or null;
---          gbound); parameter candidates.
--- Defines: CTEs cap_groups, cap_units, group_units, cand_g, cand0, cand (ordered's
---          columns, renumbered),
+-- Needs:   CTEs clock, cap_plans (cap_prelude_on.sql), ordered(..., group_id, ...,
+--          plan), unread(..., bgroup: the group of the job a bound belongs to, or null;
+--          gbound; bplan: bgroup's plan); parameter candidates.
+-- Defines: CTEs cap_groups, cap_units, group_units, capped, passed_g, passed_u, cand
+--          (ordered's columns, renumbered),
 --          unread_open(priority, v, fair, created_at, id, need), cap_slots(id, plan,
 --          owner): the slot each candidate of a capped owner would hold (jobs.slot_plan
 --          and slot_owner, which cap_prelude_on.sql counts).
+-- The groups of capped plans among the candidates and the unread bounds: their groups
+-- rows (owner and plan as this statement's snapshot sees them), looked up only for
+-- the jobs whose plan, as the order read it from the same snapshot, is capped (a
+-- lookup per candidate's group was most of this CTE's time: bench/RESULTS.md,
+-- section 29).
 cap_groups AS MATERIALIZED (
     SELECT g.group_id::text AS group_id, 'p:' || g.plan::text AS plan_key,
            CASE WHEN g.owner_id IS NULL THEN 'g:' || g.group_id::text
@@ -40,9 +45,11 @@ cap_groups AS MATERIALIZED (
     FROM {groups} g
     JOIN cap_plans cp ON cp.plan = g.plan::text
     WHERE g.group_id::text IN (SELECT o.group_id FROM ordered o
+                               JOIN cap_plans x ON x.plan = o.plan
                                WHERE o.ord <= %(candidates)s
                                UNION
-                               SELECT u.bgroup FROM unread u)
+                               SELECT u.bgroup FROM unread u
+                               JOIN cap_plans x ON x.plan = u.bplan)
 ),
 -- The capped owners with candidates, in (plan_key, unit) order, each locked and its
 -- allowance counted: its cap less its running jobs as last committed (0 when another
@@ -79,30 +86,45 @@ group_units AS MATERIALIZED (
     WHERE x.cap IS NOT NULL
     ORDER BY x.group_id
 ),
--- The group stage: a capped group's first `allowance` candidates.
-cand_g AS (
-    SELECT o.*
-    FROM (SELECT o.*, gu.allowance,
-                 row_number() OVER (PARTITION BY o.group_id ORDER BY o.ord) AS grank
-          FROM ordered o
-          LEFT JOIN group_units gu ON gu.group_id = o.group_id
-          WHERE o.ord <= %(candidates)s) o
-    WHERE o.allowance IS NULL OR o.grank <= o.allowance
-),
--- The owner stage, over the group stage's candidates.
-cand0 AS (
-    SELECT o.id, o.group_id, o.priority, o.v, o.fair, o.created_at, o.ord, cu.plan_key,
-           cu.unit, cu.allowance,
-           row_number() OVER (PARTITION BY cu.plan_key, cu.unit ORDER BY o.ord) AS urank
-    FROM cand_g o
+-- The candidates of a capped owner or a capped group (usually none), with their
+-- allowances; the stages below rank only these (ranking every candidate in each stage
+-- was three sorts of all of them: bench/RESULTS.md, section 29).
+capped AS MATERIALIZED (
+    SELECT o.id, o.group_id, o.ord, cu.plan_key, cu.unit, cu.allowance AS ua,
+           gu.allowance AS ga
+    FROM ordered o
     LEFT JOIN cap_groups cg ON cg.group_id = o.group_id
     LEFT JOIN cap_units cu ON cu.plan_key = cg.plan_key AND cu.unit = cg.unit
+    LEFT JOIN group_units gu ON gu.group_id = o.group_id
+    WHERE o.ord <= %(candidates)s AND (cu.unit IS NOT NULL OR gu.group_id IS NOT NULL)
+),
+-- The group stage: a capped group keeps its first `allowance` candidates; the rest
+-- are passed over.
+passed_g AS (
+    SELECT x.id
+    FROM (SELECT c.id, c.ga,
+                 row_number() OVER (PARTITION BY c.group_id ORDER BY c.ord) AS grank
+          FROM capped c WHERE c.ga IS NOT NULL) x
+    WHERE x.grank > x.ga
+),
+-- The owner stage, over what the group stage kept.
+passed_u AS (
+    SELECT x.id
+    FROM (SELECT c.id, c.ua,
+                 row_number() OVER (PARTITION BY c.plan_key, c.unit ORDER BY c.ord)
+                   AS urank
+          FROM capped c
+          WHERE c.ua IS NOT NULL AND c.id NOT IN (SELECT p.id FROM passed_g p)) x
+    WHERE x.urank > x.ua
 ),
 cand AS MATERIALIZED (
-    SELECT c.id, c.group_id, c.priority, c.v, c.fair, c.created_at, c.plan_key, c.unit,
-           row_number() OVER (ORDER BY c.ord) AS ord
-    FROM cand0 c
-    WHERE c.allowance IS NULL OR c.urank <= c.allowance
+    SELECT o.id, o.group_id, o.priority, o.v, o.fair, o.created_at, c.plan_key, c.unit,
+           row_number() OVER (ORDER BY o.ord) AS ord
+    FROM ordered o
+    LEFT JOIN capped c ON c.id = o.id
+    WHERE o.ord <= %(candidates)s
+      AND o.id NOT IN (SELECT p.id FROM passed_g p)
+      AND o.id NOT IN (SELECT p.id FROM passed_u p)
 ),
 unread_open AS (
     SELECT u.priority, u.v, u.fair, u.created_at, u.id, u.need
