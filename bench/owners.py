@@ -33,9 +33,13 @@ medians of ``--reps``. With ``--costs``: the done jobs cost 1 or 100 (half each)
 every completion charges 1 or 100 (docs/design.md, "Cost"); with ``--caps``: the Free
 plan caps its owners at 2 running (``Plan.max_running``) and 400 jobs are left running,
 so some owners are at their cap (docs/design.md, "Caps"); ``--costs-caps``: both.
+``--reuse``: the schema the last run built, as it left it (no build, no jobs left
+running): an A/B of two checkouts on the very same data and statistics, whose plans a
+new build's ANALYZE sample can change. Compare milliseconds, not ratios: the FIFO
+claim slows run after run as the jobs table's dead versions pile up (autovacuum off).
 
     python -m bench.owners [--size 1000000/10000/1000] [--reps 100] [--skip-claim]
-                           [--costs] [--caps] [--costs-caps]
+                           [--costs] [--caps] [--costs-caps] [--reuse]
                            [--mixed [--window S] [--windows N]
                            [--slots N] [--unit S]]
 
@@ -283,10 +287,12 @@ def _report_windows(finished: list[tuple[float, float, str, int]], window: float
 
 
 async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int,
-                     costs: bool = False, caps: bool = False) -> None:
-    await build(url, SCHEMA, pending=pending, groups=groups, owners=owners, done=pending // 5)
+                     costs: bool = False, caps: bool = False, reuse: bool = False) -> None:
+    if not reuse:
+        await build(url, SCHEMA, pending=pending, groups=groups, owners=owners,
+                    done=pending // 5)
     plans = None
-    if costs:
+    if costs and not reuse:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
             await c.execute(f"UPDATE {SCHEMA}.jobs SET cost = 100 WHERE status = 'done'"
                             " AND id % 2 = 0")
@@ -306,7 +312,7 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
               for fb in ("group", "owner")}
     for q in queues.values():
         await q.open()
-    if caps:  # some owners at their cap: 400 jobs left running
+    if caps and not reuse:  # some owners at their cap: 400 jobs left running
         await queues["group"].claim("t", 400)
     try:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
@@ -371,6 +377,8 @@ async def main() -> None:
     p.add_argument("--costs", action="store_true")
     p.add_argument("--caps", action="store_true")
     p.add_argument("--mixed", action="store_true")
+    p.add_argument("--reuse", action="store_true",
+                   help="the schema the last claim-cost run built, as it left it")
     p.add_argument("--window", type=float, default=60.0)
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--slots", type=int, default=16)
@@ -388,7 +396,8 @@ async def main() -> None:
         await mixed_costs(url, args.window, args.windows, args.slots, args.unit)
     if not args.skip_claim:
         await claim_cost(url, pending, groups, owners, args.reps,
-                         args.costs or args.costs_caps, args.caps or args.costs_caps)
+                         args.costs or args.costs_caps, args.caps or args.costs_caps,
+                         args.reuse)
 
 
 if __name__ == "__main__":
