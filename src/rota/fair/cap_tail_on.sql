@@ -24,19 +24,18 @@
 --   groups (owners) not probed, and the first job read past the candidates ('cand'),
 --   which bounds every job read after it, whoever's (its own owner's used allowance
 --   says nothing of theirs).
--- Needs:   CTEs clock, cap_plans (cap_prelude_on.sql), ordered(..., group_id, ...,
---          plan), unread(..., bgroup: the group of the job a bound belongs to, or null;
---          gbound; bplan: bgroup's plan); parameter candidates.
--- Defines: CTEs cap_groups, cap_units, group_units, capped, passed_g, passed_u, cand
---          (ordered's columns, renumbered),
+-- Needs:   CTEs clock, cap_plans (cap_prelude_on.sql), ordered(..., group_id, ...),
+--          unread(..., bgroup: the group of the job a bound belongs to, or null;
+--          gbound); parameter candidates.
+-- Defines: CTEs cap_groups, cap_units, group_units, capped, passed_g, passed_u,
+--          cand(id, group_id, priority, v, fair, created_at, plan_key, unit, ord: the
+--          candidates kept, renumbered),
 --          unread_open(priority, v, fair, created_at, id, need), cap_slots(id, plan,
 --          owner): the slot each candidate of a capped owner would hold (jobs.slot_plan
 --          and slot_owner, which cap_prelude_on.sql counts).
--- The groups of capped plans among the candidates and the unread bounds: their groups
--- rows (owner and plan as this statement's snapshot sees them), looked up only for
--- the jobs whose plan, as the order read it from the same snapshot, is capped (a
--- lookup per candidate's group was most of this CTE's time: bench/RESULTS.md,
--- section 29).
+-- The groups of capped plans among the candidates and the unread bounds, from the
+-- groups relation itself (owner and plan as this statement's snapshot sees them): a cap
+-- holds whatever the bookkeeping's copies say.
 cap_groups AS MATERIALIZED (
     SELECT g.group_id::text AS group_id, 'p:' || g.plan::text AS plan_key,
            CASE WHEN g.owner_id IS NULL THEN 'g:' || g.group_id::text
@@ -45,11 +44,9 @@ cap_groups AS MATERIALIZED (
     FROM {groups} g
     JOIN cap_plans cp ON cp.plan = g.plan::text
     WHERE g.group_id::text IN (SELECT o.group_id FROM ordered o
-                               JOIN cap_plans x ON x.plan = o.plan
                                WHERE o.ord <= %(candidates)s
                                UNION
-                               SELECT u.bgroup FROM unread u
-                               JOIN cap_plans x ON x.plan = u.bplan)
+                               SELECT u.bgroup FROM unread u)
 ),
 -- The capped owners with candidates, in (plan_key, unit) order, each locked and its
 -- allowance counted: its cap less its running jobs as last committed (0 when another
@@ -86,7 +83,7 @@ group_units AS MATERIALIZED (
     WHERE x.cap IS NOT NULL
     ORDER BY x.group_id
 ),
--- The candidates of a capped owner or a capped group (usually none), with their
+-- The candidates of a capped owner or of a capped group (usually none), with their
 -- allowances; the stages below rank only these (ranking every candidate in each stage
 -- was three sorts of all of them: bench/RESULTS.md, section 29).
 capped AS MATERIALIZED (

@@ -6,17 +6,15 @@
 --          parameters type, middle_priority, lowest_priority, middle_weight,
 --          lowest_weight, limit, probe_groups, probe_per, candidates.
 -- Defines: CTEs keyed, walk, group_fill, group_level, sized, probe, ranked,
---          ordered(id, group_id, priority, v, fair, created_at, ord, plan),
+--          ordered(id, group_id, priority, v, fair, created_at, ord),
 --          unread(priority, v, fair, created_at, id, need, bgroup:
 --          the group of the job a bound belongs to, null for the groups not probed;
---          gbound: the bound is of that group's jobs alone, a group's next job; bplan:
---          bgroup's plan). A plan is the pool's (the group's, as this statement's
---          snapshot sees it), which the caps read (cap_tail_on.sql).
+--          gbound: the bound is of that group's jobs alone, a group's next job).
 -- A plan's weight divides the served count (virtual time): within one plan every group
 -- has the same weight, so the pool's walk by served_n per plan is the walk by v, and
 -- the walk's merge of the plans orders by v.
 keyed AS (
-    SELECT pl.group_id, pl.head_lb, pl.head_id, pl.served_n, pl.served_lb, pl.plan,
+    SELECT pl.group_id, pl.head_lb, pl.head_id, pl.served_n, pl.served_lb,
            CASE WHEN pl.group_id IS NULL OR pl.plan IS NULL THEN %(middle_priority)s::int
                 ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority,
            CASE WHEN pl.group_id IS NULL OR pl.plan IS NULL THEN %(middle_weight)s::int
@@ -29,7 +27,7 @@ keyed AS (
 -- Groups in order of the lower bound (priority, served_lb / weight, head_lb, head_id)
 -- of their first job's key; only the first probe_groups are probed, the next one bounds the rest.
 walk AS (
-    SELECT k.group_id, k.head_lb, k.head_id, k.priority, k.weight, k.v_lb, k.plan,
+    SELECT k.group_id, k.head_lb, k.head_id, k.priority, k.weight, k.v_lb,
            k.served_n + coalesce(dd.n, 0) + coalesce(ef.n, 0) - coalesce(ro.n, 0) AS served,
            row_number() OVER (ORDER BY k.priority DESC, k.v_lb, k.head_lb, k.head_id,
                                        k.group_id NULLS FIRST) AS rank
@@ -75,7 +73,7 @@ sized AS (
     LEFT JOIN group_level gl ON true
 ),
 probe AS (
-    SELECT w.group_id, w.plan, w.priority, w.weight, w.served, w.per, j.id, j.created_at
+    SELECT w.group_id, w.priority, w.weight, w.served, w.per, j.id, j.created_at
     FROM sized w
     {claim_probe_jobs}
     WHERE w.rank <= %(probe_groups)s
@@ -94,8 +92,7 @@ ordered AS MATERIALIZED (
            0 AS fair, r.created_at,
            row_number() OVER (ORDER BY r.priority DESC,
                                        (r.served + (r.pos - 1) * jc.e)::numeric / r.weight,
-                                       r.created_at, r.id) AS ord,
-           r.plan
+                                       r.created_at, r.id) AS ord
     FROM ranked r
     CROSS JOIN job_cost jc
     WHERE r.pos <= r.per
@@ -108,13 +105,13 @@ ordered AS MATERIALIZED (
 -- exact; what they bound ranks after them).
 unread AS (
     SELECT w.priority, w.v_lb AS v, 0 AS fair, w.head_lb AS created_at, w.head_id AS id,
-           'groups' AS need, NULL::text AS bgroup, false AS gbound, NULL::text AS bplan
+           'groups' AS need, NULL::text AS bgroup, false AS gbound
     FROM walk w WHERE w.rank = %(probe_groups)s + 1
     UNION ALL
     SELECT r.priority, (r.served + (r.pos - 1) * jc.e)::numeric / r.weight, 0,
-           r.created_at, r.id, 'per', r.group_id, true, r.plan
+           r.created_at, r.id, 'per', r.group_id, true
     FROM ranked r CROSS JOIN job_cost jc WHERE r.pos = r.per + 1
     UNION ALL
-    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id, false, o.plan
+    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id, false
     FROM ordered o WHERE o.ord = %(candidates)s + 1
 )

@@ -22,12 +22,10 @@
 --          probe_groups, probe_spread, probe_per, candidates.
 -- Defines: the walk's CTEs (unit_walk, unit_sized, walk), then group_fill, group_level,
 --          sized, probe, ranked, cuts, valid,
---          ordered(id, group_id, priority, v, fair, created_at, ord, plan),
---          unread(priority, v, fair, created_at, id, need, bgroup: a group of the owner a
---          bound belongs to, null for the owners not probed; gbound: false, as a cut
---          bounds every group of its owner, never one group's jobs alone; bplan:
---          bgroup's plan). A plan is the walk's (the group's, as this statement's
---          snapshot sees it), which the caps read (cap_tail_on.sql).
+--          ordered(id, group_id, priority, v, fair, created_at, ord), unread(priority, v,
+--          fair, created_at, id, need, bgroup: a group of the owner a bound belongs to,
+--          null for the owners not probed; gbound: false, as a cut bounds every group
+--          of its owner, never one group's jobs alone).
 {owner_walk},
 -- How many jobs to read from each probed group (per): what the group would give the
 -- batch if every probed group had jobs enough, plus one, and at least probe_per: its
@@ -109,8 +107,7 @@ ordered AS MATERIALIZED (
            v.fair, v.created_at,
            row_number() OVER (ORDER BY v.priority DESC,
                                        (v.unit_served + v.upos * jc.e)::numeric / v.weight,
-                                       v.fair, v.created_at, v.id) AS ord,
-           v.plan
+                                       v.fair, v.created_at, v.id) AS ord
     FROM valid v
     CROSS JOIN job_cost jc
     ORDER BY ord
@@ -120,13 +117,12 @@ ordered AS MATERIALIZED (
 -- each probed owner's cut, and the first job read beyond the candidates.
 unread AS (
     SELECT uw.priority, uw.v_lb AS v, uw.served AS fair, uw.head_lb AS created_at,
-           uw.head_id AS id, 'groups' AS need, NULL::text AS bgroup, false AS gbound,
-           NULL::text AS bplan
+           uw.head_id AS id, 'groups' AS need, NULL::text AS bgroup, false AS gbound
     FROM unit_walk uw WHERE uw.urank = %(probe_groups)s + 1
     UNION ALL
     SELECT uw.priority,
            (uw.unit_served + coalesce(n.before, 0) * jc.e)::numeric / uw.weight,
-           ct.fair, ct.created_at, ct.id, ct.need, ct.group_id, false, ct.plan
+           ct.fair, ct.created_at, ct.id, ct.need, ct.group_id, false
     FROM cuts ct
     CROSS JOIN job_cost jc
     JOIN unit_walk uw ON uw.plan IS NOT DISTINCT FROM ct.plan AND uw.unit = ct.unit
@@ -136,6 +132,6 @@ unread AS (
                GROUP BY v.plan, v.unit) n
       ON n.plan IS NOT DISTINCT FROM ct.plan AND n.unit = ct.unit
     UNION ALL
-    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id, false, o.plan
+    SELECT o.priority, o.v, o.fair, o.created_at, o.id, 'cand', o.group_id, false
     FROM ordered o WHERE o.ord = %(candidates)s + 1
 )
