@@ -11,8 +11,9 @@
 -- Needs:   CTEs clock, plan_priority, stale, changes, ospecial, special_rows, pool;
 --          job_cost; parameters type, middle_priority, lowest_priority,
 --          middle_weight, lowest_weight, probe_groups, probe_spread, limit.
--- Defines: CTEs special_units, special_best, owner_levels, units, unit_walk(plan, plan_key, unit,
---          unit_served, served, head_lb, head_id, priority, weight, v_lb, urank),
+-- Defines: CTEs special_units, special_best, owner_levels, owner_rows, owner_floor,
+--          units, unit_walk(plan, plan_key, unit, unit_served, served, head_lb,
+--          head_id, priority, weight, v_lb, urank),
 --          walk(group_id, head_lb, head_id, served, plan, plan_key, unit, unit_served,
 --          priority, weight, share, spread, grank); includes groupless_head.sql and
 --          claim_owner_rank.sql.
@@ -44,6 +45,37 @@ owner_levels AS (
           SELECT '', NULL) l
     LEFT JOIN plan_priority pp ON pp.plan = l.plan
 ),
+-- Per plan, the first probe_groups + 1 other owners by their row's key, plan levels read
+-- by priority, highest first, and only until probe_groups + 1 owners are read (with the
+-- rest of their priority: plans of one priority interleave by weight): an owner of a
+-- lower priority ranks after all of them, so it is neither probed nor the bound
+-- (bench/RESULTS.md, section 27). The levels are sorted before the lateral, so the limit
+-- stops the walk.
+owner_rows AS (
+    SELECT l.priority, o.plan, o.plan_key, o.unit, o.served_n AS unit_served,
+           o.b_served AS served, o.b_head_lb AS head_lb, o.b_head_id AS head_id
+    FROM (SELECT * FROM owner_levels ORDER BY priority DESC) l
+    CROSS JOIN clock c
+    CROSS JOIN LATERAL (
+        SELECT o.* FROM {schema}.fair_owners o
+        WHERE o.type = %(type)s AND o.plan_key = l.plan_key
+          AND o.b_head_lb < 'infinity' AND o.ready_lb <= c.now
+          AND (o.plan_key, o.unit) NOT IN (SELECT su.plan_key, su.unit
+                                          FROM special_units su)
+{cap_filter_owner}
+        ORDER BY o.served_n, o.b_served, o.b_head_lb, o.b_head_id
+        LIMIT %(probe_groups)s + 1) o
+    ORDER BY l.priority DESC
+    FETCH FIRST (%(probe_groups)s + 1) ROWS WITH TIES
+),
+-- The lowest priority those owners reach, once there are probe_groups + 1 of them: a
+-- special owner of a lower priority ranks after all of them, so it is neither probed
+-- nor the bound, and its row is not looked up (with three plans of three priorities,
+-- two thirds of the special owners: bench/RESULTS.md, section 29).
+owner_floor AS (
+    SELECT min(o.priority) AS priority FROM owner_rows o
+    HAVING count(*) > %(probe_groups)s
+),
 units AS (
     SELECT u.*,
            CASE WHEN u.unit = '-' OR u.plan IS NULL THEN %(middle_priority)s::int
@@ -51,34 +83,20 @@ units AS (
            CASE WHEN u.unit = '-' OR u.plan IS NULL THEN %(middle_weight)s::int
                 ELSE coalesce(pp.weight, %(lowest_weight)s::int) END AS weight
     FROM (
-        -- Per plan, the first probe_groups + 1 other owners by their row's key, plan
-        -- levels read by priority, highest first, and only until probe_groups + 1 owners
-        -- are read (with the rest of their priority: plans of one priority interleave by
-        -- weight): an owner of a lower priority ranks after all of them, so it is neither
-        -- probed nor the bound (bench/RESULTS.md, section 27). The levels are sorted
-        -- before the lateral, so the limit stops the walk.
         SELECT o.plan, o.plan_key, o.unit, o.unit_served, o.served, o.head_lb, o.head_id
-        FROM (
-            SELECT l.priority, o.plan, o.plan_key, o.unit, o.served_n AS unit_served,
-                   o.b_served AS served, o.b_head_lb AS head_lb, o.b_head_id AS head_id
-            FROM (SELECT * FROM owner_levels ORDER BY priority DESC) l
-            CROSS JOIN clock c
-            CROSS JOIN LATERAL (
-                SELECT o.* FROM {schema}.fair_owners o
-                WHERE o.type = %(type)s AND o.plan_key = l.plan_key
-                  AND o.b_head_lb < 'infinity' AND o.ready_lb <= c.now
-                  AND (o.plan_key, o.unit) NOT IN (SELECT su.plan_key, su.unit
-                                                  FROM special_units su)
-{cap_filter_owner}
-                ORDER BY o.served_n, o.b_served, o.b_head_lb, o.b_head_id
-                LIMIT %(probe_groups)s + 1) o
-            ORDER BY l.priority DESC
-            FETCH FIRST (%(probe_groups)s + 1) ROWS WITH TIES) o
+        FROM owner_rows o
         UNION ALL
-        -- The special owners, exactly.
+        -- The special owners, exactly: those of a priority the walk reached.
         SELECT su.plan, su.plan_key, su.unit, coalesce(o.served_n, 0) + su.adj,
                b.served, b.head_lb, b.head_id
-        FROM special_units su
+        FROM (SELECT su.* FROM special_units su
+              LEFT JOIN plan_priority sp ON sp.plan = su.plan
+              WHERE NOT EXISTS (
+                  SELECT 1 FROM owner_floor f
+                  WHERE f.priority > CASE WHEN su.plan IS NULL
+                                          THEN %(middle_priority)s::int
+                                          ELSE coalesce(sp.priority,
+                                                        %(lowest_priority)s::int) END)) su
         LEFT JOIN LATERAL (
             SELECT x.served_n, x.b_served, x.b_head_lb, x.b_head_id
             FROM {schema}.fair_owners x
