@@ -126,6 +126,47 @@ async def test_the_owner_walk_reads_no_owner_of_a_priority_it_cannot_reach(
     assert n == {1: 15, 2: 29}[levels]
 
 
+
+async def test_the_owner_claim_looks_up_no_special_owner_of_a_priority_its_walk_cannot_reach(
+        make_queue: Any, database_url: str) -> None:
+    """Free (0), Standard (1) and Pro (2), 20 owners each, one group of 3 jobs each;
+    claims left unfolded make 5 Free, 5 Standard and 3 Pro owners special. A claim of 5
+    by owner walks Pro's level (17 owners, more than probe_groups + 1 = 14), so no Free
+    or Standard owner can be probed or bound the rest: of the special owners' rows
+    (fair_owners_pkey) it looks up Pro's 3 alone, where it looked up all 13."""
+    levels = Plans([Plan("free", "Free", 0), Plan("standard", "Standard", 1),
+                    Plan("pro", "Pro", 2)])
+    queue: Queue = await make_queue(plans=levels, fair_by="owner")
+    for plan in ("free", "standard", "pro"):
+        for i in range(20):
+            await queue.upsert_group(f"{plan}{i}", plan=plan, owner_id=f"{plan}-{i}")
+            await queue.enqueue_many([{"type": "t", "payload": {"g": plan},
+                                       "group_id": f"{plan}{i}"}] * 3)
+    await queue.repair_bookkeeping()
+    # Claims by queues that rank one plan first, never folded: their groups' deltas make
+    # their owners special.
+    made = {"free": 5, "standard": 5, "pro": 3}
+    for first, n in made.items():
+        ranks = Plans([Plan(p, p, 0) for p in made if p != first] + [Plan(first, first, 2)])
+        other: Queue = await make_queue(plans=ranks)
+        other.upkeep.request = other.upkeep._seen.add  # type: ignore[method-assign]
+        taken = await other.claim("t", n)
+        assert {j.payload["g"] for j in taken} == {first} and len(taken) == n
+    queue.upkeep.request = queue.upkeep._seen.add  # type: ignore[method-assign]
+    fair = queue.fair_claim
+    assert fair._start(("t", "owner"), 5)[0] == 13  # the floor: limit + 8
+    retries = fair.retries.get("t", 0)
+    async with await psycopg.AsyncConnection.connect(database_url) as c:
+        jobs = await queue.claim("t", 5, conn=c)
+        cur = await c.execute("SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
+                              [f"{queue.schema}.fair_owners_pkey"])
+        [(n,)] = await cur.fetchall()
+        await c.commit()
+    assert fair.retries.get("t", 0) == retries  # one statement: its reads alone
+    assert {j.payload["g"] for j in jobs} == {"pro"}
+    assert len({j.group_id for j in jobs}) == 5
+    assert n == 3
+
 async def test_weights_change_at_the_next_claim(make_queue: Any) -> None:
     """A queue opened with new weights on the same rows shares by them at its next claim
     (nothing queued is rewritten)."""

@@ -7,7 +7,9 @@
 -- its special groups' unfolded deltas, and its bound the smaller of its row's and its
 -- special groups' exact keys. Every other owner's row is exact: its served_n is the sum
 -- of its groups' (none of which has a delta or a change the fold has not taken in), and
--- its bound holds for each of its groups.
+-- its bound holds for each of its groups. A special owner of a priority below every one
+-- of the first probe_groups + 1 other owners is left out before its row is read: it
+-- would rank after all of them (owner_floor).
 -- Needs:   CTEs clock, plan_priority, stale, changes, ospecial, special_rows, pool;
 --          job_cost; parameters type, middle_priority, lowest_priority,
 --          middle_weight, lowest_weight, probe_groups, probe_spread, limit.
@@ -70,8 +72,8 @@ owner_rows AS (
 ),
 -- The lowest priority those owners reach, once there are probe_groups + 1 of them: a
 -- special owner of a lower priority ranks after all of them, so it is neither probed
--- nor the bound, and its row is not looked up (with three plans of three priorities,
--- two thirds of the special owners: bench/RESULTS.md, section 29).
+-- nor the bound, and its row is not looked up (with plans of several priorities, most
+-- special owners: bench/RESULTS.md, section 29).
 owner_floor AS (
     SELECT min(o.priority) AS priority FROM owner_rows o
     HAVING count(*) > %(probe_groups)s
@@ -86,7 +88,8 @@ units AS (
         SELECT o.plan, o.plan_key, o.unit, o.unit_served, o.served, o.head_lb, o.head_id
         FROM owner_rows o
         UNION ALL
-        -- The special owners, exactly: those of a priority the walk reached.
+        -- The special owners, exactly: those not below owner_floor (all of them when
+        -- the walk read fewer than probe_groups + 1 owners).
         SELECT su.plan, su.plan_key, su.unit, coalesce(o.served_n, 0) + su.adj,
                b.served, b.head_lb, b.head_id
         FROM (SELECT su.* FROM special_units su
