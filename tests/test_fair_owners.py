@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from rota import InvalidInput, Plan, Plans, Queue
+from rota import InvalidInput, Job, Plan, Plans, Queue
 from rota.db import migrate, migrations
 from rota.fair.upkeep import UpkeepConfig
 
@@ -102,29 +102,14 @@ async def test_the_owner_walk_reads_no_owner_of_a_priority_it_cannot_reach(
     priority's ties: 15 and 29, where it read 14 of each of the three plans' levels
     (42)."""
     queue: Queue = await make_queue(plans=plans, fair_by="owner")
-    for plan in ("free", "standard", "pro"):
-        for i in range(20):
-            await queue.upsert_group(f"{plan}{i}", plan=plan, owner_id=f"{plan}-{i}")
-            await queue.enqueue_many([{"type": "t", "payload": {"g": plan},
-                                       "group_id": f"{plan}{i}"}] * 3)
+    await _twenty_owners_a_plan(queue)
     # Rebuilt from the jobs: no change or delta left unfolded, so no owner is special
     # and the walk reads the owners' rows alone.
     await queue.repair_bookkeeping()
-    fair = queue.fair_claim
-    probe_groups = fair._start(("t", "owner"), 5)[0]
-    assert probe_groups == 13  # the floor: limit + 8
-    retries = fair.retries.get("t", 0)
-    async with await psycopg.AsyncConnection.connect(database_url) as c:
-        jobs = await queue.claim("t", 5, conn=c)
-        cur = await c.execute("SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
-                              [f"{queue.schema}.fair_owners_walk_idx"])
-        [(n,)] = await cur.fetchall()
-        await c.commit()
-    assert fair.retries.get("t", 0) == retries  # one statement: its reads alone
+    jobs, n = await _claim_5_reading(queue, database_url, "fair_owners_walk_idx")
     assert {j.payload["g"] for j in jobs} <= claimed
     assert len({j.group_id for j in jobs}) == 5
     assert n == {1: 15, 2: 29}[levels]
-
 
 
 async def test_the_owner_claim_looks_up_no_special_owner_of_a_priority_its_walk_cannot_reach(
@@ -137,11 +122,7 @@ async def test_the_owner_claim_looks_up_no_special_owner_of_a_priority_its_walk_
     levels = Plans([Plan("free", "Free", 0), Plan("standard", "Standard", 1),
                     Plan("pro", "Pro", 2)])
     queue: Queue = await make_queue(plans=levels, fair_by="owner")
-    for plan in ("free", "standard", "pro"):
-        for i in range(20):
-            await queue.upsert_group(f"{plan}{i}", plan=plan, owner_id=f"{plan}-{i}")
-            await queue.enqueue_many([{"type": "t", "payload": {"g": plan},
-                                       "group_id": f"{plan}{i}"}] * 3)
+    await _twenty_owners_a_plan(queue)
     await queue.repair_bookkeeping()
     # Claims by queues that rank one plan first, never folded: their groups' deltas make
     # their owners special.
@@ -153,19 +134,39 @@ async def test_the_owner_claim_looks_up_no_special_owner_of_a_priority_its_walk_
         taken = await other.claim("t", n)
         assert {j.payload["g"] for j in taken} == {first} and len(taken) == n
     queue.upkeep.request = queue.upkeep._seen.add  # type: ignore[method-assign]
+    jobs, n = await _claim_5_reading(queue, database_url, "fair_owners_pkey")
+    assert {j.payload["g"] for j in jobs} == {"pro"}
+    assert len({j.group_id for j in jobs}) == 5
+    assert n == 3
+
+
+async def _twenty_owners_a_plan(queue: Queue) -> None:
+    """20 owners on each of the plans free, standard and pro, one group of 3 jobs each
+    (groups ``{plan}{i}``, owners ``{plan}-{i}``)."""
+    for plan in ("free", "standard", "pro"):
+        for i in range(20):
+            await queue.upsert_group(f"{plan}{i}", plan=plan, owner_id=f"{plan}-{i}")
+            await queue.enqueue_many([{"type": "t", "payload": {"g": plan},
+                                       "group_id": f"{plan}{i}"}] * 3)
+
+
+async def _claim_5_reading(queue: Queue, database_url: str,
+                           index: str) -> tuple[list[Job], int]:
+    """A claim of 5 by owner from the smallest probe (limit + 8 owners), on a
+    connection of its own: the jobs, and the index tuples of ``index`` its one statement
+    read."""
     fair = queue.fair_claim
     assert fair._start(("t", "owner"), 5)[0] == 13  # the floor: limit + 8
     retries = fair.retries.get("t", 0)
     async with await psycopg.AsyncConnection.connect(database_url) as c:
         jobs = await queue.claim("t", 5, conn=c)
         cur = await c.execute("SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
-                              [f"{queue.schema}.fair_owners_pkey"])
+                              [f"{queue.schema}.{index}"])
         [(n,)] = await cur.fetchall()
         await c.commit()
     assert fair.retries.get("t", 0) == retries  # one statement: its reads alone
-    assert {j.payload["g"] for j in jobs} == {"pro"}
-    assert len({j.group_id for j in jobs}) == 5
-    assert n == 3
+    return jobs, n
+
 
 async def test_weights_change_at_the_next_claim(make_queue: Any) -> None:
     """A queue opened with new weights on the same rows shares by them at its next claim
