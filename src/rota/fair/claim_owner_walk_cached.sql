@@ -78,28 +78,31 @@ owner_floor AS (
     SELECT min(o.priority) AS priority FROM owner_rows o
     HAVING count(*) > %(probe_groups)s
 ),
+-- Each owner with its priority: its plan level's (owner_levels) for the owners walked,
+-- its plan's for the special ones (the same rule: no plan ranks as the middle plan, an
+-- unknown one as the lowest), the middle plan's for the group-less unit.
 units AS (
     SELECT u.*,
-           CASE WHEN u.unit = '-' OR u.plan IS NULL THEN %(middle_priority)s::int
-                ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority,
            CASE WHEN u.unit = '-' OR u.plan IS NULL THEN %(middle_weight)s::int
                 ELSE coalesce(pp.weight, %(lowest_weight)s::int) END AS weight
     FROM (
-        SELECT o.plan, o.plan_key, o.unit, o.unit_served, o.served, o.head_lb, o.head_id
+        SELECT o.plan, o.plan_key, o.unit, o.unit_served, o.served, o.head_lb, o.head_id,
+               o.priority
         FROM owner_rows o
         UNION ALL
         -- The special owners, exactly: those not below owner_floor (all of them when
         -- the walk read fewer than probe_groups + 1 owners).
         SELECT su.plan, su.plan_key, su.unit, coalesce(o.served_n, 0) + su.adj,
-               b.served, b.head_lb, b.head_id
-        FROM (SELECT su.* FROM special_units su
-              LEFT JOIN plan_priority sp ON sp.plan = su.plan
-              WHERE NOT EXISTS (
-                  SELECT 1 FROM owner_floor f
-                  WHERE f.priority > CASE WHEN su.plan IS NULL
-                                          THEN %(middle_priority)s::int
-                                          ELSE coalesce(sp.priority,
-                                                        %(lowest_priority)s::int) END)) su
+               b.served, b.head_lb, b.head_id, su.priority
+        FROM (SELECT s.* FROM (
+                  SELECT su.*,
+                         CASE WHEN su.plan IS NULL THEN %(middle_priority)s::int
+                              ELSE coalesce(sp.priority, %(lowest_priority)s::int) END
+                           AS priority
+                  FROM special_units su
+                  LEFT JOIN plan_priority sp ON sp.plan = su.plan) s
+              WHERE NOT EXISTS (SELECT 1 FROM owner_floor f
+                                WHERE f.priority > s.priority)) su
         LEFT JOIN LATERAL (
             SELECT x.served_n, x.b_served, x.b_head_lb, x.b_head_id
             FROM {schema}.fair_owners x
@@ -120,7 +123,7 @@ units AS (
         WHERE o.b_head_lb < 'infinity' OR sb.head_lb IS NOT NULL
         UNION ALL
         -- The group-less jobs, one owner of their own (served 0, the middle plan).
-        SELECT NULL, '', '-', 0, 0, h.head, h.head_id
+        SELECT NULL, '', '-', 0, 0, h.head, h.head_id, %(middle_priority)s::int
         FROM {groupless_head} h
     ) u
     LEFT JOIN plan_priority pp ON pp.plan = u.plan
