@@ -120,6 +120,7 @@ def test_enqueue_then_list_and_filter_jobs(rota: Rota) -> None:
     assert [j["id"] for j in rota.json("jobs", "--type", "echo")] == [2, 1]
     assert [j["id"] for j in rota.json("jobs", "--group", "g1")] == [2]
     assert [j["id"] for j in rota.json("jobs", "--limit", "1")] == [5]
+    assert [j["id"] for j in rota.json("jobs", "-n", "2")] == [5, 2]  # as `rota runs -n`
     assert rota.json("jobs", "--status", "done") == []
 
     table = rota("jobs").stdout

@@ -198,6 +198,7 @@ BIG = "9,223,372,036,854,775,807"
 
 @pytest.mark.parametrize(("args", "error"), [
     (["runs", "-n", "0"], "--limit must be a whole number from 1 to 1,000, got 0"),
+    (["jobs", "-n", "0"], "--limit must be a whole number from 1 to 1,000, got 0"),
     (["jobs", "--limit", "1001"], "--limit must be a whole number from 1 to 1,000, got 1001"),
     (["limits", "-n", "0"], "--limit must be a whole number from 1 to 10,000, got 0"),
     (["jobs", "show", "abc"], f"ID must be a whole number from 1 to {BIG}, got 'abc'"),
@@ -216,7 +217,7 @@ BIG = "9,223,372,036,854,775,807"
     (["groups", "set", "g", "--max-running", "2147483648"],
      "--max-running must be none or a whole number from 1 to 2,147,483,647, got 2147483648"),
     (["serve", "--port", "70000"], "--port must be a whole number from 0 to 65,535, got 70000"),
-], ids=["runs-limit", "jobs-limit", "limits-limit", "id-not-a-number", "id-zero",
+], ids=["runs-limit", "jobs-n", "jobs-limit", "limits-limit", "id-not-a-number", "id-zero",
         "id-too-big", "id-option", "before", "max-attempts-zero", "max-attempts-too-big",
         "max-attempts-fraction", "max-running-zero", "max-running-too-big", "port"])
 def test_whole_numbers_are_refused_in_one_wording(

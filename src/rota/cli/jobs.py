@@ -244,7 +244,7 @@ def _filters(f: F) -> F:
     f = click.option("--before", "before_id", type=JOB_ID, metavar="ID",
                      help="Only jobs older than job ID: the cursor of the next page, "
                           "which a page prints when there is one.")(f)
-    f = click.option("--limit", type=WholeNumber(1, admin.MAX_LIST_LIMIT), default=50,
+    f = click.option("--limit", "-n", type=WholeNumber(1, admin.MAX_LIST_LIMIT), default=50,
                      show_default=True, help="The most jobs shown.")(f)
     f = click.option("--group", "group_id", help="Only this group.")(f)
     f = click.option("--type", "job_type", help="Only this job type.")(f)
