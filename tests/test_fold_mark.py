@@ -1,9 +1,10 @@
 """The fold mark (src/rota/fair/bookkeeping.sql, fair_fold; docs/fast-claim.md, "The
 upkeep"): served-count deltas are append-only rows stamped with their writer's xid, each
-fold records a mark below which every delta is folded, and the claim reads only the rows
-at or above it. A delta the fold had to leave holds the mark at its xid; a read-only long
-transaction does not hold it back; `rota verify` names a delta below the mark and the
-rebuild clears it; an upgrade keeps the deltas that were there."""
+fold records a mark (upto, and the xids it leaves open) that covers every delta it folded,
+and the claim reads only the rows it does not cover. A delta the fold had to leave stays
+open; a long transaction, read-only or one that wrote, does not hold the mark back, and
+the claim does not read the deltas folded since it began; `rota verify` names a delta
+the mark covers and the rebuild clears it; an upgrade keeps the deltas that were there."""
 
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ async def mark(aconn: Any, queue: Queue, job_type: str = "t") -> int:
     rows = await run(aconn, queue, "SELECT coalesce(max(upto), '0')::text::bigint"
                      " FROM {s}.fair_fold_mark WHERE type = %s", job_type)
     return int(rows[0][0])
+
+
+async def mark_open(aconn: Any, queue: Queue, job_type: str = "t") -> list[int]:
+    """The xids the type's newest fold mark leaves open (none: no mark)."""
+    rows = await run(aconn, queue, "SELECT m.open::text[]::bigint[] FROM {s}.fair_fold_mark m"
+                     " WHERE m.type = %s ORDER BY m.upto DESC LIMIT 1", job_type)
+    return sorted(rows[0][0]) if rows else []
 
 
 async def deltas(aconn: Any, queue: Queue) -> list[tuple[str, int, int]]:
@@ -102,7 +110,7 @@ async def test_a_fold_marks_above_every_delta_it_folded(queue: Queue, aconn: Any
     await claim_equals_oracle(queue, database_url, "t", 4)
 
 
-async def test_a_delta_the_fold_left_holds_the_mark_at_its_xid(
+async def test_a_delta_the_fold_left_stays_open_in_the_mark(
         queue: Queue, aconn: Any, database_url: str) -> None:
     await groups_of_three(queue)
     await queue.claim("t", 3)
@@ -114,13 +122,16 @@ async def test_a_delta_the_fold_left_holds_the_mark_at_its_xid(
                                      " FOR KEY SHARE").format(sql.Identifier(queue.schema)))
         await queue.upkeep.run_once()
         assert await deltas(aconn, queue) == [("g1", 1, x1)]
-        held = await mark(aconn, queue)
-        assert 0 < held <= x1
+        # The mark passes x1 (the claim's transaction had ended) and leaves it open.
+        assert await mark(aconn, queue) > x1
+        assert x1 in await mark_open(aconn, queue)
         assert await queue.verify() == []
         await claim_equals_oracle(queue, database_url, "t", 3)
         await writer.rollback()
-    await fold_past(queue, aconn, x1)
+    # The next fold reads the open delta, folds it, and closes x1.
+    await queue.upkeep.run_once()
     assert await deltas(aconn, queue) == []
+    assert x1 not in await mark_open(aconn, queue)
     assert await served(aconn, queue) == [("g1", 1), ("g2", 1), ("g3", 1)]
     assert await queue.verify() == []
 
@@ -139,9 +150,9 @@ async def test_a_read_only_long_transaction_does_not_hold_the_mark_back(
             last = (await deltas(aconn, queue))[-1][2]
             await fold_past(queue, aconn, last)
             assert await deltas(aconn, queue) == []
-        # A transaction that wrote (holds an xid) and stays open does hold it back: the
-        # marks that follow stay at or below its xid, and the claim still counts every
-        # delta written after it.
+        # A transaction that wrote (holds an xid) and stays open does not either: the
+        # marks that follow pass its xid and leave it open, and the claim still counts
+        # every delta written after it.
         cur = await writer.execute("SELECT pg_current_xact_id()::text::bigint")
         row = await cur.fetchone()
         assert row is not None
@@ -150,7 +161,8 @@ async def test_a_read_only_long_transaction_does_not_hold_the_mark_back(
             for j in await queue.claim("t", 1):
                 await queue.complete(j)
             await queue.upkeep.run_once()
-            assert await mark(aconn, queue) <= open_xid
+            assert await mark(aconn, queue) > open_xid
+            assert open_xid in await mark_open(aconn, queue)
             assert await deltas(aconn, queue) == []
             assert await queue.verify() == []
         await writer.rollback()
@@ -213,3 +225,40 @@ async def test_an_upgrade_keeps_the_deltas_of_the_shard_layout(
         await claim_equals_oracle(queue, database_url, "t", 2)
         await queue.upkeep.run_once()
         assert await queue.verify() == []
+
+
+async def test_the_claim_reads_no_delta_folded_since_an_open_writer_began(
+        queue: Queue, aconn: Any, database_url: str) -> None:
+    """A transaction that claimed a job (its delta, uncommitted, stamped with its xid)
+    stays open while 5 rounds of claims are folded: vacuum can remove none of their
+    deltas, and the claim reads none of them (fair_served_xid_idx returns 0 entries
+    to it; a mark held at the open xid read all 5). When the writer commits, its
+    delta counts: its xid is open in the mark."""
+    for g in ("g1", "g2", "g3", "g4"):
+        await queue.upsert_group(g, plan="pro")
+        await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": g}] * 4)
+    async with await psycopg.AsyncConnection.connect(database_url) as writer:
+        [held] = await queue.claim("t", 1, conn=writer)
+        cur = await writer.execute("SELECT pg_current_xact_id()::text::bigint")
+        row = await cur.fetchone()
+        assert row is not None
+        open_xid = int(row[0])
+        for _ in range(5):
+            for j in await queue.claim("t", 1):
+                await queue.complete(j)
+            await queue.upkeep.run_once()
+        assert await deltas(aconn, queue) == []  # every delta but the writer's folded
+        assert await mark(aconn, queue) > open_xid
+        assert open_xid in await mark_open(aconn, queue)
+        async with await psycopg.AsyncConnection.connect(database_url) as c:
+            claimed = await queue.claim("t", 1, conn=c)
+            cur = await c.execute("SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
+                                  [f"{queue.schema}.fair_served_xid_idx"])
+            [(n,)] = await cur.fetchall()
+            await c.rollback()
+        assert len(claimed) == 1 and n == 0
+        await writer.commit()
+    # The writer's delta (its claim of a job of held.group_id) counts from its commit on.
+    assert [(g, n) for g, n, _ in await deltas(aconn, queue)] == [(held.group_id, 1)]
+    assert await queue.verify() == []
+    await claim_equals_oracle(queue, database_url, "t", 4)

@@ -175,14 +175,16 @@ CREATE TABLE {schema}.fair_fold_lock (
     type      text PRIMARY KEY
 );
 
--- Fold marks, per type (no row: 0): every fair_served delta of the type with an xid
--- below the newest mark is folded into served_n, in the same transaction that recorded
--- the mark. Marks only grow; each fold inserts its own and deletes the older ones, so
--- the newest is the first entry of a backward scan of fair_fold_mark_idx whatever dead
--- versions lie below it.
+-- Fold marks, per type (no row: 0 and none open): every fair_served delta and
+-- fair_owner_changes row of the type whose xid is below upto and not in open is folded,
+-- in the same transaction that recorded the mark; the claim reads the rest (xid at or
+-- above upto, or in open: open's xids all lie below upto). Marks only grow; each fold
+-- inserts its own and deletes the older ones, so the newest is the first entry of a
+-- backward scan of fair_fold_mark_idx whatever dead versions lie below it.
 CREATE TABLE {schema}.fair_fold_mark (
     type      text NOT NULL,
-    upto      xid8 NOT NULL
+    upto      xid8 NOT NULL,
+    open      xid8[] NOT NULL DEFAULT '{{}}'
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
 CREATE INDEX fair_fold_mark_idx ON {schema}.fair_fold_mark (type, upto);
@@ -876,14 +878,16 @@ $$;
 -- SHARE, a lowering, a plan or owner change) and delta rows another fold holds are left
 -- for the next one; while another fold of the type runs (its fair_fold_lock row is
 -- locked) it returns 0 at once.
--- The mark: the fold reads the deltas and fair_owner_changes from the type's newest
--- mark on, and records as its new mark the smaller of its first snapshot's xmin and the
--- smallest xid of a row it left (a group a writer held). Every transaction with an xid
--- below a snapshot's xmin had ended when the snapshot was taken, so each of their rows
--- was visible to the fold's later statements and was folded; the fold's own xid is never
--- below its snapshot's xmin. A read-only long transaction (a report, pg_dump) has no xid
--- and does not hold the mark back; one that wrote and stays open does. Returns the
--- number of groups folded.
+-- The mark: the fold reads the deltas and fair_owner_changes the type's newest mark does
+-- not cover, and records as its new mark its first snapshot's: the xids it covers are
+-- those below the snapshot's xmax and not in progress when it was taken (its xip list;
+-- the fold's own is listed too). Each of those transactions had ended, so each of their
+-- rows was visible to the fold's later statements and was folded, but for the rows it
+-- left (a group a writer held), whose xids the mark lists as not covered too. A long transaction that wrote and stays
+-- open is one xid on the list: the claim reads its rows, if any, and not every delta
+-- written since it began (bench/RESULTS.md, section 30). More than 256 xids on the list
+-- (many transactions open at once): the mark is the oldest of them, as a plain xid
+-- bound. Returns the number of groups folded.
 CREATE FUNCTION {schema}.fair_fold(p_type text, p_now timestamptz) RETURNS integer
 -- Its plans do not depend on the statistics (a table never analyzed has none): its
 -- statements reach fair_groups' and fair_owners' rows by key or ctid, never reading a
@@ -910,7 +914,11 @@ DECLARE
     fns numeric[];
     folded integer := 0;
     mark xid8;
+    mark_open xid8[];
+    snap pg_snapshot;
     new_mark xid8;
+    new_open xid8[];
+    left_xids xid8[];
     had_rows boolean;
 BEGIN
     INSERT INTO {schema}.fair_fold_lock (type) VALUES (p_type) ON CONFLICT (type) DO NOTHING;
@@ -918,13 +926,24 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
-    new_mark := pg_snapshot_xmin(pg_current_snapshot());
-    mark := coalesce((SELECT max(m.upto) FROM {schema}.fair_fold_mark m
-                      WHERE m.type = p_type), '0');
+    snap := pg_current_snapshot();
+    new_mark := pg_snapshot_xmax(snap);
+    new_open := ARRAY(SELECT pg_snapshot_xip(snap));
+    -- The fold's own xid, not in its snapshot's list: the transaction that called it may
+    -- write deltas after it (a fold inside a writer's transaction).
+    IF pg_current_xact_id() < new_mark THEN
+        new_open := new_open || pg_current_xact_id();
+    END IF;
+    SELECT m.upto, m.open INTO mark, mark_open FROM {schema}.fair_fold_mark m
+    WHERE m.type = p_type ORDER BY m.upto DESC LIMIT 1;
+    mark := coalesce(mark, '0');
+    mark_open := coalesce(mark_open, '{{}}');
     SELECT array_agg(DISTINCT f.group_id) INTO gs
-    FROM {schema}.fair_served f WHERE f.type = p_type AND f.xid >= mark;
+    FROM {schema}.fair_served f
+    WHERE f.type = p_type AND (f.xid >= mark OR f.xid = ANY (mark_open));
     SELECT array_agg(DISTINCT l.group_id) INTO marked
-    FROM {schema}.fair_owner_changes l WHERE l.type = p_type AND l.xid >= mark;
+    FROM {schema}.fair_owner_changes l
+    WHERE l.type = p_type AND (l.xid >= mark OR l.xid = ANY (mark_open));
     had_rows := gs IS NOT NULL OR marked IS NOT NULL;
     -- Groups with deltas and no row (dropped when empty, or never made): made first,
     -- before the fold holds any row lock (fair_insert_groups may wait for a writer's
@@ -983,7 +1002,7 @@ BEGIN
                 OFFSET 0) fg  -- a lookup by key each (not pulled up into a join)
             UNION ALL
             SELECT c.plan_key, c.unit FROM {schema}.fair_owner_changes c
-            WHERE c.type = p_type AND c.xid >= mark) u
+            WHERE c.type = p_type AND (c.xid >= mark OR c.xid = ANY (mark_open))) u
         ORDER BY u.plan_key, u.unit) x;
     IF gs IS NOT NULL THEN
         -- A new statement: its snapshot sees every writer that finished before the locks.
@@ -992,7 +1011,7 @@ BEGIN
             WHERE d.ctid = ANY (ARRAY(
                 SELECT f.ctid FROM {schema}.fair_served f
                 JOIN unnest(gs) AS x(group_id) ON x.group_id = f.group_id
-                WHERE f.type = p_type AND f.xid >= mark
+                WHERE f.type = p_type AND (f.xid >= mark OR f.xid = ANY (mark_open))
                 FOR UPDATE OF f SKIP LOCKED))
             RETURNING d.group_id, d.n
         ),
@@ -1075,14 +1094,15 @@ BEGIN
     END IF;
     IF ukeys IS NOT NULL THEN
         -- The owners' rows: their served counts moved on by what their groups gained
-        -- above and by the changes taken in here (those older than the fold's first
-        -- snapshot, new_mark, its xmin: their writers had ended, so the statements above
-        -- saw them and their owners are among these; and the fold's own), exactly as
-        -- recorded; their bounds computed again from their groups as they are now.
+        -- above and by the changes taken in here (those its first snapshot covers: their
+        -- writers had ended, so the statements above saw them and their owners are among
+        -- these; and the fold's own), exactly as recorded; their bounds computed again
+        -- from their groups as they are now.
         WITH del AS (
             DELETE FROM {schema}.fair_owner_changes d
-            WHERE d.type = p_type AND d.xid >= mark
-              AND (d.xid < new_mark OR d.xid = pg_current_xact_id())
+            WHERE d.type = p_type AND (d.xid >= mark OR d.xid = ANY (mark_open))
+              AND ((d.xid < new_mark AND NOT d.xid = ANY (new_open))
+                   OR d.xid = pg_current_xact_id())
               AND (d.plan_key, d.unit) IN (SELECT u.k, u.u
                                           FROM unnest(ukeys, uunits) AS u(k, u))
             RETURNING d.plan_key, d.unit, d.n
@@ -1156,16 +1176,30 @@ BEGIN
         WHERE fc.expected <> excluded.expected;
     END IF;
     -- The new mark, after the rows moved (a fold that found none keeps the old one, so
-    -- an idle queue writes no mark). Rows left behind hold it at their xid.
+    -- an idle queue writes no mark): the first snapshot's, and the xids of the rows left
+    -- behind that it covers, still open. A mark whose upto does not pass the old one's
+    -- is not written: the old one still reads every row not folded, since it read every
+    -- row this fold read.
     IF had_rows THEN
-        SELECT least(new_mark, (SELECT min(f.xid) FROM {schema}.fair_served f
-                                WHERE f.type = p_type AND f.xid >= mark),
-                     (SELECT min(l.xid) FROM {schema}.fair_owner_changes l
-                      WHERE l.type = p_type AND l.xid >= mark))
-        INTO new_mark;
+        SELECT array_agg(DISTINCT x.xid) INTO left_xids
+        FROM (SELECT f.xid FROM {schema}.fair_served f
+              WHERE f.type = p_type AND (f.xid >= mark OR f.xid = ANY (mark_open))
+              UNION ALL
+              SELECT l.xid FROM {schema}.fair_owner_changes l
+              WHERE l.type = p_type AND (l.xid >= mark OR l.xid = ANY (mark_open))) x
+        WHERE x.xid < new_mark AND NOT x.xid = ANY (new_open);
+        new_open := new_open || coalesce(left_xids, '{{}}');
+        IF cardinality(new_open) > 256 THEN
+            new_mark := (SELECT min(o.x) FROM unnest(new_open) AS o(x));
+            new_open := '{{}}';
+        END IF;
         IF new_mark > mark THEN
-            INSERT INTO {schema}.fair_fold_mark (type, upto) VALUES (p_type, new_mark);
-            DELETE FROM {schema}.fair_fold_mark m WHERE m.type = p_type AND m.upto < new_mark;
+            INSERT INTO {schema}.fair_fold_mark (type, upto, open)
+            VALUES (p_type, new_mark, new_open);
+            -- From the old mark on: the dead versions of older marks a long transaction
+            -- keeps lie below it.
+            DELETE FROM {schema}.fair_fold_mark m
+            WHERE m.type = p_type AND m.upto >= mark AND m.upto < new_mark;
         END IF;
     END IF;
     RETURN folded;

@@ -63,8 +63,8 @@
 --          plan_ids, plan_priorities, plan_weights, middle_priority, lowest_priority,
 --          middle_weight, lowest_weight, probe_groups, probe_per, candidates (and
 --          probe_spread for fair_by "owner"), plan_caps with the caps.
--- Defines: CTEs clock, plan_priority, running_old, edge_fix, served_delta, stale,
---          stale_head, special (read by the pool); the pool's CTEs; the order's CTEs
+-- Defines: CTEs clock, plan_priority, running_old, edge_fix, fold_mark, served_delta,
+--          stale, stale_head, special (read by the pool); the pool's CTEs; the order's CTEs
 --          (ending in ordered and unread); then cand and cap_slots (the cap_tail
 --          fragment), kth, blocked, locked, last_locked, blocked_after, claimed.
 --          Returns the claimed jobs' columns, claim_order and retry (one row with
@@ -120,16 +120,26 @@ edge_fix AS (
       AND d.finished_at < (SELECT greatest(c.ws, c.edge) FROM clock c)
     GROUP BY d.group_id
 ),
+-- The type's newest fold mark (bookkeeping.sql, fair_fold; none: 0 and none open):
+-- every delta and change whose xid is below upto and not in open is folded.
+fold_mark AS MATERIALIZED (
+    SELECT coalesce(m.upto, '0') AS upto, coalesce(m.open, '{{}}') AS open
+    FROM (SELECT 1) one
+    LEFT JOIN LATERAL (SELECT m.upto, m.open FROM {schema}.fair_fold_mark m
+                       WHERE m.type = %(type)s ORDER BY m.upto DESC LIMIT 1) m ON true
+),
 -- Served-count changes not yet folded into fair_groups.served_n (claims and completions
--- since the last upkeep round): the deltas from the type's newest fold mark on, since
--- every one below it is folded (bookkeeping.sql, fair_fold), so the scan of
--- fair_served_xid_idx starts past the dead versions a long transaction keeps.
+-- since the last upkeep round): the deltas the mark does not cover, those from its upto
+-- on and those of its open xids (fewer than upto, so none is read twice), so the scans
+-- of fair_served_xid_idx start past the dead versions a long transaction keeps, one
+-- that wrote and stays open included (bench/RESULTS.md, section 30).
 served_delta AS (
     SELECT f.group_id, sum(f.n) AS n
-    FROM {schema}.fair_served f
-    WHERE f.type = %(type)s
-      AND f.xid >= coalesce((SELECT max(m.upto) FROM {schema}.fair_fold_mark m
-                             WHERE m.type = %(type)s), '0')
+    FROM (SELECT f.group_id, f.n FROM {schema}.fair_served f
+          WHERE f.type = %(type)s AND f.xid >= (SELECT k.upto FROM fold_mark k)
+          UNION ALL
+          SELECT f.group_id, f.n FROM {schema}.fair_served f
+          WHERE f.type = %(type)s AND f.xid = ANY ((SELECT k.open FROM fold_mark k)::xid8[])) f
     GROUP BY f.group_id
 ),
 -- Stale running jobs with attempts left are claimable (jobs_reclaimable_idx).

@@ -1,24 +1,25 @@
 -- Fragment of claim.sql, put in place of its pool placeholder for fair_by "owner" on
 -- rota's own groups table (docs/fast-claim.md, "The owner level"): the groups whose
 -- owner's row (fair_owners) may not hold their key: the special groups (claim.sql) and
--- those recorded in fair_owner_changes at or above the type's fold mark (bounds
+-- those recorded in fair_owner_changes that the type's fold mark does not cover (bounds
 -- lowered, new or moved since their owner's row was computed). Each gets its exact
 -- served count and its owner; claim_owner_walk_cached.sql makes their owners special.
--- Needs:   CTEs clock, special, served_delta, edge_fix, running_old, stale_head;
---          parameter type.
+-- Needs:   CTEs clock, fold_mark, special, served_delta, edge_fix, running_old,
+--          stale_head; parameter type.
 -- Defines: CTEs changes(plan_key, unit, group_id, n), ospecial, special_rows(group_id,
 --          served_n, served, adj, plan, active, unit, plan_key, head_lb, head_id,
 --          head_until, ready_lb),
 --          pool(group_id, head_lb, head_id, served_lb, plan, plan_key, unit): those of
 --          them that may have a claimable job now, with their heads; includes
 --          claim_head.sql.
--- The changes from the type's fold mark on (fair_owner_changes_xid_idx), as the fold
--- reads them.
+-- The changes the type's fold mark does not cover (fair_owner_changes_xid_idx), as the
+-- fold reads them.
 changes AS (
     SELECT c.plan_key, c.unit, c.group_id, c.n FROM {schema}.fair_owner_changes c
-    WHERE c.type = %(type)s
-      AND c.xid >= coalesce((SELECT max(m.upto) FROM {schema}.fair_fold_mark m
-                             WHERE m.type = %(type)s), '0')
+    WHERE c.type = %(type)s AND c.xid >= (SELECT k.upto FROM fold_mark k)
+    UNION ALL
+    SELECT c.plan_key, c.unit, c.group_id, c.n FROM {schema}.fair_owner_changes c
+    WHERE c.type = %(type)s AND c.xid = ANY ((SELECT k.open FROM fold_mark k)::xid8[])
 ),
 ospecial AS (
     SELECT s.group_id FROM special s

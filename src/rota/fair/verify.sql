@@ -20,34 +20,35 @@
 --   plan        fair_groups.plan is the plan of rota's groups table (no row: none).
 --   active      fair_groups.active is that table's active (no row: true).
 --   fair_plans  every plan a type's groups have is listed in fair_plans.
---   mark        no fair_served delta of the group lies below its type's newest fold
---               mark (fair_fold_mark; no row: 0): the claim would not read it.
+--   mark        no fair_served delta of the group is covered by its type's newest fold
+--               mark (fair_fold_mark: below upto and not open; no row: 0): the claim
+--               would not read it.
 --   owner_id    fair_groups.owner_id is the owner of rota's groups table (no row: none).
 --   owner_served  each owner's fair_owners.served_n (no row: 0) plus its
---               fair_owner_changes at or above the mark is the sum of its groups'
+--               fair_owner_changes the mark does not cover is the sum of its groups'
 --               fair_groups.served_n, by rota's groups table's plan and owner (a group
 --               without an owner is its own; group_id names the owner and its plan): a
 --               damaged served_n shows here too, a damaged copy of plan or owner only as
 --               plan or owner_id.
 --   owner_bound for each active group with pending jobs not named in fair_owner_changes
---               at or above the mark: its owner (as above) has a row, whose (b_served,
+--               the mark does not cover: its owner (as above) has a row, whose (b_served,
 --               b_head_lb, b_head_id) <= the group's (served_n, head_lb, head_id) and
 --               ready_lb <= the group's ready_lb.
---   changes_mark  no fair_owner_changes row lies below its type's newest fold mark.
+--   changes_mark  no fair_owner_changes row is covered by its type's newest fold mark.
 --
 -- Values are text; timestamps print in the session's TimeZone (FairClaim.verify sets
 -- UTC). Cost: one pass over the jobs that are pending, running or done (done history
 -- is bounded by pruning), and over the bookkeeping tables.
 -- Needs: no parameters.
 WITH marks AS (
-    SELECT t.type, coalesce(max(m.upto), '0') AS upto
+    SELECT t.type, coalesce(m.upto, '0') AS upto, coalesce(m.open, '{{}}') AS open
     FROM (SELECT fs.type FROM {schema}.fair_served fs
           UNION
           SELECT fc.type FROM {schema}.fair_owner_changes fc
           UNION
           SELECT fg.type FROM {schema}.fair_groups fg) t
-    LEFT JOIN {schema}.fair_fold_mark m ON m.type = t.type
-    GROUP BY t.type
+    LEFT JOIN LATERAL (SELECT m.upto, m.open FROM {schema}.fair_fold_mark m
+                       WHERE m.type = t.type ORDER BY m.upto DESC LIMIT 1) m ON true
 ),
 counted AS (
     SELECT j.type, j.group_id,
@@ -79,7 +80,7 @@ kept AS (
           UNION ALL
           SELECT fs.type, fs.group_id, fs.n FROM {schema}.fair_served fs
           JOIN marks m ON m.type = fs.type
-          WHERE fs.xid >= m.upto) k
+          WHERE fs.xid >= m.upto OR fs.xid = ANY (m.open)) k
     GROUP BY k.type, k.group_id
 ),
 violations AS (
@@ -137,7 +138,7 @@ violations AS (
            count(*) || ' below it, from xid ' || min(fs.xid), NULL, NULL
     FROM {schema}.fair_served fs
     JOIN marks m ON m.type = fs.type
-    WHERE fs.xid < m.upto
+    WHERE fs.xid < m.upto AND NOT fs.xid = ANY (m.open)
     GROUP BY fs.type, fs.group_id, m.upto
     UNION ALL
     SELECT fg.type, fg.group_id, 'owner_id', quote_nullable(g.owner_id),
@@ -157,7 +158,7 @@ violations AS (
                 SELECT fc.type, fc.plan_key, fc.unit, fc.n
                 FROM {schema}.fair_owner_changes fc
                 JOIN marks m ON m.type = fc.type
-                WHERE fc.xid >= m.upto) k
+                WHERE fc.xid >= m.upto OR fc.xid = ANY (m.open)) k
           GROUP BY 1, 2, 3) o
     FULL JOIN (SELECT ow.type, ow.plan_key, ow.unit, sum(ow.served_n) AS served
                FROM owned ow GROUP BY 1, 2, 3) s
@@ -178,7 +179,8 @@ violations AS (
     WHERE ow.active AND fg.head_lb < 'infinity'
       AND NOT EXISTS (SELECT 1 FROM {schema}.fair_owner_changes fc
                       WHERE fc.type = fg.type AND fc.group_id = fg.group_id
-                        AND fc.xid >= coalesce(m.upto, '0'))
+                        AND (fc.xid >= coalesce(m.upto, '0')
+                             OR fc.xid = ANY (coalesce(m.open, '{{}}'))))
       AND (o.unit IS NULL
            OR (o.b_served, o.b_head_lb, o.b_head_id) > (fg.served_n, fg.head_lb, fg.head_id)
            OR o.ready_lb > fg.ready_lb)
@@ -187,7 +189,7 @@ violations AS (
            count(*) || ' below it, from xid ' || min(fc.xid), fc.plan_key, fc.unit
     FROM {schema}.fair_owner_changes fc
     JOIN marks m ON m.type = fc.type
-    WHERE fc.xid < m.upto
+    WHERE fc.xid < m.upto AND NOT fc.xid = ANY (m.open)
     GROUP BY fc.type, fc.group_id, m.upto, fc.plan_key, fc.unit
 )
 SELECT v.type, v.group_id, v.invariant, v.expected, v.found, v.plan_key, v.unit
