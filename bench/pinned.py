@@ -32,14 +32,16 @@ runs): the plan nodes that read the most buffers, while the loop runs.
 
 Moments: ``before`` (the last ``WINDOW`` seconds before the pin), ``pinned N s`` (the
 last ``WINDOW`` seconds of the first N seconds of the pin: a REPEATABLE READ transaction
-on another connection that has read, so it holds a snapshot) and ``after release``
+on another connection that has read, so it holds a snapshot; with ``--pin-xid`` it
+also takes an xid, as a transaction that wrote and stays open holds one) and ``after
+release``
 (``AFTER - WINDOW`` to ``AFTER`` seconds after that transaction ends). Each moment
 reports both p50s, their ratio, rota's p50 against its own ``before``, and the dead
 tuples in the schema (``pg_stat_user_tables``, as the statistics collector last saw
 them).
 
 Usage: ``python -m bench.pinned [--quick | --size PENDING/GROUPS [--pins S[,S...]]]
-[--flat-out [--explain]] [--walks]``
+[--flat-out [--explain]] [--walks] [--pin-xid]``
 (DATABASE_URL, default the local test database). ``--quick``: 100,000 pending jobs over
 2,000 groups, pinned 60 s. ``--size``: one size, pinned ``--pins`` seconds (default 60).
 Without either: 100,000 over 2,000 and 1,000,000 over 10,000, each pinned 10 minutes
@@ -117,7 +119,7 @@ async def horizon_seconds(conn: psycopg.AsyncConnection[Any]) -> float:
 
 async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
                    flat_out: bool = False, explain: bool = False,
-                   walks: bool = False) -> dict[str, Any]:
+                   walks: bool = False, pin_xid: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     await build(url, SCHEMA, pending=pending, groups=groups, done=pending // 5)
     print(f"built {pending:,} pending over {groups:,} groups in "
@@ -221,6 +223,8 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
         await holder.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         await holder.execute(sql.SQL("SELECT count(*) FROM {}.groups").format(
             sql.Identifier(SCHEMA)))  # the snapshot is taken, and held from here
+        if pin_xid:  # and an xid, as a transaction that wrote and stays open holds one
+            await holder.execute("SELECT pg_current_xact_id()")
         pinned = time.monotonic()
         for secs in pins:
             await sample_until(pinned + secs)
@@ -291,15 +295,17 @@ def report(results: list[dict[str, Any]]) -> str:
 
 def main(url: str, *, sizes: tuple[tuple[int, int, tuple[int, ...]], ...] = FULL,
          flat_out: bool = False, explain: bool = False,
-         walks: bool = False) -> list[dict[str, Any]]:
+         walks: bool = False, pin_xid: bool = False) -> list[dict[str, Any]]:
     """Run the scenario at each size (``(pending, groups, pins in seconds)``: ``QUICK``,
     ``FULL`` or one asked for), paced or ``flat_out`` (with ``explain``: the claim's
     plan before the pin, at its end and after the release; with ``walks``: the claim
-    forced to each way of reading the groups as well); returns per size its
+    forced to each way of reading the groups as well; with ``pin_xid``: the pinning
+    transaction holds an xid too, as one that wrote and stays open); returns per size its
     moments (p50s in ms, dead tuples, the horizon's age; flat out, the churn's jobs/s).
     The schema is dropped after."""
     print(header(flat_out), flush=True)
-    out = [asyncio.run(scenario(url, pending, groups, pins, flat_out, explain, walks))
+    out = [asyncio.run(scenario(url, pending, groups, pins, flat_out, explain, walks,
+                                pin_xid))
            for pending, groups, pins in sizes]
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
@@ -337,12 +343,13 @@ def _pins(text: str) -> tuple[int, ...]:
 Sizes = tuple[tuple[int, int, tuple[int, ...]], ...]
 
 
-def parse(argv: list[str]) -> tuple[Sizes, bool, bool, bool]:
+def parse(argv: list[str]) -> tuple[Sizes, bool, bool, bool, bool]:
     """What ``argv`` asks for: the sizes (``--quick``: ``QUICK``; ``--size
     PENDING/GROUPS`` with ``--pins SECONDS[,SECONDS...]``, default 60; nothing:
     ``FULL``), whether the loop runs flat out (``--flat-out``), whether to print the
     claim's plan (``--explain``, with ``--flat-out``), and whether to sample the claim
-    forced to the walk and to the sorted pass (``--walks``).
+    forced to the walk and to the sorted pass (``--walks``), and whether the pinning
+    transaction takes an xid (``--pin-xid``).
 
     Raises:
         SystemExit: an unknown argument, ``--quick`` with ``--size``, ``--pins``
@@ -369,6 +376,9 @@ def parse(argv: list[str]) -> tuple[Sizes, bool, bool, bool]:
     parser.add_argument("--walks", action="store_true",
                         help="also sample the claim forced to walk the groups' index and "
                              "forced to the sorted pass")
+    parser.add_argument("--pin-xid", action="store_true",
+                        help="the pinning transaction also takes an xid, as one that "
+                             "wrote and stays open does")
     args = parser.parse_args(argv)
     if args.pins is not None and args.size is None:
         parser.error("--pins needs --size")
@@ -380,7 +390,7 @@ def parse(argv: list[str]) -> tuple[Sizes, bool, bool, bool]:
         sizes = FULL
     else:
         sizes = ((*args.size, args.pins or (60,)),)
-    return sizes, args.flat_out, args.explain, args.walks
+    return sizes, args.flat_out, args.explain, args.walks, args.pin_xid
 
 
 def parse_sizes(argv: list[str]) -> Sizes:
@@ -391,10 +401,11 @@ def parse_sizes(argv: list[str]) -> Sizes:
 if __name__ == "__main__":
     from . import server
 
-    sizes, flat_out, explain, walks = parse(sys.argv[1:])
+    sizes, flat_out, explain, walks, pin_xid = parse(sys.argv[1:])
     url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
     print(server.describe(url))
-    results = main(url, sizes=sizes, flat_out=flat_out, explain=explain, walks=walks)
+    results = main(url, sizes=sizes, flat_out=flat_out, explain=explain, walks=walks,
+                   pin_xid=pin_xid)
     out = Path(__file__).parent / "results"
     out.mkdir(parents=True, exist_ok=True)
     name = "pinned_flat_out.json" if flat_out else "pinned.json"
