@@ -18,11 +18,15 @@ from rota import (
     Plan,
     Plans,
     Queue,
+    RateLimit,
+    Schedule,
+    Stage,
     SyncQueue,
     UnknownGroup,
     UnknownJobType,
     UnknownPlan,
 )
+from rota.checks import seconds_text
 from rota.job import DeferJob
 
 
@@ -178,7 +182,7 @@ def test_plans_are_validated() -> None:
     assert [p.weight for p in Plans([Plan("a", "A", 1), Plan("b", "B", 1, weight=4)])] \
         == [1, 4]  # plans of one priority share by weight
     for bad in (0, -1, 1.5, True, "4", 1_000_001, None):
-        with pytest.raises(InvalidInput, match=f"plan 'a': weight must be an int from 1 to "
+        with pytest.raises(InvalidInput, match=f"^plan 'a': weight must be an int from 1 to "
                                                f"1,000,000, got {re.escape(repr(bad))}$"):
             Plan("a", "A", 1, weight=bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="duplicate plan ids"):
@@ -187,6 +191,154 @@ def test_plans_are_validated() -> None:
         Plan("", "A", 1)
     with pytest.raises(InvalidInput, match="limits must be a mapping, got 'First'"):
         Plan("a", "A", 1, "First")  # type: ignore[arg-type]
+
+
+INT4 = "2,147,483,647"
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"priority": "1"}, f"plan 'a': priority must be an int from -{INT4} to {INT4}, got '1'"),
+    ({"priority": True}, f"plan 'a': priority must be an int from -{INT4} to {INT4}, got True"),
+    ({"priority": 2**31},
+     f"plan 'a': priority must be an int from -{INT4} to {INT4}, got 2147483648"),
+    ({"priority": -2**31},  # its negation, which the claim sorts by, is no integer
+     f"plan 'a': priority must be an int from -{INT4} to {INT4}, got -2147483648"),
+    ({"name": 5}, "plan 'a': name must be a string, got 5"),
+    ({"id": 5}, "plan id must be a non-empty string, got 5"),
+    ({"limits": "First"},
+     "plan 'a': limits must be a mapping, got 'First' (display labels are not part of a Plan)"),
+    ({"weight": "4"}, "plan 'a': weight must be an int from 1 to 1,000,000, got '4'"),
+    ({"max_running": "2"},
+     f"plan 'a': max_running must be an int from 1 to {INT4} (or None for no cap), got '2'"),
+], ids=["priority-str", "priority-bool", "priority-too-high", "priority-too-low", "name",
+        "id", "limits", "weight", "max-running"])
+def test_every_plan_argument_says_what_it_got(kwargs: dict[str, Any], message: str) -> None:
+    """`Plan(priority='1')` said "priority must be an int", not what it was given."""
+    with pytest.raises(InvalidInput) as raised:
+        Plan(**{"id": "a", "name": "A", "priority": 1, **kwargs})
+    assert str(raised.value) == message
+
+
+def test_the_priorities_and_caps_at_the_ends_of_the_range_are_accepted() -> None:
+    low = Plan("low", "Low", -(2**31 - 1), max_running=1)
+    high = Plan("high", "High", 2**31 - 1, max_running=2**31 - 1)
+    assert Plans([low, high]).claim_params()["plan_caps"] == [1, 2**31 - 1]
+
+
+@pytest.mark.parametrize(("plans", "message"), [
+    ([], "Plans needs at least one plan, got []"),
+    ("free", "Plans needs a list of rota.Plan, got 'free'"),
+    (None, "Plans needs a list of rota.Plan, got None"),
+    ([Plan("a", "A", 1), "pro"], "Plans needs a list of rota.Plan, got 'pro' among them"),
+    ([Plan("a", "A", 1), Plan("a", "B", 2)], "duplicate plan ids ['a'] in ['a', 'a']"),
+    ([Plan("a", "A", 2), Plan("b", "B", 1)],
+     "plans must be ordered lowest to highest (priorities never decreasing), got [2, 1]"),
+], ids=["empty", "str", "none", "not-a-plan", "duplicate", "decreasing"])
+def test_plans_say_what_they_got(plans: Any, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        Plans(plans)
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"plans": "pro"}, "plans must be a rota.Plans (Plans([Plan(...), ...])), got 'pro'"),
+    ({"types": "send"}, "types must be a list of job types (or None for any), got 'send'"),
+    ({"types": 5}, "types must be a list of job types (or None for any), got 5"),
+    ({"types": [""]}, "job type must be a non-empty string, got ''"),
+    ({"max_attempts": "3"}, "max_attempts must be an int >= 1, got '3'"),
+    ({"max_attempts_by_type": 5},
+     "max_attempts_by_type must be a mapping of job type to attempts (or None), got 5"),
+    ({"max_attempts_by_type": {"t": 0}}, "max_attempts for 't' must be an int >= 1, got 0"),
+    ({"stale_after": 900}, "stale_after must be a datetime.timedelta, got 900"),
+    ({"served_window": "1 day"}, "served_window must be a datetime.timedelta, got '1 day'"),
+    ({"fair_by": "tenant"}, "fair_by must be one of 'group', 'owner', got 'tenant'"),
+    ({"max_deferrals": -1}, "max_deferrals must be an int >= 0, got -1"),
+    ({"max_payload_bytes": 2**31}, "max_payload_bytes must be at most 2147483647, got "
+                                   "2147483648"),
+    ({"schema": 5}, "schema must be a string, got 5"),
+    ({"groups": 5}, "groups relation must be a string, got 5"),
+], ids=["plans", "types-str", "types-int", "type-empty", "max-attempts",
+        "max-attempts-by-type", "max-attempts-by-type-value", "stale-after-int",
+        "served-window-str", "fair-by", "max-deferrals", "max-payload-bytes", "schema",
+        "groups"])
+def test_every_queue_setting_says_what_it_got(database_url: str, settings: dict[str, Any],
+                                              message: str) -> None:
+    """`types="send"` declared the types s, e, n and d; a bad `max_attempts_by_type` met
+    an AttributeError; `plans` and a schema that is no string did not say what they got."""
+    with pytest.raises(InvalidInput) as raised:
+        Queue(database_url, **settings)
+    assert str(raised.value) == message
+
+
+def test_a_queue_needs_a_connection_string_or_a_pool() -> None:
+    with pytest.raises(InvalidInput) as raised:
+        Queue(b"postgresql://u:secret@h/db")  # type: ignore[arg-type]
+    # The type only: the value may hold a password.
+    assert str(raised.value) == ("Queue needs a connection string or an "
+                                 "AsyncConnectionPool, got bytes")
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (timedelta(seconds=-5), "-5 seconds"),
+    (timedelta(0), "0 seconds"),
+    (timedelta(seconds=1), "1 second"),
+    (timedelta(seconds=-1), "-1 second"),
+    (timedelta(milliseconds=-1500), "-1.5 seconds"),
+    (timedelta(microseconds=1), "0.000001 seconds"),
+    (timedelta(minutes=15), "900 seconds"),
+    (timedelta.max, "86399999999999.999999 seconds"),
+])
+def test_a_duration_is_said_in_seconds_exactly(value: timedelta, text: str) -> None:
+    """str(timedelta(seconds=-5)) is "-1 day, 23:59:55"."""
+    assert seconds_text(value) == text
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"stale_after": timedelta(seconds=-5)}, "stale_after must be positive, got -5 seconds"),
+    ({"served_window": timedelta(seconds=-5)},
+     "served_window must be positive, got -5 seconds"),
+    ({"max_backoff": timedelta(seconds=-5)}, "max_backoff must be positive, got -5 seconds"),
+    ({"backoff_base": timedelta(seconds=-5)},
+     "backoff_base must not be negative, got -5 seconds"),
+    ({"stale_after": timedelta(0)}, "stale_after must be positive, got 0 seconds"),
+], ids=["stale-after", "served-window", "max-backoff", "backoff-base", "zero"])
+def test_a_bad_duration_setting_is_said_in_seconds(
+        database_url: str, settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        Queue(database_url, **settings)
+    assert str(raised.value) == message
+
+
+async def _h(ctx: Any) -> None:
+    pass
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Stage("t", handler=_h, timeout=timedelta(seconds=-5)),
+     "stage 't': timeout must be positive, got -5 seconds"),
+    (lambda: RateLimit("api", 10, timedelta(seconds=-5)),
+     "rate limit 'api': per must be positive, got -5 seconds"),
+    (lambda: RateLimit("api", 10, timedelta(seconds=1), max_wait=timedelta(seconds=-5)),
+     "rate limit 'api': max_wait must not be negative, got -5 seconds"),
+    (lambda: DeferJob(timedelta(seconds=-5)),
+     "until must not be a negative timedelta, got -5 seconds"),
+    (lambda: Schedule("s", cron="@hourly", type="t", missed="skip",
+                      grace=timedelta(seconds=-5)),
+     "schedule 's': grace must be positive, got -5 seconds"),
+], ids=["stage-timeout", "rate-per", "rate-max-wait", "defer", "schedule-grace"])
+def test_every_duration_setting_says_a_negative_value_in_seconds(
+        make: Any, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        make()
+    assert str(raised.value) == message
+
+
+def test_a_clock_offset_is_said_in_seconds(database_url: str) -> None:
+    queue = Queue(database_url)
+    with pytest.raises(InvalidInput) as raised:
+        queue.clock_offset = timedelta(days=-365_251)
+    assert str(raised.value) == ("clock_offset must be at most 31557600000 seconds (1000 "
+                                 "years) either way, got -31557686400 seconds")
 
 
 async def test_plan_id_never_becomes_sql(make_queue: Any) -> None:

@@ -95,12 +95,38 @@ async def test_an_owner_capped_at_two_never_has_more_running_and_the_fleet_stays
     assert 2.5 < came_back < 10, came_back
 
 
-@pytest.mark.parametrize("value", [0, -1, True, 1.5, "2", 1_000_001])
+@pytest.mark.parametrize("value", [0, -1, True, 1.5, "2", 2**31])
 def test_a_bad_max_running_is_one_clear_error(value: Any) -> None:
-    with pytest.raises(InvalidInput,
-                       match=r"^plan 'p': max_running must be an int from 1 to 1,000,000 "
-                             r"\(or None for no cap\), got "):
+    with pytest.raises(InvalidInput) as raised:
         Plan("p", "P", 0, max_running=value)
+    assert str(raised.value) == ("plan 'p': max_running must be an int from 1 to "
+                                 f"2,147,483,647 (or None for no cap), got {value!r}")
+
+
+INT4_MAX = 2**31 - 1
+
+
+async def test_the_largest_caps_and_priorities_are_the_ones_the_database_holds(
+        make_queue: Any) -> None:
+    """A plan's cap and a group's own cap have one limit, 2,147,483,647 (the claim's caps
+    and groups.max_running are PostgreSQL integers; a plan's was 1,000,000), and the
+    priorities go to plus or minus that: the capped claim runs with each at its end."""
+    plans = Plans([Plan("low", "Low", -INT4_MAX, max_running=INT4_MAX),
+                   Plan("high", "High", INT4_MAX, max_running=INT4_MAX)])
+    queue = await make_queue(plans=plans, fair_by="owner")
+    await queue.upsert_group("a", plan="low", owner_id="o1", max_running=INT4_MAX)
+    await queue.upsert_group("b", plan="high", owner_id="o2")
+    await queue.enqueue("t", {}, group_id="a")
+    await queue.enqueue("t", {}, group_id="b")
+    assert [j.group_id for j in await queue.claim("t", 2)] == ["b", "a"]
+    with pytest.raises(InvalidInput) as raised:
+        await queue.upsert_group("a", plan="low", max_running=INT4_MAX + 1)
+    assert str(raised.value) == ("max_running must be None or an int from 1 to "
+                                 "2,147,483,647, got 2147483648")
+    with pytest.raises(InvalidInput) as raised:
+        Plan("p", "P", 0, max_running=INT4_MAX + 1)
+    assert str(raised.value) == ("plan 'p': max_running must be an int from 1 to "
+                                 "2,147,483,647 (or None for no cap), got 2147483648")
 
 
 async def test_eight_concurrent_claimers_never_pass_a_cap(

@@ -30,6 +30,9 @@ from tests.helpers import wait_for
 ROOT = Path(__file__).resolve().parents[1]
 APP = "tests.cli_app:build_pipeline"
 UNREACHABLE = "postgresql://rota@127.0.0.1:1/rota?connect_timeout=5"
+#: The forms of a database URL rota's errors say it accepts.
+ACCEPTED_URLS = ("postgresql://[user@]host[:port][/dbname] or postgres://…, or libpq's "
+                 "key=value form: host=… port=… dbname=…")
 
 
 class Rota:
@@ -412,9 +415,9 @@ def test_a_usage_error_from_the_installed_command_is_one_line() -> None:
     ("host=127.0.0.1 port=0", "error: malformed database URL: its port is not between 1 "
      "and 65535"),
     ("mysql://u:pw@localhost/db", "error: not a PostgreSQL URL: 'mysql://u:***@localhost/db'"
-     " (rota needs postgresql://… or postgres://…, or libpq's key=value form)"),
+     f" (rota needs {ACCEPTED_URLS})"),
     ("http://example.com/db", "error: not a PostgreSQL URL: 'http://example.com/db' (rota "
-     "needs postgresql://… or postgres://…, or libpq's key=value form)"),
+     f"needs {ACCEPTED_URLS})"),
 ], ids=["port-99999", "password-as-port", "key-value-port-0", "mysql", "http"])
 def test_a_url_that_is_not_one_rota_can_use_is_named_as_such(
         schema: str, url: str, line: str) -> None:
@@ -432,7 +435,8 @@ def test_unreachable_database_is_one_line_and_exit_2(schema: str, args: list[str
 
 
 @pytest.mark.parametrize("url, message", [
-    ("not a url", "error: malformed database URL: missing \"=\" after \"not\""),
+    ("not a url", "error: malformed database URL 'not a url': it has no postgresql:// "
+     "scheme and is not key=value text"),
     ("postgresql://%zz@localhost/db", "error: malformed database URL: invalid percent"),
     ("", "error: no database: pass --database-url or set DATABASE_URL"),
 ])
@@ -802,7 +806,8 @@ BAD_APPS = {
                      "async def h(ctx):\n    pass\n"
                      "def build(queue):\n    return Pipeline(queue, [Stage('echo', 1, 1, h)])\n"
                      "build.queue_settings = {'stale_after': timedelta(seconds=60)}\n",
-                     "failed: ConfigError: the queue's stale window (0:01:00) must be longer"),
+                     "failed: ConfigError: the queue's stale window (60 seconds) must be "
+                     "longer than the platform timeout (300 seconds)"),
     "misspelled-setting": ("def build(queue):\n    pass\n"
                            "build.queue_settings = {'stale_afer': 1}\n",
                            "queue_settings has unknown key 'stale_afer' "
@@ -811,6 +816,13 @@ BAD_APPS = {
                        "def settings():\n    raise OSError('gone')\n"
                        "build.queue_settings = settings\n",
                        "queue_settings() failed: OSError: gone"),
+    "bad-setting-value": ("from datetime import timedelta\ndef build(queue):\n    pass\n"
+                          "build.queue_settings = {'stale_after': timedelta(seconds=-5)}\n",
+                          "queue_settings: stale_after must be positive, got -5 seconds"),
+    "settings-not-a-mapping": ("def build(queue):\n    pass\n"
+                               "build.queue_settings = [('max_attempts', 5)]\n",
+                               "queue_settings must be a mapping of Queue settings (a dict), "
+                               "got [('max_attempts', 5)]"),
 }
 
 
@@ -827,6 +839,45 @@ def test_a_broken_app_is_one_line_naming_it_and_exit_2(
     result = rota(*command, "--app", spec, ok=False)
     one_line_error(result, "error: ")
     assert spec in result.stderr and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("setting", "said"), [
+    ("{'stale_after': timedelta(seconds=-5)}", "stale_after must be positive, got -5 seconds"),
+    ("{'max_attempts': '3'}", "max_attempts must be an int >= 1, got '3'"),
+    ("{'plans': ['free', 'pro']}",
+     "plans must be a rota.Plans (Plans([Plan(...), ...])), got ['free', 'pro']"),
+    ("{'schema': '1bad'}", "schema '1bad' is not a valid identifier (letters, digits and _, "
+                           "not starting with a digit, 1 to 63 characters)"),
+], ids=["duration", "int", "plans", "schema"])
+def test_a_bad_queue_setting_names_the_app_it_came_from(
+        rota: Rota, write_app: Any, setting: str, said: str) -> None:
+    """The app's queue_settings are the app's: a value the queue refuses said only
+    "stale_after must be positive, got -1 day, 23:59:55", with no word of the app."""
+    spec = f"{write_app(APP_WITH_SETTINGS.format(setting=setting))}:build"
+    for args, env, named in ((["--app", spec], {}, "--app"), ([], {"ROTA_APP": spec}, "ROTA_APP")):
+        # No ROTA_SCHEMA: the app's own schema is the one used.
+        result = rota("depth", *args, ok=False, ROTA_SCHEMA=None, **env)
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            2, "", f"error: {named} {spec!r}: queue_settings: {said}\n")
+    assert rota.sql("SELECT count(*) FROM {s}.jobs") == [(0,)]
+
+
+def test_a_bad_schema_flag_is_the_flag_s_not_the_app_s(rota: Rota, write_app: Any) -> None:
+    spec = f"{write_app(APP_WITH_SETTINGS.format(setting='{}'))}:build"
+    result = rota("depth", "--app", spec, "--schema", "1bad", ok=False)
+    assert (result.exit_code, result.stderr) == (2, (
+        "error: --schema '1bad' is not a valid identifier (letters, digits and _, not "
+        "starting with a digit, 1 to 63 characters)\n"))
+
+
+APP_WITH_SETTINGS = """
+from datetime import timedelta
+
+def build(queue):
+    pass
+
+build.queue_settings = {setting}
+"""
 
 
 def test_an_app_module_with_a_syntax_error_is_one_line(rota: Rota, write_app: Any) -> None:

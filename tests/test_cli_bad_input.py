@@ -4,6 +4,8 @@ on stderr, exit code 2, nothing on stdout, and nothing written."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import psycopg
 import pytest
@@ -11,9 +13,10 @@ from click.testing import CliRunner, Result
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from rota import InvalidInput, Queue, admin
+from rota import DatabaseUnavailable, InvalidInput, Queue, admin
 from rota.cli import cli
 from rota.cli.errors import RotaCommand, RotaGroup, as_given
+from rota.db import CONNINFO_CHOICES, check_conninfo
 
 APP = "tests.cli_app:build_pipeline"
 
@@ -90,6 +93,34 @@ def test_an_integer_python_cannot_read_is_refused_as_a_flag_value(
     assert job_count(url, schema) == 0
 
 
+@pytest.mark.parametrize(("payload", "stdin", "file", "said"), [
+    ("-", "", None, "the payload from stdin is empty (got '')"),
+    ("-", " \n", None, "the payload from stdin is empty (got ' \\n')"),
+    ("-", "\ufeff", None, "the payload from stdin is empty (got '')"),  # a BOM alone
+    ("@", None, "", "the payload from file '{path}' is empty (got '')"),
+    ("", None, None, "the payload is empty (got '')"),
+], ids=["stdin", "stdin-blank", "stdin-bom", "file", "argument"])
+def test_an_empty_payload_is_said_to_be_empty(
+    migrated: tuple[str, str], tmp_path: Path, payload: str, stdin: str | None,
+    file: str | None, said: str,
+) -> None:
+    """`rota enqueue t -` with nothing on stdin said "not valid JSON: Expecting value:
+    line 1 column 1 (char 0)"."""
+    url, schema = migrated
+    path = tmp_path / "payload.json"
+    if file is not None:
+        path.write_text(file)
+        payload = f"@{path}"
+    result = CliRunner().invoke(cli, ["enqueue", "t", payload], input=stdin,
+                                prog_name="rota", catch_exceptions=False, env={
+                                    "DATABASE_URL": url, "ROTA_SCHEMA": schema,
+                                    "ROTA_APP": None})
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", (
+        f"error: Invalid value for 'PAYLOAD_JSON': {said.format(path=path)}: give a JSON "
+        "value, for example {} (see 'rota enqueue --help')\n"))
+    assert job_count(url, schema) == 0
+
+
 def test_a_bad_schema_from_the_environment_is_refused_the_same_way(
     migrated: tuple[str, str]
 ) -> None:
@@ -100,7 +131,56 @@ def test_a_bad_schema_from_the_environment_is_refused_the_same_way(
 
 def test_a_bad_connection_option_is_one_line_exit_2(database_url: str, schema: str) -> None:
     result = rota(make_conninfo(database_url, sslmode="bogus"), schema, "jobs")
-    one_line_error(result, 'error: database unreachable: connection is bad: invalid sslmode')
+    one_line_error(result, "error: malformed database URL: sslmode must be one of disable, "
+                           "allow, prefer, require, verify-ca, verify-full, got 'bogus'")
+
+
+ACCEPTED_URLS = ("postgresql://[user@]host[:port][/dbname] or postgres://…, or libpq's "
+                 "key=value form: host=… port=… dbname=…")
+SSLMODES = "disable, allow, prefer, require, verify-ca, verify-full"
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("localhost:5432/db", "malformed database URL 'localhost:5432/db': it has no "
+     f"postgresql:// scheme and is not key=value text (rota needs {ACCEPTED_URLS})"),
+    ("u:Pa55-Wd@localhost:5432/db", "malformed database URL 'u:***@localhost:5432/db': it "
+     f"has no postgresql:// scheme and is not key=value text (rota needs {ACCEPTED_URLS})"),
+    ("postgresql://x@127.0.0.1/test?sslmode=bogus",
+     f"malformed database URL: sslmode must be one of {SSLMODES}, got 'bogus'"),
+    ("postgresql://x:Pa55-Wd@127.0.0.1/test?sslmode=Require",
+     f"malformed database URL: sslmode must be one of {SSLMODES}, got 'Require'"),
+    ("host=127.0.0.1 password=Pa55-Wd sslmode=bogus",
+     f"malformed database URL: sslmode must be one of {SSLMODES}, got 'bogus'"),
+    ("postgresql://x@127.0.0.1/test?target_session_attrs=primary-only",
+     "malformed database URL: target_session_attrs must be one of any, read-write, "
+     "read-only, primary, standby, prefer-standby, got 'primary-only'"),
+    ("postgresql://x@127.0.0.1/test?connect_timeout=10s",
+     "malformed database URL: connect_timeout must be a whole number, got '10s'"),
+], ids=["no-scheme", "no-scheme-password", "sslmode", "sslmode-case", "sslmode-key-value",
+        "target-session-attrs", "connect-timeout"])
+def test_a_url_libpq_would_refuse_says_what_and_what_is_accepted(
+        schema: str, url: str, said: str) -> None:
+    """libpq's text was all they got: `missing "=" after "localhost:5432/db" in connection
+    info string`, and for a bad sslmode "database unreachable: connection is bad: invalid
+    sslmode value" (a Queue's pool retried it for 30 s). Now one line from the CLI and
+    the same error from Queue(...) at once, the password never shown."""
+    result = rota(url, schema, "jobs")
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {said}\n")
+    with pytest.raises(DatabaseUnavailable) as raised:
+        Queue(url)
+    assert str(raised.value) == said
+    assert "Pa55" not in result.stderr and "Pa55" not in str(raised.value)
+
+
+def test_every_accepted_value_of_a_checked_option_is_accepted() -> None:
+    """The values rota checks are libpq's own (a value libpq takes is never refused)."""
+    for name, values in CONNINFO_CHOICES.items():
+        for value in values:
+            assert check_conninfo(make_conninfo("host=127.0.0.1", **{name: value}))
+    for value in ("TLSv1.2", "tlsv1.3", ""):
+        assert check_conninfo(f"host=127.0.0.1 ssl_min_protocol_version='{value}'")
+    for value in (" 5 ", "-1", "+3"):
+        assert check_conninfo(make_conninfo("host=127.0.0.1", connect_timeout=value))
 
 
 @pytest.mark.parametrize("url", [

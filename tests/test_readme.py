@@ -79,6 +79,20 @@ def test_readme_embedded_server_example_runs(tmp_path: Path) -> None:
     assert out.stdout == "True True\nFalse\n"
 
 
+def test_readme_gives_rota_schedules_the_app_it_needs() -> None:
+    """`rota schedules` lists the app's schedules and refuses to run without one: every
+    mention of it in the README and the operations guide shows its --app."""
+    [option] = [p for p in cli.commands["schedules"].params if p.name == "app_spec"]
+    assert (option.opts, option.envvar, option.metavar) == (["--app"], "ROTA_APP",
+                                                            "MODULE:ATTR")
+    text = README.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| inspection |"))
+    assert "`rota schedules --app MODULE:ATTR`" in row
+    for path in (README, README.parent / "docs" / "operations.md"):
+        mentions = re.findall(r"`rota schedules[^`]*`", path.read_text())
+        assert mentions and all("--app " in m for m in mentions), (path, mentions)
+
+
 def test_readme_says_a_queue_in_another_schema_needs_it_on_every_command() -> None:
     """The sentence where the README introduces the CLI, with the names the CLI reads
     (the schema option's flag and environment variable)."""

@@ -579,6 +579,41 @@ async def test_rota_jobs_show_prints_the_result_and_each_attempts_traceback(
     assert (await show_job(queue, job_id)).value == {"rows": 7}
 
 
+async def test_rota_jobs_show_says_the_cost_the_job_counts(
+        queue: Queue, aconn: AConn, database_url: str) -> None:
+    """The cost a job counts in its group's and owner's served counts (docs/design.md,
+    "Cost"), which `rota jobs show` did not show: none while pending, the expected cost it
+    was claimed with while running, what it was charged once done, none once failed."""
+    env = {"DATABASE_URL": database_url, "ROTA_SCHEMA": queue.schema, "ROTA_APP": None,
+           "COLUMNS": "200"}
+
+    async def shown(job_id: int) -> tuple[Any, str]:
+        data = await asyncio.to_thread(CliRunner().invoke, cli,
+                                       ["jobs", "show", str(job_id), "--json"], env=env)
+        text = await asyncio.to_thread(CliRunner().invoke, cli,
+                                       ["jobs", "show", str(job_id)], env=env)
+        assert data.exit_code == 0 and text.exit_code == 0, (data.output, text.output)
+        [row] = [line for line in text.stdout.splitlines() if " cost " in line]
+        return json.loads(data.stdout)["cost"], " ".join(row.strip("│ ").split())
+
+    charged = await queue.enqueue("t", {})
+    failing = await queue.enqueue("u", {}, max_attempts=1)
+    assert charged is not None and failing is not None
+    assert await shown(charged.id) == (None, "cost │ — (counted from its claim)")
+    [running] = await queue.claim("t", 1)
+    await aconn.execute(  # the expected cost a fold would have left (1 before any)
+        sql.SQL("UPDATE {} SET cost = 2.125 WHERE id = %s").format(queue.table("jobs")),
+        [running.id])
+    assert await shown(charged.id) == (
+        2.125, "cost │ 2.125 (expected; what it is charged replaces it when it completes)")
+    running = await queue.get_job(running.id)  # type: ignore[assignment]
+    assert await queue.complete(running, cost=Decimal("12.5"))
+    assert await shown(charged.id) == (12.5, "cost │ 12.5 (charged)")
+    [failed] = await queue.claim("u", 1)
+    assert await queue.fail(failed, RuntimeError("no")) == "failed"
+    assert await shown(failing.id) == (None, "cost │ — (a failed job is not charged)")
+
+
 async def test_the_dashboards_job_page_shows_the_result_and_each_attempt(
         queue: Queue) -> None:
     import httpx

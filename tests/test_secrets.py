@@ -159,8 +159,10 @@ def test_a_scheme_less_url_is_redacted_exactly() -> None:
     url = f"postgres//u:{PASSWORD}@127.0.0.1/db"
     with pytest.raises(DatabaseUnavailable) as exc:
         Queue(url)
-    assert str(exc.value) == ('malformed database URL: missing "=" after '
-                              '"postgres//u:***@127.0.0.1/db" in connection info string')
+    assert str(exc.value) == (
+        "malformed database URL 'postgres//u:***@127.0.0.1/db': it has no postgresql:// "
+        "scheme and is not key=value text (rota needs postgresql://[user@]host[:port]"
+        "[/dbname] or postgres://…, or libpq's key=value form: host=… port=… dbname=…)")
     with pytest.raises(DatabaseUnavailable) as exc:
         Queue(f"postgresql://u:{PASSWORD}/db")
     assert str(exc.value) == ("malformed database URL: its port is not a number (in a URL, "

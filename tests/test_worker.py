@@ -291,7 +291,7 @@ async def test_a_budget_not_below_the_platform_timeout_is_refused_at_start(
 ) -> None:
     queue, _ = tagged
     worker = Worker(build_pipeline(queue), time_budget=timedelta(seconds=300))
-    with pytest.raises(ConfigError, match=r"time_budget \(0:05:00\) must be shorter"):
+    with pytest.raises(ConfigError, match=r"time_budget \(300 seconds\) must be shorter"):
         await asyncio.wait_for(worker.run_forever(asyncio.Event()), 5)
     assert worker.runs == 0
 

@@ -63,21 +63,39 @@ def require_due_time(value: datetime, name: str) -> datetime:
     return value
 
 
+#: :data:`MAX_DURATION` in seconds, as errors say it.
+MAX_DURATION_SECONDS = int(MAX_DURATION.total_seconds())
+
+
+def seconds_text(value: timedelta) -> str:
+    """A duration as every error message says it: in seconds, exactly (``-5 seconds``,
+    ``0.25 seconds``, ``1 second``), not ``str(timedelta)``, which writes five seconds
+    less than nothing as ``-1 day, 23:59:55``."""
+    micros = value // timedelta(microseconds=1)
+    whole, fraction = divmod(abs(micros), 1_000_000)
+    text = ("-" if micros < 0 else "") + str(whole)
+    if fraction:
+        text += f".{fraction:06d}".rstrip("0")
+    return f"{text} second{'' if abs(micros) == 1_000_000 else 's'}"
+
+
 def require_duration(value: timedelta, name: str, *, positive: bool = True) -> timedelta:
     """Return ``value`` if it is a ``timedelta`` (strictly positive when ``positive``)
-    no longer than :data:`MAX_DURATION` either way.
+    no longer than :data:`MAX_DURATION` either way. A refused duration is said in
+    seconds (:func:`seconds_text`): ``stale_after must be positive, got -5 seconds``.
 
     Raises:
         InvalidInput: not a timedelta, not positive when it must be, or too long.
     """
     if not isinstance(value, timedelta):
-        raise InvalidInput(f"{name} must be a datetime.timedelta, got {type(value).__name__}",
-                           argument=name)
+        raise InvalidInput(f"{name} must be a datetime.timedelta, got "
+                           f"{cut_text(repr(value), 80)}", argument=name)
     if positive and value <= timedelta(0):
-        raise InvalidInput(f"{name} must be positive, got {value}", argument=name)
+        raise InvalidInput(f"{name} must be positive, got {seconds_text(value)}",
+                           argument=name)
     if abs(value) > MAX_DURATION:
-        raise InvalidInput(f"{name} must be at most {MAX_DURATION.days} days either way "
-                           f"(1000 years), got {value}", argument=name)
+        raise InvalidInput(f"{name} must be at most {MAX_DURATION_SECONDS} seconds (1000 "
+                           f"years) either way, got {seconds_text(value)}", argument=name)
     return value
 
 
@@ -94,9 +112,9 @@ def require_duration_or_seconds(value: object, name: str) -> timedelta:
         if not math.isfinite(value) or value <= 0:
             raise InvalidInput(f"{name} must be a positive number of seconds, got {value!r}",
                                argument=name)
-        if value > MAX_DURATION.total_seconds():
-            raise InvalidInput(f"{name} must be at most {MAX_DURATION.days} days either way "
-                               f"(1000 years), got {value!r} seconds", argument=name)
+        if value > MAX_DURATION_SECONDS:
+            raise InvalidInput(f"{name} must be at most {MAX_DURATION_SECONDS} seconds (1000 "
+                               f"years) either way, got {value!r} seconds", argument=name)
         value = timedelta(seconds=value)
     return require_duration(value, name)  # type: ignore[arg-type]
 
@@ -269,7 +287,7 @@ def positive_seconds(value: object, name: str, *, zero: bool = False) -> float:
             or not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
         kind = "a number of seconds, 0 or more" if zero else "a positive number of seconds"
         raise InvalidInput(f"{name} must be {kind}, got {value!r}", argument=name)
-    if value > MAX_DURATION.total_seconds():
-        raise InvalidInput(f"{name} must be at most {MAX_DURATION.total_seconds():.0f} "
+    if value > MAX_DURATION_SECONDS:
+        raise InvalidInput(f"{name} must be at most {MAX_DURATION_SECONDS} "
                            f"seconds (1000 years), got {value!r}", argument=name)
     return float(value)

@@ -82,6 +82,15 @@ def check_mode(cost: Any) -> str:
     return cost
 
 
+def counted_cost(status: str, cost: Decimal) -> Decimal | None:
+    """What a job counts now in its group's and owner's served counts (docs/design.md,
+    "Cost"), from its ``status`` and ``jobs.cost``: while ``running``, the expected cost
+    it was claimed with; once ``done``, what it was charged (1 when nothing); ``None``
+    while ``pending`` or once ``failed``, when it counts nothing (a failed attempt is not
+    charged, whatever cost its last claim left in the row)."""
+    return cost if status in ("running", "done") else None
+
+
 def format_units(value: Decimal | float | int | None) -> str:
     """A cost in units for a page or a table: thousands separated, at most 2 decimal
     places, none for a whole number (``1,234``, ``0.5``, ``12.25``); ``—`` for

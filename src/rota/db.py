@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
+from .checks import cut_text
 from .embedded import EmbeddedServer as EmbeddedServer  # its home before embedded.py
 from .errors import DatabaseUnavailable, InvalidInput, MigrationError, first_line
 from .redact import redact
@@ -49,7 +50,7 @@ def identifier(name: object, what: str = "schema", *, qualified: bool = False
             names ``what``, shows the name and says which rule.
     """
     if not isinstance(name, str):
-        raise InvalidInput(f"{what} must be a string, got {type(name).__name__}",
+        raise InvalidInput(f"{what} must be a string, got {cut_text(repr(name), 80)}",
                            argument=what)
     parts = name.split(".") if qualified else [name]
     rule = ("letters, digits and _, not starting with a digit, 1 to 63 characters"
@@ -316,12 +317,17 @@ def _check_recorded(recorded: dict[int, tuple[str, str]], shipped: tuple[Migrati
 def check_conninfo(conninfo: str) -> str:
     """Validate a libpq connection string or URL without connecting.
 
-    Refuses a URL of another scheme than ``postgresql://`` or ``postgres://``
-    (``mysql://…``, which libpq would misread as key=value text), what libpq cannot
-    parse, a port that is not a number from 1 to 65535 (a URL's password with no ``@``
-    after it is read as the port), and a URL whose user name or password holds
-    an unencoded ``@`` or ``/``: libpq would read the rest of the password as the host,
-    the port or the database name, where connection errors would show it.
+    Accepted: ``postgresql://[user[:password]@][host][:port][/dbname][?param=value…]``
+    (or ``postgres://…``), or libpq's key=value form (``host=… port=… dbname=…``).
+    Refuses a URL of another scheme (``mysql://…``, which libpq would misread as
+    key=value text), a string that is neither (``localhost:5432/db``: no scheme), what
+    libpq cannot parse, a port that is not a number from 1 to 65535 (a URL's password
+    with no ``@`` after it is read as the port), a URL whose user name or password holds
+    an unencoded ``@`` or ``/`` (libpq would read the rest of the password as the host,
+    the port or the database name, where connection errors would show it), and a value
+    libpq would refuse only when connecting (:data:`CONNINFO_CHOICES`,
+    :data:`CONNINFO_INTEGERS`: ``sslmode=bogus``), which a pool would retry until its
+    timeout.
 
     Returns:
         ``conninfo``, unchanged.
@@ -335,12 +341,19 @@ def check_conninfo(conninfo: str) -> str:
         # libpq would read it as key=value text and say `missing "="`.
         raise DatabaseUnavailable(
             f"not a PostgreSQL URL: {redact(conninfo, conninfo)!r} (rota needs "
-            "postgresql://… or postgres://…, or libpq's key=value form)")
+            f"{_ACCEPTED_FORMS})")
+    if not scheme and conninfo.strip() and not _CONNINFO_KEYWORD.match(conninfo):
+        # libpq would say `missing "=" after "localhost:5432/db" in connection info string`.
+        raise DatabaseUnavailable(
+            f"malformed database URL {redact(conninfo, conninfo)!r}: it has no "
+            f"postgresql:// scheme and is not key=value text (rota needs "
+            f"{_ACCEPTED_FORMS})")
     try:
         params = psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
         raise DatabaseUnavailable(
             f"malformed database URL: {redact(first_line(exc), conninfo)}") from None
+    _check_values(params, conninfo)
     ports = str(params.get("port") or "").split(",")
     if any(p.strip() and not p.strip().isdigit() for p in ports):
         # Not echoed: ``postgresql://u:PASSWORD/db`` (no @) reads the password as the port.
@@ -357,6 +370,58 @@ def check_conninfo(conninfo: str) -> str:
             f"malformed database URL {redact(conninfo, conninfo)!r}: an @ or / in its user "
             "name or password must be percent-encoded (%40, %2F)")
     return conninfo
+
+
+#: The forms of a connection string rota accepts, as its errors say them.
+_ACCEPTED_FORMS = ("postgresql://[user@]host[:port][/dbname] or postgres://…, or libpq's "
+                   "key=value form: host=… port=… dbname=…")
+
+#: The start of libpq's key=value form: a keyword, then ``=``.
+_CONNINFO_KEYWORD = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*=")
+
+#: libpq parameters that take one of a few words, which libpq checks only when it
+#: connects: a pool would retry the same refusal until its timeout (30 s), and the
+#: error would be libpq's. Case counts, as in libpq.
+CONNINFO_CHOICES: dict[str, tuple[str, ...]] = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "sslnegotiation": ("postgres", "direct"),
+    "sslcertmode": ("disable", "allow", "require"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby",
+                             "prefer-standby"),
+    "load_balance_hosts": ("disable", "random"),
+}
+#: The same for the TLS versions (any case, or empty for none, as libpq reads them).
+_TLS_VERSIONS = ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3")
+#: libpq parameters that take a whole number, checked when it connects as well.
+CONNINFO_INTEGERS = ("connect_timeout", "keepalives", "keepalives_idle",
+                     "keepalives_interval", "keepalives_count", "tcp_user_timeout")
+_INTEGER = re.compile(r"\s*[-+]?[0-9]+\s*")
+
+
+def _check_values(params: dict[str, Any], conninfo: str) -> None:
+    """Refuse a value of :data:`CONNINFO_CHOICES`, a TLS version or
+    :data:`CONNINFO_INTEGERS` that libpq would refuse when connecting.
+
+    Raises:
+        DatabaseUnavailable: ``malformed database URL: sslmode must be one of …, got
+            'bogus'`` (the connection string's password never shown).
+    """
+    problem = None
+    for name, value in params.items():
+        value = str(value)
+        if name in CONNINFO_CHOICES and value not in CONNINFO_CHOICES[name]:
+            problem = f"{name} must be one of {', '.join(CONNINFO_CHOICES[name])}"
+        elif (name in ("ssl_min_protocol_version", "ssl_max_protocol_version") and value
+              and value.lower() not in (v.lower() for v in _TLS_VERSIONS)):
+            problem = f"{name} must be one of {', '.join(_TLS_VERSIONS)}"
+        elif name in CONNINFO_INTEGERS and not _INTEGER.fullmatch(value):
+            problem = f"{name} must be a whole number"
+        if problem is not None:
+            raise DatabaseUnavailable(redact(
+                f"malformed database URL: {problem}, got {cut_text(repr(value), 40)}",
+                conninfo))
 
 
 def _splits_userinfo(conninfo: str) -> bool:

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal
 
-from .checks import require_due_time, require_duration
+from .checks import require_due_time, require_duration, seconds_text
 from .errors import InvalidInput, PayloadError, UnreadableJob
 
 JobStatus = Literal["pending", "running", "done", "failed"]
@@ -188,7 +188,8 @@ def due_or_delay(value: datetime | timedelta | None, name: str) -> datetime | ti
         return None
     if isinstance(value, timedelta):
         if value < timedelta(0):
-            raise InvalidInput(f"{name} must not be a negative timedelta, got {value}")
+            raise InvalidInput(f"{name} must not be a negative timedelta, got "
+                               f"{seconds_text(value)}")
         return require_duration(value, name, positive=False)
     if not isinstance(value, datetime):
         raise InvalidInput(f"{name} must be an aware datetime, a timedelta or None, "

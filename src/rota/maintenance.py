@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Protocol
 
 from . import statements as sql
-from .checks import positive_int, require_duration
+from .checks import positive_int, require_duration, seconds_text
 from .errors import ConfigError, InvalidInput
 from .queue import Queue
 from .settings import DEFAULT_PLATFORM_TIMEOUT
@@ -152,8 +152,9 @@ class PruneDoneJobs:
         self.retention = require_duration(retention, "retention")
         if self.retention < queue.served_window:
             raise ConfigError(
-                f"retention ({self.retention}) must not be shorter than the served window "
-                f"({queue.served_window}): the fair claim still counts those done jobs")
+                f"retention ({seconds_text(self.retention)}) must not be shorter than the "
+                f"served window ({seconds_text(queue.served_window)}): the fair claim still "
+                f"counts those done jobs")
         self.batch_size = positive_int(batch_size, "batch_size")
         self.runs_retention = require_duration(runs_retention, "runs_retention")
 

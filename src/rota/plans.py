@@ -11,13 +11,20 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from .checks import INT_MAX, cut_text
 from .errors import InvalidInput, UnknownPlan
 
 #: The largest plan weight: the claim divides served counts by it (a numeric ratio), and a
 #: share of one in a million is already none.
 MAX_WEIGHT = 1_000_000
-#: The largest cap of running jobs an owner of a plan may have (``Plan.max_running``).
-MAX_RUNNING = 1_000_000
+#: The largest cap of running jobs an owner of a plan may have (``Plan.max_running``):
+#: what the claim's caps hold (a PostgreSQL ``integer``), the same as a group's own cap
+#: (``groups.max_running``, :data:`rota.admin.MAX_GROUP_RUNNING`).
+MAX_RUNNING = INT_MAX
+#: The largest priority either way (``Plan.priority``): the claim reads priorities as
+#: PostgreSQL ``integer`` and negates them to sort (``-priority``), so -2**31, whose
+#: negation an ``integer`` cannot hold, is left out.
+MAX_PRIORITY = INT_MAX
 
 
 @dataclass(frozen=True)
@@ -26,8 +33,9 @@ class Plan:
 
     Args:
         id: stable identifier stored in the groups relation (``"free"``, ``"pro"``).
-        name: display name (``"Free"``).
-        priority: claim priority; higher is claimed first when there is a backlog.
+        name: display name (``"Free"``), a string.
+        priority: claim priority, an int from ``-MAX_PRIORITY`` to :data:`MAX_PRIORITY`
+            (2,147,483,647); higher is claimed first when there is a backlog.
         limits: free-form limits (``{"searches_per_day": 20, "draft_credits": 50}``).
         weight: how plans of the same priority share the claim (docs/design.md, "The
             fair claim"): a positive int, at most :data:`MAX_WEIGHT`, default 1. The
@@ -36,14 +44,18 @@ class Plan:
             (virtual time). Plans of different priorities stay strict.
         max_running: at most this many jobs of each owner of this plan (a group
             without an owner is its own) running at once, across every worker and host
-            and every type (docs/design.md, "Caps"); ``None`` (the default) for no cap.
+            and every type (docs/design.md, "Caps"): an int from 1 to
+            :data:`MAX_RUNNING` (2,147,483,647, as a group's own cap); ``None`` (the
+            default) for no cap.
             Work-conserving: while an owner is at its cap the claim hands the capacity
             to others, in fair order. A job whose lock went stale holds no slot.
 
     Raises:
-        InvalidInput: an empty or NUL-holding id, a priority that is not an int, limits
-            that are not a mapping, a weight that is not an int in 1..MAX_WEIGHT, a
-            max_running that is not an int in 1..MAX_RUNNING (or None).
+        InvalidInput: an empty or NUL-holding id, a name that is not a string, a
+            priority that is not an int in -MAX_PRIORITY..MAX_PRIORITY, limits that are
+            not a mapping, a weight that is not an int in 1..MAX_WEIGHT, a max_running
+            that is not an int in 1..MAX_RUNNING (or None). The message names the plan
+            and the argument and ends with what was given (``got '1'``).
     """
 
     id: str
@@ -58,23 +70,30 @@ class Plan:
             raise InvalidInput(f"plan id must be a non-empty string, got {self.id!r}")
         if "\x00" in self.id:
             raise InvalidInput(f"plan id {self.id!r} contains a NUL character")
-        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
-            raise InvalidInput(f"plan {self.id!r}: priority must be an int")
+        if not isinstance(self.name, str):
+            raise InvalidInput(f"plan {self.id!r}: name must be a string, got "
+                               f"{cut_text(repr(self.name), 80)}")
+        if (not isinstance(self.priority, int) or isinstance(self.priority, bool)
+                or not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY):
+            raise InvalidInput(f"plan {self.id!r}: priority must be an int from "
+                               f"{-MAX_PRIORITY:,} to {MAX_PRIORITY:,}, got "
+                               f"{cut_text(repr(self.priority), 80)}")
         if self.limits is not None and not isinstance(self.limits, Mapping):
             # Plan(id, name, priority, "First") was a display label: now the application's.
             raise InvalidInput(f"plan {self.id!r}: limits must be a mapping, got "
-                               f"{self.limits!r} (display labels are not part of a Plan)")
+                               f"{cut_text(repr(self.limits), 80)} (display labels are not "
+                               f"part of a Plan)")
         object.__setattr__(self, "limits", MappingProxyType(dict(self.limits or {})))
         if (not isinstance(self.weight, int) or isinstance(self.weight, bool)
                 or not 1 <= self.weight <= MAX_WEIGHT):
             raise InvalidInput(f"plan {self.id!r}: weight must be an int from 1 to "
-                               f"{MAX_WEIGHT:,}, got {self.weight!r}")
+                               f"{MAX_WEIGHT:,}, got {cut_text(repr(self.weight), 80)}")
         if self.max_running is not None and (
                 not isinstance(self.max_running, int) or isinstance(self.max_running, bool)
                 or not 1 <= self.max_running <= MAX_RUNNING):
             raise InvalidInput(f"plan {self.id!r}: max_running must be an int from 1 to "
                                f"{MAX_RUNNING:,} (or None for no cap), got "
-                               f"{self.max_running!r}")
+                               f"{cut_text(repr(self.max_running), 80)}")
 
 
 class Plans:
@@ -87,17 +106,29 @@ class Plans:
     Plans may share a priority: they are then claimed in proportion to their weights
     (:class:`Plan`); ordered lowest to highest means priorities never decrease.
 
+    Args:
+        plans: the plans (:class:`Plan`), lowest to highest.
+
     Raises:
-        InvalidInput: no plans, duplicate ids, or a priority lower than the one before.
+        InvalidInput: not an iterable of :class:`Plan`, no plans, duplicate ids, or a
+            priority lower than the one before; the message ends with what was given.
     """
 
     def __init__(self, plans: Iterable[Plan]) -> None:
+        if isinstance(plans, Plan | str | bytes) or not isinstance(plans, Iterable):
+            raise InvalidInput(f"Plans needs a list of rota.Plan, got "
+                               f"{cut_text(repr(plans), 80)}")
         self._plans = tuple(plans)
         if not self._plans:
-            raise InvalidInput("Plans needs at least one plan")
+            raise InvalidInput(f"Plans needs at least one plan, got {cut_text(repr(plans), 80)}")
+        for plan in self._plans:
+            if not isinstance(plan, Plan):
+                raise InvalidInput(f"Plans needs a list of rota.Plan, got "
+                                   f"{cut_text(repr(plan), 80)} among them")
         ids = [p.id for p in self._plans]
         if len(set(ids)) != len(ids):
-            raise InvalidInput(f"duplicate plan ids in {ids}")
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            raise InvalidInput(f"duplicate plan ids {twice} in {ids}")
         prios = [p.priority for p in self._plans]
         if any(b < a for a, b in itertools.pairwise(prios)):
             raise InvalidInput(

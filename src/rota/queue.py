@@ -151,7 +151,10 @@ class Queue:
             self._pool = conninfo_or_pool
             self._owns_pool = False
         else:
-            raise InvalidInput("Queue needs a connection string or an AsyncConnectionPool")
+            # Not the value itself: a connection string in the wrong type may hold a
+            # password.
+            raise InvalidInput(f"Queue needs a connection string or an AsyncConnectionPool, "
+                               f"got {type(conninfo_or_pool).__name__}")
         #: How the queue's connections are made (docs/operations.md, "Poolers and
         #: failover"); shared by the queues :meth:`with_stage_rules` derives.
         self.connections = setup

@@ -38,6 +38,7 @@ from .checks import (
     require_duration,
     require_duration_or_seconds,
     require_text,
+    seconds_text,
 )
 from .errors import ConfigError, InvalidInput, RotaError
 
@@ -150,10 +151,12 @@ class RateLimit:
         require_duration(self.max_wait, f"rate limit {self.name!r}: max_wait",
                          positive=False)
         if self.max_wait < timedelta(0):
-            raise InvalidInput(f"rate limit {self.name!r}: max_wait must not be negative")
+            raise InvalidInput(f"rate limit {self.name!r}: max_wait must not be negative, "
+                               f"got {seconds_text(self.max_wait)}")
         if self.per < self.limit * timedelta(microseconds=1):
-            raise InvalidInput(f"rate limit {self.name!r}: {self.limit} per {self.per} is "
-                               f"more than one unit a microsecond")
+            raise InvalidInput(f"rate limit {self.name!r}: {self.limit} per "
+                               f"{seconds_text(self.per)} is more than one unit a "
+                               f"microsecond")
 
     @property
     def emission(self) -> timedelta:
@@ -217,7 +220,7 @@ class RateLimit:
             require_duration(wait, "max_wait", positive=False)
             if wait < timedelta(0):  # as RateLimit(max_wait=) refuses it
                 raise InvalidInput(f"rate limit {self.name!r}: max_wait must not be "
-                                   f"negative, got {wait}")
+                                   f"negative, got {seconds_text(wait)}")
         async with queue.connection(conn) as c:
             granted, at, wait_s = await sql.rate_take(
                 queue.store, **self._params(queue, key), units=units, max_wait=wait,

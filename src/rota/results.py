@@ -33,6 +33,7 @@ from psycopg.rows import dict_row
 
 from . import statements as sql
 from .checks import require_duration, require_row_id, storable_text
+from .cost import counted_cost
 from .errors import JobNotFound, PayloadError, RotaError
 from .job import MAX_PAYLOAD_DEPTH, Job, JobStatus, encode_payload, printed_size
 from .store import AnyConn, Statements, Store, configure_cursor
@@ -270,14 +271,17 @@ def _instant(text: str | None) -> datetime | None:
 
 def as_dict(found: JobResult) -> dict[str, Any]:
     """A :class:`JobResult` as plain data (``rota jobs show ID --json``, the dashboard):
-    the job's fields, ``result`` (its return value), ``started_at`` and ``errors`` (a
-    list of each attempt's fields, oldest first). Times stay datetimes and ids UUIDs,
-    for the caller's JSON encoder."""
+    the job's fields, ``cost`` (what it counts in its group's and owner's served counts:
+    :func:`rota.cost.counted_cost`, a ``Decimal``, ``None`` while pending or once
+    failed), ``result`` (its return value), ``started_at`` and ``errors`` (a list of
+    each attempt's fields, oldest first). Times stay datetimes, ids UUIDs and the cost a
+    ``Decimal``, for the caller's JSON encoder."""
     j = found.job
     return {
         "id": j.id, "type": j.type, "group_id": j.group_id, "status": j.status,
         "payload": j.payload, "dedupe_key": j.dedupe_key, "attempts": j.attempts,
         "max_attempts": j.max_attempts, "deferrals": j.deferrals,
+        "cost": counted_cost(j.status, j.cost),
         "run_after": j.run_after, "created_at": j.created_at,
         "started_at": found.started_at, "finished_at": j.finished_at,
         "run_id": j.run_id, "last_error": j.last_error,

@@ -11,9 +11,11 @@ from datetime import timedelta
 
 from . import db
 from .checks import (
+    cut_text,
     positive_int,
     require_duration,
     require_text,
+    seconds_text,
 )
 from .errors import InvalidInput, UnknownJobType
 from .job import DEFAULT_MAX_PAYLOAD_BYTES
@@ -67,9 +69,11 @@ class QueueSettings:
             ``SCHEMA.groups`` table, or a (schema-qualified) table or view name with
             columns ``group_id text``, ``plan text`` and ``active boolean``, so an
             application can keep plan and pause state in its own tables.
-        types: declared job types; when given, any other type is refused.
+        types: declared job types, an iterable of names (not one ``str``); when given,
+            any other type is refused.
         max_attempts: attempts before a job gives up (claims count, deferrals don't).
-        max_attempts_by_type: per-type overrides of ``max_attempts``.
+        max_attempts_by_type: per-type overrides of ``max_attempts``, a mapping of job
+            type to a positive int.
         stale_after: a running job's lock older than this is stale (docs/design.md, "Stale locks").
         served_window: how far back the fair order counts served work
             (docs/design.md, "The fair claim").
@@ -86,7 +90,8 @@ class QueueSettings:
         max_payload_bytes: largest payload accepted, in UTF-8 bytes of JSON.
 
     Raises:
-        InvalidInput: a setting has the wrong type or range.
+        InvalidInput: a setting has the wrong type or range; the message names it and
+            ends with what was given (``got …``; a duration in seconds).
     """
 
     def __init__(
@@ -116,11 +121,22 @@ class QueueSettings:
         self.groups = groups
         self.external_groups = groups is not None
         if not isinstance(plans, Plans):
-            raise InvalidInput("plans must be a rota.Plans")
+            raise InvalidInput(f"plans must be a rota.Plans (Plans([Plan(...), ...])), got "
+                               f"{cut_text(repr(plans), 80)}", argument="plans")
         self.plans = plans
+        if types is not None and (isinstance(types, str | bytes)
+                                  or not isinstance(types, Iterable)):
+            # A str is iterable: types="send" would declare the types s, e, n and d.
+            raise InvalidInput(f"types must be a list of job types (or None for any), got "
+                               f"{cut_text(repr(types), 80)}", argument="types")
         self.types = frozenset(require_text(t, "job type") or "" for t in types) if types else None
         self._sorted_types = sorted(self.types) if self.types is not None else None
         self.max_attempts = positive_int(max_attempts, "max_attempts")
+        if max_attempts_by_type is not None and not isinstance(max_attempts_by_type, Mapping):
+            raise InvalidInput(f"max_attempts_by_type must be a mapping of job type to "
+                               f"attempts (or None), got "
+                               f"{cut_text(repr(max_attempts_by_type), 80)}",
+                               argument="max_attempts_by_type")
         self.max_attempts_by_type: MutableMapping[str, int] = {
             self.check_type(t): positive_int(n, f"max_attempts for {t!r}")
             for t, n in (max_attempts_by_type or {}).items()
@@ -129,15 +145,16 @@ class QueueSettings:
         self.served_window = require_duration(served_window, "served_window")
         if fair_by not in FAIR_BY:
             raise InvalidInput(f"fair_by must be one of {', '.join(map(repr, FAIR_BY))}, "
-                               f"got {fair_by!r}")
+                               f"got {fair_by!r}", argument="fair_by")
         self.fair_by: str = fair_by
         self.backoff_base = require_duration(backoff_base, "backoff_base", positive=False)
         if self.backoff_base < timedelta(0):
-            raise InvalidInput(f"backoff_base must not be negative, got {backoff_base}")
+            raise InvalidInput(f"backoff_base must not be negative, got "
+                               f"{seconds_text(backoff_base)}", argument="backoff_base")
         self.max_backoff = require_duration(max_backoff, "max_backoff")
         if self.max_backoff < self.backoff_base:
-            raise InvalidInput(f"max_backoff ({max_backoff}) must not be shorter than "
-                               f"backoff_base ({backoff_base})")
+            raise InvalidInput(f"max_backoff ({seconds_text(max_backoff)}) must not be "
+                               f"shorter than backoff_base ({seconds_text(backoff_base)})")
         self.max_deferrals = (
             None if max_deferrals is None else positive_int(max_deferrals, "max_deferrals", 0)
         )

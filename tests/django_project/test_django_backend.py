@@ -555,7 +555,7 @@ def test_unknown_options_are_refused() -> None:
 @pytest.mark.parametrize(("queue", "message"), [
     ({"backoff_base": 1},
      "rota: TASKS['x']['OPTIONS'] (SCHEMA, QUEUE): backoff_base must be a "
-     "datetime.timedelta, got int"),
+     "datetime.timedelta, got 1"),
     ({"max_atempts": 5},
      "rota: TASKS['x']['OPTIONS'] (SCHEMA, QUEUE): QueueSettings.__init__() got an "
      "unexpected keyword argument 'max_atempts'"),
@@ -621,8 +621,8 @@ def test_a_stale_window_not_longer_than_the_platform_timeout_is_refused_in_one_l
 
     b = RotaBackend("x", {"OPTIONS": {"QUEUE": {"stale_after": timedelta(seconds=60)},
                                       "WORKER": {"platform_timeout": 60}}})
-    with pytest.raises(ConfigError, match=r"^the queue's stale window \(0:01:00\) must be "
-                                          r"longer than the platform timeout \(0:01:00\)"):
+    with pytest.raises(ConfigError, match=r"^the queue's stale window \(60 seconds\) must be "
+                                          r"longer than the platform timeout \(60 seconds\)"):
         make_pipeline(b, make_queue(b))
 
 
@@ -632,9 +632,9 @@ def test_a_stale_window_not_longer_than_the_platform_timeout_is_refused_in_one_l
     (["--concurrency", "0"], "CommandError: --concurrency must be at least 1, got 0"),
     (["--batch", "-1"], "CommandError: --batch must be at least 1, got -1"),
     (["--time-budget", "-5"], "CommandError: time_budget must be positive, got "
-                              "-1 day, 23:59:55"),
-    (["--time-budget", "400"], "CommandError: time_budget (0:06:40) must be shorter "
-                               "than the platform timeout (0:05:00)"),
+                              "-5 seconds"),
+    (["--time-budget", "400"], "CommandError: time_budget (400 seconds) must be shorter "
+                               "than the platform timeout (300 seconds)"),
 ])
 def test_rota_worker_refuses_bad_arguments_in_one_line(args: list[str], message: str) -> None:
     # Not a traceback, and not a worker that waits for ever on a misspelt queue (or

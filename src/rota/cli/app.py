@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from .. import admin, db
-from ..errors import ConfigError, first_line
+from ..checks import cut_text
+from ..errors import ConfigError, InvalidInput, first_line
 from ..plans import DEFAULT_PLANS, Plans
 from ..queue import AnyConn, Queue
 from ..runner.source import check_time_budget, resolve_pipeline
@@ -166,33 +167,46 @@ class Target:
 
     def queue_settings(self) -> dict[str, Any]:
         """The app's ``queue_settings`` with the schema and ``--fair-by`` from the flags
-        applied.
+        applied, checked as :class:`rota.Queue` checks them.
 
         Raises:
-            CliConfigError: ``queue_settings`` raised, is not a mapping, or has a key that
-                is not a :class:`rota.Queue` setting.
+            CliConfigError: ``queue_settings`` raised, is not a mapping, has a key that
+                is not a :class:`rota.Queue` setting, or a value the queue refuses; the
+                message names the app as the source (``--app 'myapp:build':
+                queue_settings: stale_after must be positive, got -5 seconds``).
+            InvalidInput: the schema given by ``--schema`` or ``ROTA_SCHEMA`` is not a
+                valid identifier (the CLI names the option as the user gave it).
         """
         raw: Any = getattr(self.app, "queue_settings", None) if self.app else None
+        source = f"{self.app_given_as} {self.app_spec!r}"
         if callable(raw):
             try:
                 raw = raw()
             except Exception as exc:
                 raise CliConfigError(
-                    f"{self.app_given_as} {self.app_spec!r}: queue_settings() failed: "
+                    f"{source}: queue_settings() failed: "
                     f"{first_line(exc, with_type=True)}") from None
         if raw is not None and not isinstance(raw, Mapping):
-            raise CliConfigError("the app's queue_settings must be a mapping of Queue settings")
+            raise CliConfigError(f"{source}: queue_settings must be a mapping of Queue "
+                                 f"settings (a dict), got {cut_text(repr(raw), 80)}")
         settings = dict(raw or {})
         for key in settings:
             if key not in QUEUE_SETTING_NAMES:
                 close = difflib.get_close_matches(str(key), QUEUE_SETTING_NAMES, n=1)
                 hint = (f"did you mean {close[0]!r}?" if close else
                         f"the settings are {', '.join(sorted(QUEUE_SETTING_NAMES))}")
-                raise CliConfigError(f"{self.app_given_as} {self.app_spec!r}: "
-                                     f"queue_settings has unknown key {key!r} ({hint})")
+                raise CliConfigError(f"{source}: queue_settings has unknown key {key!r} "
+                                     f"({hint})")
         settings["schema"] = self.schema or settings.get("schema") or "rota"
         if self.fair_by is not None:
             settings["fair_by"] = self.fair_by
+        if raw is not None:
+            try:
+                QueueSettings(**settings)
+            except InvalidInput as exc:
+                if exc.argument == "schema" and self.schema:
+                    raise  # the flag's, checked first: said as the user gave it
+                raise CliConfigError(f"{source}: queue_settings: {first_line(exc)}") from None
         return settings
 
     def queue_kwargs(self) -> dict[str, Any]:

@@ -17,7 +17,8 @@ import click
 from rich.table import Table
 
 from .. import admin
-from ..checks import INT_MAX, MAX_ROW_ID
+from ..checks import INT_MAX, MAX_ROW_ID, cut_text
+from ..cost import counted_cost
 from ..errors import UnknownGroup, first_line
 from ..job import Job, too_deep
 from ..queue import Queue
@@ -92,8 +93,14 @@ def _read_payload_text(value: str) -> str:
 def _parse_payload(ctx: click.Context, param: click.Parameter, value: str) -> Any:
     """The payload as typed: numbers with a fraction or an exponent are read as Decimals
     (a float would round ``12345678901234567.89``), which the queue stores digit for
-    digit (docs/design.md, "Enqueue")."""
+    digit (docs/design.md, "Enqueue"). An empty payload (nothing, or only white space,
+    on stdin, in the file or as the argument) is said to be empty, not invalid JSON."""
     text = _read_payload_text(value)
+    if not text.strip():
+        where = (" from stdin" if value == "-" else f" from file {value[1:]!r}"
+                 if value.startswith("@") else "")
+        raise click.BadParameter(f"the payload{where} is empty (got {cut_text(repr(text), 40)})"
+                                 f": give a JSON value, for example {{}}")
     try:
         return json.loads(text, parse_float=Decimal)
     except json.JSONDecodeError as exc:
@@ -353,7 +360,9 @@ def _job_command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
 @_job_command("show")
 def jobs_show(database_url: str | None, schema: str | None, app_spec: str | None,
               job_id: int, as_json: bool) -> None:
-    """Job ID with its return value and every failed attempt's error and traceback."""
+    """Job ID with its cost, its return value and every failed attempt's error and
+    traceback. The cost is what the job counts in its group's served count: the expected
+    cost while it runs, what it was charged once done (docs/design.md, "Cost")."""
     target = make_target(database_url, schema, app_spec)
     as_json = wants_json(as_json)
 
@@ -373,6 +382,7 @@ def jobs_show(database_url: str | None, schema: str | None, app_spec: str | None
     for name, value in [
             ("type", j.type), ("group", j.group_id or ABSENT), ("status", j.status),
             ("attempts", f"{j.attempts}/{j.max_attempts}"), ("deferrals", j.deferrals),
+            ("cost", _cost_text(j)),
             ("enqueued (UTC)", utc_time(j.created_at)),
             ("run after (UTC)", utc_time(j.run_after)),
             ("started (UTC)", utc_time(found.started_at)),
@@ -392,6 +402,20 @@ def jobs_show(database_url: str | None, schema: str | None, app_spec: str | None
             # A traceback's lines, each shown literally (no terminal control).
             for line in e.traceback.rstrip("\n").split("\n"):
                 click.echo("    " + safe_text(line))
+
+
+def _cost_text(job: Job) -> str:
+    """A job's cost for ``rota jobs show``: what it counts in its group's and owner's
+    served counts (:func:`rota.cost.counted_cost`; docs/design.md, "Cost"), exactly,
+    with what that figure is."""
+    cost = counted_cost(job.status, job.cost)
+    if cost is None:
+        return f"{ABSENT} (counted from its claim)" if job.status == "pending" else \
+            f"{ABSENT} (a failed job is not charged)"
+    units = f"{cost.normalize():f}"
+    if job.status == "running":
+        return f"{units} (expected; what it is charged replaces it when it completes)"
+    return f"{units} (charged)"
 
 
 @_job_command("retry")

@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
-from ..checks import require_duration
+from ..checks import require_duration, seconds_text
 from ..errors import ConfigError, InvalidInput
 from ..maintenance import Maintainer, check_pipeline_maintenance
 from ..queue import GiveUpHook, Queue
@@ -119,15 +119,16 @@ class Pipeline:
         self.platform_timeout = require_duration(platform_timeout, "platform_timeout")
         if queue.stale_after <= self.platform_timeout:
             raise ConfigError(
-                f"the queue's stale window ({queue.stale_after}) must be longer than the "
-                f"platform timeout ({self.platform_timeout}): otherwise a live run's jobs "
-                f"look stale and are claimed twice")
+                f"the queue's stale window ({seconds_text(queue.stale_after)}) must be longer "
+                f"than the platform timeout ({seconds_text(self.platform_timeout)}): "
+                f"otherwise a live run's jobs look stale and are claimed twice")
         self.heartbeat_every = require_duration(
             heartbeat_every if heartbeat_every is not None else self.platform_timeout / 3,
             "heartbeat_every")
         if self.heartbeat_every * 2 > self.platform_timeout:
-            raise ConfigError(f"heartbeat_every ({self.heartbeat_every}) must be at most "
-                              f"half the platform timeout ({self.platform_timeout})")
+            raise ConfigError(f"heartbeat_every ({seconds_text(self.heartbeat_every)}) must be "
+                              f"at most half the platform timeout "
+                              f"({seconds_text(self.platform_timeout)})")
         self.settle_reserve = min(
             max(self.platform_timeout * _SETTLE_RESERVE_SHARE, _SETTLE_RESERVE_MIN),
             self.platform_timeout / 4, _SETTLE_RESERVE_MAX)
@@ -138,8 +139,9 @@ class Pipeline:
                             *((f"stage {s.type!r}: timeout", s.timeout)
                               for s in self.stages if s.timeout is not None)]:
             if limit >= self.platform_timeout:
-                raise ConfigError(f"{name} ({limit}) must be shorter than the platform "
-                                  f"timeout ({self.platform_timeout})")
+                raise ConfigError(f"{name} ({seconds_text(limit)}) must be shorter than the "
+                                  f"platform timeout "
+                                  f"({seconds_text(self.platform_timeout)})")
         types = [queue.check_type(s.type) for s in self.stages]
         if len(set(types)) != len(types):
             raise ConfigError(f"duplicate stage types in {types}")
@@ -284,8 +286,9 @@ class Pipeline:
             raise InvalidInput(f"trigger must be one of {', '.join(TRIGGERS)}, got {trigger!r}")
         require_duration(time_budget, "time_budget")
         if time_budget >= self.platform_timeout:
-            raise ConfigError(f"time_budget ({time_budget}) must be shorter than the "
-                              f"platform timeout ({self.platform_timeout})")
+            raise ConfigError(f"time_budget ({seconds_text(time_budget)}) must be shorter than "
+                              f"the platform timeout "
+                              f"({seconds_text(self.platform_timeout)})")
         check_pipeline_maintenance(maintenance, self.queue)
         with self.queue.tracer.run(trigger) as trace:
             result = await self.loop.run(trigger, time_budget, maintenance=maintenance,

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, Protocol, TypeAlias
 
+from ..checks import seconds_text
 from ..errors import ConfigError, InvalidInput
 from ..queue import Queue
 from .stage import Trigger
@@ -82,8 +83,8 @@ def check_time_budget(pipeline: Any, time_budget: timedelta) -> None:
     """
     timeout = getattr(pipeline, "platform_timeout", None)
     if isinstance(timeout, timedelta) and time_budget >= timeout:
-        raise ConfigError(f"time_budget ({time_budget}) must be shorter than the "
-                          f"platform timeout ({timeout})")
+        raise ConfigError(f"time_budget ({seconds_text(time_budget)}) must be shorter than "
+                          f"the platform timeout ({seconds_text(timeout)})")
 
 
 __all__ = ["PipelineSource", "RunnablePipeline", "check_time_budget", "pipeline_queue",
