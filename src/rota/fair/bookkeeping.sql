@@ -938,12 +938,23 @@ BEGIN
     WHERE m.type = p_type ORDER BY m.upto DESC LIMIT 1;
     mark := coalesce(mark, '0');
     mark_open := coalesce(mark_open, '{{}}');
+    -- The rows the mark does not cover: from its upto on, and those of each open xid,
+    -- each an index lookup of its own (xid = ANY in one scan was a filter over every
+    -- entry of the type, dead ones included: bench/RESULTS.md, section 30).
     SELECT array_agg(DISTINCT f.group_id) INTO gs
-    FROM {schema}.fair_served f
-    WHERE f.type = p_type AND (f.xid >= mark OR f.xid = ANY (mark_open));
+    FROM (SELECT f.group_id FROM {schema}.fair_served f
+          WHERE f.type = p_type AND f.xid >= mark
+          UNION ALL
+          SELECT f.group_id FROM unnest(mark_open) AS o(xid)
+          CROSS JOIN LATERAL (SELECT f.group_id FROM {schema}.fair_served f
+                              WHERE f.type = p_type AND f.xid = o.xid OFFSET 0) f) f;
     SELECT array_agg(DISTINCT l.group_id) INTO marked
-    FROM {schema}.fair_owner_changes l
-    WHERE l.type = p_type AND (l.xid >= mark OR l.xid = ANY (mark_open));
+    FROM (SELECT l.group_id FROM {schema}.fair_owner_changes l
+          WHERE l.type = p_type AND l.xid >= mark
+          UNION ALL
+          SELECT l.group_id FROM unnest(mark_open) AS o(xid)
+          CROSS JOIN LATERAL (SELECT l.group_id FROM {schema}.fair_owner_changes l
+                              WHERE l.type = p_type AND l.xid = o.xid OFFSET 0) l) l;
     had_rows := gs IS NOT NULL OR marked IS NOT NULL;
     -- Groups with deltas and no row (dropped when empty, or never made): made first,
     -- before the fold holds any row lock (fair_insert_groups may wait for a writer's
@@ -1002,7 +1013,11 @@ BEGIN
                 OFFSET 0) fg  -- a lookup by key each (not pulled up into a join)
             UNION ALL
             SELECT c.plan_key, c.unit FROM {schema}.fair_owner_changes c
-            WHERE c.type = p_type AND (c.xid >= mark OR c.xid = ANY (mark_open))) u
+            WHERE c.type = p_type AND c.xid >= mark
+            UNION ALL
+            SELECT c.plan_key, c.unit FROM unnest(mark_open) AS o(xid)
+            CROSS JOIN LATERAL (SELECT c.plan_key, c.unit FROM {schema}.fair_owner_changes c
+                                WHERE c.type = p_type AND c.xid = o.xid OFFSET 0) c) u
         ORDER BY u.plan_key, u.unit) x;
     IF gs IS NOT NULL THEN
         -- A new statement: its snapshot sees every writer that finished before the locks.
@@ -1011,8 +1026,14 @@ BEGIN
             WHERE d.ctid = ANY (ARRAY(
                 SELECT f.ctid FROM {schema}.fair_served f
                 JOIN unnest(gs) AS x(group_id) ON x.group_id = f.group_id
-                WHERE f.type = p_type AND (f.xid >= mark OR f.xid = ANY (mark_open))
-                FOR UPDATE OF f SKIP LOCKED))
+                WHERE f.type = p_type AND f.xid >= mark
+                FOR UPDATE OF f SKIP LOCKED)
+                || ARRAY(
+                SELECT f.ctid FROM unnest(mark_open) AS o(xid)
+                CROSS JOIN LATERAL (SELECT f.ctid FROM {schema}.fair_served f
+                                    WHERE f.type = p_type AND f.xid = o.xid
+                                      AND f.group_id = ANY (gs)
+                                    FOR UPDATE OF f SKIP LOCKED) f))
             RETURNING d.group_id, d.n
         ),
         sums AS (
@@ -1100,7 +1121,14 @@ BEGIN
         -- from their groups as they are now.
         WITH del AS (
             DELETE FROM {schema}.fair_owner_changes d
-            WHERE d.type = p_type AND (d.xid >= mark OR d.xid = ANY (mark_open))
+            WHERE d.ctid = ANY (ARRAY(
+                    SELECT c.ctid FROM {schema}.fair_owner_changes c
+                    WHERE c.type = p_type AND c.xid >= mark
+                    UNION ALL
+                    SELECT c.ctid FROM unnest(mark_open) AS o(xid)
+                    CROSS JOIN LATERAL (SELECT c.ctid FROM {schema}.fair_owner_changes c
+                                        WHERE c.type = p_type AND c.xid = o.xid
+                                        OFFSET 0) c))
               AND ((d.xid < new_mark AND NOT d.xid = ANY (new_open))
                    OR d.xid = pg_current_xact_id())
               AND (d.plan_key, d.unit) IN (SELECT u.k, u.u
@@ -1183,10 +1211,16 @@ BEGIN
     IF had_rows THEN
         SELECT array_agg(DISTINCT x.xid) INTO left_xids
         FROM (SELECT f.xid FROM {schema}.fair_served f
-              WHERE f.type = p_type AND (f.xid >= mark OR f.xid = ANY (mark_open))
+              WHERE f.type = p_type AND f.xid >= mark
               UNION ALL
               SELECT l.xid FROM {schema}.fair_owner_changes l
-              WHERE l.type = p_type AND (l.xid >= mark OR l.xid = ANY (mark_open))) x
+              WHERE l.type = p_type AND l.xid >= mark
+              UNION ALL
+              SELECT o.xid FROM unnest(mark_open) AS o(xid)
+              WHERE EXISTS (SELECT 1 FROM {schema}.fair_served f
+                            WHERE f.type = p_type AND f.xid = o.xid)
+                 OR EXISTS (SELECT 1 FROM {schema}.fair_owner_changes l
+                            WHERE l.type = p_type AND l.xid = o.xid)) x
         WHERE x.xid < new_mark AND NOT x.xid = ANY (new_open);
         new_open := new_open || coalesce(left_xids, '{{}}');
         IF cardinality(new_open) > 256 THEN

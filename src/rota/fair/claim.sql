@@ -122,24 +122,31 @@ edge_fix AS (
 ),
 -- The type's newest fold mark (bookkeeping.sql, fair_fold; none: 0 and none open):
 -- every delta and change whose xid is below upto and not in open is folded.
+-- Its upto by the min/max path (the first entry of a backward scan of
+-- fair_fold_mark_idx, whatever dead versions lie below it), then its row by that key.
 fold_mark AS MATERIALIZED (
-    SELECT coalesce(m.upto, '0') AS upto, coalesce(m.open, '{{}}') AS open
-    FROM (SELECT 1) one
-    LEFT JOIN LATERAL (SELECT m.upto, m.open FROM {schema}.fair_fold_mark m
-                       WHERE m.type = %(type)s ORDER BY m.upto DESC LIMIT 1) m ON true
+    SELECT x.upto,
+           coalesce((SELECT m.open FROM {schema}.fair_fold_mark m
+                     WHERE m.type = %(type)s AND m.upto = x.upto LIMIT 1), '{{}}') AS open
+    FROM (SELECT coalesce(max(m.upto), '0') AS upto FROM {schema}.fair_fold_mark m
+          WHERE m.type = %(type)s) x
 ),
 -- Served-count changes not yet folded into fair_groups.served_n (claims and completions
 -- since the last upkeep round): the deltas the mark does not cover, those from its upto
--- on and those of its open xids (fewer than upto, so none is read twice), so the scans
--- of fair_served_xid_idx start past the dead versions a long transaction keeps, one
--- that wrote and stays open included (bench/RESULTS.md, section 30).
+-- on and those of each of its open xids (all below upto, so none is read twice), each
+-- an index lookup of fair_served_xid_idx that starts past the dead versions a long
+-- transaction keeps, one that wrote and stays open included (xid = ANY of the list in
+-- one scan was a filter over every entry of the type: bench/RESULTS.md, section 30).
 served_delta AS (
     SELECT f.group_id, sum(f.n) AS n
     FROM (SELECT f.group_id, f.n FROM {schema}.fair_served f
           WHERE f.type = %(type)s AND f.xid >= (SELECT k.upto FROM fold_mark k)
           UNION ALL
-          SELECT f.group_id, f.n FROM {schema}.fair_served f
-          WHERE f.type = %(type)s AND f.xid = ANY ((SELECT k.open FROM fold_mark k)::xid8[])) f
+          SELECT f.group_id, f.n
+          FROM fold_mark k
+          CROSS JOIN LATERAL unnest(k.open) AS o(xid)
+          CROSS JOIN LATERAL (SELECT f.group_id, f.n FROM {schema}.fair_served f
+                              WHERE f.type = %(type)s AND f.xid = o.xid OFFSET 0) f) f
     GROUP BY f.group_id
 ),
 -- Stale running jobs with attempts left are claimable (jobs_reclaimable_idx).

@@ -13,13 +13,17 @@
 --          them that may have a claimable job now, with their heads; includes
 --          claim_head.sql.
 -- The changes the type's fold mark does not cover (fair_owner_changes_xid_idx), as the
--- fold reads them.
+-- fold reads them: from its upto on, and those of each open xid.
 changes AS (
     SELECT c.plan_key, c.unit, c.group_id, c.n FROM {schema}.fair_owner_changes c
     WHERE c.type = %(type)s AND c.xid >= (SELECT k.upto FROM fold_mark k)
     UNION ALL
-    SELECT c.plan_key, c.unit, c.group_id, c.n FROM {schema}.fair_owner_changes c
-    WHERE c.type = %(type)s AND c.xid = ANY ((SELECT k.open FROM fold_mark k)::xid8[])
+    SELECT c.plan_key, c.unit, c.group_id, c.n
+    FROM fold_mark k
+    CROSS JOIN LATERAL unnest(k.open) AS o(xid)
+    CROSS JOIN LATERAL (SELECT c.plan_key, c.unit, c.group_id, c.n
+                        FROM {schema}.fair_owner_changes c
+                        WHERE c.type = %(type)s AND c.xid = o.xid OFFSET 0) c
 ),
 ospecial AS (
     SELECT s.group_id FROM special s
