@@ -85,13 +85,13 @@ CREATE INDEX fair_groups_unit_idx ON {schema}.fair_groups (type, plan_key, unit)
 
 -- The owners' rows (docs/fast-claim.md, "The owner level"), one per (type, plan_key,
 -- unit) that has groups, written only by fair_fold (and the rebuild): served_n plus its
--- fair_owner_changes rows at or above the type's fold mark is the sum of its groups'
+-- fair_owner_changes rows the type's fold mark does not cover is the sum of its groups'
 -- served_n (a group's served_n changes only in a fold, which computes its owner's row
 -- in the same transaction; a plan or owner change appends the move); (b_served,
 -- b_head_lb, b_head_id) is a lower bound of (served_n, head_lb, head_id) over its
 -- active groups with pending jobs, and ready_lb of their ready_lb, except the groups
--- named in fair_owner_changes from the mark on: the claim takes those as special. No
--- writer of jobs or groups locks these rows, so none waits on an owner.
+-- named in fair_owner_changes the mark does not cover: the claim takes those as
+-- special. No writer of jobs or groups locks these rows, so none waits on an owner.
 CREATE TABLE {schema}.fair_owners (
     type       text NOT NULL,
     plan_key   text NOT NULL,
@@ -119,8 +119,8 @@ CREATE INDEX fair_owners_walk_idx
 -- (fair_copy_group), with its owner then (plan_key, unit) and n = the served count it
 -- brought to that owner (a move writes -served_n for the old owner and +served_n for
 -- the new one; otherwise 0). The owner claim takes these owners and groups as special
--- until fair_fold computes the owners' rows again and deletes the rows below its new
--- mark (fair_served's fold mark: the claim reads the rows at or above it).
+-- until fair_fold computes the owners' rows again and deletes the rows its new mark
+-- covers (fair_served's fold mark: the claim reads the rows it does not cover).
 CREATE TABLE {schema}.fair_owner_changes (
     type      text NOT NULL,
     group_id  text NOT NULL,
@@ -154,9 +154,10 @@ CREATE TABLE {schema}.fair_plans (
 -- transactions, so concurrent claimers, completers and folds never wait on each other's
 -- bookkeeping. Only the sum over a group's rows means anything. fair_fold moves the rows
 -- into served_n every upkeep round and records a mark (fair_fold_mark): every delta
--- with an xid below the type's newest mark is folded, so the claim reads only the rows
--- at or above it (fair_served_xid_idx), however many dead versions a long transaction
--- keeps below (docs/operations.md, "Long transactions"). No primary key: REPLICA
+-- whose xid the type's newest mark covers is folded, so the claim reads only the rest
+-- (fair_served_xid_idx), however many dead versions a long transaction keeps (docs/
+-- operations.md, "Long transactions"). A fold may also move the deltas it left into
+-- one row per group of its own xid. No primary key: REPLICA
 -- IDENTITY FULL lets a publication FOR ALL TABLES carry the fold's deletes.
 CREATE TABLE {schema}.fair_served (
     type      text NOT NULL,
@@ -873,21 +874,24 @@ $$;
 -- in the walk index. No edge lock is needed: deltas and served_n count against the
 -- same edge, and a fold moves them in one transaction. Then the owners' rows
 -- (fair_owners, which only the fold writes) of the groups folded and of those recorded
--- in fair_owner_changes are computed again from their groups, and the changes older
--- than the fold's first snapshot deleted. It never waits: rows a writer holds (FOR KEY
--- SHARE, a lowering, a plan or owner change) and delta rows another fold holds are left
--- for the next one; while another fold of the type runs (its fair_fold_lock row is
--- locked) it returns 0 at once.
+-- in fair_owner_changes are computed again from their groups, and the changes its first
+-- snapshot covers deleted. It never waits: rows a writer holds (FOR KEY SHARE, a
+-- lowering, a plan or owner change) and delta rows another fold holds are left for the
+-- next one; while another fold of the type runs (its fair_fold_lock row is locked) it
+-- returns 0 at once.
 -- The mark: the fold reads the deltas and fair_owner_changes the type's newest mark does
 -- not cover, and records as its new mark its first snapshot's: the xids it covers are
 -- those below the snapshot's xmax and not in progress when it was taken (its xip list;
 -- the fold's own is listed too). Each of those transactions had ended, so each of their
--- rows was visible to the fold's later statements and was folded, but for the rows it
--- left (a group a writer held), whose xids the mark lists as not covered too. A long transaction that wrote and stays
--- open is one xid on the list: the claim reads its rows, if any, and not every delta
--- written since it began (bench/RESULTS.md, section 30). More than 256 xids on the list
--- (many transactions open at once): the mark is the oldest of them, as a plain xid
--- bound. Returns the number of groups folded.
+-- rows was visible to the fold's later statements and was folded or, for a group a
+-- writer held, left: the left deltas the mark would cover are moved into one row per
+-- group stamped with the fold's own xid, which it does not cover. A long transaction
+-- that wrote and stays open, whether or not it holds a group's row, is one xid on the
+-- list: the claim reads its rows, if any, and not every delta written since it began
+-- (bench/RESULTS.md, section 30). A mark is written only when its upto passes the old
+-- one's (the old one reads every row not folded); with more than 256 xids on the list
+-- (that many transactions open at once), its upto is the oldest of them and none is
+-- open, as long as that passes the old one's. Returns the number of groups folded.
 CREATE FUNCTION {schema}.fair_fold(p_type text, p_now timestamptz) RETURNS integer
 -- Its plans do not depend on the statistics (a table never analyzed has none): its
 -- statements reach fair_groups' and fair_owners' rows by key or ctid, never reading a
@@ -1204,11 +1208,32 @@ BEGIN
         WHERE fc.expected <> excluded.expected;
     END IF;
     -- The new mark, after the rows moved (a fold that found none keeps the old one, so
-    -- an idle queue writes no mark): the first snapshot's, and the xids of the rows left
-    -- behind that it covers, still open. A mark whose upto does not pass the old one's
-    -- is not written: the old one still reads every row not folded, since it read every
-    -- row this fold read.
+    -- an idle queue writes no mark): the first snapshot's. A mark whose upto does not
+    -- pass the old one's is not written: the old one still reads every row not folded,
+    -- since it read every row this fold read.
     IF had_rows THEN
+        -- The deltas left (groups a writer held) that it would cover: moved into one row
+        -- per group under the fold's own xid, which it leaves open (or lies at or above
+        -- its upto). Only folds delete deltas, one at a time, so nothing waits here; a
+        -- claim sees either the rows or their sum, by whether the fold has committed.
+        WITH gone AS (
+            DELETE FROM {schema}.fair_served d
+            WHERE d.ctid = ANY (ARRAY(
+                    SELECT f.ctid FROM {schema}.fair_served f
+                    WHERE f.type = p_type AND f.xid >= mark AND f.xid < new_mark
+                    UNION ALL
+                    SELECT f.ctid FROM unnest(mark_open) AS o(xid)
+                    CROSS JOIN LATERAL (SELECT f.ctid FROM {schema}.fair_served f
+                                        WHERE f.type = p_type AND f.xid = o.xid
+                                        OFFSET 0) f))
+              AND d.xid < new_mark AND NOT d.xid = ANY (new_open)
+            RETURNING d.group_id, d.n
+        )
+        INSERT INTO {schema}.fair_served (type, group_id, n)
+        SELECT p_type, g.group_id, sum(g.n) FROM gone g
+        GROUP BY g.group_id HAVING sum(g.n) <> 0;
+        -- Any other row left that it would cover (none: every change it covers was taken
+        -- in above) stays open, so no row is ever lost to the claim.
         SELECT array_agg(DISTINCT x.xid) INTO left_xids
         FROM (SELECT f.xid FROM {schema}.fair_served f
               WHERE f.type = p_type AND f.xid >= mark

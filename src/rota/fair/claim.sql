@@ -144,7 +144,9 @@ served_delta AS (
           UNION ALL
           SELECT f.group_id, f.n
           FROM fold_mark k
-          CROSS JOIN LATERAL unnest(k.open) AS o(xid)
+          -- Each open xid once, below upto (as fair_fold writes them): no row read twice.
+          CROSS JOIN LATERAL (SELECT DISTINCT x FROM unnest(k.open) AS x
+                              WHERE x < k.upto) AS o(xid)
           CROSS JOIN LATERAL (SELECT f.group_id, f.n FROM {schema}.fair_served f
                               WHERE f.type = %(type)s AND f.xid = o.xid OFFSET 0) f) f
     GROUP BY f.group_id

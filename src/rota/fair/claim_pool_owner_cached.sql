@@ -20,7 +20,8 @@ changes AS (
     UNION ALL
     SELECT c.plan_key, c.unit, c.group_id, c.n
     FROM fold_mark k
-    CROSS JOIN LATERAL unnest(k.open) AS o(xid)
+    CROSS JOIN LATERAL (SELECT DISTINCT x FROM unnest(k.open) AS x WHERE x < k.upto)
+      AS o(xid)
     CROSS JOIN LATERAL (SELECT c.plan_key, c.unit, c.group_id, c.n
                         FROM {schema}.fair_owner_changes c
                         WHERE c.type = %(type)s AND c.xid = o.xid OFFSET 0) c

@@ -7,8 +7,8 @@
 -- owner_bound, changes_mark) the owner's row they concern, by plan_key and unit (NULL
 -- for the others). No row: the bookkeeping is exact.
 --
---   served      served_n + the group's fair_served deltas at or above the type's fold
---               mark (those the claim reads) = its running jobs plus its
+--   served      served_n + the group's fair_served deltas the type's fold mark does
+--               not cover (those the claim reads) = its running jobs plus its
 --               done jobs finished at or after the type's edge (fair_edge; no row:
 --               -infinity). A moved or damaged edge shows here, in the groups whose
 --               done jobs it moved across.

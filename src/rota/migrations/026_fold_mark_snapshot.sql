@@ -331,11 +331,32 @@ BEGIN
         WHERE fc.expected <> excluded.expected;
     END IF;
     -- The new mark, after the rows moved (a fold that found none keeps the old one, so
-    -- an idle queue writes no mark): the first snapshot's, and the xids of the rows left
-    -- behind that it covers, still open. A mark whose upto does not pass the old one's
-    -- is not written: the old one still reads every row not folded, since it read every
-    -- row this fold read.
+    -- an idle queue writes no mark): the first snapshot's. A mark whose upto does not
+    -- pass the old one's is not written: the old one still reads every row not folded,
+    -- since it read every row this fold read.
     IF had_rows THEN
+        -- The deltas left (groups a writer held) that it would cover: moved into one row
+        -- per group under the fold's own xid, which it leaves open (or lies at or above
+        -- its upto). Only folds delete deltas, one at a time, so nothing waits here; a
+        -- claim sees either the rows or their sum, by whether the fold has committed.
+        WITH gone AS (
+            DELETE FROM {schema}.fair_served d
+            WHERE d.ctid = ANY (ARRAY(
+                    SELECT f.ctid FROM {schema}.fair_served f
+                    WHERE f.type = p_type AND f.xid >= mark AND f.xid < new_mark
+                    UNION ALL
+                    SELECT f.ctid FROM unnest(mark_open) AS o(xid)
+                    CROSS JOIN LATERAL (SELECT f.ctid FROM {schema}.fair_served f
+                                        WHERE f.type = p_type AND f.xid = o.xid
+                                        OFFSET 0) f))
+              AND d.xid < new_mark AND NOT d.xid = ANY (new_open)
+            RETURNING d.group_id, d.n
+        )
+        INSERT INTO {schema}.fair_served (type, group_id, n)
+        SELECT p_type, g.group_id, sum(g.n) FROM gone g
+        GROUP BY g.group_id HAVING sum(g.n) <> 0;
+        -- Any other row left that it would cover (none: every change it covers was taken
+        -- in above) stays open, so no row is ever lost to the claim.
         SELECT array_agg(DISTINCT x.xid) INTO left_xids
         FROM (SELECT f.xid FROM {schema}.fair_served f
               WHERE f.type = p_type AND f.xid >= mark
