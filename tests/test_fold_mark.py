@@ -47,6 +47,14 @@ async def mark_open(aconn: Any, queue: Queue, job_type: str = "t") -> list[int]:
     return sorted(rows[0][0]) if rows else []
 
 
+async def current_xid(conn: psycopg.AsyncConnection[Any]) -> int:
+    """The xid of ``conn``'s transaction (taking one if it has none): it stays open."""
+    cur = await conn.execute("SELECT pg_current_xact_id()::text::bigint")
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 async def deltas(aconn: Any, queue: Queue) -> list[tuple[str, int, int]]:
     """The live deltas: (group, n, xid), by xid and group."""
     return [(g, n, int(x)) for g, n, x in await run(
@@ -156,10 +164,7 @@ async def test_a_read_only_long_transaction_does_not_hold_the_mark_back(
         # A transaction that wrote (holds an xid) and stays open does not either: the
         # marks that follow pass its xid and leave it open, and the claim still counts
         # every delta written after it.
-        cur = await writer.execute("SELECT pg_current_xact_id()::text::bigint")
-        row = await cur.fetchone()
-        assert row is not None
-        open_xid = int(row[0])
+        open_xid = await current_xid(writer)
         for _ in range(2):
             for j in await queue.claim("t", 1):
                 await queue.complete(j)
@@ -242,10 +247,7 @@ async def test_the_claim_reads_no_delta_folded_since_an_open_writer_began(
         await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": g}] * 4)
     async with await psycopg.AsyncConnection.connect(database_url) as writer:
         [held] = await queue.claim("t", 1, conn=writer)
-        cur = await writer.execute("SELECT pg_current_xact_id()::text::bigint")
-        row = await cur.fetchone()
-        assert row is not None
-        open_xid = int(row[0])
+        open_xid = await current_xid(writer)
         for _ in range(5):
             for j in await queue.claim("t", 1):
                 await queue.complete(j)
@@ -281,10 +283,7 @@ async def test_a_writer_holding_a_group_open_leaves_one_delta_row_there(
         await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": g}] * 30)
     async with await psycopg.AsyncConnection.connect(database_url) as writer:
         await queue.enqueue("t", {}, group_id="g1", conn=writer)
-        cur = await writer.execute("SELECT pg_current_xact_id()::text::bigint")
-        row = await cur.fetchone()
-        assert row is not None
-        open_xid = int(row[0])
+        open_xid = await current_xid(writer)
         for _ in range(20):
             jobs = await queue.claim("t", 2)
             assert sorted(j.group_id for j in jobs) == ["g1", "g2"]
