@@ -245,6 +245,7 @@ def test_plans_say_what_they_got(plans: Any, message: str) -> None:
     ({"types": "send"}, "types must be a list of job types (or None for any), got 'send'"),
     ({"types": 5}, "types must be a list of job types (or None for any), got 5"),
     ({"types": [""]}, "job type must be a non-empty string, got ''"),
+    ({"types": []}, "types must name at least one job type (or be None for any), got []"),
     ({"max_attempts": "3"}, "max_attempts must be an int >= 1, got '3'"),
     ({"max_attempts_by_type": 5},
      "max_attempts_by_type must be a mapping of job type to attempts (or None), got 5"),
@@ -257,7 +258,7 @@ def test_plans_say_what_they_got(plans: Any, message: str) -> None:
                                    "2147483648"),
     ({"schema": 5}, "schema must be a string, got 5"),
     ({"groups": 5}, "groups relation must be a string, got 5"),
-], ids=["plans", "types-str", "types-int", "type-empty", "max-attempts",
+], ids=["plans", "types-str", "types-int", "type-empty", "types-none-named", "max-attempts",
         "max-attempts-by-type", "max-attempts-by-type-value", "stale-after-int",
         "served-window-str", "fair-by", "max-deferrals", "max-payload-bytes", "schema",
         "groups"])

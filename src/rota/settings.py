@@ -69,8 +69,8 @@ class QueueSettings:
             ``SCHEMA.groups`` table, or a (schema-qualified) table or view name with
             columns ``group_id text``, ``plan text`` and ``active boolean``, so an
             application can keep plan and pause state in its own tables.
-        types: declared job types, an iterable of names (not one ``str``); when given,
-            any other type is refused.
+        types: declared job types, an iterable of at least one name (not one ``str``);
+            when given, any other type is refused; ``None``: any type.
         max_attempts: attempts before a job gives up (claims count, deferrals don't).
         max_attempts_by_type: per-type overrides of ``max_attempts``, a mapping of job
             type to a positive int.
@@ -129,7 +129,12 @@ class QueueSettings:
             # A str is iterable: types="send" would declare the types s, e, n and d.
             raise InvalidInput(f"types must be a list of job types (or None for any), got "
                                f"{cut_text(repr(types), 80)}", argument="types")
-        self.types = frozenset(require_text(t, "job type") or "" for t in types) if types else None
+        declared = None if types is None else [require_text(t, "job type") or "" for t in types]
+        if declared == []:
+            # An empty list read as None: every type allowed, where it said none.
+            raise InvalidInput("types must name at least one job type (or be None for "
+                               "any), got []", argument="types")
+        self.types = None if declared is None else frozenset(declared)
         self._sorted_types = sorted(self.types) if self.types is not None else None
         self.max_attempts = positive_int(max_attempts, "max_attempts")
         if max_attempts_by_type is not None and not isinstance(max_attempts_by_type, Mapping):
