@@ -89,7 +89,7 @@ def require_duration(value: timedelta, name: str, *, positive: bool = True) -> t
     """
     if not isinstance(value, timedelta):
         raise InvalidInput(f"{name} must be a datetime.timedelta, got "
-                           f"{cut_text(repr(value), 80)}", argument=name)
+                           f"{shown(value)}", argument=name)
     if positive and value <= timedelta(0):
         raise InvalidInput(f"{name} must be positive, got {seconds_text(value)}",
                            argument=name)
@@ -240,6 +240,12 @@ def cut_text(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[:limit - 1] + "…"
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """A value as an error says what it got: its ``repr``, cut to ``limit`` characters
+    (:func:`cut_text`)."""
+    return cut_text(repr(value), limit)
 
 
 def positive_int(value: object, name: str, minimum: int = 1) -> int:

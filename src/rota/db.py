@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
-from .checks import cut_text
+from .checks import shown
 from .embedded import EmbeddedServer as EmbeddedServer  # its home before embedded.py
 from .errors import DatabaseUnavailable, InvalidInput, MigrationError, first_line
 from .redact import redact
@@ -50,7 +50,7 @@ def identifier(name: object, what: str = "schema", *, qualified: bool = False
             names ``what``, shows the name and says which rule.
     """
     if not isinstance(name, str):
-        raise InvalidInput(f"{what} must be a string, got {cut_text(repr(name), 80)}",
+        raise InvalidInput(f"{what} must be a string, got {shown(name)}",
                            argument=what)
     parts = name.split(".") if qualified else [name]
     rule = ("letters, digits and _, not starting with a digit, 1 to 63 characters"
@@ -420,7 +420,7 @@ def _check_values(params: dict[str, Any], conninfo: str) -> None:
             problem = f"{name} must be a whole number"
         if problem is not None:
             raise DatabaseUnavailable(redact(
-                f"malformed database URL: {problem}, got {cut_text(repr(value), 40)}",
+                f"malformed database URL: {problem}, got {shown(value, 40)}",
                 conninfo))
 
 

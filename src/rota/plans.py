@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .checks import INT_MAX, cut_text
+from .checks import INT_MAX, shown
 from .errors import InvalidInput, UnknownPlan
 
 #: The largest plan weight: the claim divides served counts by it (a numeric ratio), and a
@@ -72,28 +72,27 @@ class Plan:
             raise InvalidInput(f"plan id {self.id!r} contains a NUL character")
         if not isinstance(self.name, str):
             raise InvalidInput(f"plan {self.id!r}: name must be a string, got "
-                               f"{cut_text(repr(self.name), 80)}")
-        if (not isinstance(self.priority, int) or isinstance(self.priority, bool)
-                or not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY):
-            raise InvalidInput(f"plan {self.id!r}: priority must be an int from "
-                               f"{-MAX_PRIORITY:,} to {MAX_PRIORITY:,}, got "
-                               f"{cut_text(repr(self.priority), 80)}")
+                               f"{shown(self.name)}")
+        self._check_int("priority", self.priority, -MAX_PRIORITY, MAX_PRIORITY)
         if self.limits is not None and not isinstance(self.limits, Mapping):
             # Plan(id, name, priority, "First") was a display label: now the application's.
             raise InvalidInput(f"plan {self.id!r}: limits must be a mapping, got "
-                               f"{cut_text(repr(self.limits), 80)} (display labels are not "
+                               f"{shown(self.limits)} (display labels are not "
                                f"part of a Plan)")
         object.__setattr__(self, "limits", MappingProxyType(dict(self.limits or {})))
-        if (not isinstance(self.weight, int) or isinstance(self.weight, bool)
-                or not 1 <= self.weight <= MAX_WEIGHT):
-            raise InvalidInput(f"plan {self.id!r}: weight must be an int from 1 to "
-                               f"{MAX_WEIGHT:,}, got {cut_text(repr(self.weight), 80)}")
-        if self.max_running is not None and (
-                not isinstance(self.max_running, int) or isinstance(self.max_running, bool)
-                or not 1 <= self.max_running <= MAX_RUNNING):
-            raise InvalidInput(f"plan {self.id!r}: max_running must be an int from 1 to "
-                               f"{MAX_RUNNING:,} (or None for no cap), got "
-                               f"{cut_text(repr(self.max_running), 80)}")
+        self._check_int("weight", self.weight, 1, MAX_WEIGHT)
+        if self.max_running is not None:
+            self._check_int("max_running", self.max_running, 1, MAX_RUNNING,
+                            " (or None for no cap)")
+
+    def _check_int(self, name: str, value: object, low: int, high: int,
+                   alternative: str = "") -> None:
+        """Refuse ``value`` unless it is an int (not a bool) from ``low`` to ``high``:
+        ``plan 'pro': weight must be an int from 1 to 1,000,000, got '2'``."""
+        if (not isinstance(value, int) or isinstance(value, bool)
+                or not low <= value <= high):
+            raise InvalidInput(f"plan {self.id!r}: {name} must be an int from {low:,} to "
+                               f"{high:,}{alternative}, got {shown(value)}")
 
 
 class Plans:
@@ -117,14 +116,14 @@ class Plans:
     def __init__(self, plans: Iterable[Plan]) -> None:
         if isinstance(plans, Plan | str | bytes) or not isinstance(plans, Iterable):
             raise InvalidInput(f"Plans needs a list of rota.Plan, got "
-                               f"{cut_text(repr(plans), 80)}")
+                               f"{shown(plans)}")
         self._plans = tuple(plans)
         if not self._plans:
-            raise InvalidInput(f"Plans needs at least one plan, got {cut_text(repr(plans), 80)}")
+            raise InvalidInput(f"Plans needs at least one plan, got {shown(plans)}")
         for plan in self._plans:
             if not isinstance(plan, Plan):
                 raise InvalidInput(f"Plans needs a list of rota.Plan, got "
-                                   f"{cut_text(repr(plan), 80)} among them")
+                                   f"{shown(plan)} among them")
         ids = [p.id for p in self._plans]
         if len(set(ids)) != len(ids):
             twice = sorted({i for i in ids if ids.count(i) > 1})

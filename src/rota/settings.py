@@ -11,11 +11,11 @@ from datetime import timedelta
 
 from . import db
 from .checks import (
-    cut_text,
     positive_int,
     require_duration,
     require_text,
     seconds_text,
+    shown,
 )
 from .errors import InvalidInput, UnknownJobType
 from .job import DEFAULT_MAX_PAYLOAD_BYTES
@@ -122,13 +122,13 @@ class QueueSettings:
         self.external_groups = groups is not None
         if not isinstance(plans, Plans):
             raise InvalidInput(f"plans must be a rota.Plans (Plans([Plan(...), ...])), got "
-                               f"{cut_text(repr(plans), 80)}", argument="plans")
+                               f"{shown(plans)}", argument="plans")
         self.plans = plans
         if types is not None and (isinstance(types, str | bytes)
                                   or not isinstance(types, Iterable)):
             # A str is iterable: types="send" would declare the types s, e, n and d.
             raise InvalidInput(f"types must be a list of job types (or None for any), got "
-                               f"{cut_text(repr(types), 80)}", argument="types")
+                               f"{shown(types)}", argument="types")
         declared = None if types is None else [require_text(t, "job type") or "" for t in types]
         if declared == []:
             # An empty list read as None: every type allowed, where it said none.
@@ -140,7 +140,7 @@ class QueueSettings:
         if max_attempts_by_type is not None and not isinstance(max_attempts_by_type, Mapping):
             raise InvalidInput(f"max_attempts_by_type must be a mapping of job type to "
                                f"attempts (or None), got "
-                               f"{cut_text(repr(max_attempts_by_type), 80)}",
+                               f"{shown(max_attempts_by_type)}",
                                argument="max_attempts_by_type")
         self.max_attempts_by_type: MutableMapping[str, int] = {
             self.check_type(t): positive_int(n, f"max_attempts for {t!r}")

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from .. import admin, db
-from ..checks import cut_text
+from ..checks import shown
 from ..errors import ConfigError, InvalidInput, first_line
 from ..plans import DEFAULT_PLANS, Plans
 from ..queue import AnyConn, Queue
@@ -188,7 +188,7 @@ class Target:
                     f"{first_line(exc, with_type=True)}") from None
         if raw is not None and not isinstance(raw, Mapping):
             raise CliConfigError(f"{source}: queue_settings must be a mapping of Queue "
-                                 f"settings (a dict), got {cut_text(repr(raw), 80)}")
+                                 f"settings (a dict), got {shown(raw)}")
         settings = dict(raw or {})
         for key in settings:
             if key not in QUEUE_SETTING_NAMES:

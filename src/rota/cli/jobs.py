@@ -17,7 +17,7 @@ import click
 from rich.table import Table
 
 from .. import admin
-from ..checks import INT_MAX, MAX_ROW_ID, cut_text
+from ..checks import INT_MAX, MAX_ROW_ID, shown
 from ..cost import counted_cost
 from ..errors import UnknownGroup, first_line
 from ..job import Job, too_deep
@@ -99,7 +99,7 @@ def _parse_payload(ctx: click.Context, param: click.Parameter, value: str) -> An
     if not text.strip():
         where = (" from stdin" if value == "-" else f" from file {value[1:]!r}"
                  if value.startswith("@") else "")
-        raise click.BadParameter(f"the payload{where} is empty (got {cut_text(repr(text), 40)})"
+        raise click.BadParameter(f"the payload{where} is empty (got {shown(text, 40)})"
                                  f": give a JSON value, for example {{}}")
     try:
         return json.loads(text, parse_float=Decimal)

@@ -63,9 +63,9 @@
 --          plan_ids, plan_priorities, plan_weights, middle_priority, lowest_priority,
 --          middle_weight, lowest_weight, probe_groups, probe_per, candidates (and
 --          probe_spread for fair_by "owner"), plan_caps with the caps.
--- Defines: CTEs clock, plan_priority, running_old, edge_fix, fold_mark, served_delta,
---          stale, stale_head, special (read by the pool); the pool's CTEs; the order's CTEs
---          (ending in ordered and unread); then cand and cap_slots (the cap_tail
+-- Defines: CTEs clock, plan_priority, running_old, edge_fix, fold_mark, fold_open,
+--          served_delta, stale, stale_head, special (read by the pool); the pool's
+--          CTEs; the order's CTEs (ending in ordered and unread); then cand and cap_slots (the cap_tail
 --          fragment), kth, blocked, locked, last_locked, blocked_after, claimed.
 --          Returns the claimed jobs' columns, claim_order and retry (one row with
 --          retry set, and nothing claimed, when the proof failed).
@@ -131,6 +131,12 @@ fold_mark AS MATERIALIZED (
     FROM (SELECT coalesce(max(m.upto), '0') AS upto FROM {schema}.fair_fold_mark m
           WHERE m.type = %(type)s) x
 ),
+-- Its open xids, each once and below upto (as fair_fold writes them): no row is read
+-- twice by the reads of the rows from upto on and of each open xid's.
+fold_open AS MATERIALIZED (
+    SELECT DISTINCT o.xid FROM fold_mark k CROSS JOIN LATERAL unnest(k.open) AS o(xid)
+    WHERE o.xid < k.upto
+),
 -- Served-count changes not yet folded into fair_groups.served_n (claims and completions
 -- since the last upkeep round): the deltas the mark does not cover, those from its upto
 -- on and those of each of its open xids (all below upto, so none is read twice), each
@@ -143,10 +149,7 @@ served_delta AS (
           WHERE f.type = %(type)s AND f.xid >= (SELECT k.upto FROM fold_mark k)
           UNION ALL
           SELECT f.group_id, f.n
-          FROM fold_mark k
-          -- Each open xid once, below upto (as fair_fold writes them): no row read twice.
-          CROSS JOIN LATERAL (SELECT DISTINCT x FROM unnest(k.open) AS x
-                              WHERE x < k.upto) AS o(xid)
+          FROM fold_open o
           CROSS JOIN LATERAL (SELECT f.group_id, f.n FROM {schema}.fair_served f
                               WHERE f.type = %(type)s AND f.xid = o.xid OFFSET 0) f) f
     GROUP BY f.group_id

@@ -4,8 +4,8 @@
 -- those recorded in fair_owner_changes that the type's fold mark does not cover (bounds
 -- lowered, new or moved since their owner's row was computed). Each gets its exact
 -- served count and its owner; claim_owner_walk_cached.sql makes their owners special.
--- Needs:   CTEs clock, fold_mark, special, served_delta, edge_fix, running_old,
---          stale_head; parameter type.
+-- Needs:   CTEs clock, fold_mark, fold_open, special, served_delta, edge_fix,
+--          running_old, stale_head; parameter type.
 -- Defines: CTEs changes(plan_key, unit, group_id, n), ospecial, special_rows(group_id,
 --          served_n, served, adj, plan, active, unit, plan_key, head_lb, head_id,
 --          head_until, ready_lb),
@@ -19,9 +19,7 @@ changes AS (
     WHERE c.type = %(type)s AND c.xid >= (SELECT k.upto FROM fold_mark k)
     UNION ALL
     SELECT c.plan_key, c.unit, c.group_id, c.n
-    FROM fold_mark k
-    CROSS JOIN LATERAL (SELECT DISTINCT x FROM unnest(k.open) AS x WHERE x < k.upto)
-      AS o(xid)
+    FROM fold_open o
     CROSS JOIN LATERAL (SELECT c.plan_key, c.unit, c.group_id, c.n
                         FROM {schema}.fair_owner_changes c
                         WHERE c.type = %(type)s AND c.xid = o.xid OFFSET 0) c
