@@ -192,6 +192,41 @@ CREATE INDEX fair_fold_mark_idx ON {schema}.fair_fold_mark (type, upto);
 
 ALTER TABLE {schema}.fair_fold_mark REPLICA IDENTITY FULL;
 
+-- The walks' floors (docs/fast-claim.md, "The walk floors"), per type and plan
+-- (plan_key, as fair_groups names it): a lower bound of the walk key of every row the
+-- claim's index walk of that plan reads as it stands, so the walk starts at it and not
+-- at the front of its index range, where the dead versions of the rows every fold
+-- rewrites lie while a long transaction keeps them (bench/RESULTS.md, section 31).
+-- level 'group': (served_n, head_lb, head_id) <= that of every active fair_groups row
+-- of the plan with a head (head_lb < 'infinity'; fair_groups_walk_idx) that no
+-- fair_owner_changes row the type's fold mark does not cover names (the claim takes
+-- those groups as special). level 'owner': (served_n, b_served, b_head_lb, b_head_id)
+-- <= that of every fair_owners row of the plan with a bound (fair_owners_walk_idx);
+-- b_served is the group level's served_n. No row: no floor. 'Infinity': the plan has
+-- no such row. Written only by fair_fold (fair_walk_floors), one fold of a type at a
+-- time, in the transaction that wrote the rows: every row a fold writes or takes in
+-- (a lowered, new or moved group, once the mark covers its change) is in its plans'
+-- new floors, and every other row lay at or above the old one. Rows are only inserted
+-- (seq from fair_walk_floor_seq, drawn under the fold's lock, so a newer floor has a
+-- greater seq) and the older one deleted: the newest is the first entry of a backward
+-- scan of fair_walk_floor_idx whatever dead versions lie below it.
+CREATE SEQUENCE {schema}.fair_walk_floor_seq;
+
+CREATE TABLE {schema}.fair_walk_floor (
+    type      text NOT NULL,
+    level     text NOT NULL CHECK (level IN ('group', 'owner')),
+    plan_key  text NOT NULL,
+    seq       bigint NOT NULL,
+    served_n  numeric NOT NULL,
+    b_served  numeric NOT NULL,
+    head_lb   timestamptz NOT NULL,
+    head_id   bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+
+CREATE INDEX fair_walk_floor_idx ON {schema}.fair_walk_floor (type, level, plan_key, seq);
+
+ALTER TABLE {schema}.fair_walk_floor REPLICA IDENTITY FULL;
+
 -- The expected cost of a type's jobs (docs/design.md, "Cost"): what a job counts in its
 -- group's served count while it runs, set on the row by the claim (jobs.cost) and
 -- replaced by its charged cost when it completes. It is the mean charged cost of the
@@ -865,6 +900,144 @@ BEGIN
 END
 $$;
 
+-- The walks' floors (fair_walk_floor) of the plans whose rows a fold wrote or took in:
+-- p_groups, the groups whose rows it wrote or whose changes its new mark may cover;
+-- p_keys and p_units, the owners' rows it wrote. Called by fair_fold under its lock,
+-- after those writes. Per plan, the new floor is the least key among the rows of those
+-- that the walk reads (the rows as they are now) and the first row of the walk's index
+-- from the old floor on: every other row lay at or above the old floor and still does,
+-- since only a fold or a recorded change (fair_owner_changes) moves a row's key down
+-- or puts a row into a walk. So that index read starts past the dead versions below
+-- the old floor, and a floor is written only when it moves.
+CREATE FUNCTION {schema}.fair_walk_floors(p_type text, p_groups text[], p_keys text[],
+                                          p_units text[]) RETURNS void
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
+BEGIN
+    WITH touched AS (
+        SELECT f.plan_key, f.served_n, f.head_lb, f.head_id, f.active
+        FROM (SELECT DISTINCT x.group_id FROM unnest(p_groups) AS x(group_id)) g
+        CROSS JOIN LATERAL (
+            SELECT f.plan_key, f.served_n, f.head_lb, f.head_id, f.active
+            FROM {schema}.fair_groups f
+            WHERE f.type = p_type AND f.group_id = g.group_id OFFSET 0) f
+    ),
+    old AS (
+        SELECT p.plan_key, o.tid, o.served_n, o.head_lb, o.head_id
+        FROM (SELECT DISTINCT t.plan_key FROM touched t) p
+        LEFT JOIN LATERAL (
+            SELECT w.ctid AS tid, w.served_n, w.head_lb, w.head_id
+            FROM {schema}.fair_walk_floor w
+            WHERE w.type = p_type AND w.level = 'group' AND w.plan_key = p.plan_key
+            ORDER BY w.seq DESC LIMIT 1) o ON true
+    ),
+    new AS (
+        SELECT o.plan_key, o.tid, coalesce(n.served_n, 'Infinity') AS served_n,
+               coalesce(n.head_lb, 'infinity') AS head_lb, coalesce(n.head_id, 0) AS head_id,
+               o.served_n AS old_served, o.head_lb AS old_head_lb, o.head_id AS old_head_id
+        FROM old o
+        CROSS JOIN LATERAL (
+            SELECT coalesce(o.served_n, '-Infinity') AS served_n,
+                   coalesce(o.head_lb, '-infinity') AS head_lb,
+                   coalesce(o.head_id, -1) AS head_id) b
+        LEFT JOIN LATERAL (
+            SELECT x.served_n, x.head_lb, x.head_id FROM (
+                SELECT t.served_n, t.head_lb, t.head_id FROM touched t
+                WHERE t.plan_key = o.plan_key AND t.active AND t.head_lb < 'infinity'
+                UNION ALL
+                (SELECT f.served_n, f.head_lb, f.head_id FROM {schema}.fair_groups f
+                 WHERE o.plan_key <> '' AND f.type = p_type AND f.plan = substr(o.plan_key, 3)
+                   AND f.active AND f.head_lb < 'infinity'
+                   AND (f.served_n, f.head_lb, f.head_id) >= (b.served_n, b.head_lb, b.head_id)
+                 ORDER BY f.served_n, f.head_lb, f.head_id LIMIT 1)
+                UNION ALL
+                (SELECT f.served_n, f.head_lb, f.head_id FROM {schema}.fair_groups f
+                 WHERE o.plan_key = '' AND f.type = p_type AND f.plan IS NULL
+                   AND f.active AND f.head_lb < 'infinity'
+                   AND (f.served_n, f.head_lb, f.head_id) >= (b.served_n, b.head_lb, b.head_id)
+                 ORDER BY f.served_n, f.head_lb, f.head_id LIMIT 1)) x
+            ORDER BY x.served_n, x.head_lb, x.head_id LIMIT 1) n ON true
+    ),
+    moved AS (
+        INSERT INTO {schema}.fair_walk_floor (type, level, plan_key, seq, served_n,
+                                              b_served, head_lb, head_id)
+        SELECT p_type, 'group', n.plan_key, nextval('{schema}.fair_walk_floor_seq'),
+               n.served_n, n.served_n, n.head_lb, n.head_id
+        FROM new n
+        WHERE n.tid IS NULL
+           OR (n.served_n, n.head_lb, n.head_id)
+              IS DISTINCT FROM (n.old_served, n.old_head_lb, n.old_head_id)
+        RETURNING plan_key
+    )
+    DELETE FROM {schema}.fair_walk_floor w
+    WHERE w.ctid = ANY (ARRAY(SELECT n.tid FROM new n
+                              WHERE n.tid IS NOT NULL
+                                AND n.plan_key IN (SELECT m.plan_key FROM moved m)));
+
+    IF p_keys IS NULL THEN
+        RETURN;
+    END IF;
+    WITH touched AS (
+        SELECT o.plan_key, o.served_n, o.b_served, o.b_head_lb, o.b_head_id
+        FROM (SELECT DISTINCT u.k, u.u FROM unnest(p_keys, p_units) AS u(k, u)) u
+        CROSS JOIN LATERAL (
+            SELECT o.plan_key, o.served_n, o.b_served, o.b_head_lb, o.b_head_id
+            FROM {schema}.fair_owners o
+            WHERE o.type = p_type AND o.plan_key = u.k AND o.unit = u.u OFFSET 0) o
+    ),
+    old AS (
+        SELECT p.plan_key, o.tid, o.served_n, o.b_served, o.head_lb, o.head_id
+        FROM (SELECT DISTINCT u.k AS plan_key FROM unnest(p_keys) AS u(k)) p
+        LEFT JOIN LATERAL (
+            SELECT w.ctid AS tid, w.served_n, w.b_served, w.head_lb, w.head_id
+            FROM {schema}.fair_walk_floor w
+            WHERE w.type = p_type AND w.level = 'owner' AND w.plan_key = p.plan_key
+            ORDER BY w.seq DESC LIMIT 1) o ON true
+    ),
+    new AS (
+        SELECT o.plan_key, o.tid, coalesce(n.served_n, 'Infinity') AS served_n,
+               coalesce(n.b_served, 'Infinity') AS b_served,
+               coalesce(n.b_head_lb, 'infinity') AS head_lb,
+               coalesce(n.b_head_id, 0) AS head_id,
+               o.served_n AS old_served, o.b_served AS old_b_served,
+               o.head_lb AS old_head_lb, o.head_id AS old_head_id
+        FROM old o
+        CROSS JOIN LATERAL (
+            SELECT coalesce(o.served_n, '-Infinity') AS served_n,
+                   coalesce(o.b_served, '-Infinity') AS b_served,
+                   coalesce(o.head_lb, '-infinity') AS head_lb,
+                   coalesce(o.head_id, -1) AS head_id) b
+        LEFT JOIN LATERAL (
+            SELECT x.served_n, x.b_served, x.b_head_lb, x.b_head_id FROM (
+                SELECT t.served_n, t.b_served, t.b_head_lb, t.b_head_id FROM touched t
+                WHERE t.plan_key = o.plan_key AND t.b_head_lb < 'infinity'
+                UNION ALL
+                (SELECT w.served_n, w.b_served, w.b_head_lb, w.b_head_id
+                 FROM {schema}.fair_owners w
+                 WHERE w.type = p_type AND w.plan_key = o.plan_key
+                   AND w.b_head_lb < 'infinity'
+                   AND (w.served_n, w.b_served, w.b_head_lb, w.b_head_id)
+                       >= (b.served_n, b.b_served, b.head_lb, b.head_id)
+                 ORDER BY w.served_n, w.b_served, w.b_head_lb, w.b_head_id LIMIT 1)) x
+            ORDER BY x.served_n, x.b_served, x.b_head_lb, x.b_head_id LIMIT 1) n ON true
+    ),
+    moved AS (
+        INSERT INTO {schema}.fair_walk_floor (type, level, plan_key, seq, served_n,
+                                              b_served, head_lb, head_id)
+        SELECT p_type, 'owner', n.plan_key, nextval('{schema}.fair_walk_floor_seq'),
+               n.served_n, n.b_served, n.head_lb, n.head_id
+        FROM new n
+        WHERE n.tid IS NULL
+           OR (n.served_n, n.b_served, n.head_lb, n.head_id)
+              IS DISTINCT FROM (n.old_served, n.old_b_served, n.old_head_lb, n.old_head_id)
+        RETURNING plan_key
+    )
+    DELETE FROM {schema}.fair_walk_floor w
+    WHERE w.ctid = ANY (ARRAY(SELECT n.tid FROM new n
+                              WHERE n.tid IS NOT NULL
+                                AND n.plan_key IN (SELECT m.plan_key FROM moved m)));
+END
+$$;
+
 -- Fold a type's fair_served deltas into fair_groups.served_n (creating missing rows)
 -- and, in the same row update, renew those groups' head bounds and those of up to 100
 -- groups whose bound ran out, as of p_now (the queue's clock): (head_lb, head_id) the
@@ -1195,6 +1368,9 @@ BEGIN
                                 AND fg.unit = o.unit);
         END IF;
     END IF;
+    -- The walks' floors of the plans whose rows it wrote or took in (the groups it
+    -- locked, those named in the changes it read, and the owners' rows it wrote).
+    PERFORM {schema}.fair_walk_floors(p_type, array_cat(gs, marked), ukeys, uunits);
     -- The expected cost of the type's running jobs, from its latest done jobs
     -- (jobs_done_idx read backwards), when this fold moved something.
     IF folded > 0 THEN

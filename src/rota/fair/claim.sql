@@ -64,7 +64,7 @@
 --          middle_weight, lowest_weight, probe_groups, probe_per, candidates (and
 --          probe_spread for fair_by "owner"), plan_caps with the caps.
 -- Defines: CTEs clock, plan_priority, running_old, edge_fix, fold_mark, fold_open,
---          served_delta, stale, stale_head, special (read by the pool); the pool's
+--          served_delta, changes, stale, stale_head, special (read by the pool); the pool's
 --          CTEs; the order's CTEs (ending in ordered and unread); then cand and cap_slots (the cap_tail
 --          fragment), kth, blocked, locked, last_locked, blocked_after, claimed.
 --          Returns the claimed jobs' columns, claim_order and retry (one row with
@@ -154,6 +154,21 @@ served_delta AS (
                               WHERE f.type = %(type)s AND f.xid = o.xid OFFSET 0) f) f
     GROUP BY f.group_id
 ),
+-- The fair_owner_changes rows the type's fold mark does not cover
+-- (fair_owner_changes_xid_idx), read as served_delta reads the deltas: groups whose
+-- bounds a writer lowered, whose row was made, or whose plan, owner or status changed,
+-- since the fold. Their rows lie outside the walk floors (fair_walk_floor) and, by
+-- owner, their owners' rows do not account for them: they are special.
+changes AS (
+    SELECT c.plan_key, c.unit, c.group_id, c.n FROM {schema}.fair_owner_changes c
+    WHERE c.type = %(type)s AND c.xid >= (SELECT k.upto FROM fold_mark k)
+    UNION ALL
+    SELECT c.plan_key, c.unit, c.group_id, c.n
+    FROM fold_open o
+    CROSS JOIN LATERAL (SELECT c.plan_key, c.unit, c.group_id, c.n
+                        FROM {schema}.fair_owner_changes c
+                        WHERE c.type = %(type)s AND c.xid = o.xid OFFSET 0) c
+),
 -- Stale running jobs with attempts left are claimable (jobs_reclaimable_idx).
 stale AS (
     SELECT r.id, r.group_id, r.created_at
@@ -167,13 +182,14 @@ stale_head AS (
     FROM stale s WHERE s.group_id IS NOT NULL
     ORDER BY s.group_id, s.created_at, s.id
 ),
--- Groups whose key is not just their folded served_n and head_lb: unfolded deltas
--- (claims, failures and deferrals since the last fold), the edge correction, jobs
--- running since before the window, stale claimable jobs, an expired head bound. Few
--- (the last upkeep round's claims, about a second of completions at the edge, heads
--- renewed by the upkeep); their keys are computed exactly (an expired head counts as
--- -infinity) and they join the walk explicitly, so for every other group served_n is
--- its exact served count.
+-- Groups whose key is not just their folded served_n and head_lb, or whose row may lie
+-- below its plan's walk floor: unfolded deltas (claims, failures and deferrals since
+-- the last fold), the edge correction, jobs running since before the window, stale
+-- claimable jobs, a recorded change, an expired head bound. Few (the last upkeep
+-- round's claims and enqueues into empty groups, about a second of completions at the
+-- edge, heads renewed by the upkeep); their keys are computed exactly (an expired head
+-- counts as -infinity) and they join the walk explicitly, so for every other group
+-- served_n is its exact served count and its key lies at or above its plan's floor.
 special AS (
     SELECT ef.group_id FROM edge_fix ef
     UNION
@@ -182,6 +198,8 @@ special AS (
     SELECT ro.group_id FROM running_old ro
     UNION
     SELECT sh.group_id FROM stale_head sh
+    UNION
+    SELECT ch.group_id FROM changes ch
     UNION
     -- Groups whose head bound has run out (fair_groups_expiry_idx; the constant bound
     -- lets the generic plan use the partial index instead of a seq scan of fair_groups,

@@ -10,7 +10,7 @@
 -- its bound holds for each of its groups. A special owner of a priority below every one
 -- of the first probe_groups + 1 other owners is left out before its row is read: it
 -- would rank after all of them (owner_floor).
--- Needs:   CTEs clock, plan_priority, stale, changes, ospecial, special_rows, pool;
+-- Needs:   CTEs clock, plan_priority, stale, changes, special, special_rows, pool;
 --          job_cost; parameters type, middle_priority, lowest_priority,
 --          middle_weight, lowest_weight, probe_groups, probe_spread, limit.
 -- Defines: CTEs special_units, special_best, owner_levels, owner_rows, owner_floor,
@@ -40,12 +40,21 @@ special_best AS (
 owner_levels AS (
     SELECT l.plan_key,
            CASE WHEN l.plan_key = '' THEN %(middle_priority)s::int
-                ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority
+                ELSE coalesce(pp.priority, %(lowest_priority)s::int) END AS priority,
+           coalesce(w.served_n, '-Infinity') AS f_served,
+           coalesce(w.b_served, '-Infinity') AS f_b_served,
+           coalesce(w.head_lb, '-infinity') AS f_head_lb, coalesce(w.head_id, -1) AS f_head_id
     FROM (SELECT 'p:' || p.plan AS plan_key, p.plan FROM {schema}.fair_plans p
           WHERE p.type = %(type)s
           UNION ALL
           SELECT '', NULL) l
     LEFT JOIN plan_priority pp ON pp.plan = l.plan
+    -- The plan's owner floor (fair_walk_floor, level 'owner'): the walk below starts
+    -- at it, past the dead versions of owners' rows a long transaction keeps below it.
+    LEFT JOIN LATERAL (
+        SELECT w.served_n, w.b_served, w.head_lb, w.head_id FROM {schema}.fair_walk_floor w
+        WHERE w.type = %(type)s AND w.level = 'owner' AND w.plan_key = l.plan_key
+        ORDER BY w.seq DESC LIMIT 1) w ON true
 ),
 -- Per plan, the first probe_groups + 1 other owners by their row's key, plan levels read
 -- by priority, highest first, and only until probe_groups + 1 owners are read (with the
@@ -62,6 +71,8 @@ owner_rows AS (
         SELECT o.* FROM {schema}.fair_owners o
         WHERE o.type = %(type)s AND o.plan_key = l.plan_key
           AND o.b_head_lb < 'infinity' AND o.ready_lb <= c.now
+          AND (o.served_n, o.b_served, o.b_head_lb, o.b_head_id)
+              >= (l.f_served, l.f_b_served, l.f_head_lb, l.f_head_id)
           AND (o.plan_key, o.unit) NOT IN (SELECT su.plan_key, su.unit
                                           FROM special_units su)
 {cap_filter_owner}
@@ -148,7 +159,10 @@ walk AS (
              WHERE f.type = %(type)s AND f.plan_key = uw.plan_key AND f.unit = uw.unit
                AND f.active AND f.head_lb < 'infinity' AND f.ready_lb <= c.now
                AND f.head_until > c.now
-               AND f.group_id NOT IN (SELECT s.group_id FROM ospecial s)
+               -- From the owner's bound on: every group of it outside `special` lies
+               -- at or above it, the dead versions a long transaction keeps below.
+               AND (f.served_n, f.head_lb, f.head_id) >= (uw.served, uw.head_lb, uw.head_id)
+               AND f.group_id NOT IN (SELECT s.group_id FROM special s)
              ORDER BY f.served_n, f.head_lb, f.head_id
              LIMIT uw.spread + 1)
             UNION ALL

@@ -1,34 +1,17 @@
 -- Fragment of claim.sql, put in place of its pool placeholder for fair_by "owner" on
 -- rota's own groups table (docs/fast-claim.md, "The owner level"): the groups whose
--- owner's row (fair_owners) may not hold their key: the special groups (claim.sql) and
--- those recorded in fair_owner_changes that the type's fold mark does not cover (bounds
--- lowered, new or moved since their owner's row was computed). Each gets its exact
--- served count and its owner; claim_owner_walk_cached.sql makes their owners special.
--- Needs:   CTEs clock, fold_mark, fold_open, special, served_delta, edge_fix,
---          running_old, stale_head; parameter type.
--- Defines: CTEs changes(plan_key, unit, group_id, n), ospecial, special_rows(group_id,
---          served_n, served, adj, plan, active, unit, plan_key, head_lb, head_id,
---          head_until, ready_lb),
+-- owner's row (fair_owners) may not hold their key: the special groups (claim.sql),
+-- which include those recorded in fair_owner_changes that the type's fold mark does
+-- not cover (bounds lowered, new or moved since their owner's row was computed). Each
+-- gets its exact served count and its owner; claim_owner_walk_cached.sql makes their
+-- owners special.
+-- Needs:   CTEs clock, special, served_delta, edge_fix, running_old, stale_head;
+--          parameter type.
+-- Defines: CTEs special_rows(group_id, served_n, served, adj, plan, active, unit,
+--          plan_key, head_lb, head_id, head_until, ready_lb),
 --          pool(group_id, head_lb, head_id, served_lb, plan, plan_key, unit): those of
 --          them that may have a claimable job now, with their heads; includes
 --          claim_head.sql.
--- The changes the type's fold mark does not cover (fair_owner_changes_xid_idx), as the
--- fold reads them: from its upto on, and those of each open xid.
-changes AS (
-    SELECT c.plan_key, c.unit, c.group_id, c.n FROM {schema}.fair_owner_changes c
-    WHERE c.type = %(type)s AND c.xid >= (SELECT k.upto FROM fold_mark k)
-    UNION ALL
-    SELECT c.plan_key, c.unit, c.group_id, c.n
-    FROM fold_open o
-    CROSS JOIN LATERAL (SELECT c.plan_key, c.unit, c.group_id, c.n
-                        FROM {schema}.fair_owner_changes c
-                        WHERE c.type = %(type)s AND c.xid = o.xid OFFSET 0) c
-),
-ospecial AS (
-    SELECT s.group_id FROM special s
-    UNION
-    SELECT ch.group_id FROM changes ch
-),
 -- Rows fetched one by one (LATERAL … OFFSET 0, as claim_pool_special.sql does). A group
 -- with a fair_groups row has its plan, active and owner from the row's copy (kept in the
 -- transaction of every change to the groups table, fair_copy_group); only a group
@@ -48,7 +31,7 @@ special_rows AS (
            CASE WHEN f.group_id IS NOT NULL THEN f.plan_key
                 ELSE coalesce('p:' || g.plan, '') END AS plan_key,
            f.head_lb, f.head_id, f.head_until, f.ready_lb
-    FROM ospecial s
+    FROM special s
     LEFT JOIN LATERAL (
         SELECT x.head_lb, x.head_id, x.head_until, x.ready_lb, x.served_n, x.plan,
                x.active, x.unit, x.plan_key, x.group_id

@@ -28,12 +28,13 @@ class Violation:
 
     Attributes:
         type: the job type.
-        group_id: the group; for ``owner_served``, which concerns an owner's row rather
-            than one group, the owner's unit and plan key as text (``g:g1 'p:pro'``).
+        group_id: the group; for ``owner_served`` and ``owner_floor``, which concern an
+            owner's row rather than one group, the owner's unit and plan key as text
+            (``g:g1 'p:pro'``).
         invariant: ``served``, ``row``, ``ready_lb``, ``head``, ``plan``, ``active``,
-            ``fair_plans``, ``mark`` or ``owner_id`` (a group's bookkeeping), or
-            ``owner_served``, ``owner_bound`` or ``changes_mark`` (an owner's)
-            (``verify.sql`` states each).
+            ``fair_plans``, ``mark``, ``owner_id`` or ``floor`` (a group's bookkeeping),
+            or ``owner_served``, ``owner_bound``, ``changes_mark`` or ``owner_floor``
+            (an owner's) (``verify.sql`` states each).
         expected: the value the jobs say it should have, as text (timestamps in UTC).
         found: the value kept, as text.
         plan_key: for an owner's invariant, the plan key of the owner's row
@@ -54,9 +55,10 @@ class Violation:
 
     @property
     def group(self) -> str | None:
-        """The group the violation concerns; ``None`` for ``owner_served``, which
-        concerns an owner's row (its ``group_id`` names the owner instead)."""
-        return None if self.invariant == "owner_served" else self.group_id
+        """The group the violation concerns; ``None`` for ``owner_served`` and
+        ``owner_floor``, which concern an owner's row (its ``group_id`` names the owner
+        instead)."""
+        return None if self.invariant in ("owner_served", "owner_floor") else self.group_id
 
     def __str__(self) -> str:
         """``type 't' group 'g1': served expected 2, found 7``; an owner's invariant

@@ -7,4 +7,5 @@
 -- rota verify) and conflicts with every row lock, so no fold can hold a row the rebuild
 -- deletes.
 LOCK TABLE {schema}.jobs, {schema}.fair_groups, {schema}.fair_served, {schema}.fair_edge,
-    {schema}.fair_plans, {schema}.fair_owners, {schema}.fair_owner_changes IN EXCLUSIVE MODE
+    {schema}.fair_plans, {schema}.fair_owners, {schema}.fair_owner_changes,
+    {schema}.fair_walk_floor IN EXCLUSIVE MODE

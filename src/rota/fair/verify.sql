@@ -35,6 +35,13 @@
 --               b_head_lb, b_head_id) <= the group's (served_n, head_lb, head_id) and
 --               ready_lb <= the group's ready_lb.
 --   changes_mark  no fair_owner_changes row is covered by its type's newest fold mark.
+--   floor       for each active group with a head (head_lb < 'infinity') not named in
+--               fair_owner_changes the mark does not cover: its (served_n, head_lb,
+--               head_id) is at or above its plan's walk floor (fair_walk_floor, level
+--               'group'; no row: none), where the claim's walk of the plan starts.
+--   owner_floor each fair_owners row with a bound (b_head_lb < 'infinity'): its
+--               (served_n, b_served, b_head_lb, b_head_id) is at or above its plan's
+--               owner floor (level 'owner'), where the owner walk starts.
 --
 -- Values are text; timestamps print in the session's TimeZone (FairClaim.verify sets
 -- UTC). Cost: one pass over the jobs that are pending, running or done (done history
@@ -191,6 +198,39 @@ violations AS (
     JOIN marks m ON m.type = fc.type
     WHERE fc.xid < m.upto AND NOT fc.xid = ANY (m.open)
     GROUP BY fc.type, fc.group_id, m.upto, fc.plan_key, fc.unit
+    UNION ALL
+    SELECT fg.type, fg.group_id, 'floor',
+           '(served_n, head_lb, head_id) >= (' || w.served_n || ', ' || w.head_lb || ', '
+           || w.head_id || ')',
+           '(' || fg.served_n || ', ' || fg.head_lb || ', ' || fg.head_id || ')',
+           NULL, NULL
+    FROM {schema}.fair_groups fg
+    LEFT JOIN marks m ON m.type = fg.type
+    CROSS JOIN LATERAL (
+        SELECT w.served_n, w.head_lb, w.head_id FROM {schema}.fair_walk_floor w
+        WHERE w.type = fg.type AND w.level = 'group' AND w.plan_key = fg.plan_key
+        ORDER BY w.seq DESC LIMIT 1) w
+    WHERE fg.active AND fg.head_lb < 'infinity'
+      AND (fg.served_n, fg.head_lb, fg.head_id) < (w.served_n, w.head_lb, w.head_id)
+      AND NOT EXISTS (SELECT 1 FROM {schema}.fair_owner_changes fc
+                      WHERE fc.type = fg.type AND fc.group_id = fg.group_id
+                        AND (fc.xid >= coalesce(m.upto, '0')
+                             OR fc.xid = ANY (coalesce(m.open, '{{}}'))))
+    UNION ALL
+    SELECT o.type, o.unit || ' ' || quote_literal(o.plan_key), 'owner_floor',
+           '(served_n, b_served, b_head_lb, b_head_id) >= (' || w.served_n || ', '
+           || w.b_served || ', ' || w.head_lb || ', ' || w.head_id || ')',
+           '(' || o.served_n || ', ' || o.b_served || ', ' || o.b_head_lb || ', '
+           || o.b_head_id || ')',
+           o.plan_key, o.unit
+    FROM {schema}.fair_owners o
+    CROSS JOIN LATERAL (
+        SELECT w.served_n, w.b_served, w.head_lb, w.head_id FROM {schema}.fair_walk_floor w
+        WHERE w.type = o.type AND w.level = 'owner' AND w.plan_key = o.plan_key
+        ORDER BY w.seq DESC LIMIT 1) w
+    WHERE o.b_head_lb < 'infinity'
+      AND (o.served_n, o.b_served, o.b_head_lb, o.b_head_id)
+          < (w.served_n, w.b_served, w.head_lb, w.head_id)
 )
 SELECT v.type, v.group_id, v.invariant, v.expected, v.found, v.plan_key, v.unit
 FROM violations v
