@@ -117,8 +117,10 @@ units AS (
         LEFT JOIN LATERAL (
             SELECT x.served_n, x.b_served, x.b_head_lb, x.b_head_id
             FROM {schema}.fair_owners x
-            WHERE x.type = %(type)s AND x.plan_key = su.plan_key AND x.unit = su.unit
-            OFFSET 0) o ON true
+            -- Newest version first, as special_group_row.sql reads a group's row.
+            WHERE x.type = %(type)s AND x.plan_key = su.plan_key
+              AND x.unit >= su.unit AND x.unit <= su.unit
+            ORDER BY x.unit DESC LIMIT 1) o ON true
         LEFT JOIN special_best sb ON sb.plan_key = su.plan_key AND sb.unit = su.unit
         -- The smaller of the row's bound (when it has one) and the best special group's
         -- key (when there is one); an owner with neither has nothing claimable.

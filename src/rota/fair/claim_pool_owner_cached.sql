@@ -12,7 +12,7 @@
 --          pool(group_id, head_lb, head_id, served_lb, plan, plan_key, unit): those of
 --          them that may have a claimable job now, with their heads; includes
 --          claim_head.sql.
--- Rows fetched one by one (LATERAL … OFFSET 0, as claim_pool_special.sql does). A group
+-- Rows fetched one by one (LATERAL, as claim_pool_special.sql does). A group
 -- with a fair_groups row has its plan, active and owner from the row's copy (kept in the
 -- transaction of every change to the groups table, fair_copy_group); only a group
 -- without one (the fold drops the row of a group with no pending job and nothing
@@ -36,7 +36,9 @@ special_rows AS (
         SELECT x.head_lb, x.head_id, x.head_until, x.ready_lb, x.served_n, x.plan,
                x.active, x.unit, x.plan_key, x.group_id
         FROM {schema}.fair_groups x
-        WHERE x.type = %(type)s AND x.group_id = s.group_id OFFSET 0) f ON true
+        -- Newest version first, as special_group_row.sql reads it.
+        WHERE x.type = %(type)s AND x.group_id >= s.group_id AND x.group_id <= s.group_id
+        ORDER BY x.group_id DESC LIMIT 1) f ON true
     LEFT JOIN LATERAL (
         SELECT x.plan, x.active, x.owner_id FROM {groups} x
         WHERE f.group_id IS NULL AND x.group_id = s.group_id OFFSET 0) g ON true
