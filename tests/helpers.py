@@ -59,17 +59,6 @@ async def fair_violations(conn: psycopg.AsyncConnection[Any],
     return [Violation(*row) for row in await cur.fetchall()]
 
 
-def pin_walk(queue: Queue, monkeypatch: Any, *, horizon_held: bool) -> None:
-    """Fix which walk the queue's claim uses (``ClaimUpkeep.horizon_held``: the sorted
-    pass when True), whatever the upkeep's loop would find looking at the horizon."""
-
-    async def no_look() -> None:
-        pass
-
-    monkeypatch.setattr(queue.upkeep, "_maybe_look_at_horizon", no_look)
-    queue.upkeep.horizon_held = horizon_held
-
-
 def schema_before(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
     """Create ``schema`` as an install of every migration before ``version`` left it,
     each recorded as applied (an upgrade test's starting point; ``migrate`` then

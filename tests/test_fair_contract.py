@@ -605,10 +605,10 @@ def test_only_the_queue_and_rota_verify_import_the_fair_package() -> None:
 def test_each_claim_fragment_says_what_it_needs_and_defines() -> None:
     fair = ROOT / "src" / "rota" / "fair"
     for fragment in ("claim_pool_cached", "claim_pool_scan", "claim_head", "groupless_head",
-                     "claim_pool_sorted", "claim_pool_special", "claim_order_group",
+                     "claim_pool_special", "claim_order_group",
                      "claim_order_owner", "claim_pool_owner", "claim_pool_owner_cached",
                      "claim_owner_walk_cached", "claim_owner_walk_scan", "claim_owner_rank",
-                     "claim_probe_jobs", "special_group_row", "special_group_row_read"):
+                     "claim_probe_jobs", "special_group_row"):
         top = (fair / f"{fragment}.sql").read_text("utf-8").split("\n\n")[0]
         assert "-- Needs:" in top and "-- Defines:" in top, fragment
 

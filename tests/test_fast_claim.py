@@ -17,7 +17,7 @@ from rota import Queue
 from rota.fair import FairClaim, UpkeepConfig
 
 from . import test_oracle
-from .helpers import fair_violations, pin_walk
+from .helpers import fair_violations
 from .oracle import oracle_ids
 from .test_oracle import _check, oracle_examples
 
@@ -172,18 +172,14 @@ async def test_plan_change_and_pause_reach_the_walk_without_touching_jobs(
     assert await recount(aconn, schema) == []
 
 
-@pytest.mark.parametrize("horizon_held", [False, True], ids=["index_walk", "sorted_pass"])
 async def test_scaled_down_backlog_with_deferred_paused_and_stale_jobs(
-    queue: Queue, aconn: Any, database_url: str, schema: str, horizon_held: bool,
-    monkeypatch: pytest.MonkeyPatch,
+    queue: Queue, aconn: Any, database_url: str, schema: str,
 ) -> None:
     """20,000 ready jobs over 400 groups with 4,000 done in the window, plus 5,000 jobs
     deferred a month, a paused group's 5,000 jobs and 300 stale running jobs: the claim
     matches the oracle and never needs to probe more than its starting number of groups
-    (so its cost does not depend on any of those). With the walk through the index and
-    with the sorted pass used while the horizon is held (claim_pool_sorted.sql), both
-    cut to 59 of a plan's 133 folded groups, whose served counts differ."""
-    pin_walk(queue, monkeypatch, horizon_held=horizon_held)
+    (so its cost does not depend on any of those). The walk is cut to 59 of a plan's
+    133 folded groups, whose served counts differ."""
     s = sql.Identifier(schema)
     await aconn.execute(sql.SQL(
         "INSERT INTO {s}.groups (group_id, plan) "

@@ -1,7 +1,7 @@
-"""While a long transaction holds the xmin horizon the claim walks its groups in one
-sorted pass (src/rota/fair/claim_pool_sorted.sql; docs/operations.md, "Long
-transactions"): the upkeep's loop notices the held horizon, the claim switches
-statement and stays the oracle's, and switches back once the transaction ends."""
+"""While a long transaction holds the xmin horizon (docs/operations.md, "Long
+transactions"): the upkeep's loop notices it, the claim stays the oracle's, and once the
+transaction ends the claim walks the index as before and the upkeep vacuums what it
+kept at once."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from psycopg import sql
 from rota import Queue
 from rota.fair import FairClaim, UpkeepConfig
 
-from .helpers import pin_walk
 from .test_fast_claim import claim_equals_oracle
 
 
@@ -37,24 +36,25 @@ async def horizon_moves(queue: Queue) -> bool:
     return False
 
 
-async def test_the_claim_walks_in_one_sorted_pass_while_the_horizon_is_held(
+async def test_the_upkeep_sees_the_horizon_held_and_the_claim_stays_exact(
         queue: Queue, database_url: str) -> None:
+    """While a long transaction holds the horizon the upkeep says so (horizon_held) and
+    the claim, its statement unchanged (each plan's walk from its floor), stays the
+    oracle's; once the transaction ends the upkeep says it moves again."""
     queue.upkeep.config = UpkeepConfig(horizon_every=1e-6, held_after=1.0)
     for g, plan in (("a", "pro"), ("b", "pro"), ("c", "free"), ("d", None)):
         await queue.upsert_group(g, plan=plan)
         for _ in range(3):
             await queue.enqueue("t", {}, group_id=g)
     assert await horizon_moves(queue)
-    cached = queue.fair_claim.statement().text
+    walk = queue.fair_claim.statement().text
     async with await psycopg.AsyncConnection.connect(database_url) as holder:
         await holder.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         await holder.execute(sql.SQL("SELECT count(*) FROM {}.jobs")
                              .format(sql.Identifier(queue.schema)))
         await asyncio.sleep(1.2)
         assert await look(queue)
-        sorted_pass = queue.fair_claim.statement().text
-        marker = "sorted_plans AS ("  # the sorted pass's one read of the groups
-        assert marker in sorted_pass and marker not in cached
+        assert queue.fair_claim.statement().text == walk
         for limit in (1, 4, 7):
             await claim_equals_oracle(queue, database_url, "t", limit)
         for j in await queue.claim("t", 5):
@@ -63,28 +63,22 @@ async def test_the_claim_walks_in_one_sorted_pass_while_the_horizon_is_held(
         await holder.rollback()
     assert await horizon_moves(queue)
     assert queue.upkeep.horizon_held is False
-    assert queue.fair_claim.statement().text == cached
     await claim_equals_oracle(queue, database_url, "t", 4)
     assert await queue.verify() == []
 
 
-
-@pytest.mark.parametrize("held", [False, True], ids=["index_walk", "sorted_pass"])
 async def test_the_walk_keeps_the_group_after_the_probe_in_each_plan(
-        queue: Queue, database_url: str, held: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        queue: Queue, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A probe of one group reads each plan's first two folded groups: the second is the
     bound of the groups left unread. Two groups of one plan with three jobs each, served
     the same: a claim of 2 takes each group's first job (the second job of a group comes
     after the other group's first), and a claim of 3 then 4 follow the oracle."""
     monkeypatch.setattr(FairClaim, "probe_floor", (1, 1))
-    pin_walk(queue, monkeypatch, horizon_held=False)
     for g in ("a", "b"):
         await queue.upsert_group(g, plan="pro")
     ids = {g: [(await queue.enqueue("t", {"n": n}, group_id=g)).id for n in range(3)]
            for g in ("a", "b")}
     await queue.upkeep.run_once()
-    pin_walk(queue, monkeypatch, horizon_held=held)
-    assert ("sorted_plans AS (" in queue.fair_claim.statement().text) is held
     await claim_equals_oracle(queue, database_url, "t", 2)
     async with await psycopg.AsyncConnection.connect(database_url) as conn:
         got = [j.id for j in await queue.claim("t", 2, conn=conn)]
@@ -139,9 +133,9 @@ async def generic_plan(queue: Queue, url: str, limit: int) -> Any:
 async def test_after_the_release_the_claim_walks_the_index_though_the_pin_grew_fair_groups(
         queue: Queue, database_url: str, aconn: psycopg.AsyncConnection[Any]) -> None:
     """Vacuum gives back none of the pages a pin grew fair_groups by while live rows sit
-    on them, yet once the horizon moves the claim goes back to the index walk: its
-    generic plan walks fair_groups_walk_idx (a few hundred of the grown table's pages)
-    where the sorted pass would read them all (bench/RESULTS.md, section 19)."""
+    on them, yet the claim's generic plan still walks fair_groups_walk_idx (a few
+    hundred of the grown table's pages), never reading the table whole
+    (bench/RESULTS.md, section 19)."""
     n = 2000
     s = sql.Identifier(queue.schema)
     queue.upkeep.config = UpkeepConfig(horizon_every=1e-6, held_after=1.0)
@@ -179,15 +173,14 @@ async def test_after_the_release_the_claim_walks_the_index_though_the_pin_grew_f
                                     .format(s=s), [active])
         await asyncio.sleep(1.2)
         assert await look(queue)
-        assert "sorted_plans AS (" in queue.fair_claim.statement().text
         await holder.rollback()
     assert await horizon_moves(queue)
     await queue.upkeep.run_once()  # its VACUUM frees the dead versions, not their pages
     grown = await pages()
     assert grown >= 3 * compact, (compact, grown)  # 4.8x when written
-    assert "sorted_plans AS (" not in queue.fair_claim.statement().text
     assert fair_groups_reads(await generic_plan(queue, database_url, 25)) <= {
-        "fair_groups_walk_idx", "fair_groups_expiry_idx", "fair_groups_group_idx"}
+        "fair_groups_walk_idx", "fair_groups_expiry_idx", "fair_groups_pkey",
+        "fair_groups_group_idx"}  # a special group's row by its key, through either
     await claim_equals_oracle(queue, database_url, "t", 25)
 
 

@@ -48,13 +48,11 @@ job_st = st.fixed_dictionaries({
 
 async def _check(url: str, schema: str, groups: list[tuple[Any, ...]],
                  jobs: list[dict[str, Any]], limit: int, offset_s: int, *,
-                 horizon_held: bool = False,
                  probe_floor: tuple[int, int] | None = None, fold_after: int | None = None,
                  expected: str | None = None, **settings: Any) -> None:
     # Its pool is never opened: every call passes conn.
     queue = Queue(url, schema=schema, **settings)
     queue.clock_offset = timedelta(seconds=offset_s)
-    queue.upkeep.horizon_held = horizon_held  # the walk in one sorted pass
     queue.fair_claim.probe_floor = probe_floor  # (1, 1): the walk cut after 2 groups a plan
     async with await psycopg.AsyncConnection.connect(url) as conn:
         now = sql.SQL("(now() + {}::interval)").format(sql.Literal(queue.clock_offset))
@@ -104,31 +102,6 @@ def test_claim_matches_the_posts_query_with_interleave(
     jobs: list[dict[str, Any]], limit: int, offset_s: int,
 ) -> None:
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s))
-
-
-@oracle_examples(100)
-def test_claim_matches_the_posts_query_while_the_horizon_is_held(
-    database_url: str, migrated: str, groups: list[tuple[Any, bool]],
-    jobs: list[dict[str, Any]], limit: int, offset_s: int,
-) -> None:
-    """The walk's other statement (claim_pool_sorted.sql), used while a long
-    transaction holds the xmin horizon, claims the same jobs."""
-    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
-                       horizon_held=True))
-
-
-@oracle_examples(100)
-def test_claim_matches_the_posts_query_while_the_horizon_is_held_with_the_smallest_probe(
-    database_url: str, migrated: str, groups: list[tuple[Any, bool]],
-    jobs: list[dict[str, Any]], limit: int, offset_s: int,
-) -> None:
-    """The sorted pass cut to its first probe_groups + 1 groups a plan (a probe of one
-    group, one job a group, so every cut falls among the groups and their ties in
-    served count): the retries widen it until the batch is proven, and it claims the
-    oracle's jobs."""
-    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
-                       horizon_held=True, probe_floor=(1, 1)))
-
 
 
 # Plans that share a priority by weight (standard 2, pro 3), under free; owners o0..o2
@@ -235,20 +208,6 @@ def test_claim_matches_the_naive_query_with_owners_capped(
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
                        plans=CAPPED, fair_by=fair_by, fold_after=fold_after,
                        expected=expected))
-
-
-@owned_examples(80)
-def test_claim_matches_the_naive_query_with_owners_capped_while_the_horizon_is_held(
-    database_url: str, migrated: str, groups: list[tuple[Any, ...]],
-    jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
-    fold_after: int | None, expected: str | None,
-) -> None:
-    """Caps in the sorted pass (claim_pool_sorted.sql, fair_by "group"; "owner" has no
-    sorted pass): its one read of the groups carries each group's owner for the caps'
-    filter, and gives the special groups their rows."""
-    asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
-                       plans=CAPPED, fair_by=fair_by, fold_after=fold_after,
-                       horizon_held=True, expected=expected))
 
 
 @owned_examples(100)
@@ -387,14 +346,13 @@ group_capped_st = st.tuples(st.sampled_from(PLAN_CHOICES), st.booleans(),
        offset_s=st.sampled_from((0, 3600, 90_000)),
        fair_by=st.sampled_from(["group", "owner"]), plans_capped=st.booleans(),
        probe_floor=st.sampled_from([None, (1, 1), (8, 60)]),
-       horizon_held=st.booleans(),
        fold_after=st.one_of(st.none(), st.integers(0, 40)))
 @settings(max_examples=250, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_claim_matches_the_naive_query_with_groups_capped(
     database_url: str, migrated: str, groups: list[tuple[Any, ...]],
     jobs: list[dict[str, Any]], limit: int, offset_s: int, fair_by: str,
-    plans_capped: bool, probe_floor: tuple[int, int] | None, horizon_held: bool,
+    plans_capped: bool, probe_floor: tuple[int, int] | None,
     fold_after: int | None,
 ) -> None:
     """Groups capped on their own (groups.max_running): the claim takes the naive
@@ -403,10 +361,10 @@ def test_claim_matches_the_naive_query_with_groups_capped(
     those of a capped owner at its own (the plans capped, or not: the uncapped
     statement's guard sends the claim to the capped one); with the smallest probe (every
     bound the group stage drops or keeps) and one that reads every job (the bound past
-    the candidates), by group (the walk with or without the sorted pass) and by owner."""
+    the candidates), by group and by owner."""
     asyncio.run(_check(database_url, migrated, groups, jobs, limit, offset_s,
                        plans=CAPPED if plans_capped else WEIGHTED, fair_by=fair_by,
-                       probe_floor=probe_floor, horizon_held=horizon_held,
+                       probe_floor=probe_floor,
                        fold_after=fold_after))
 
 

@@ -100,8 +100,8 @@ class FairClaim:
     def statement(self, fair_by: str = "group", capped: bool = False) -> RawStatement:
         """The claim for ``fair_by`` (``"group"`` or ``"owner"``; docs/design.md, "The
         fair claim"). By group it walks fair_groups' copy of plan and active for rota's
-        own groups table (through fair_groups_walk_idx, or in one sorted pass while the
-        upkeep finds the xmin horizon held: :attr:`ClaimUpkeep.horizon_held`), and reads
+        own groups table (through fair_groups_walk_idx, from each plan's walk floor),
+        and reads
         an application's groups relation live. By owner it walks the owners' rows
         (``fair_owners``) for rota's own groups table, and reads every group of the type
         with its owner, live, from an application's relation (``claim_pool_owner.sql``).
@@ -125,10 +125,6 @@ class FairClaim:
                                   owner_walk="fair/claim_owner_walk_cached", **caps)
         if self.store.external_groups:
             pool = "fair/claim_pool_scan"
-        elif self.upkeep.horizon_held:
-            pool = "fair/claim_pool_sorted"
-            # The special groups' rows from the pass's one read.
-            caps = {**caps, "special_group_row": "fair/special_group_row_read"}
         else:
             pool = "fair/claim_pool_cached"
         return self.store.raw("fair/claim", pool=pool, claim_order="fair/claim_order_group",

@@ -49,8 +49,7 @@
 --
 -- Fragments, chosen by FairClaim.statement (each states what it needs and defines):
 -- the pool placeholder is claim_pool_cached.sql (rota's groups table),
--- claim_pool_sorted.sql (the same while the xmin horizon is held), claim_pool_scan.sql
--- (an application's groups relation) or claim_pool_owner.sql (fair_by "owner"); the
+-- claim_pool_scan.sql (an application's groups relation) or claim_pool_owner.sql (fair_by "owner"); the
 -- claim_order placeholder is claim_order_group.sql or claim_order_owner.sql. With a plan
 -- that caps its owners' running jobs (Plan.max_running), the cap_* placeholders are
 -- their *_on.sql fragments (the owners at their cap left out of the walk, the others

@@ -1,10 +1,8 @@
--- Fragment of claim_pool_cached.sql and claim_pool_sorted.sql, the branches of their
--- pool after the walk of the ordinary groups: the special groups (their rows fetched one
--- by one, with exact served counts) and the group-less jobs.
+-- Fragment of claim_pool_cached.sql, the branches of its pool after the walk of the
+-- ordinary groups: the special groups (their rows fetched one by one, with exact
+-- served counts) and the group-less jobs.
 -- Needs:   CTEs clock, special, served_delta, edge_fix, running_old, stale_head (and
---          stale, through groupless_head.sql); parameter type; the pool's
---          special_group_row fragment (claim_special_row.sql, or
---          claim_special_row_read.sql for the sorted pass).
+--          stale, through groupless_head.sql); parameter type.
 -- Defines: rows (group_id, head_lb, head_id, served_n, served_lb, plan, active), to
 --          follow a UNION ALL; includes claim_head.sql and groupless_head.sql.
     -- The special groups, with exact served counts, each with its fair_groups row (fg),

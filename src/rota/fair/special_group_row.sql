@@ -1,8 +1,7 @@
 -- Fragment of claim_pool_special.sql, in the FROM of a special group (alias s): its
 -- fair_groups row as fg, or nulls, fetched by an index lookup of its own (LATERAL …
 -- LIMIT keeps it parameterized: joined flat, the generic plan hashed all of
--- fair_groups, (bench/RESULTS.md, "Planner notes")). The index walk's pool uses it; the
--- sorted pass takes the row from its one read instead (special_group_row_read.sql).
+-- fair_groups, (bench/RESULTS.md, "Planner notes")).
 -- Needs:   alias s (a special row: group_id); parameter type.
 -- Defines: alias fg(head_lb, head_id, head_until, ready_lb, served_n, group_id, plan,
 --          active).

@@ -35,8 +35,8 @@ class UpkeepConfig:
         vacuum_every: how often the bookkeeping tables are vacuumed.
         horizon_every: how often the loop looks at the xmin horizon's age.
         held_after: a horizon older than this (seconds) is held: vacuum has been kept
-            from the bookkeeping for at least one ``vacuum_every``, and the claim walks
-            its groups in one sorted pass (:attr:`ClaimUpkeep.horizon_held`).
+            from the bookkeeping for at least one ``vacuum_every``, and the bookkeeping
+            is vacuumed as soon as it moves again (:attr:`ClaimUpkeep.horizon_held`).
 
     Raises:
         InvalidInput: a value that is not a positive number of seconds, or is over
@@ -77,10 +77,10 @@ class ClaimUpkeep:
     a snapshot or an xid (``sql/horizon_age.sql``, the ``seconds`` of
     ``rota_oldest_xmin_age_seconds``) was older than ``config.held_after`` when the
     loop last looked (every ``config.horizon_every`` while claims run). While it is,
-    no dead row version of the bookkeeping can be vacuumed, and the claim walks its
-    groups in one sorted pass instead of through the walk index, whose front fills with
-    the entries of every fold's old versions (docs/operations.md, "Long
-    transactions"). A role that cannot see other roles' sessions (no
+    no dead row version of the bookkeeping can be vacuumed (the claim's walks start at
+    their floors, past the entries of the folds' old versions: docs/operations.md,
+    "Long transactions"), and once it moves again the next round vacuums what it kept.
+    A role that cannot see other roles' sessions (no
     ``pg_read_all_stats``) sees only its own role's transactions.
     """
 
@@ -275,10 +275,9 @@ class ClaimUpkeep:
             # at the front of the walk (bench/RESULTS.md, section 25).
             self._vacuumed = -1e9
         if held != self.horizon_held:
-            log.info("the xmin horizon of %s's database is %s: the claim walks its "
-                     "groups %s", self.store.schema,
-                     f"held ({age:.1f} s)" if held else "moving again",
-                     "in one sorted pass" if held else "through the walk index")
+            log.info("the xmin horizon of %s's database is %s", self.store.schema,
+                     f"held ({age:.1f} s): vacuum can remove no dead row version"
+                     if held else "moving again: the bookkeeping is vacuumed now")
         self.horizon_held = held
 
     def _vacuum_aside(self) -> None:

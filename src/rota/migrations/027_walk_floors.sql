@@ -3,8 +3,9 @@
 -- groups it folds and of their owners, and each version leaves an entry in the walk's
 -- index at its key; while a long transaction holds the xmin horizon none can go, and
 -- the claim's index walks, which start at the front of each plan's range, read every
--- dead entry below the live rows there (or, once the upkeep sees the horizon held, one
--- sorted pass over every version of the type's rows). A fold now records per plan a
+-- dead entry below the live rows there (the claim made one sorted pass over every
+-- version of the type's rows instead, once the upkeep saw the horizon held; it no
+-- longer does). A fold now records per plan a
 -- floor, a lower bound of the key of every row the walk reads (fair_walk_floor), and
 -- the walks start at it. The groups a change names (fair_owner_changes not yet covered
 -- by the fold mark) are special in the claim by group too, since their rows may lie
