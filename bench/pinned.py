@@ -21,14 +21,10 @@ meet a worker that churns as fast as it can (and its locks: two rota claimers at
 and dead row versions pile up at the rate that worker sets. Each moment also reports the
 loop's rate (jobs claimed and completed per second over the moment's window), the dead
 tuples of ``jobs``, and the claim retries (``FairClaim.retries``) since the start.
-``--walks`` also samples, in each pair, the claim forced to walk ``fair_groups_walk_idx``
-and the claim forced to the sorted pass (two more queues on the schema that never look
-at the horizon and run no upkeep; the queue that does picks one of the two by the
-horizon's age), and prints their p50s under each moment: which of the two a held
-horizon makes cheaper, and when. ``--explain`` (with ``--flat-out``) also prints,
-before the pin, at its end and 30 s after the release, the claim of 25 under EXPLAIN
-(ANALYZE, BUFFERS) (``bench/experiments/pinned_explain.py``, the generic plan the claim
-runs): the plan nodes that read the most buffers, while the loop runs.
+``--explain`` (with ``--flat-out``) also prints, before the pin, at its end and 30 s
+after the release, the claim of 25 under EXPLAIN (ANALYZE, BUFFERS)
+(``bench/experiments/pinned_explain.py``, the generic plan the claim runs): the plan
+nodes that read the most buffers, while the loop runs.
 
 Moments: ``before`` (the last ``WINDOW`` seconds before the pin), ``pinned N s`` (the
 last ``WINDOW`` seconds of the first N seconds of the pin: a REPEATABLE READ transaction
@@ -41,7 +37,7 @@ tuples in the schema (``pg_stat_user_tables``, as the statistics collector last 
 them).
 
 Usage: ``python -m bench.pinned [--quick | --size PENDING/GROUPS [--pins S[,S...]]]
-[--flat-out [--explain]] [--walks] [--pin-xid]``
+[--flat-out [--explain]] [--pin-xid]``
 (DATABASE_URL, default the local test database). ``--quick``: 100,000 pending jobs over
 2,000 groups, pinned 60 s. ``--size``: one size, pinned ``--pins`` seconds (default 60).
 Without either: 100,000 over 2,000 and 1,000,000 over 10,000, each pinned 10 minutes
@@ -87,8 +83,8 @@ def _replacements(n: int, groups: int, rng: random.Random) -> list[dict[str, Any
 
 @dataclass
 class Samples:
-    """Claim times (ms) by claimer (``rota``, ``fifo``; with ``--walks`` also ``walk``
-    and ``sorted``), each with the monotonic time it was taken."""
+    """Claim times (ms) by claimer (``rota``, ``fifo``), each with the monotonic time it
+    was taken."""
 
     times: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
@@ -119,7 +115,7 @@ async def horizon_seconds(conn: psycopg.AsyncConnection[Any]) -> float:
 
 async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
                    flat_out: bool = False, explain: bool = False,
-                   walks: bool = False, pin_xid: bool = False) -> dict[str, Any]:
+                   pin_xid: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     await build(url, SCHEMA, pending=pending, groups=groups, done=pending // 5)
     print(f"built {pending:,} pending over {groups:,} groups in "
@@ -134,23 +130,17 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
                        sql.Identifier(SCHEMA))
     moments: list[dict[str, Any]] = []
     queue = Queue(url, schema=SCHEMA)
-    # --walks: the same claim forced to each way of reading the groups.
-    forced = {"walk": Queue(url, schema=SCHEMA), "sorted": Queue(url, schema=SCHEMA)}
-    for name, q in forced.items():
-        q.fair_claim.upkeep.request = lambda job_type: None  # type: ignore[method-assign]
-        q.upkeep.horizon_held = name == "sorted"
-    claimers = {"rota": queue, **(forced if walks else {})}
-    async with (queue, forced["walk"], forced["sorted"],
+    async with (queue,
                 await psycopg.AsyncConnection.connect(url, autocommit=True) as conn,
                 await psycopg.AsyncConnection.connect(url, autocommit=True) as stats,
                 await psycopg.AsyncConnection.connect(url) as holder):
 
         async def pair(first_rota: bool) -> None:
-            names = [*claimers, "fifo"]
+            names = ["rota", "fifo"]
             for name in names if first_rota else reversed(names):
                 t = time.perf_counter()
-                if name != "fifo":
-                    jobs = await claimers[name].claim("t", 25)
+                if name == "rota":
+                    jobs = await queue.claim("t", 25)
                     ms = (time.perf_counter() - t) * 1000
                     if jobs:
                         await queue.complete_many(jobs)
@@ -206,13 +196,6 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
                  "flat_out": flat_out}
             moments.append(m)
             print(row(m, moments[0]["rota_p50"] if moments else None), flush=True)
-            if walks:
-                m["walk_p50"] = samples.p50("walk", start, end)
-                m["sorted_p50"] = samples.p50("sorted", start, end)
-                print(f"    forced: walk {m['walk_p50']:.2f} ms, sorted pass "
-                      f"{m['sorted_p50']:.2f} ms (the queue's own choice: "
-                      f"{'sorted pass' if queue.upkeep.horizon_held else 'walk'})",
-                      flush=True)
             return m
 
         began = time.monotonic()
@@ -229,15 +212,13 @@ async def scenario(url: str, pending: int, groups: int, pins: tuple[int, ...],
         for secs in pins:
             await sample_until(pinned + secs)
             await moment(f"pinned {secs} s", pinned + secs - WINDOW, pinned + secs)
-        await look(f"pinned {pins[-1]} s "
-                   f"({'sorted pass' if queue.upkeep.horizon_held else 'index walk'})")
+        await look(f"pinned {pins[-1]} s")
         await holder.rollback()
         released = time.monotonic()
         await sample_until(released + AFTER)
         await moment(f"{AFTER:.0f} s after release", released + AFTER - WINDOW,
                      released + AFTER)
-        await look(f"{AFTER:.0f} s after release "
-                   f"({'sorted pass' if queue.upkeep.horizon_held else 'index walk'})")
+        await look(f"{AFTER:.0f} s after release")
         if loop is not None:
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -295,17 +276,15 @@ def report(results: list[dict[str, Any]]) -> str:
 
 def main(url: str, *, sizes: tuple[tuple[int, int, tuple[int, ...]], ...] = FULL,
          flat_out: bool = False, explain: bool = False,
-         walks: bool = False, pin_xid: bool = False) -> list[dict[str, Any]]:
+         pin_xid: bool = False) -> list[dict[str, Any]]:
     """Run the scenario at each size (``(pending, groups, pins in seconds)``: ``QUICK``,
     ``FULL`` or one asked for), paced or ``flat_out`` (with ``explain``: the claim's
-    plan before the pin, at its end and after the release; with ``walks``: the claim
-    forced to each way of reading the groups as well; with ``pin_xid``: the pinning
+    plan before the pin, at its end and after the release; with ``pin_xid``: the pinning
     transaction holds an xid too, as one that wrote and stays open); returns per size its
     moments (p50s in ms, dead tuples, the horizon's age; flat out, the churn's jobs/s).
     The schema is dropped after."""
     print(header(flat_out), flush=True)
-    out = [asyncio.run(scenario(url, pending, groups, pins, flat_out, explain, walks,
-                                pin_xid))
+    out = [asyncio.run(scenario(url, pending, groups, pins, flat_out, explain, pin_xid))
            for pending, groups, pins in sizes]
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
@@ -343,12 +322,11 @@ def _pins(text: str) -> tuple[int, ...]:
 Sizes = tuple[tuple[int, int, tuple[int, ...]], ...]
 
 
-def parse(argv: list[str]) -> tuple[Sizes, bool, bool, bool, bool]:
+def parse(argv: list[str]) -> tuple[Sizes, bool, bool, bool]:
     """What ``argv`` asks for: the sizes (``--quick``: ``QUICK``; ``--size
     PENDING/GROUPS`` with ``--pins SECONDS[,SECONDS...]``, default 60; nothing:
     ``FULL``), whether the loop runs flat out (``--flat-out``), whether to print the
-    claim's plan (``--explain``, with ``--flat-out``), and whether to sample the claim
-    forced to the walk and to the sorted pass (``--walks``), and whether the pinning
+    claim's plan (``--explain``, with ``--flat-out``), and whether the pinning
     transaction takes an xid (``--pin-xid``).
 
     Raises:
@@ -373,9 +351,6 @@ def parse(argv: list[str]) -> tuple[Sizes, bool, bool, bool, bool]:
     parser.add_argument("--explain", action="store_true",
                         help="with --flat-out: print the claim's EXPLAIN (ANALYZE, "
                              "BUFFERS) before the pin, at its end and after the release")
-    parser.add_argument("--walks", action="store_true",
-                        help="also sample the claim forced to walk the groups' index and "
-                             "forced to the sorted pass")
     parser.add_argument("--pin-xid", action="store_true",
                         help="the pinning transaction also takes an xid, as one that "
                              "wrote and stays open does")
@@ -390,7 +365,7 @@ def parse(argv: list[str]) -> tuple[Sizes, bool, bool, bool, bool]:
         sizes = FULL
     else:
         sizes = ((*args.size, args.pins or (60,)),)
-    return sizes, args.flat_out, args.explain, args.walks, args.pin_xid
+    return sizes, args.flat_out, args.explain, args.pin_xid
 
 
 def parse_sizes(argv: list[str]) -> Sizes:
@@ -401,11 +376,10 @@ def parse_sizes(argv: list[str]) -> Sizes:
 if __name__ == "__main__":
     from . import server
 
-    sizes, flat_out, explain, walks, pin_xid = parse(sys.argv[1:])
+    sizes, flat_out, explain, pin_xid = parse(sys.argv[1:])
     url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
     print(server.describe(url))
-    results = main(url, sizes=sizes, flat_out=flat_out, explain=explain, walks=walks,
-                   pin_xid=pin_xid)
+    results = main(url, sizes=sizes, flat_out=flat_out, explain=explain, pin_xid=pin_xid)
     out = Path(__file__).parent / "results"
     out.mkdir(parents=True, exist_ok=True)
     name = "pinned_flat_out.json" if flat_out else "pinned.json"

@@ -7,8 +7,9 @@ fair and cheap, and the only code that reads or writes its bookkeeping tables
   dashboard's probe, :meth:`FairClaim.verify`, :meth:`FairClaim.repair`).
 - ``upkeep.py``: :class:`ClaimUpkeep`, folds, bound renewals, edge moves, VACUUM.
 - ``claim.sql`` and its fragments (the group pool: ``claim_pool_cached.sql``, or
-  ``claim_pool_scan.sql`` for an application's groups relation; ``claim_pool_special.sql``, ``claim_head.sql``,
-  ``groupless_head.sql``), ``claim_settings.sql``: the statement.
+  ``claim_pool_scan.sql`` for an application's groups relation;
+  ``claim_pool_special.sql``, ``claim_head.sql``, ``groupless_head.sql``),
+  ``claim_settings.sql``: the statement.
 - ``bookkeeping.sql``: the tables, functions and triggers that keep the bookkeeping
   (the fresh install's part of ``schema.sql``, included there).
 - ``contract.py`` with ``verify.sql``: the contract, every invariant of
