@@ -106,10 +106,20 @@ async def works_as(url: str, schema: str) -> None:
     """Everything but migrate, on this connection string: enqueue, a run, maintenance,
     a worker woken by the enqueue's notification, and the cron endpoint."""
     async with Queue(url, schema=schema, **SETTINGS) as queue:
-        await queue.enqueue("echo", {"n": 1})
+        await queue.enqueue("echo", {"n": 1}, group_id="g")
         result = await build_pipeline(queue).run(trigger="manual",
                                                  time_budget=timedelta(seconds=30))
         assert (result.stop_reason, result.jobs_done) == ("no_work", 1), result
+        # The claim's upkeep folds as this role: its writes (the walk floors among them)
+        # need nothing the grants leave out.
+        await queue.run_upkeep()
+        async with await psycopg.AsyncConnection.connect(url) as conn:
+            cur = await conn.execute(sql.SQL(
+                "SELECT level, plan_key, served_n::text FROM {}.fair_walk_floor"
+                " ORDER BY level").format(sql.Identifier(schema)))
+            # g's job is done: no group of the plan has a head ('Infinity').
+            assert await cur.fetchall() == [("group", "", "Infinity"),
+                                            ("owner", "", "Infinity")]
         counters = await maintain(queue)
         assert counters and all(isinstance(v, int) for v in counters.values())
 

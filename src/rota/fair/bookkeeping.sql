@@ -207,11 +207,10 @@ ALTER TABLE {schema}.fair_fold_mark REPLICA IDENTITY FULL;
 -- time, in the transaction that wrote the rows: every row a fold writes or takes in
 -- (a lowered, new or moved group, once the mark covers its change) is in its plans'
 -- new floors, and every other row lay at or above the old one. Rows are only inserted
--- (seq from fair_walk_floor_seq, drawn under the fold's lock, so a newer floor has a
--- greater seq) and the older one deleted: the newest is the first entry of a backward
--- scan of fair_walk_floor_idx whatever dead versions lie below it.
-CREATE SEQUENCE {schema}.fair_walk_floor_seq;
-
+-- (seq one past the plan's newest, read under the fold's lock; no sequence, whose
+-- nextval a worker's role would need a grant for) and the older one deleted: the
+-- newest is the first entry of a backward scan of fair_walk_floor_idx whatever dead
+-- versions lie below it.
 CREATE TABLE {schema}.fair_walk_floor (
     type      text NOT NULL,
     level     text NOT NULL CHECK (level IN ('group', 'owner')),
@@ -922,16 +921,17 @@ BEGIN
             WHERE f.type = p_type AND f.group_id = g.group_id OFFSET 0) f
     ),
     old AS (
-        SELECT p.plan_key, o.tid, o.served_n, o.head_lb, o.head_id
+        SELECT p.plan_key, o.tid, o.seq, o.served_n, o.head_lb, o.head_id
         FROM (SELECT DISTINCT t.plan_key FROM touched t) p
         LEFT JOIN LATERAL (
-            SELECT w.ctid AS tid, w.served_n, w.head_lb, w.head_id
+            SELECT w.ctid AS tid, w.seq, w.served_n, w.head_lb, w.head_id
             FROM {schema}.fair_walk_floor w
             WHERE w.type = p_type AND w.level = 'group' AND w.plan_key = p.plan_key
             ORDER BY w.seq DESC LIMIT 1) o ON true
     ),
     new AS (
-        SELECT o.plan_key, o.tid, coalesce(n.served_n, 'Infinity') AS served_n,
+        SELECT o.plan_key, o.tid, coalesce(o.seq, 0) + 1 AS seq,
+               coalesce(n.served_n, 'Infinity') AS served_n,
                coalesce(n.head_lb, 'infinity') AS head_lb, coalesce(n.head_id, 0) AS head_id,
                o.served_n AS old_served, o.head_lb AS old_head_lb, o.head_id AS old_head_id
         FROM old o
@@ -960,8 +960,8 @@ BEGIN
     moved AS (
         INSERT INTO {schema}.fair_walk_floor (type, level, plan_key, seq, served_n,
                                               b_served, head_lb, head_id)
-        SELECT p_type, 'group', n.plan_key, nextval('{schema}.fair_walk_floor_seq'),
-               n.served_n, n.served_n, n.head_lb, n.head_id
+        SELECT p_type, 'group', n.plan_key, n.seq, n.served_n, n.served_n, n.head_lb,
+               n.head_id
         FROM new n
         WHERE n.tid IS NULL
            OR (n.served_n, n.head_lb, n.head_id)
@@ -985,16 +985,17 @@ BEGIN
             WHERE o.type = p_type AND o.plan_key = u.k AND o.unit = u.u OFFSET 0) o
     ),
     old AS (
-        SELECT p.plan_key, o.tid, o.served_n, o.b_served, o.head_lb, o.head_id
+        SELECT p.plan_key, o.tid, o.seq, o.served_n, o.b_served, o.head_lb, o.head_id
         FROM (SELECT DISTINCT u.k AS plan_key FROM unnest(p_keys) AS u(k)) p
         LEFT JOIN LATERAL (
-            SELECT w.ctid AS tid, w.served_n, w.b_served, w.head_lb, w.head_id
+            SELECT w.ctid AS tid, w.seq, w.served_n, w.b_served, w.head_lb, w.head_id
             FROM {schema}.fair_walk_floor w
             WHERE w.type = p_type AND w.level = 'owner' AND w.plan_key = p.plan_key
             ORDER BY w.seq DESC LIMIT 1) o ON true
     ),
     new AS (
-        SELECT o.plan_key, o.tid, coalesce(n.served_n, 'Infinity') AS served_n,
+        SELECT o.plan_key, o.tid, coalesce(o.seq, 0) + 1 AS seq,
+               coalesce(n.served_n, 'Infinity') AS served_n,
                coalesce(n.b_served, 'Infinity') AS b_served,
                coalesce(n.b_head_lb, 'infinity') AS head_lb,
                coalesce(n.b_head_id, 0) AS head_id,
@@ -1023,8 +1024,8 @@ BEGIN
     moved AS (
         INSERT INTO {schema}.fair_walk_floor (type, level, plan_key, seq, served_n,
                                               b_served, head_lb, head_id)
-        SELECT p_type, 'owner', n.plan_key, nextval('{schema}.fair_walk_floor_seq'),
-               n.served_n, n.b_served, n.head_lb, n.head_id
+        SELECT p_type, 'owner', n.plan_key, n.seq, n.served_n, n.b_served, n.head_lb,
+               n.head_id
         FROM new n
         WHERE n.tid IS NULL
            OR (n.served_n, n.b_served, n.head_lb, n.head_id)

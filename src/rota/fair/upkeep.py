@@ -277,7 +277,7 @@ class ClaimUpkeep:
         if held != self.horizon_held:
             log.info("the xmin horizon of %s's database is %s", self.store.schema,
                      f"held ({age:.1f} s): vacuum can remove no dead row version"
-                     if held else "moving again: the bookkeeping is vacuumed now")
+                     if held else "moving again")
         self.horizon_held = held
 
     def _vacuum_aside(self) -> None:
