@@ -106,6 +106,7 @@ async def works_as(url: str, schema: str) -> None:
     """Everything but migrate, on this connection string: enqueue, a run, maintenance,
     a worker woken by the enqueue's notification, and the cron endpoint."""
     async with Queue(url, schema=schema, **SETTINGS) as queue:
+        await queue.upsert_group("g", plan=None)
         await queue.enqueue("echo", {"n": 1}, group_id="g")
         result = await build_pipeline(queue).run(trigger="manual",
                                                  time_budget=timedelta(seconds=30))
