@@ -59,6 +59,16 @@ async def fair_violations(conn: psycopg.AsyncConnection[Any],
     return [Violation(*row) for row in await cur.fetchall()]
 
 
+async def index_entries_returned(conn: psycopg.AsyncConnection[Any], index: str) -> int:
+    """The entries ``index`` (schema-qualified) has returned to ``conn``'s open
+    transaction so far, dead versions' included (what a scan read, not what it kept)."""
+    cur = await conn.execute("SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
+                             [index])
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def schema_before(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
     """Create ``schema`` as an install of every migration before ``version`` left it,
     each recorded as applied (an upgrade test's starting point; ``migrate`` then

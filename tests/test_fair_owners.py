@@ -14,7 +14,7 @@ from rota import InvalidInput, Job, Plan, Plans, Queue
 from rota.db import migrate, migrations
 from rota.fair.upkeep import UpkeepConfig
 
-from .helpers import schema_before
+from .helpers import index_entries_returned, schema_before
 from .test_fast_claim import claim_equals_oracle
 
 # After every test: the fair claim's bookkeeping keeps its contract (verify.sql).
@@ -160,9 +160,7 @@ async def _claim_5_reading(queue: Queue, database_url: str,
     retries = fair.retries.get("t", 0)
     async with await psycopg.AsyncConnection.connect(database_url) as c:
         jobs = await queue.claim("t", 5, conn=c)
-        cur = await c.execute("SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
-                              [f"{queue.schema}.{index}"])
-        [(n,)] = await cur.fetchall()
+        n = await index_entries_returned(c, f"{queue.schema}.{index}")
         await c.commit()
     assert fair.retries.get("t", 0) == retries  # one statement: its reads alone
     return jobs, n

@@ -19,7 +19,7 @@ from rota import Queue
 from rota.db import migrate, migrations
 from rota.fair import Violation
 
-from .helpers import schema_before
+from .helpers import index_entries_returned, schema_before
 from .test_fair_contract import run
 from .test_fast_claim import claim_equals_oracle
 
@@ -259,9 +259,7 @@ async def test_the_claim_reads_no_delta_folded_since_an_open_writer_began(
             # By index, as at any size past a few pages (this one's is read whole else).
             await c.execute("SET LOCAL enable_seqscan = off")
             claimed = await queue.claim("t", 1, conn=c)
-            cur = await c.execute("SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
-                                  [f"{queue.schema}.fair_served_xid_idx"])
-            [(n,)] = await cur.fetchall()
+            n = await index_entries_returned(c, f"{queue.schema}.fair_served_xid_idx")
             await c.rollback()
         assert len(claimed) == 1 and n == 1
         await writer.commit()

@@ -14,12 +14,13 @@ import pytest
 
 from rota import Queue
 
+from .helpers import index_entries_returned
 from .test_fair_contract import run
 from .test_fast_claim import claim_equals_oracle
 from .test_fold_mark import current_xid
 
 
-async def six_groups_served_three_times(queue: Queue, database_url: str,
+async def six_groups_served_three_times(queue: Queue,
                                         pin: psycopg.AsyncConnection[Any]) -> None:
     """Groups g1..g6 of plan pro, 20 jobs each (g1's first); while ``pin`` holds the
     horizon with an xid, 9 rounds of claiming 2 and completing them, each folded. Each
@@ -47,11 +48,9 @@ async def entries_read(queue: Queue, database_url: str, index: str,
         if not floors:
             await c.execute(f"DELETE FROM {queue.schema}.fair_walk_floor")
         assert len(await queue.claim("t", 2, conn=c)) == 2
-        cur = await c.execute("SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
-                              [f"{queue.schema}.{index}"])
-        [(n,)] = await cur.fetchall()
+        n = await index_entries_returned(c, f"{queue.schema}.{index}")
         await c.rollback()
-    return int(n)
+    return n
 
 
 async def range_entries(queue: Queue, database_url: str, index: str, table: str,
@@ -63,11 +62,9 @@ async def range_entries(queue: Queue, database_url: str, index: str, table: str,
             await c.execute(f"SET LOCAL {setting} = off")
         await c.execute(f"SELECT count(*) FROM (SELECT 1 FROM {queue.schema}.{table}"
                         f" WHERE {where} ORDER BY {order}) x")
-        cur = await c.execute("SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
-                              [f"{queue.schema}.{index}"])
-        [(n,)] = await cur.fetchall()
+        n = await index_entries_returned(c, f"{queue.schema}.{index}")
         await c.rollback()
-    return int(n)
+    return n
 
 
 async def test_the_group_walk_reads_no_dead_version_below_its_floor(
@@ -77,7 +74,7 @@ async def test_the_group_walk_reads_no_dead_version_below_its_floor(
     queue: Queue = await make_queue()
     queue.upkeep.request = queue.upkeep._seen.add  # type: ignore[method-assign]
     async with await psycopg.AsyncConnection.connect(database_url) as pin:
-        await six_groups_served_three_times(queue, database_url, pin)
+        await six_groups_served_three_times(queue, pin)
         rows = await run(aconn, queue, "SELECT plan_key, served_n::int FROM {s}.fair_walk_floor"
                          " WHERE level = 'group'")
         assert rows == [("p:pro", 3)]
@@ -103,7 +100,7 @@ async def test_the_owner_walks_read_no_dead_version_below_their_floors(
     queue: Queue = await make_queue(fair_by="owner")
     queue.upkeep.request = queue.upkeep._seen.add  # type: ignore[method-assign]
     async with await psycopg.AsyncConnection.connect(database_url) as pin:
-        await six_groups_served_three_times(queue, database_url, pin)
+        await six_groups_served_three_times(queue, pin)
         rows = await run(aconn, queue, "SELECT plan_key, served_n::int FROM {s}.fair_walk_floor"
                          " WHERE level = 'owner'")
         assert rows == [("p:pro", 3)]
@@ -131,7 +128,7 @@ async def test_a_row_a_writer_puts_below_the_floor_is_claimed_in_order(
     queue: Queue = await make_queue(fair_by=fair_by)
     queue.upkeep.request = queue.upkeep._seen.add  # type: ignore[method-assign]
     async with await psycopg.AsyncConnection.connect(database_url) as pin:
-        await six_groups_served_three_times(queue, database_url, pin)
+        await six_groups_served_three_times(queue, pin)
         await pin.rollback()
     await queue.upsert_group("other", plan="free")
     await queue.enqueue("t", {}, group_id="other")
@@ -157,7 +154,7 @@ async def test_verify_names_a_row_below_its_floor_and_the_rebuild_clears_it(
     queue: Queue = await make_queue()
     queue.upkeep.request = queue.upkeep._seen.add  # type: ignore[method-assign]
     async with await psycopg.AsyncConnection.connect(database_url) as pin:
-        await six_groups_served_three_times(queue, database_url, pin)
+        await six_groups_served_three_times(queue, pin)
         await pin.rollback()
     [(served, head_lb, head_id)] = await run(
         aconn, queue, "SELECT served_n::text, head_lb::text, head_id FROM {s}.fair_groups"

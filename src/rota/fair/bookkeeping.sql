@@ -918,7 +918,10 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT f.plan_key, f.served_n, f.head_lb, f.head_id, f.active
             FROM {schema}.fair_groups f
-            WHERE f.type = p_type AND f.group_id = g.group_id OFFSET 0) f
+            -- Newest version first (claim's special_group_row.sql): a held horizon
+            -- keeps every version of the row this fold just wrote.
+            WHERE f.type = p_type AND f.group_id >= g.group_id AND f.group_id <= g.group_id
+            ORDER BY f.group_id DESC LIMIT 1) f
     ),
     old AS (
         SELECT p.plan_key, o.tid, o.seq, o.served_n, o.head_lb, o.head_id
@@ -982,7 +985,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT o.plan_key, o.served_n, o.b_served, o.b_head_lb, o.b_head_id
             FROM {schema}.fair_owners o
-            WHERE o.type = p_type AND o.plan_key = u.k AND o.unit = u.u OFFSET 0) o
+            WHERE o.type = p_type AND o.plan_key = u.k AND o.unit >= u.u AND o.unit <= u.u
+            ORDER BY o.unit DESC LIMIT 1) o  -- newest version first, as above
     ),
     old AS (
         SELECT p.plan_key, o.tid, o.seq, o.served_n, o.b_served, o.head_lb, o.head_id

@@ -101,10 +101,10 @@ class FairClaim:
         """The claim for ``fair_by`` (``"group"`` or ``"owner"``; docs/design.md, "The
         fair claim"). By group it walks fair_groups' copy of plan and active for rota's
         own groups table (through fair_groups_walk_idx, from each plan's walk floor),
-        and reads
-        an application's groups relation live. By owner it walks the owners' rows
-        (``fair_owners``) for rota's own groups table, and reads every group of the type
-        with its owner, live, from an application's relation (``claim_pool_owner.sql``).
+        and reads an application's groups relation live. By owner it walks the owners'
+        rows (``fair_owners``) for rota's own groups table, and reads every group of the
+        type with its owner, live, from an application's relation
+        (``claim_pool_owner.sql``).
         ``capped`` (a plan sets ``max_running``, or a group of rota's own groups table
         does: :attr:`group_capped`) adds the caps (docs/design.md, "Caps": the
         ``cap_*_on.sql`` fragments, with the groups' own caps on rota's own groups table);

@@ -49,8 +49,8 @@
 --
 -- Fragments, chosen by FairClaim.statement (each states what it needs and defines):
 -- the pool placeholder is claim_pool_cached.sql (rota's groups table),
--- claim_pool_scan.sql (an application's groups relation) or claim_pool_owner.sql (fair_by "owner"); the
--- claim_order placeholder is claim_order_group.sql or claim_order_owner.sql. With a plan
+-- claim_pool_scan.sql (an application's groups relation) or claim_pool_owner.sql
+-- (fair_by "owner"); the claim_order placeholder is claim_order_group.sql or claim_order_owner.sql. With a plan
 -- that caps its owners' running jobs (Plan.max_running), the cap_* placeholders are
 -- their *_on.sql fragments (the owners at their cap left out of the walk, the others
 -- taken up to their allowance: cap_tail_on.sql); else they are nothing. The capped
@@ -63,9 +63,9 @@
 --          middle_weight, lowest_weight, probe_groups, probe_per, candidates (and
 --          probe_spread for fair_by "owner"), plan_caps with the caps.
 -- Defines: CTEs clock, plan_priority, running_old, edge_fix, fold_mark, fold_open,
---          served_delta, changes, stale, stale_head, special (read by the pool); the pool's
---          CTEs; the order's CTEs (ending in ordered and unread); then cand and cap_slots (the cap_tail
---          fragment), kth, blocked, locked, last_locked, blocked_after, claimed.
+--          served_delta, changes, stale, stale_head, special (read by the pool); the
+--          pool's CTEs; the order's CTEs (ending in ordered and unread); then cand and
+--          cap_slots (the cap_tail fragment), kth, blocked, locked, last_locked, blocked_after, claimed.
 --          Returns the claimed jobs' columns, claim_order and retry (one row with
 --          retry set, and nothing claimed, when the proof failed).
 WITH clock AS (

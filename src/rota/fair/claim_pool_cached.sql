@@ -4,8 +4,8 @@
 -- Needs:   CTEs clock, special, served_delta, edge_fix, running_old, stale_head (and
 --          stale, through groupless_head.sql); parameters type, probe_groups.
 -- Defines: CTEs levels(plan, f_served, f_head_lb, f_head_id), pool(group_id, head_lb,
---          head_id, served_n, served_lb, plan,
---          active); includes claim_pool_special.sql.
+--          head_id, served_n, served_lb, plan, active); includes
+--          claim_pool_special.sql.
 -- Each plan
 -- present is walked through fair_groups_walk_idx by (served_n, head_lb), reading at most
 -- probe_groups + 1 groups per plan: for a group outside `special`, served_n is its exact

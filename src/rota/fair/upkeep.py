@@ -80,8 +80,8 @@ class ClaimUpkeep:
     no dead row version of the bookkeeping can be vacuumed (the claim's walks start at
     their floors, past the entries of the folds' old versions: docs/operations.md,
     "Long transactions"), and once it moves again the next round vacuums what it kept.
-    A role that cannot see other roles' sessions (no
-    ``pg_read_all_stats``) sees only its own role's transactions.
+    A role that cannot see other roles' sessions (no ``pg_read_all_stats``) sees only
+    its own role's transactions.
     """
 
     name = "claim_upkeep"
