@@ -68,6 +68,63 @@ async def test_a_large_claim_after_small_ones_reads_each_transition_table_once(
     assert loops and max(loops) == 1
 
 
+def tuplestore_scans(node: dict[str, Any]) -> int:
+    """How many scans of a transition table a plan holds (each its own pass)."""
+    own = 1 if node["Node Type"] == "Named Tuplestore Scan" else 0
+    return own + sum(tuplestore_scans(child) for child in node.get("Plans", []))
+
+
+async def test_a_batch_enqueue_into_bounded_groups_reads_the_inserted_jobs_once(
+        queue: Queue, database_url: str) -> None:
+    """The insert trigger's usual case (every job pending and due, into groups whose rows
+    bound them) is one statement that groups the inserted jobs once: it used to count
+    the distinct groups in a second pass and test for non-pending jobs in a third
+    (bench/RESULTS.md, section 32). It locks each group's row and changes none."""
+    groups = [f"g{i}" for i in range(10)]
+    for g in groups:
+        await queue.upsert_group(g, plan="free")
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": g} for g in groups])
+    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    plans: list[dict[str, Any]] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        text = diag.message_primary or ""
+        if text.startswith("duration:") and "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1]))
+
+    fair_groups = sql.SQL("SELECT count(*), sum(xmin::text::bigint) FROM {}.fair_groups"
+                          ).format(sql.Identifier(queue.schema))
+    try:
+        try:
+            await conn.execute("LOAD 'auto_explain'")
+        except psycopg.errors.UndefinedFile:
+            pytest.skip("this server has no auto_explain (the embedded one; CI's has)")
+        for setting in ("SET auto_explain.log_min_duration = 0",
+                        "SET auto_explain.log_analyze = on",
+                        "SET auto_explain.log_nested_statements = on",
+                        "SET auto_explain.log_format = json",
+                        "SET auto_explain.log_level = notice"):
+            await conn.execute(setting)
+        before = await (await conn.execute(fair_groups)).fetchone()
+        conn.add_notice_handler(keep)
+        created = await queue.enqueue_many(
+            [{"type": "t", "payload": {"i": i}, "group_id": groups[i % 10]}
+             for i in range(200)], conn=conn)
+        conn.remove_notice_handler(keep)
+        after = await (await conn.execute(fair_groups)).fetchone()
+    finally:
+        await conn.close()
+    assert created == 200
+    trigger = [p for p in plans if "FROM inserted" in p.get("Query Text", "")
+               and "fair_groups" in p.get("Query Text", "")]
+    assert len(trigger) == 1, [p.get("Query Text") for p in plans]
+    assert tuplestore_scans(trigger[0]["Plan"]) == 1
+    # The trigger returned early: no other statement of the bookkeeping ran, and every
+    # group's row is as it was (locked FOR KEY SHARE, which leaves xmin as it is).
+    assert not [p for p in plans if "fair_note_pending" in p.get("Query Text", "")]
+    assert after == before and before is not None and before[0] == 10
+
+
 async def test_still_claimable_reads_the_row_as_last_committed(
         queue: Queue, aconn: psycopg.AsyncConnection[Any]) -> None:
     """The claim's lock step asks it before locking a candidate: pending and due, or
