@@ -1,22 +1,25 @@
-"""The single-job enqueue statement (docs/design.md, "Enqueue"): one job without a dedupe
+"""The single-job enqueue statements (docs/design.md, "Enqueue"): one job without a dedupe
 key, into rota's groups table, is checked, its group looked up and the job inserted in
-one statement of enqueue_jobs, and the steps a batch takes (the rules, the group check,
-the insert) run only when it wrote nothing (tests/test_sql_enqueue.py checks that both
-give the same rows and problems). A refused job writes nothing, not even an id; and the
+one INSERT (sql/enqueue_fast.sql from Python, enqueue_jobs' first statement from SQL),
+and enqueue_jobs' steps (the rules, the group check, the insert) run only when it wrote
+nothing (here and in tests/test_sql_enqueue.py: both give the same rows and problems). A refused job writes nothing, not even an id; and the
 jobs trigger's one statement still holds the groups' bookkeeping rows against the fold
 until the enqueue commits (docs/fast-claim.md, "Writers: three protocols and one delta
 rule")."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from psycopg.types.json import Jsonb
+
 from rota import Queue, UnknownGroup, UnknownJobType
+from rota.enqueue import enqueue_params, enqueued_row, fast_params
 
 
 async def test_a_refused_job_writes_nothing_and_takes_no_id(
@@ -151,3 +154,76 @@ async def test_the_job_enqueue_returns_is_its_row_field_for_field(
             for j in made if j is not None] == [
         ("t", {"n": 1}, "g", None, 7, "pending"), ("t", [1.5, "é"], None, "k", 3, "pending"),
         ("u", "text", None, None, 3, "pending"), ("t", None, "g", None, 3, "pending")]
+
+
+TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+
+
+async def test_the_one_insert_writes_the_row_enqueue_jobs_writes_and_refuses_what_it_refuses(
+        make_queue: Any, aconn: Any) -> None:
+    """sql/enqueue_fast.sql restates enqueue_jobs' defaults and calls its rules: for each
+    input both statements run in one transaction (the same now()), and the rows they
+    write are equal column for column but the id; what enqueue_jobs refuses, the one
+    INSERT does not write (no row: Queue.enqueue then runs enqueue_jobs for the
+    problem)."""
+    queue: Queue = await make_queue(types=["t", "u"], max_attempts=4)
+    queue.clock_offset = timedelta(hours=2)
+    await queue.upsert_group("g", plan=None)
+    due = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
+    written = [
+        dict(type="t", payload={"n": 1}),
+        dict(type="t", payload=[1, "é"], group_id="g", max_attempts=7),
+        dict(type="u", payload=None, group_id="g", run_after=due),
+        dict(type="t", payload="by type"),  # max_attempts from the type's setting
+        dict(type="t", payload={}, trace=TRACE),
+    ]
+    refused = [
+        (dict(type="v", payload={}), "42704"),                  # undeclared type
+        (dict(type="t", payload={}, group_id="nope"), "23503"),  # unknown group
+        (dict(type="t", payload={}, group_id=""), "22023"),      # empty group id
+        (dict(type="t", payload={}, max_attempts=0), "22023"),
+        (dict(type="t", payload={}, trace={"traceparent": "x"}), "22023"),
+        (dict(type="t", payload=["x" * 2_000_000]), "54000"),   # larger than allowed
+    ]
+    fast_sql, steps_sql = queue.store.sql("enqueue_fast"), queue.store.sql("enqueue")
+
+    def params(given: dict[str, Any]) -> dict[str, Any]:
+        given = dict(given)
+        trace = given.pop("trace", None)
+        p = enqueue_params(queue.settings, **given)
+        p["trace_context"] = None if trace is None else Jsonb(trace)
+        p["s_max_attempts_by_type"] = Jsonb({"t": 9} if given["payload"] == "by type"
+                                            else {})
+        return p
+
+    async with aconn.transaction(force_rollback=True):
+        for given in written:
+            p = params(given)
+            fast = fast_params(p)
+            assert fast is not None
+            one = await (await aconn.cursor(row_factory=enqueued_row).execute(
+                fast_sql, fast)).fetchone()
+            steps = await (await aconn.cursor(row_factory=enqueued_row).execute(
+                steps_sql, p)).fetchone()
+            assert one is not None and steps is not None
+            (no_problem, a), (none, b) = one, steps
+            assert no_problem is None and none is None and a is not None and b is not None
+            assert b.id == a.id + 1
+            assert {**vars(a), "id": 0} == {**vars(b), "id": 0}
+        for given, sqlstate in refused:
+            p = params(given)
+            fast = fast_params(p)
+            assert fast is not None
+            cur = await aconn.cursor(row_factory=enqueued_row).execute(fast_sql, fast)
+            assert await cur.fetchone() is None
+            steps = await (await aconn.cursor(row_factory=enqueued_row).execute(
+                steps_sql, p)).fetchone()
+            assert steps is not None and steps[0] is not None
+            assert (steps[0]["sqlstate"], steps[1]) == (sqlstate, None)
+        count = sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(queue.schema))
+        assert await (await aconn.execute(count)).fetchone() == (2 * len(written),)
+    # A dedupe key, or an application's groups relation, takes enqueue_jobs alone.
+    keyed = enqueue_params(queue.settings, "t", {}, dedupe_key="k")
+    assert fast_params({**keyed, "trace_context": None}) is None
+    assert fast_params({**enqueue_params(queue.settings, "t", {}), "trace_context": None,
+                        "s_groups": "app.customers"}) is None

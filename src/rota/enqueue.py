@@ -287,6 +287,20 @@ def batch_error(problem: Mapping[str, Any], group_ids: Sequence[str | None]) -> 
     return error
 
 
+def fast_params(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The parameters of ``sql/enqueue_fast.sql`` for one job's :func:`enqueue_params`
+    (with its trace context), or ``None`` when the job must go through ``enqueue_jobs``
+    (``sql/enqueue.sql``): it has a dedupe key (a statement that writes nothing could
+    not tell a duplicate from a broken rule), or the queue checks groups against an
+    application's relation (``s_groups``, named at run time)."""
+    if params["dedupe_key"] is not None or params["s_groups"] is not None:
+        return None
+    return {k: v for k, v in params.items() if k not in _NOT_FAST}
+
+
+_NOT_FAST = frozenset({"dedupe_key", "s_groups"})
+
+
 async def enqueue(store: Store, settings: QueueSettings, tracer: tracing.Tracer,
                   ready: Ready, type: str, payload: Any, *,
                   group_id: str | uuid.UUID | None = None, dedupe_key: str | None = None,
@@ -313,8 +327,13 @@ async def enqueue(store: Store, settings: QueueSettings, tracer: tracing.Tracer,
         if conn is None:
             await ready()
         # The store takes the pooled connection itself (or uses conn): one statement,
-        # one round trip, its row read straight into the Job.
-        row = await sql.enqueue(store, **params, row_factory=enqueued_row, conn=conn)
+        # one round trip, its row read straight into the Job. The usual job takes the one
+        # INSERT of sql/enqueue_fast.sql; when that writes nothing, enqueue_jobs says why.
+        fast = fast_params(params)
+        row = None if fast is None else await sql.enqueue_fast(
+            store, **fast, row_factory=enqueued_row, conn=conn)
+        if row is None:
+            row = await sql.enqueue(store, **params, row_factory=enqueued_row, conn=conn)
         job = enqueued_job(row)
         sending.sent([job.id] if job is not None else [], 1 if job is not None else 0)
     return job
@@ -357,4 +376,4 @@ async def enqueue_many(store: Store, settings: QueueSettings, tracer: tracing.Tr
 
 __all__ = ["Enqueued", "Ready", "batch_error", "enqueue", "enqueue_error", "enqueue_many",
            "enqueue_many_params", "enqueue_params", "enqueue_settings", "enqueued_job",
-           "enqueued_row"]
+           "enqueued_row", "fast_params"]

@@ -270,6 +270,29 @@ async def enqueue(store: Store, *, type: str, payload: str, group_id: str | None
         "offset": offset, "trace_context": trace_context}, row_factory, conn=conn)
 
 
+async def enqueue_fast(store: Store, *, type: str, payload: str, group_id: str | None,
+                       run_after: datetime | None, max_attempts: int | None,
+                       s_types: list[str] | None, s_max_attempts: int,
+                       s_max_attempts_by_type: Any, s_max_payload_bytes: int,
+                       offset: timedelta, trace_context: Any,
+                       row_factory: AsyncRowFactory[Row],
+                       conn: AnyConn | None = None) -> Row | None:
+    """``sql/enqueue_fast.sql``: one job without a dedupe key into rota's own groups
+    table as one INSERT under the rules of ``enqueue_jobs`` (the parameters of
+    :func:`enqueue` but ``dedupe_key`` and ``s_groups``).
+
+    Returns:
+        The job's row as ``row_factory`` makes it (``problem`` null), or ``None``: nothing
+        was written (a broken rule, an unknown group), and :func:`enqueue` says why.
+    """
+    return await store.fetch_first("enqueue_fast", {
+        "type": type, "payload": payload, "group_id": group_id, "run_after": run_after,
+        "max_attempts": max_attempts, "s_types": s_types, "s_max_attempts": s_max_attempts,
+        "s_max_attempts_by_type": s_max_attempts_by_type,
+        "s_max_payload_bytes": s_max_payload_bytes, "offset": offset,
+        "trace_context": trace_context}, row_factory, conn=conn)
+
+
 async def enqueue_many(store: Store, *, types: list[str | None], payloads: list[str],
                        group_ids: list[str | None], dedupe_keys: list[str | None],
                        run_afters: list[datetime | None], max_attempts: list[int | None],
