@@ -2,20 +2,19 @@
 key, into rota's groups table, is checked, its group looked up and the job inserted in
 one INSERT (sql/enqueue_fast.sql from Python, enqueue_jobs' first statement from SQL),
 and enqueue_jobs' steps (the rules, the group check, the insert) run only when it wrote
-nothing (here and in tests/test_sql_enqueue.py: both give the same rows and problems). A refused job writes nothing, not even an id; and the
-jobs trigger's one statement still holds the groups' bookkeeping rows against the fold
-until the enqueue commits (docs/fast-claim.md, "Writers: three protocols and one delta
-rule")."""
+nothing (here and in tests/test_sql_enqueue.py: both give the same rows and problems).
+A refused job writes nothing, not even an id; and the jobs trigger's one statement
+still holds the groups' bookkeeping rows against the fold until the enqueue commits
+(docs/fast-claim.md, "Writers: three protocols and one delta rule")."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-
 from psycopg.types.json import Jsonb
 
 from rota import Queue, UnknownGroup, UnknownJobType
@@ -169,7 +168,7 @@ async def test_the_one_insert_writes_the_row_enqueue_jobs_writes_and_refuses_wha
     queue: Queue = await make_queue(types=["t", "u"], max_attempts=4)
     queue.clock_offset = timedelta(hours=2)
     await queue.upsert_group("g", plan=None)
-    due = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
+    due = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     written = [
         dict(type="t", payload={"n": 1}),
         dict(type="t", payload=[1, "é"], group_id="g", max_attempts=7),
