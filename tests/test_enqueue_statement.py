@@ -9,6 +9,7 @@ still holds the groups' bookkeeping rows against the fold until the enqueue comm
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -158,6 +159,14 @@ async def test_the_job_enqueue_returns_is_its_row_field_for_field(
 TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 
 
+def _nested(depth: int) -> Any:
+    """A list nested ``depth`` levels down."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 async def test_the_one_insert_writes_the_row_enqueue_jobs_writes_and_refuses_what_it_refuses(
         make_queue: Any, aconn: Any) -> None:
     """sql/enqueue_fast.sql restates enqueue_jobs' defaults and calls its rules: for each
@@ -175,7 +184,11 @@ async def test_the_one_insert_writes_the_row_enqueue_jobs_writes_and_refuses_wha
         dict(type="u", payload=None, group_id="g", run_after=due),
         dict(type="t", payload="by type"),  # max_attempts from the type's setting
         dict(type="t", payload={}, trace=TRACE),
+        dict(type="t", payload={}, trace=None, null_trace=True),  # JSON null: none
     ]
+    # (max_attempts, due at enqueue, trace_context) each row must have.
+    expected = [(4, None, None), (7, None, None), (4, due, None), (9, None, None),
+                (4, None, TRACE), (4, None, None)]
     refused = [
         (dict(type="v", payload={}), "42704"),                  # undeclared type
         (dict(type="t", payload={}, group_id="nope"), "23503"),  # unknown group
@@ -183,20 +196,29 @@ async def test_the_one_insert_writes_the_row_enqueue_jobs_writes_and_refuses_wha
         (dict(type="t", payload={}, max_attempts=0), "22023"),
         (dict(type="t", payload={}, trace={"traceparent": "x"}), "22023"),
         (dict(type="t", payload=["x" * 2_000_000]), "54000"),   # larger than allowed
+        (dict(type="t", payload=_nested(300)), "54000"),           # nested too deep
+        (dict(type="t", payload={}, run_after=datetime(1, 1, 1, tzinfo=UTC)),
+         "22023"),                                              # due time out of range
+        (dict(type="t" * 513, payload={}), "22023"),            # type too long
+        (dict(type="t", payload={}, group_id="g" * 513), "22023"),  # group id too long
     ]
     fast_sql, steps_sql = queue.store.sql("enqueue_fast"), queue.store.sql("enqueue")
 
     def params(given: dict[str, Any]) -> dict[str, Any]:
         given = dict(given)
         trace = given.pop("trace", None)
+        null_trace = given.pop("null_trace", False)
         p = enqueue_params(queue.settings, **given)
-        p["trace_context"] = None if trace is None else Jsonb(trace)
+        # As the enqueue span hands it over: JSON text, or None.
+        p["trace_context"] = "null" if null_trace else (
+            None if trace is None else json.dumps(trace))
         p["s_max_attempts_by_type"] = Jsonb({"t": 9} if given["payload"] == "by type"
                                             else {})
         return p
 
     async with aconn.transaction(force_rollback=True):
-        for given in written:
+        now = (await (await aconn.execute("SELECT now()")).fetchone())[0]
+        for given, (attempts, at, trace) in zip(written, expected, strict=True):
             p = params(given)
             fast = fast_params(p)
             assert fast is not None
@@ -209,6 +231,9 @@ async def test_the_one_insert_writes_the_row_enqueue_jobs_writes_and_refuses_wha
             assert no_problem is None and none is None and a is not None and b is not None
             assert b.id == a.id + 1
             assert {**vars(a), "id": 0} == {**vars(b), "id": 0}
+            assert (a.max_attempts, a.created_at, a.trace_context, a.status) == (
+                attempts, now + timedelta(hours=2), trace, "pending")
+            assert a.run_after == (a.created_at if at is None else at)
         for given, sqlstate in refused:
             p = params(given)
             fast = fast_params(p)
@@ -226,3 +251,51 @@ async def test_the_one_insert_writes_the_row_enqueue_jobs_writes_and_refuses_wha
     assert fast_params({**keyed, "trace_context": None}) is None
     assert fast_params({**enqueue_params(queue.settings, "t", {}), "trace_context": None,
                         "s_groups": "app.customers"}) is None
+
+
+async def test_a_plain_job_is_sent_as_the_one_insert_and_the_rest_through_enqueue_jobs(
+        make_queue: Any, aconn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which statements a single enqueue sends, recorded by name: a plain job (no dedupe
+    key, rota's own groups table) is sql/enqueue_fast.sql alone, on the queue's pool, on
+    a caller's connection and through SyncQueue; a refused one is that statement, then
+    sql/enqueue.sql (enqueue_jobs, which says why); a job with a dedupe key is
+    sql/enqueue.sql alone."""
+    from rota import SyncQueue
+    from rota import statements as sql_module
+
+    queue: Queue = await make_queue(types=["t"])
+    await queue.upsert_group("g", plan=None)
+    sent: list[str] = []
+    for name in ("enqueue", "enqueue_fast"):
+        original = getattr(sql_module, name)
+
+        async def recording(*args: Any, _name: str = name, _original: Any = original,
+                            **kwargs: Any) -> Any:
+            sent.append(_name)
+            return await _original(*args, **kwargs)
+
+        monkeypatch.setattr(sql_module, name, recording)
+    assert await queue.enqueue("t", {}, group_id="g") is not None
+    async with queue.connection() as c:
+        assert await queue.enqueue("t", {}, conn=c) is not None
+    assert sent == ["enqueue_fast", "enqueue_fast"]
+    sent.clear()
+    with pytest.raises(UnknownGroup):
+        await queue.enqueue("t", {}, group_id="nope")
+    assert sent == ["enqueue_fast", "enqueue"]
+    sent.clear()
+    assert await queue.enqueue("t", {}, group_id="g", dedupe_key="k") is not None
+    assert await queue.enqueue("t", {}, group_id="g", dedupe_key="k") is None
+    assert sent == ["enqueue", "enqueue"]
+
+    sync = SyncQueue(schema=queue.schema, types=["t"])
+    named: list[str] = []
+    statement = sync.statements.sql
+    monkeypatch.setattr(sync.statements, "sql",
+                        lambda name, **kw: named.append(name) or statement(name, **kw))
+    with psycopg.connect(aconn.info.dsn, autocommit=True) as c:
+        assert sync.enqueue(c, "t", {}, group_id="g") is not None
+        with pytest.raises(UnknownGroup):
+            sync.enqueue(c, "t", {}, group_id="nope")
+        assert sync.enqueue(c, "t", {}, dedupe_key="j") is not None
+    assert named == ["enqueue_fast", "enqueue_fast", "enqueue", "enqueue"]

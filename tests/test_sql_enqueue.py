@@ -1,9 +1,10 @@
 """Enqueue from SQL (docs/enqueue-from-sql.md): SCHEMA.enqueue and SCHEMA.enqueue_many
 apply the rules Python's Queue.enqueue applies, because both go through the database's
-enqueue_jobs. Identical input gives identical rows and identical errors; a plain INSERT
-is refused naming the function; a trigger enqueues in its row's transaction; a role that
-may only enqueue can do that and nothing else; bad input leaves a Python caller's
-transaction usable."""
+enqueue_jobs (Python's plain single job through its rules, enqueue_rule, in one INSERT:
+tests/test_enqueue_statement.py). Identical input gives identical rows and identical
+errors; a plain INSERT is refused naming the function; a trigger enqueues in its row's
+transaction; a role that may only enqueue can do that and nothing else; bad input leaves
+a Python caller's transaction usable."""
 
 from __future__ import annotations
 

@@ -76,8 +76,8 @@ def enqueue_params(
     Only what Python alone can see is checked here (a payload JSON cannot hold, a
     naive datetime, a value of the wrong Python type or with a NUL character); the
     rules themselves (lengths, limits, due-time range, declared types, groups,
-    defaults) are the database's ``enqueue_jobs``, which SQL callers go through
-    too (docs/design.md, "Enqueue").
+    defaults) are the database's (``enqueue_jobs`` and its ``enqueue_rule``), which
+    SQL callers go through too (docs/design.md, "Enqueue").
 
     Raises:
         InvalidInput and subclasses: naming the argument; nothing was sent.
@@ -306,8 +306,11 @@ async def enqueue(store: Store, settings: QueueSettings, tracer: tracing.Tracer,
                   group_id: str | uuid.UUID | None = None, dedupe_key: str | None = None,
                   run_after: datetime | None = None, max_attempts: int | None = None,
                   conn: AnyConn | None = None) -> Job | None:
-    """Enqueue one job through the database's ``enqueue_jobs`` in one statement, with
-    the trace context of its enqueue span (see :meth:`rota.Queue.enqueue`, whose
+    """Enqueue one job in one statement under the database's rules, with the trace
+    context of its enqueue span: a job without a dedupe key (on rota's own groups
+    table) as one INSERT (``sql/enqueue_fast.sql``, :func:`fast_params`), and through
+    ``enqueue_jobs`` (``sql/enqueue.sql``) otherwise or when that INSERT wrote nothing,
+    which then says what was wrong (see :meth:`rota.Queue.enqueue`, whose
     arguments these are after the first four; ``ready`` is awaited first when ``conn``
     is ``None``: it opens the queue's pool if it is not yet).
 

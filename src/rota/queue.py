@@ -337,12 +337,14 @@ class Queue:
         max_attempts: int | None = None,
         conn: AnyConn | None = None,
     ) -> Job | None:
-        """Enqueue one job through the database's ``enqueue_jobs``, the rules every
-        caller shares, in one statement: checks, group check, INSERT … ON CONFLICT DO
-        NOTHING (docs/design.md, "Enqueue"). The job keeps the W3C Trace Context of
-        the enqueue's span (a child of the current span), so its handler's span
-        continues the caller's trace (:mod:`rota.tracing`; docs/operations.md,
-        "Traces").
+        """Enqueue one job under the rules every caller shares (the database's
+        ``enqueue_jobs``), in one statement: checks, group check, INSERT … ON CONFLICT
+        DO NOTHING (docs/design.md, "Enqueue"). A job without a dedupe key is that
+        INSERT alone (``sql/enqueue_fast.sql``, the rules' ``enqueue_rule``); when it
+        writes nothing, ``enqueue_jobs`` runs and says what was wrong. The job keeps
+        the W3C Trace Context of the enqueue's span (a child of the current span), so
+        its handler's span continues the caller's trace (:mod:`rota.tracing`;
+        docs/operations.md, "Traces").
 
         Args:
             type: the job type (the stage that runs it).
