@@ -179,64 +179,6 @@ async def test_an_insert_with_a_running_job_locks_no_group_row_before_the_steps(
     assert await queue.verify() == []  # the running job counted, the new one bounded
 
 
-def cte_scans(node: dict[str, Any], name: str) -> list[int]:
-    """Actual loops of every scan of the CTE ``name`` in a plan."""
-    found = ([node["Actual Loops"]] if node["Node Type"] == "CTE Scan"
-             and node.get("CTE Name") == name else [])
-    for child in node.get("Plans", []):
-        found += cte_scans(child, name)
-    return found
-
-
-@pytest.mark.parametrize("fair_by", ["group", "owner"])
-async def test_the_claim_reads_the_stale_jobs_once_however_many_groups_it_probes(
-        make_queue: Any, database_url: str, fair_by: str) -> None:
-    """Stale running jobs with attempts left are claimable, and each probed group's are
-    joined to its walk row in one pass: the probe used to scan every stale job once for
-    each probed group, (stale jobs) x (probed groups) rows (bench/RESULTS.md, section
-    32). 12 groups each leave 2 jobs running past the stale window; the claim of 6
-    probes at least 8 groups, reads the stale jobs in no more than one pass per use,
-    and claims each of six groups' oldest job, a stale one."""
-    queue: Queue = await make_queue(stale_after=timedelta(minutes=15), fair_by=fair_by)
-    for i in range(12):
-        await queue.upsert_group(f"g{i:02}", plan="free", owner_id=f"o{i % 4}")
-        await queue.enqueue_many([{"type": "t", "payload": {"g": i, "n": n},
-                                   "group_id": f"g{i:02}"} for n in range(4)])
-    held = await queue.claim("t", 24)  # two per group, left running
-    assert len(held) == 24
-    queue.clock_offset = timedelta(minutes=20)  # past the stale window
-    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
-    plans: list[dict[str, Any]] = []
-
-    def keep(diag: psycopg.errors.Diagnostic) -> None:
-        text = diag.message_primary or ""
-        if text.startswith("duration:") and "plan:" in text:
-            plans.append(json.loads(text.split("plan:", 1)[1]))
-
-    try:
-        try:
-            await conn.execute("LOAD 'auto_explain'")
-        except psycopg.errors.UndefinedFile:
-            pytest.skip("this server has no auto_explain (the embedded one; CI's has)")
-        for setting in ("SET auto_explain.log_min_duration = 0",
-                        "SET auto_explain.log_analyze = on",
-                        "SET auto_explain.log_format = json",
-                        "SET auto_explain.log_level = notice"):
-            await conn.execute(setting)
-        conn.add_notice_handler(keep)
-        jobs = await queue.claim("t", 6, conn=conn)
-    finally:
-        await conn.close()
-    claims = [p for p in plans if "stale_head" in p.get("Query Text", "")]
-    assert len(claims) >= 1
-    loops = [n for p in claims for n in cte_scans(p["Plan"], "stale")]
-    assert loops and max(loops) == 1, loops
-    # Every group's first job is a stale one (claimed first, so oldest): the claim takes
-    # the first six groups' in the fair order, each once.
-    assert len(jobs) == 6 and {j.id for j in jobs} <= {j.id for j in held}
-    assert len({j.group_id for j in jobs}) == 6
-
-
 async def test_still_claimable_reads_the_row_as_last_committed(
         queue: Queue, aconn: psycopg.AsyncConnection[Any]) -> None:
     """The claim's lock step asks it before locking a candidate: pending and due, or

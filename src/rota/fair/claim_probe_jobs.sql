@@ -2,8 +2,8 @@
 -- probe after a group's walk row: the group's first per + 1 claimable jobs (per: the
 -- walk row's probe size), and its stale ones (the group-less jobs for the walk's
 -- group-less row).
--- Needs:   alias w (a walk row: group_id, head_lb, head_id, per); CTEs clock, stale
---          (its conditions restated for one group); parameter type.
+-- Needs:   alias w (a walk row: group_id, head_lb, head_id, per); CTEs clock, stale;
+--          parameter type.
 -- Defines: alias j(id, created_at).
     CROSS JOIN LATERAL (
         (SELECT p.id, p.created_at
@@ -31,18 +31,6 @@
          ORDER BY p.created_at, p.id
          LIMIT w.per + 1)
         UNION ALL
-        -- The group's stale claimable jobs (the stale CTE's, read by the group's
-        -- entries of jobs_running_group_idx), only when there are any: a scan of every
-        -- stale job for each probed group cost (stale jobs) x (probed groups) rows
-        -- (bench/RESULTS.md, section 32).
-        (SELECT r.id, r.created_at
-         FROM {schema}.jobs r, clock c
-         WHERE (SELECT EXISTS (SELECT 1 FROM stale))
-           AND r.group_id = w.group_id AND r.status = 'running'
-           AND r.locked_at < c.stale_before
-           AND r.type = %(type)s AND r.attempts < r.max_attempts
-           AND r.run_after <= c.now)
-        UNION ALL
         SELECT s.id, s.created_at FROM stale s
-        WHERE w.group_id IS NULL AND s.group_id IS NULL
+        WHERE s.group_id = w.group_id OR (w.group_id IS NULL AND s.group_id IS NULL)
     ) j
