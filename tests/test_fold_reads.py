@@ -162,3 +162,20 @@ async def test_a_fold_making_a_missing_row_never_deadlocks_with_a_writer(
         await writer.commit()
         assert await asyncio.wait_for(fold, 10) == [(2,)]
     assert await queue.verify() == []
+
+
+async def test_the_fold_keeps_generic_plans_whose_shape_no_argument_changes(
+        queue: Queue, database_url: str) -> None:
+    """fair_fold runs with settings that make each statement's plan the same for any
+    argument (no seq scan, no sort, no JIT), and keeps its generic plans: custom plans
+    were made again at every fold, a quarter of its time (bench/RESULTS.md, section
+    32). The settings are the function's own, restored after each call."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+        [(config,)] = await run(
+            c, queue, "SELECT p.proconfig FROM pg_proc p WHERE p.oid = "
+            "to_regprocedure(%s)", f"{queue.schema}.fair_fold(text, timestamptz)")
+        assert config == ["enable_seqscan=off", "enable_sort=off", "jit=off",
+                          "plan_cache_mode=force_generic_plan"]
+        await run(c, queue, "SELECT {s}.fair_fold('t', now())")
+        [(mode,)] = await run(c, queue, "SELECT current_setting('plan_cache_mode')")
+        assert mode == "auto"

@@ -1080,7 +1080,11 @@ CREATE FUNCTION {schema}.fair_fold(p_type text, p_now timestamptz) RETURNS integ
 -- table whole, and read a group's jobs in jobs_pending_idx's order from the bound,
 -- never sorting all of them (bench/RESULTS.md, section 25). No JIT: a sort or scan that
 -- has no other way keeps the cost the settings add, which would compile every plan.
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off AS $$
+-- Generic plans: with those settings a statement's plan is the same for any argument,
+-- and custom plans made each fold plan its statements again, a quarter of its time
+-- (bench/RESULTS.md, section 32).
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     gs text[];
     heads timestamptz[];

@@ -1,8 +1,14 @@
--- A cheaper enqueue trigger for a batch: fair_jobs_insert grouped the inserted jobs
--- by (type, group_id) and then counted the distinct pairs again in a second pass over
--- the transition table, which took half of its usual statement's time for a batch of
--- 1,000 jobs. It now groups them once and counts the groups from that. What it locks,
--- in which order, and when it returns early are unchanged.
+-- A cheaper enqueue trigger for a batch, and a cheaper fold.
+--
+-- fair_jobs_insert grouped the inserted jobs by (type, group_id) and then counted the
+-- distinct pairs again in a second pass over the transition table, which took half of
+-- its usual statement's time for a batch of 1,000 jobs. It now groups them once and
+-- counts the groups from that. What it locks, in which order, and when it returns early
+-- are unchanged.
+--
+-- fair_fold's statements were planned again at every fold (custom plans, a quarter of
+-- its time); its settings already make every plan the same for any argument, so it now
+-- keeps generic plans.
 
 CREATE OR REPLACE FUNCTION {schema}.fair_jobs_insert() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -61,3 +67,5 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+ALTER FUNCTION {schema}.fair_fold(text, timestamptz) SET plan_cache_mode = force_generic_plan;
