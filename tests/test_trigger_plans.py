@@ -25,12 +25,11 @@ def tuplestore_loops(node: dict[str, Any]) -> list[int]:
     return found
 
 
-async def test_a_large_claim_after_small_ones_reads_each_transition_table_once(
-        queue: Queue, database_url: str) -> None:
-    await queue.upsert_group("g", plan="free")
-    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "g"}
-                              for _ in range(600)])
-    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+async def explaining(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+    """Turn auto_explain on for ``conn`` (every statement, nested ones too, analyzed, as
+    JSON notices on this connection only); returns the list each plan is appended to
+    from then on. Skips the test on a server without auto_explain (the embedded one;
+    CI's has it)."""
     plans: list[dict[str, Any]] = []
 
     def keep(diag: psycopg.errors.Diagnostic) -> None:
@@ -39,17 +38,27 @@ async def test_a_large_claim_after_small_ones_reads_each_transition_table_once(
             plans.append(json.loads(text.split("plan:", 1)[1]))
 
     try:
-        try:
-            await conn.execute("LOAD 'auto_explain'")
-        except psycopg.errors.UndefinedFile:
-            pytest.skip("this server has no auto_explain (the embedded one; CI's has)")
-        for setting in ("SET auto_explain.log_min_duration = 0",
-                        "SET auto_explain.log_analyze = on",
-                        "SET auto_explain.log_nested_statements = on",
-                        "SET auto_explain.log_format = json",
-                        "SET auto_explain.log_level = notice"):
-            await conn.execute(setting)
-        conn.add_notice_handler(keep)
+        await conn.execute("LOAD 'auto_explain'")
+    except psycopg.errors.UndefinedFile:
+        pytest.skip("this server has no auto_explain (the embedded one; CI's has)")
+    for setting in ("SET auto_explain.log_min_duration = 0",
+                    "SET auto_explain.log_analyze = on",
+                    "SET auto_explain.log_nested_statements = on",
+                    "SET auto_explain.log_format = json",
+                    "SET auto_explain.log_level = notice"):
+        await conn.execute(setting)
+    conn.add_notice_handler(keep)
+    return plans
+
+
+async def test_a_large_claim_after_small_ones_reads_each_transition_table_once(
+        queue: Queue, database_url: str) -> None:
+    await queue.upsert_group("g", plan="free")
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": "g"}
+                              for _ in range(600)])
+    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    try:
+        plans = await explaining(conn)
         for _ in range(3):  # the session's first calls: one row each
             [job] = await queue.claim("t", 1, conn=conn)
             await queue.complete_many([job], conn=conn)
@@ -86,34 +95,17 @@ async def test_a_batch_enqueue_into_bounded_groups_reads_the_inserted_jobs_once(
         await queue.upsert_group(g, plan="free")
     await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": g} for g in groups])
     conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
-    plans: list[dict[str, Any]] = []
-
-    def keep(diag: psycopg.errors.Diagnostic) -> None:
-        text = diag.message_primary or ""
-        if text.startswith("duration:") and "plan:" in text:
-            plans.append(json.loads(text.split("plan:", 1)[1]))
 
     fair_groups = sql.SQL("SELECT count(*), sum(xmin::text::bigint) FROM {}.fair_groups"
                           ).format(sql.Identifier(queue.schema))
     lockers = sql.SQL("SELECT count(*) FILTER (WHERE xmax::text <> '0') FROM {}.fair_groups"
                       ).format(sql.Identifier(queue.schema))
     try:
-        try:
-            await conn.execute("LOAD 'auto_explain'")
-        except psycopg.errors.UndefinedFile:
-            pytest.skip("this server has no auto_explain (the embedded one; CI's has)")
-        for setting in ("SET auto_explain.log_min_duration = 0",
-                        "SET auto_explain.log_analyze = on",
-                        "SET auto_explain.log_nested_statements = on",
-                        "SET auto_explain.log_format = json",
-                        "SET auto_explain.log_level = notice"):
-            await conn.execute(setting)
+        plans = await explaining(conn)
         before = await (await conn.execute(fair_groups)).fetchone()
-        conn.add_notice_handler(keep)
         created = await queue.enqueue_many(
             [{"type": "t", "payload": {"i": i}, "group_id": groups[i % 10]}
              for i in range(200)], conn=conn)
-        conn.remove_notice_handler(keep)
         after = await (await conn.execute(fair_groups)).fetchone()
         locked = await (await conn.execute(lockers)).fetchone()
     finally:
@@ -139,25 +131,8 @@ async def test_an_insert_with_a_running_job_locks_no_group_row_before_the_steps(
     await queue.upsert_group("g", plan="free")
     await queue.enqueue("t", {}, group_id="g")
     conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
-    plans: list[dict[str, Any]] = []
-
-    def keep(diag: psycopg.errors.Diagnostic) -> None:
-        text = diag.message_primary or ""
-        if text.startswith("duration:") and "plan:" in text:
-            plans.append(json.loads(text.split("plan:", 1)[1]))
-
     try:
-        try:
-            await conn.execute("LOAD 'auto_explain'")
-        except psycopg.errors.UndefinedFile:
-            pytest.skip("this server has no auto_explain (the embedded one; CI's has)")
-        for setting in ("SET auto_explain.log_min_duration = 0",
-                        "SET auto_explain.log_analyze = on",
-                        "SET auto_explain.log_nested_statements = on",
-                        "SET auto_explain.log_format = json",
-                        "SET auto_explain.log_level = notice"):
-            await conn.execute(setting)
-        conn.add_notice_handler(keep)
+        plans = await explaining(conn)
         await conn.execute(sql.SQL(
             "INSERT INTO {s}.jobs (type, group_id, payload, status, attempts,"
             " max_attempts, run_after, created_at, locked_at, claim_token)"
@@ -165,7 +140,6 @@ async def test_an_insert_with_a_running_job_locks_no_group_row_before_the_steps(
             " ('t', 'g', '{{}}', 'running', 1, 3, now(), now(), now(),"
             "  gen_random_uuid())").format(
                 s=sql.Identifier(queue.schema)))
-        conn.remove_notice_handler(keep)
     finally:
         await conn.close()
     [first] = [p for p in plans if "FROM inserted" in p.get("Query Text", "")
