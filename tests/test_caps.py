@@ -66,7 +66,13 @@ async def test_an_owner_capped_at_two_never_has_more_running_and_the_fleet_stays
             await asyncio.sleep(0.05)
         assert max(x for x, _ in samples) == 2
         assert statistics.median(x for x, _ in samples) == 2
-        assert statistics.median(n for _, n in samples) == 16
+        # The fleet stays full: its 16 slots run jobs at least half the time. A worker
+        # completes a batch in the background while it claims the next (the runner's
+        # group commit, docs/design.md, "The runner"), so for a moment its last batch's
+        # jobs are still running in the table beside its next: on a loaded machine the
+        # median was 20 (a suite run), never more than 2 batches a worker.
+        assert statistics.median(n for _, n in samples) >= 16
+        assert max(n for _, n in samples) <= 4 * 2 * 4
         # Kill the fleet while X holds its 2 slots.
         deadline = time.monotonic() + 10
         while running(conn, schema)[0] < 2:
