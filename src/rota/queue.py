@@ -9,7 +9,7 @@ back: the fenced transitions in :mod:`rota.transitions`, the give-up hooks in
 :mod:`rota.give_up`, the admin operations in :mod:`rota.admin`, results in
 :mod:`rota.results`, the pool's health check in :mod:`rota.store`.
 
-One piece (about 830 lines, most of them docstrings): the public methods a user calls
+One piece (about 840 lines, most of them docstrings): the public methods a user calls
 on a queue are here, each a few lines handing over to the module that keeps its rule,
 with the documentation of its arguments, errors and rule; split, a user would look for
 ``queue.complete`` in two places. What is left to move out is the claim's entry

@@ -13,7 +13,7 @@ the caller's transaction), else on a pooled connection. The fair claim's stateme
 (:class:`rota.SyncQueue`, the sync result reads and waits of :mod:`rota.results`,
 the Django backend) compose the same statements by name on a sync cursor.
 
-One piece (about 870 lines): one short function per statement file, in the order of
+One piece (about 900 lines): one short function per statement file, in the order of
 the rules they serve; its length is the number of statements. Split by rule, a caller
 and ``tests/test_statements.py`` would have to know which module holds which
 statement.
