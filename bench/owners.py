@@ -37,9 +37,13 @@ so some owners are at their cap (docs/design.md, "Caps"); ``--costs-caps``: both
 running): an A/B of two checkouts on the very same data and statistics, whose plans a
 new build's ANALYZE sample can change. Compare milliseconds, not ratios: the FIFO
 claim slows run after run as the jobs table's dead versions pile up (autovacuum off).
+``--upkeep-every S``: the claim's upkeep rounds at most every S seconds
+(``UpkeepConfig.every``, default 0.02) in both queues: how often the served counts are
+folded against what the claim reads unfolded (bench/RESULTS.md, section 33).
 
     python -m bench.owners [--size 1000000/10000/1000] [--reps 100] [--skip-claim]
                            [--costs] [--caps] [--costs-caps] [--reuse]
+                           [--upkeep-every S]
                            [--mixed [--window S] [--windows N]
                            [--slots N] [--unit S]]
 
@@ -50,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import time
@@ -287,7 +292,8 @@ def _report_windows(finished: list[tuple[float, float, str, int]], window: float
 
 
 async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int,
-                     costs: bool = False, caps: bool = False, reuse: bool = False) -> None:
+                     costs: bool = False, caps: bool = False, reuse: bool = False,
+                     upkeep_every: float | None = None) -> None:
     if not reuse:
         await build(url, SCHEMA, pending=pending, groups=groups, owners=owners,
                     done=pending // 5)
@@ -311,6 +317,8 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
     queues = {fb: Queue(url, schema=SCHEMA, fair_by=fb, **settings)
               for fb in ("group", "owner")}
     for q in queues.values():
+        if upkeep_every is not None:
+            q.upkeep.config = dataclasses.replace(q.upkeep.config, every=upkeep_every)
         await q.open()
     if caps and not reuse:  # some owners at their cap: 400 jobs left running
         await queues["group"].claim("t", 400)
@@ -383,6 +391,8 @@ async def main() -> None:
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--unit", type=float, default=0.05)
+    p.add_argument("--upkeep-every", type=float, default=None,
+                   help="seconds between a type's upkeep rounds (UpkeepConfig.every)")
     args = p.parse_args()
     try:
         pending, groups, owners = (int(x) for x in args.size.split("/"))
@@ -397,7 +407,7 @@ async def main() -> None:
     if not args.skip_claim:
         await claim_cost(url, pending, groups, owners, args.reps,
                          args.costs or args.costs_caps, args.caps or args.costs_caps,
-                         args.reuse)
+                         args.reuse, args.upkeep_every)
 
 
 if __name__ == "__main__":
