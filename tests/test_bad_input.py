@@ -25,6 +25,7 @@ from rota import (
     UnknownGroup,
     UnknownJobType,
     UnknownPlan,
+    UnknownSetting,
 )
 from rota.checks import seconds_text
 from rota.job import DeferJob
@@ -269,6 +270,39 @@ def test_every_queue_setting_says_what_it_got(database_url: str, settings: dict[
     with pytest.raises(InvalidInput) as raised:
         Queue(database_url, **settings)
     assert str(raised.value) == message
+
+
+SETTINGS_LISTED = ("schema, plans, groups, types, max_attempts, max_attempts_by_type, "
+                   "stale_after, served_window, fair_by, backoff_base, max_backoff, "
+                   "max_deferrals, max_payload_bytes")
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda url: Queue(url, fairby="owner"),
+     "Queue got an unknown setting 'fairby' (did you mean 'fair_by'?); its keyword "
+     "arguments are pooled, listen_url, tracer_provider, " + SETTINGS_LISTED),
+    (lambda url: Queue(url, listen="postgresql://h/db"),
+     "Queue got an unknown setting 'listen' (did you mean 'listen_url'?); its keyword "
+     "arguments are pooled, listen_url, tracer_provider, " + SETTINGS_LISTED),
+    (lambda url: SyncQueue(shcema="app", max_attempt=3),
+     "SyncQueue got unknown settings 'max_attempt' (did you mean 'max_attempts'?) and "
+     "'shcema' (did you mean 'schema'?); its keyword arguments are tracer_provider, "
+     + SETTINGS_LISTED),
+    (lambda url: SyncQueue(pooled=True),
+     "SyncQueue got an unknown setting 'pooled'; its keyword arguments are "
+     "tracer_provider, " + SETTINGS_LISTED),
+], ids=["queue-misspelled", "queue-own-keyword", "sync-two", "sync-none-close"])
+def test_an_unknown_setting_names_the_closest_one(database_url: str, make: Any,
+                                                   message: str) -> None:
+    """A misspelled keyword said `QueueSettings.__init__() got an unexpected keyword
+    argument`, a class the caller never named. It is still a TypeError, as Python's own
+    is, and an InvalidInput naming the keyword."""
+    with pytest.raises(UnknownSetting) as raised:
+        make(database_url)
+    assert str(raised.value) == message
+    assert isinstance(raised.value, TypeError)
+    assert isinstance(raised.value, InvalidInput)
+    assert raised.value.argument == message.split("'")[1]  # the first named
 
 
 def test_a_queue_needs_a_connection_string_or_a_pool() -> None:

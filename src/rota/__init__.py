@@ -19,6 +19,7 @@ from .errors import (
     UnknownGroup,
     UnknownJobType,
     UnknownPlan,
+    UnknownSetting,
 )
 from .job import DeferJob, Job
 from .maintenance import KilledRuns, Maintenance, PruneDoneJobs, StuckJobs, maintain
@@ -91,6 +92,7 @@ __all__ = [
     "UnknownGroup",
     "UnknownJobType",
     "UnknownPlan",
+    "UnknownSetting",
     "WaitTimeout",
     "Worker",
     "cron_app",

@@ -53,6 +53,14 @@ class UnknownPlan(InvalidInput):
     """A plan id that the queue's plans object does not contain."""
 
 
+class UnknownSetting(InvalidInput, TypeError):
+    """A keyword argument that is not a setting of :class:`rota.Queue` or
+    :class:`rota.SyncQueue` (a misspelled ``fair_by``, say). The message names it, the
+    setting it is closest to, and every setting; ``argument`` is the keyword. Also a
+    ``TypeError``, as Python's own error for an unexpected keyword argument is. Nothing
+    was opened or written."""
+
+
 class UnknownGroup(InvalidInput):
     """A job names a group that the groups relation does not contain."""
 

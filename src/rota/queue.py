@@ -55,7 +55,7 @@ from .fair import ClaimUpkeep, FairClaim, RepairReport, UpkeepConfig, Violation
 from .give_up import GiveUpHook, GiveUpHooks
 from .job import FailOutcome, Job
 from .plans import Plans
-from .settings import QueueSettings
+from .settings import queue_settings
 from .store import AnyConn, IdleConnectionCheck, Store
 from .transitions import Transitions
 
@@ -106,6 +106,8 @@ class Queue:
     Raises:
         InvalidInput: a bad setting, neither a string nor a pool, or ``pooled`` with a
             pool.
+        UnknownSetting: a keyword argument that is not a setting (also a
+            ``TypeError``); the message names the closest one.
         DatabaseUnavailable: a malformed connection string (password redacted).
     """
 
@@ -128,7 +130,8 @@ class Queue:
     def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], *,
                  pooled: bool | None = None, listen_url: str | None = None,
                  tracer_provider: Any = None, **settings: Any):
-        self.settings = QueueSettings(**settings)
+        self.settings = queue_settings("Queue", settings,
+                                       ("pooled", "listen_url", "tracer_provider"))
         #: rota's spans (:mod:`rota.tracing`; no-ops without ``opentelemetry-api``).
         self.tracer = tracing.Tracer(tracer_provider)
         self.claim_observers: list[ClaimObserver] = []  # metrics (rota.web.metrics)

@@ -5,9 +5,12 @@ apply the same rules (docs/design.md, "Enqueue" and "Settings")."""
 from __future__ import annotations
 
 import copy
+import difflib
+import inspect
 from collections import ChainMap
 from collections.abc import Iterable, Mapping, MutableMapping
 from datetime import timedelta
+from typing import Any
 
 from . import db
 from .checks import (
@@ -17,7 +20,7 @@ from .checks import (
     seconds_text,
     shown,
 )
-from .errors import InvalidInput, UnknownJobType
+from .errors import InvalidInput, UnknownJobType, UnknownSetting
 from .job import DEFAULT_MAX_PAYLOAD_BYTES
 from .plans import DEFAULT_PLANS, Plans
 
@@ -232,3 +235,44 @@ class _Clock:
 
     def __init__(self) -> None:
         self.offset = timedelta(0)
+
+
+#: The names of :class:`QueueSettings`' keyword arguments, in its signature's order.
+SETTING_NAMES: tuple[str, ...] = tuple(inspect.signature(QueueSettings).parameters)
+
+
+def queue_settings(caller: str, settings: Mapping[str, Any],
+                   own: Iterable[str] = ()) -> QueueSettings:
+    """The :class:`QueueSettings` of ``caller``'s keyword arguments, after checking
+    that each is a setting.
+
+    Args:
+        caller: the class the keywords were given to (``"Queue"``), for the message.
+        settings: the keyword arguments that are meant to be settings.
+        own: the caller's keyword arguments that are not settings (``Queue``'s
+            ``pooled``), offered with them when a name is misspelled.
+
+    Returns:
+        The settings, validated.
+
+    Raises:
+        UnknownSetting: keywords that are neither settings nor ``own``; the message
+            names each (in alphabetical order; ``argument`` is the first), the name
+            closest to it, and every name (``Queue got an unknown setting 'fairby'
+            (did you mean 'fair_by'?); its keyword arguments are ...``).
+        InvalidInput: a setting with a wrong value (:class:`QueueSettings`).
+    """
+    unknown = sorted(name for name in settings if name not in SETTING_NAMES)
+    if unknown:
+        names = [*own, *SETTING_NAMES]
+
+        def said(name: str) -> str:
+            close = difflib.get_close_matches(name, names, n=1)
+            return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
+
+        which = (f"an unknown setting {said(unknown[0])}" if len(unknown) == 1 else
+                 f"unknown settings {', '.join(map(said, unknown[:-1]))} and "
+                 f"{said(unknown[-1])}")
+        raise UnknownSetting(f"{caller} got {which}; its keyword arguments are "
+                             f"{', '.join(names)}", argument=unknown[0])
+    return QueueSettings(**settings)

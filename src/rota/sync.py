@@ -23,7 +23,7 @@ from .enqueue import (
 )
 from .job import Job
 from .results import DEFAULT_POLL_EVERY, JobResult, sync_result, sync_wait
-from .settings import QueueSettings
+from .settings import QueueSettings, queue_settings
 from .store import Statements, configure_cursor
 
 P = ParamSpec("P")
@@ -73,10 +73,12 @@ class SyncQueue:
 
     Raises:
         InvalidInput: a bad setting.
+        UnknownSetting: a keyword argument that is not a setting (also a
+            ``TypeError``); the message names the closest one.
     """
 
     def __init__(self, *, tracer_provider: Any = None, **settings: Any) -> None:
-        self.settings = QueueSettings(**settings)
+        self.settings = queue_settings("SyncQueue", settings, ("tracer_provider",))
         self.tracer = tracing.Tracer(tracer_provider)
         self.statements = Statements(self.settings.schema, self.settings.groups)
 

@@ -24,7 +24,7 @@ from ..errors import ConfigError, InvalidInput, first_line
 from ..plans import DEFAULT_PLANS, Plans
 from ..queue import AnyConn, Queue
 from ..runner.source import check_time_budget, resolve_pipeline
-from ..settings import DEFAULT_PLATFORM_TIMEOUT, QueueSettings, default_time_budget
+from ..settings import DEFAULT_PLATFORM_TIMEOUT, SETTING_NAMES, QueueSettings, default_time_budget
 from .errors import CliConfigError, is_database_error, same_queue
 
 #: Seconds the CLI waits for a database connection before calling it unreachable.
@@ -129,9 +129,7 @@ def app_error(target: Target, exc: Exception) -> CliConfigError:
 
 
 #: The keyword arguments rota.Queue takes besides the connection (its QueueSettings).
-QUEUE_SETTING_NAMES = frozenset(
-    name for name, p in inspect.signature(QueueSettings.__init__).parameters.items()
-    if p.kind is inspect.Parameter.KEYWORD_ONLY)
+QUEUE_SETTING_NAMES = frozenset(SETTING_NAMES)
 
 
 @dataclass
