@@ -178,6 +178,12 @@ def _is_utc(zone: tzinfo) -> bool:
                for month in (1, 7))
 
 
+# What a schema that was never migrated, or a groups relation that does not exist,
+# raises: Statements.note_missing says what to do about it.
+MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
+            psycopg.errors.InvalidSchemaName)
+
+
 # Connections of rota's own pools, set up once when made (configure_connection): their
 # cursors inherit the setup instead of paying for it (about 40 µs a cursor).
 _CONFIGURED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -351,6 +357,7 @@ class Statements:
     def __init__(self, schema: str, groups: str | None = None) -> None:
         self.schema = schema
         self.schema_ident = db.identifier(schema, "schema")
+        self.groups = groups  # as given: None for rota's own table
         self.groups_ident = (
             db.identifier(groups, "groups relation", qualified=True) if groups is not None
             else Identifier(schema, "groups"))
@@ -362,6 +369,25 @@ class Statements:
             "group_cap": "fair/group_cap_on", "cap_prelude_group": "fair/cap_prelude_group_on"}
         self._composed: dict[tuple[str, tuple[tuple[str, str], ...]], Composed] = {}
         self._raw: dict[tuple[str, tuple[tuple[str, str], ...]], RawStatement] = {}
+
+    def note_missing(self, exc: psycopg.Error) -> None:
+        """Add a note (``exc.__notes__``, printed under the traceback) saying what to do
+        about a missing table, function or schema: the queue's groups relation when the
+        error names it, else rota's schema, which ``rota migrate`` or
+        :meth:`rota.Queue.migrate` creates. The exception's type and message are kept
+        (the worker and the CLI tell them apart by type)."""
+        said = str(exc)
+        groups = self.groups
+        if groups is not None and f'"{groups}"' in said:
+            note = (f"rota: the groups relation {groups!r} the queue was given "
+                    "(groups=) does not exist: create it (README.md, \"Groups from your "
+                    "own tables\"), or leave groups unset for rota's own table")
+        else:
+            note = (f"rota: is the schema {self.schema!r} migrated? `rota migrate "
+                    f"--schema {self.schema}` or `await queue.migrate()` creates and "
+                    "updates rota's tables (docs/operations.md, \"Migrations and upgrades\")")
+        if note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
 
     def sql(self, name: str, **fragments: str) -> Composed:
         """The statement ``NAME`` (``rota/sql/NAME.sql``; ``fair/X``: ``rota/fair/X.sql``)
@@ -417,11 +443,18 @@ class Store(Statements):
         raised ``ReadOnlySqlTransaction`` (SQLSTATE 25006) is closed and the pool's
         others replaced."""
         if conn is not None:
-            yield conn
+            try:
+                yield conn
+            except MISSING as exc:
+                self.note_missing(exc)
+                raise
             return
         async with self.pool.connection() as c:
             try:
                 yield c
+            except MISSING as exc:
+                self.note_missing(exc)
+                raise
             except psycopg.errors.ReadOnlySqlTransaction:
                 # The server turned read-only under open connections (a failover that
                 # keeps sockets open): these connections go to a server that can no

@@ -24,7 +24,7 @@ from .enqueue import (
 from .job import Job
 from .results import DEFAULT_POLL_EVERY, JobResult, sync_result, sync_wait
 from .settings import QueueSettings, queue_settings
-from .store import Statements, configure_cursor
+from .store import MISSING, Statements, configure_cursor
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -45,7 +45,12 @@ def _checked_by(
         @functools.wraps(run)
         def method(self: SyncQueue, conn: psycopg.Connection[Any], *args: P.args,
                    **kwargs: P.kwargs) -> R:
-            return run(self, conn, params_of(self.settings, *args, **kwargs))
+            params = params_of(self.settings, *args, **kwargs)
+            try:
+                return run(self, conn, params)
+            except MISSING as exc:  # a schema never migrated, a groups relation missing
+                self.statements.note_missing(exc)
+                raise
 
         own = inspect.signature(run)
         checked = list(inspect.signature(params_of).parameters.values())[1:]
