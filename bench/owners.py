@@ -375,6 +375,17 @@ async def claim_cost(url: str, pending: int, groups: int, owners: int, reps: int
         print(f"  {name:9} {p50:8.2f}  {p50 / fifo_p50:6.1f}x FIFO{extra}")
 
 
+def _positive_seconds(text: str) -> float:
+    """``--upkeep-every``'s value, checked before the build (minutes at 1,000,000)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < 1e10:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 async def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.owners")
     p.add_argument("--size", default="100000/2000/200", help="PENDING/GROUPS/OWNERS")
@@ -391,8 +402,9 @@ async def main() -> None:
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--unit", type=float, default=0.05)
-    p.add_argument("--upkeep-every", type=float, default=None,
-                   help="seconds between a type's upkeep rounds (UpkeepConfig.every)")
+    p.add_argument("--upkeep-every", type=_positive_seconds, default=None,
+                   help="seconds between a type's upkeep rounds (UpkeepConfig.every; "
+                        "the claim-cost run only)")
     args = p.parse_args()
     try:
         pending, groups, owners = (int(x) for x in args.size.split("/"))

@@ -179,3 +179,46 @@ async def test_the_fold_keeps_generic_plans_whose_shape_no_argument_changes(
         await run(c, queue, "SELECT {s}.fair_fold('t', now())")
         [(mode,)] = await run(c, queue, "SELECT current_setting('plan_cache_mode')")
         assert mode == "auto"
+
+
+def fold_group_scans(plans: list[dict[str, Any]]) -> list[float]:
+    """The planner's row estimates of the fold's scan of its groups' arrays (the
+    ``unnest(gs, heads, …) AS g`` of the statement that moves the deltas), in the order
+    the plans came."""
+    found: list[float] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Node Type") == "Function Scan" and node.get("Alias") == "g":
+            found.append(node["Plan Rows"])
+        for child in node.get("Plans", []):
+            walk(child)
+
+    for plan in plans:
+        walk(plan["Plan"])
+    return found
+
+
+async def test_a_fold_of_many_groups_plans_for_their_number(
+        queue: Queue, aconn: Any, database_url: str) -> None:
+    """A generic plan takes an array for 10 rows: a fold of a bulk load of 10,000 groups
+    joined its moved deltas to its groups in a nested loop, 20 s where a custom plan
+    took 0.8 s (bench/RESULTS.md, section 33). Past 200 groups the fold plans for its
+    arrays; below, it keeps its generic plans."""
+    from .test_trigger_plans import explaining
+
+    await run(aconn, queue, "INSERT INTO {s}.groups (group_id)"
+              " SELECT 'g' || lpad(i::text, 3, '0') FROM generate_series(0, 299) i")
+    await queue.enqueue_many([{"type": "t", "payload": {}, "group_id": f"g{i:03}"}
+                              for i in range(300) for _ in range(2)])
+    await run(aconn, queue, "SELECT {s}.fair_fold('t', now())")
+    estimates = []
+    for claim in (5, 295):  # 5 groups' deltas, then the other 295's
+        assert len({j.group_id for j in await queue.claim("t", claim)}) == claim
+        async with await psycopg.AsyncConnection.connect(database_url,
+                                                         autocommit=True) as c:
+            plans = await explaining(c)
+            await run(c, queue, "SELECT {s}.fair_fold('t', now())")
+            # The switch is the call's own: the session's setting is as it was.
+            [(mode,)] = await run(c, queue, "SELECT current_setting('plan_cache_mode')")
+            estimates.append((fold_group_scans(plans), mode))
+    assert estimates == [([10.0], "auto"), ([295.0], "auto")]

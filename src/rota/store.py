@@ -54,7 +54,7 @@ import re
 import select
 import struct
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta, tzinfo
 from functools import cache
@@ -370,24 +370,63 @@ class Statements:
         self._composed: dict[tuple[str, tuple[tuple[str, str], ...]], Composed] = {}
         self._raw: dict[tuple[str, tuple[tuple[str, str], ...]], RawStatement] = {}
 
-    def note_missing(self, exc: psycopg.Error) -> None:
-        """Add a note (``exc.__notes__``, printed under the traceback) saying what to do
-        about a missing table, function or schema: the queue's groups relation when the
-        error names it, else rota's schema, which ``rota migrate`` or
-        :meth:`rota.Queue.migrate` creates. The exception's type and message are kept
-        (the worker and the CLI tell them apart by type)."""
-        said = str(exc)
-        groups = self.groups
-        if groups is not None and f'"{groups}"' in said:
-            note = (f"rota: the groups relation {groups!r} the queue was given "
-                    "(groups=) does not exist: create it (README.md, \"Groups from your "
-                    "own tables\"), or leave groups unset for rota's own table")
+    def missing_note(self, exc: BaseException) -> str | None:
+        """What :meth:`note_missing` would add to ``exc``: the note when ``exc`` is a
+        :data:`MISSING` error about this queue's schema or groups relation, else
+        ``None``."""
+        if not isinstance(exc, MISSING):
+            return None
+        said = str(exc).split("\n", 1)[0]
+        schema, groups = self.schema, self.groups
+        # What PostgreSQL prints: relation "s.t" / "t", function s.f(…), schema "s".
+        missing_schema = re.fullmatch(r'schema "(.*)" does not exist', said)
+        if missing_schema is not None:
+            about_groups = (groups is not None and "." in groups
+                            and missing_schema.group(1) == groups.rsplit(".", 1)[0]
+                            and missing_schema.group(1) != schema)
+            about_rota = missing_schema.group(1) == schema
         else:
-            note = (f"rota: is the schema {self.schema!r} migrated? `rota migrate "
-                    f"--schema {self.schema}` or `await queue.migrate()` creates and "
-                    "updates rota's tables (docs/operations.md, \"Migrations and upgrades\")")
-        if note not in getattr(exc, "__notes__", ()):
+            about_groups = groups is not None and f'"{groups}"' in said
+            about_rota = any(name in said for name in
+                             (f'"{schema}.', f" {schema}.", f'"{schema}".'))
+        if about_groups:
+            return (f"rota: the groups relation {groups!r} the queue was given "
+                    "(groups=, Django's OPTIONS['GROUPS']) does not exist: create it "
+                    "(README.md, \"Groups from your own tables\"), or leave it unset for "
+                    "rota's own table")
+        if about_rota:
+            return (f"rota: is the schema {schema!r} migrated? `rota migrate --schema "
+                    f"{schema}`, `await queue.migrate()` or, with Django, `python "
+                    "manage.py migrate` creates and updates rota's tables "
+                    "(docs/operations.md, \"Migrations and upgrades\")")
+        return None
+
+    def note_missing(self, exc: psycopg.Error) -> None:
+        """Add a note to ``exc`` (``exc.__notes__``, printed under its traceback) saying
+        what to do, when it is about what this queue needs and is missing: its groups
+        relation (``groups=``), or rota's schema or one of its tables or functions
+        (``rota migrate``, :meth:`rota.Queue.migrate`, Django's ``migrate``). An
+        error about anything else (an application's own table, in a handler's
+        connection) gets none. The exception's type and message are kept: the worker
+        and the CLI tell these errors apart by type.
+
+        Args:
+            exc: an ``UndefinedTable``, ``UndefinedFunction`` or ``InvalidSchemaName``
+                (:data:`MISSING`) raised by a statement on this queue's connection.
+        """
+        note = self.missing_note(exc)
+        if note is not None and note not in getattr(exc, "__notes__", ()):
             exc.add_note(note)
+
+    @contextlib.contextmanager
+    def noting_missing(self) -> Iterator[None]:
+        """Run the block, adding :meth:`note_missing`'s note to a :data:`MISSING` error
+        it raises (the synchronous paths: :class:`rota.SyncQueue`)."""
+        try:
+            yield
+        except MISSING as exc:
+            self.note_missing(exc)
+            raise
 
     def sql(self, name: str, **fragments: str) -> Composed:
         """The statement ``NAME`` (``rota/sql/NAME.sql``; ``fair/X``: ``rota/fair/X.sql``)
@@ -441,7 +480,8 @@ class Store(Statements):
         """Yield ``conn`` if given (the caller's transaction decides), else a pooled
         connection (committed when the block exits). A pooled connection whose block
         raised ``ReadOnlySqlTransaction`` (SQLSTATE 25006) is closed and the pool's
-        others replaced."""
+        others replaced. A :data:`MISSING` error the block raises about rota's schema or
+        the groups relation gets a note (:meth:`Statements.note_missing`)."""
         if conn is not None:
             try:
                 yield conn

@@ -24,7 +24,7 @@ from .enqueue import (
 from .job import Job
 from .results import DEFAULT_POLL_EVERY, JobResult, sync_result, sync_wait
 from .settings import QueueSettings, queue_settings
-from .store import MISSING, Statements, configure_cursor
+from .store import Statements, configure_cursor
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,11 +46,8 @@ def _checked_by(
         def method(self: SyncQueue, conn: psycopg.Connection[Any], *args: P.args,
                    **kwargs: P.kwargs) -> R:
             params = params_of(self.settings, *args, **kwargs)
-            try:
+            with self.statements.noting_missing():
                 return run(self, conn, params)
-            except MISSING as exc:  # a schema never migrated, a groups relation missing
-                self.statements.note_missing(exc)
-                raise
 
         own = inspect.signature(run)
         checked = list(inspect.signature(params_of).parameters.values())[1:]
@@ -144,7 +141,8 @@ class SyncQueue:
             JobNotFound: no job has this id.
             InvalidInput: ``job_id`` is not a positive int.
         """
-        return sync_result(self.statements, conn, job_id)
+        with self.statements.noting_missing():
+            return sync_result(self.statements, conn, job_id)
 
     def wait(self, conn: psycopg.Connection[Any], job_id: int, *, timeout: timedelta,
              poll_every: timedelta = DEFAULT_POLL_EVERY) -> JobResult:
@@ -161,6 +159,7 @@ class SyncQueue:
             InvalidInput: ``job_id`` is not a positive int, or ``timeout`` or
                 ``poll_every`` is not a positive ``timedelta``.
         """
-        return sync_wait(self.statements, conn, job_id, timeout=timeout,
-                         poll_every=poll_every)
+        with self.statements.noting_missing():
+            return sync_wait(self.statements, conn, job_id, timeout=timeout,
+                             poll_every=poll_every)
 

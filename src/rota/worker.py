@@ -67,6 +67,7 @@ from .runner.source import (
 )
 from .schedule import Scheduler
 from .settings import DEFAULT_PLATFORM_TIMEOUT, DEFAULT_TIME_BUDGET, default_time_budget
+from .store import MISSING
 
 log = logging.getLogger("rota.worker")
 T = TypeVar("T")
@@ -85,8 +86,9 @@ PROBE_WAIT = timedelta(seconds=1)
 #: The channel of that check (its payload a token of the worker's own).
 PROBE_CHANNEL = "rota_probe"
 
-#: Errors that no retry fixes: rota's tables or schema are missing (``rota migrate``).
-_FATAL_DB_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
+#: Errors that no retry fixes: rota's schema, or a table or function of it, is missing
+#: (``rota migrate``), or the queue's groups relation is.
+_FATAL_DB_ERRORS = MISSING
 
 
 class Worker:
@@ -223,8 +225,10 @@ class Worker:
             ConfigError: ``time_budget`` is not shorter than the pipeline's
                 ``platform_timeout`` (every run would refuse it); ``maintenance`` is a
                 :class:`rota.Maintenance` built on another queue than the pipeline's.
-            psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName: the schema
-                is not migrated.
+            psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
+                psycopg.errors.InvalidSchemaName: the schema is not migrated, or not to
+                this version's last migration, or the groups relation does not exist
+                (with a note saying so: :meth:`rota.store.Statements.note_missing`).
         """
         pipeline = await resolve_pipeline(self._source)
         queue = self._queue if self._queue is not None else getattr(pipeline, "queue", None)

@@ -557,8 +557,13 @@ def test_unknown_options_are_refused() -> None:
      "rota: TASKS['x']['OPTIONS'] (SCHEMA, QUEUE): backoff_base must be a "
      "datetime.timedelta, got 1"),
     ({"max_atempts": 5},
-     "rota: TASKS['x']['OPTIONS'] (SCHEMA, QUEUE): QueueSettings.__init__() got an "
-     "unexpected keyword argument 'max_atempts'"),
+     "rota: TASKS['x']['OPTIONS']['QUEUE'] has unknown keys: 'max_atempts' (did you "
+     "mean 'max_attempts'?)"),
+    ({"schema": "app", "zz": 1},
+     "rota: TASKS['x']['OPTIONS']['QUEUE'] has unknown keys: 'schema' (set "
+     "OPTIONS['SCHEMA'] instead), 'zz'; its keys are plans, types, max_attempts, "
+     "max_attempts_by_type, stale_after, served_window, fair_by, backoff_base, "
+     "max_backoff, max_deferrals, max_payload_bytes"),
     ({"fair_by": "tenant"},
      "rota: TASKS['x']['OPTIONS'] (SCHEMA, QUEUE): fair_by must be one of 'group', "
      "'owner', got 'tenant'"),

@@ -16,7 +16,7 @@ from .. import errors as rota_errors
 from ..db import refusal
 from ..errors import first_line
 from ..redact import redact
-from ..store import is_connection_failure
+from ..store import MISSING, is_connection_failure
 from .output import safe_text
 
 
@@ -91,7 +91,7 @@ def as_cli_error(exc: Exception, ctx: click.Context | None = None) -> CliError |
     if isinstance(exc, rota_errors.DatabaseUnavailable | rota_errors.ConfigError
                   | rota_errors.InvalidInput | rota_errors.MigrationError):
         return CliConfigError(first_line(exc))
-    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
+    if isinstance(exc, MISSING):
         return CliConfigError(
             f"rota's tables are missing ({first_line(exc)}): run `rota migrate"
             f"{same_queue(ctx)}`")
@@ -285,7 +285,7 @@ class RotaCommand(click.Command):
             if translated is None:
                 raise
             raise translated from None
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
+        except MISSING as exc:
             # Here, where the command's own options are known: the `rota migrate` it
             # suggests names the same queue (same_queue).
             raise as_cli_error(exc, ctx) or exc from None

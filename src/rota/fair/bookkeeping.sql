@@ -1082,7 +1082,8 @@ CREATE FUNCTION {schema}.fair_fold(p_type text, p_now timestamptz) RETURNS integ
 -- has no other way keeps the cost the settings add, which would compile every plan.
 -- Generic plans: with those settings a statement's plan is the same for any argument,
 -- and custom plans made each fold plan its statements again, a quarter of its time
--- (bench/RESULTS.md, section 32).
+-- (bench/RESULTS.md, section 32); but a fold of more than 200 groups plans its
+-- statements for its arrays' lengths (below).
 LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off
 SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
@@ -1189,6 +1190,14 @@ BEGIN
         FOR UPDATE SKIP LOCKED) fg;
     IF gs IS NULL AND marked IS NULL THEN
         RETURN 0;
+    END IF;
+    -- A fold of many groups (a bulk load, a backlog the upkeep could not fold for a
+    -- while): custom plans from here on, which know the arrays' lengths. A generic plan
+    -- takes every array for 10 rows, and joined the moved deltas to 10,000 groups in a
+    -- nested loop: 20 s where a custom plan takes 0.8 s (bench/RESULTS.md, section 33).
+    -- Restored when the function returns (its own SET clause).
+    IF coalesce(array_length(gs, 1), 0) + coalesce(array_length(marked, 1), 0) > 200 THEN
+        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
     END IF;
     -- The owners to compute again: those of the groups to fold and of the changed groups
     -- (as they are now), and those the changes name.

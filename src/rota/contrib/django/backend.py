@@ -13,6 +13,7 @@ plans and quotas apply to Django tasks as to any job. Results are read from the 
 from __future__ import annotations
 
 import copy
+import difflib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from ...db import migrations
 from ...errors import InvalidInput, JobNotFound, UnknownGroup
 from ...job import Job
 from ...results import JobResult
+from ...settings import SETTING_NAMES
 from ...sync import SyncQueue
 
 #: Django's priority (-100..100) picks one of three job types per queue name: the
@@ -47,6 +49,22 @@ LOW_SUFFIX = ":low"
 
 #: OPTIONS keys the backend reads (anything else is refused, so a typo is not ignored).
 OPTION_KEYS = frozenset({"DATABASE", "SCHEMA", "GROUPS", "QUEUE", "WORKER"})
+#: QUEUE keys: the queue's settings but those OPTIONS sets (SCHEMA, GROUPS).
+QUEUE_KEYS = tuple(name for name in SETTING_NAMES if name not in ("schema", "groups"))
+
+
+def unknown_keys(unknown: Sequence[str]) -> str:
+    """``unknown`` QUEUE keys said for a settings file: each with the key closest to it,
+    or the OPTIONS key that sets it (``schema``, ``groups``), then every QUEUE key when
+    one has neither."""
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, QUEUE_KEYS, n=1)
+        parts.append(f"{key!r} (set OPTIONS[{key.upper()!r}] instead)"
+                     if key in ("schema", "groups") else
+                     f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    listed = all(p.endswith(")") for p in parts)
+    return ", ".join(parts) + ("" if listed else f"; its keys are {', '.join(QUEUE_KEYS)}")
 #: WORKER keys (docs/django.md, "Settings"): counts, and durations in seconds.
 WORKER_COUNTS = frozenset({"concurrency", "batch"})
 WORKER_SECONDS = frozenset({"time_budget", "platform_timeout", "handler_timeout",
@@ -217,9 +235,14 @@ class RotaBackend(BaseTaskBackend):  # type: ignore[misc]
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         self.config = BackendConfig.from_options(self.options)
+        unknown = sorted(str(key) for key in self.config.queue if key not in QUEUE_KEYS)
+        if unknown:  # said in the settings' own terms, not SyncQueue's
+            raise ImproperlyConfigured(
+                f"rota: TASKS[{alias!r}]['OPTIONS']['QUEUE'] has unknown keys: "
+                + unknown_keys(unknown))
         try:
             self.sync_queue = SyncQueue(**self.config.queue_settings())
-        except (InvalidInput, TypeError) as exc:  # a bad value, or an unknown QUEUE key
+        except (InvalidInput, TypeError) as exc:  # a bad value
             raise ImproperlyConfigured(
                 f"rota: TASKS[{alias!r}]['OPTIONS'] (SCHEMA, QUEUE): {exc}") from None
 
