@@ -54,11 +54,19 @@ class UnknownPlan(InvalidInput):
 
 
 class UnknownSetting(InvalidInput, TypeError):
-    """A keyword argument that is not a setting of :class:`rota.Queue` or
-    :class:`rota.SyncQueue` (a misspelled ``fair_by``, say). The message names it, the
-    setting it is closest to, and every setting; ``argument`` is the keyword. Also a
-    ``TypeError``, as Python's own error for an unexpected keyword argument is. Nothing
-    was opened or written."""
+    """Keyword arguments that are not settings of :class:`rota.Queue` or
+    :class:`rota.SyncQueue` (a misspelled ``fair_by``, say). The message names each, the
+    setting closest to it, and every setting. Also a ``TypeError``, as Python's own
+    error for an unexpected keyword argument is. Nothing was opened or written.
+
+    Attributes:
+        names: the unknown keywords, in alphabetical order (``argument`` is ``None``:
+            the message begins with the class they were given to).
+    """
+
+    def __init__(self, message: str, names: list[str]) -> None:
+        super().__init__(message)
+        self.names = names
 
 
 class UnknownGroup(InvalidInput):

@@ -257,8 +257,8 @@ def queue_settings(caller: str, settings: Mapping[str, Any],
 
     Raises:
         UnknownSetting: keywords that are neither settings nor ``own``; the message
-            names each (in alphabetical order; ``argument`` is the first), the name
-            closest to it, and every name (``Queue got an unknown setting 'fairby'
+            names each (in alphabetical order, as its ``names``), the name closest to
+            it, and every name (``Queue got an unknown setting 'fairby'
             (did you mean 'fair_by'?); its keyword arguments are ...``).
         InvalidInput: a setting with a wrong value (:class:`QueueSettings`).
     """
@@ -274,5 +274,5 @@ def queue_settings(caller: str, settings: Mapping[str, Any],
                  f"unknown settings {', '.join(map(said, unknown[:-1]))} and "
                  f"{said(unknown[-1])}")
         raise UnknownSetting(f"{caller} got {which}; its keyword arguments are "
-                             f"{', '.join(names)}", argument=unknown[0])
+                             f"{', '.join(names)}", unknown)
     return QueueSettings(**settings)
