@@ -482,29 +482,26 @@ class Store(Statements):
         raised ``ReadOnlySqlTransaction`` (SQLSTATE 25006) is closed and the pool's
         others replaced. A :data:`MISSING` error the block raises about rota's schema or
         the groups relation gets a note (:meth:`Statements.note_missing`)."""
-        if conn is not None:
-            try:
+        try:
+            if conn is not None:
                 yield conn
-            except MISSING as exc:
-                self.note_missing(exc)
-                raise
-            return
-        async with self.pool.connection() as c:
-            try:
-                yield c
-            except MISSING as exc:
-                self.note_missing(exc)
-                raise
-            except psycopg.errors.ReadOnlySqlTransaction:
-                # The server turned read-only under open connections (a failover that
-                # keeps sockets open): these connections go to a server that can no
-                # longer write. Closed, the pool drops this one; the others are
-                # replaced, so new connections find the writable server (a multi-host
-                # URL's target_session_attrs=read-write; docs/operations.md, "Poolers
-                # and failover").
-                await c.close()
-                await self.discard_idle()
-                raise
+                return
+            async with self.pool.connection() as c:
+                try:
+                    yield c
+                except psycopg.errors.ReadOnlySqlTransaction:
+                    # The server turned read-only under open connections (a failover
+                    # that keeps sockets open): these connections go to a server that
+                    # can no longer write. Closed, the pool drops this one; the others
+                    # are replaced, so new connections find the writable server (a
+                    # multi-host URL's target_session_attrs=read-write;
+                    # docs/operations.md, "Poolers and failover").
+                    await c.close()
+                    await self.discard_idle()
+                    raise
+        except MISSING as exc:
+            self.note_missing(exc)
+            raise
 
     @asynccontextmanager
     async def deadline(self, seconds: float | None = None) -> AsyncIterator[None]:

@@ -128,10 +128,6 @@ def app_error(target: Target, exc: Exception) -> CliConfigError:
                           f"{first_line(exc, with_type=True)}")
 
 
-#: The keyword arguments rota.Queue takes besides the connection (its QueueSettings).
-QUEUE_SETTING_NAMES = frozenset(SETTING_NAMES)
-
-
 @dataclass
 class Target:
     """What a command works on: the database URL, schema and app, from flags or env."""
@@ -189,10 +185,10 @@ class Target:
                                  f"settings (a dict), got {shown(raw)}")
         settings = dict(raw or {})
         for key in settings:
-            if key not in QUEUE_SETTING_NAMES:
-                close = difflib.get_close_matches(str(key), QUEUE_SETTING_NAMES, n=1)
+            if key not in SETTING_NAMES:
+                close = difflib.get_close_matches(str(key), SETTING_NAMES, n=1)
                 hint = (f"did you mean {close[0]!r}?" if close else
-                        f"the settings are {', '.join(sorted(QUEUE_SETTING_NAMES))}")
+                        f"the settings are {', '.join(sorted(SETTING_NAMES))}")
                 raise CliConfigError(f"{source}: queue_settings has unknown key {key!r} "
                                      f"({hint})")
         settings["schema"] = self.schema or settings.get("schema") or "rota"
