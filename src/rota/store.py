@@ -41,6 +41,12 @@ forever. At the deadline the statement is cancelled, its connection discarded, t
 pool's idle connections replaced (they most likely go over the same silent link), and
 :class:`StatementDeadline` raised (docs/operations.md, "Network partitions and
 timeouts").
+
+One piece (about 750 lines): how a value crosses the wire, how a statement is composed
+and named, on which connection it runs and with which deadline, and what a missing
+schema's error says are one seam's rules, which every statement meets together; split,
+a statement could be run by a path that skips one of them. The statements themselves
+are :mod:`rota.statements`.
 """
 
 from __future__ import annotations
