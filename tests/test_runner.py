@@ -940,3 +940,23 @@ async def test_a_batch_claimed_while_the_last_ones_completion_fails_is_handed_ba
     for i in ids[2:]:  # claimed, never started: as if never claimed
         j = await job(queue, i)
         assert (j.status, j.attempts, j.deferrals, j.claim_token) == ("pending", 0, 0, None)
+
+
+async def test_the_runs_log_line_counts_the_jobs_it_will_retry(
+        queue: Queue, caplog: pytest.LogCaptureFixture) -> None:
+    """A job whose attempt failed and that will be retried (a handler timed out, say) is
+    neither done nor failed: the run's line said "0 done, 0 failed, 0 deferred", as if
+    it had touched nothing."""
+    async def flaky(ctx: JobContext) -> None:
+        if ctx.job.payload["i"] == 0:
+            raise RuntimeError("try again")
+
+    pipeline = Pipeline(queue, [Stage("t", 5, 1, flaky)])
+    await enqueue_jobs(queue, "t", 2)
+    with caplog.at_level("INFO", logger="rota.runner"):
+        result = await pipeline.run(trigger="manual")
+    assert result.summary["retries"] == 1
+    lines = [r.getMessage() for r in caplog.records if " stopped " in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].endswith("(manual) stopped no_work: 1 done, 0 failed, 0 deferred, "
+                             "1 retried")

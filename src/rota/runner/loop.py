@@ -136,9 +136,13 @@ class RunLoop:
             await self.recorder.stop_heartbeat(heartbeat)
         await self._restore_due_times(run)
         finished_at = await self.recorder.save_end(run, reason, error)
-        log.info("run %s (%s) stopped %s: %d done, %d failed, %d deferred%s", run.id,
+        # Jobs that failed an attempt and will be retried (a handler timed out, say)
+        # are neither done nor failed: said when there are some, or the line read as if
+        # the run had touched nothing.
+        retried = run.summary.get("retries", 0)
+        log.info("run %s (%s) stopped %s: %d done, %d failed, %d deferred%s%s", run.id,
                  trigger, reason, run.jobs_done, run.jobs_failed, run.jobs_deferred,
-                 f": {error}" if error else "")
+                 f", {retried} retried" if retried else "", f": {error}" if error else "")
         return RunResult(run.id, trigger, reason, run.jobs_done, run.jobs_failed,
                          run.jobs_deferred, run.quota_units, dict(run.summary), error,
                          started_at, finished_at)
